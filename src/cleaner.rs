@@ -1,0 +1,499 @@
+//! The cleaner: a pool of workers that turns dropped buffers into ready ones.
+//!
+//! ```text
+//!  PinnedBuffer::drop ──push──▶ Lanes ─┬─ recycle lane  (already pinned: µs)  ──┐
+//!                                      └─ register lane (first pinning: ms)   ──┤
+//!                     ┌─────────────────────────────────────────────────────────┘
+//!                     ▼
+//!   worker: fences done? ── no ──▶ parked (re-polled; one slow event holds up nothing else)
+//!             │ yes
+//!             ▼
+//!   zero the dirty prefix, pre-fault the rest if it will be registered
+//!   (split in CHUNK-sized jobs that several workers run when large)
+//!             ▼
+//!   register once (first cycle only) ─▶ admit under the cap ─▶ owner's thread cache or shard
+//! ```
+//!
+//! A drop only pushes onto a channel: it never blocks and never calls CUDA.
+//! Worker 0 serves only the recycle lane (when there are two or more
+//! workers), so a burst of first-time registrations can never starve the
+//! recycling of buffers that are already pinned.
+//!
+//! `flush` is a barrier built from two in-flight counters per thread cache,
+//! selected by the parity of a flush epoch: a drop counts itself in the
+//! current parity, `flush` flips the epoch and waits for the old parity to
+//! drain in every cache. Drops that race the flip may land in either
+//! parity; drops that happened before the call always land in the old one.
+
+use std::time::{Duration, Instant};
+
+use crate::alloc::{self, Block};
+use crate::backend::{Backend, Fence};
+use crate::pool::Shared;
+use crate::size_class::PAGE;
+use crate::stats::Counters;
+use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Lane, Lanes, Mutex, Ordering};
+use crate::thread_cache::ThreadCache;
+
+/// Work above this many bytes is split into jobs of this size. A multiple
+/// of the 2 MiB huge page, and small enough that 16 MiB is done by several
+/// workers at once.
+const CHUNK: usize = 4 << 20;
+
+/// How long an idle worker waits before re-polling parked buffers.
+const POLL: Duration = Duration::from_micros(100);
+
+/// What the cleaner receives.
+pub(crate) enum Job {
+    /// A dropped buffer.
+    Returned(Returned),
+    /// Chunk `index` of a large buffer's zeroing / pre-faulting.
+    Chunk(Arc<Chunked>, usize),
+    /// Tells one worker to exit.
+    Stop,
+}
+
+/// The part of a pool that dropped buffers need: it outlives the pool while
+/// buffers are out, so late drops still find a way home (or to the OS).
+pub(crate) struct Inbox {
+    pub(crate) lanes: Lanes<Job>,
+    /// Flush epoch; its parity selects the in-flight counter a drop uses.
+    pub(crate) epoch: AtomicUsize,
+    /// Whether workers are running. Cleared (then a SeqCst fence) before
+    /// they are stopped; read after a SeqCst fence that follows each push.
+    pub(crate) running: AtomicBool,
+    /// Set once the last `Pool` handle is gone: no worker starts again.
+    pub(crate) closed: AtomicBool,
+    pub(crate) backend: Arc<Box<dyn Backend>>,
+    pub(crate) counters: Counters,
+    /// The pool, to restart its workers after a shutdown; `None` once closed.
+    pub(crate) pool: Mutex<Option<Arc<Shared>>>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("lanes", &self.lanes)
+            .field("running", &self.running.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Inbox ===
+
+impl Inbox {
+    pub(crate) fn new(backend: Arc<Box<dyn Backend>>) -> Self {
+        Self {
+            lanes: Lanes::new(),
+            epoch: AtomicUsize::new(0),
+            running: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            backend,
+            counters: Counters::new(),
+            pool: Mutex::new(None),
+        }
+    }
+
+    /// Hands a dropped buffer to the cleaner. Never blocks, never calls
+    /// CUDA, except on the cold path where no worker is running.
+    #[inline]
+    pub(crate) fn submit(home: &Arc<ThreadCache>, block: Block, dirty: usize, fences: Vec<Fence>) {
+        let inbox = &home.inbox;
+        // Relaxed: a drop that happens before a `flush` call cannot read
+        // that flush's increment (it happens after), so it reads the parity
+        // the flush will wait on; a racing drop may read either parity.
+        let epoch = inbox.epoch.load(Ordering::Relaxed) & 1;
+        // Relaxed: ordered before `flush`'s read by the happens-before
+        // relation the caller established between its drop and its flush.
+        home.inflight[epoch].fetch_add(1, Ordering::Relaxed);
+        let lane = if block.is_pinned() || !inbox.backend.pins() {
+            Lane::Recycle
+        } else {
+            Lane::Register
+        };
+        inbox.lanes.push(
+            lane,
+            Job::Returned(Returned {
+                block: Some(block),
+                dirty,
+                fences,
+                home: Arc::clone(home),
+                epoch,
+                dropped_at: Instant::now(),
+            }),
+        );
+        // SeqCst fence pairs with the one in `Shared::stop_cleaner`: either
+        // this load sees `running == false` and wakes the pool, or the
+        // shutdown's drain, which follows its fence, sees this push.
+        fence(Ordering::SeqCst);
+        if !inbox.running.load(Ordering::Relaxed) {
+            inbox.wake();
+        }
+    }
+
+    /// No worker is running: restart them, or, if the pool is gone, release
+    /// whatever is queued right here.
+    #[cold]
+    fn wake(&self) {
+        let pool = self.pool.lock().clone();
+        match pool {
+            Some(shared) => shared.start_cleaner(),
+            None => self.release_queued(),
+        }
+    }
+
+    /// Releases every queued buffer on the calling thread.
+    pub(crate) fn release_queued(&self) {
+        while let Some(job) = self.lanes.try_pop() {
+            drop(job);
+        }
+    }
+
+    /// Unregisters (if pinned) and frees `block`.
+    pub(crate) fn release(&self, mut block: Block) {
+        if block.is_pinned() {
+            // SAFETY: the block was registered by this backend, and every
+            // caller has waited for (or given up on) the copies reading it.
+            match unsafe { self.backend.unregister(block.device(), block.as_ptr()) } {
+                Ok(()) => block.set_pinned(false),
+                Err(e) => {
+                    Counters::add(&self.counters.unregister_failures, 1);
+                    tracing::error!(error = %e, bytes = block.footprint(), "unregistering failed; leaking the buffer");
+                }
+            }
+        }
+        Counters::add(&self.counters.released, 1);
+        drop(block);
+    }
+}
+
+// === impl Returned ===
+
+/// A dropped buffer on its way back. Dropping it without taking `block`
+/// releases the block (after waiting for its copies), so a buffer is never
+/// lost, even if a worker panics; either way it leaves the in-flight count.
+pub(crate) struct Returned {
+    block: Option<Block>,
+    dirty: usize,
+    fences: Vec<Fence>,
+    home: Arc<ThreadCache>,
+    epoch: usize,
+    dropped_at: Instant,
+}
+
+impl Returned {
+    fn block(&self) -> &Block {
+        self.block
+            .as_ref()
+            .expect("a returned buffer holds its block until admitted")
+    }
+
+    /// Whether the copies reading the buffer have finished, without
+    /// blocking on events. A pinned buffer without events falls back to a
+    /// (blocking) synchronize of its device.
+    fn quiescent(&self, backend: &dyn Backend) -> Result<bool, crate::Error> {
+        if self.fences.is_empty() {
+            if self.block().is_pinned() {
+                backend.synchronize(self.block().device())?;
+            }
+            return Ok(true);
+        }
+        for fence in &self.fences {
+            if !fence.is_done()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for Returned {
+    fn drop(&mut self) {
+        let inbox = &self.home.inbox;
+        if let Some(block) = self.block.take() {
+            let drained = if self.fences.is_empty() {
+                !block.is_pinned() || inbox.backend.synchronize(block.device()).is_ok()
+            } else {
+                self.fences.iter().all(|f| f.wait().is_ok())
+            };
+            if !drained {
+                tracing::warn!("could not wait for the copies reading a released buffer");
+            }
+            inbox.release(block);
+        }
+        // Release publishes everything done to the buffer (pooled or freed)
+        // to the `flush` whose Acquire load sees the count drop.
+        self.home.inflight[self.epoch].fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A large buffer being zeroed / pre-faulted by several workers.
+pub(crate) struct Chunked {
+    returned: Mutex<Option<Returned>>,
+    base: usize,
+    dirty: usize,
+    end: usize,
+    /// Chunks not yet done; the worker that takes it to zero finishes.
+    remaining: AtomicUsize,
+}
+
+// === impl Shared (cleaner side) ===
+
+impl Shared {
+    /// Starts the workers unless they are running or the pool is closed.
+    pub(crate) fn start_cleaner(self: &Arc<Self>) {
+        let mut workers = self.workers.lock();
+        if !workers.is_empty() || self.inbox.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let width = self.config.cleaner_threads;
+        for index in 0..width {
+            let shared = Arc::clone(self);
+            let spawned = crate::sync::thread::Builder::new()
+                .name(format!("pinpool-cleaner-{index}"))
+                .spawn(move || shared.work(index, width));
+            match spawned {
+                Ok(handle) => workers.push(handle),
+                Err(e) => tracing::error!(error = %e, "could not spawn a cleaner worker"),
+            }
+        }
+        // Relaxed: the workers were spawned above (spawning synchronizes),
+        // and `submit` orders its read with a SeqCst fence.
+        self.inbox
+            .running
+            .store(!workers.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Stops and joins the workers. Jobs still queued stay queued.
+    pub(crate) fn stop_cleaner(&self) {
+        let mut workers = self.workers.lock();
+        self.inbox.running.store(false, Ordering::Relaxed);
+        // Pairs with the SeqCst fence in `submit`; see there.
+        fence(Ordering::SeqCst);
+        for _ in 0..workers.len() {
+            self.inbox.lanes.push(Lane::Recycle, Job::Stop);
+        }
+        for handle in workers.drain(..) {
+            if handle.join().is_err() {
+                tracing::error!("a cleaner worker panicked");
+            }
+        }
+    }
+
+    /// Whether workers are running.
+    pub(crate) fn cleaner_running(&self) -> bool {
+        self.inbox.running.load(Ordering::Relaxed)
+    }
+
+    /// Blocks until every buffer dropped before the call is recycled or
+    /// released.
+    pub(crate) fn flush(self: &Arc<Self>) {
+        let _serial = self.flush_lock.lock();
+        self.start_cleaner();
+        if !self.cleaner_running() {
+            // No worker could start (or the pool is closed): do it here.
+            self.inbox.release_queued();
+            self.release_parked();
+        }
+        // Relaxed: see `Inbox::submit`.
+        let old = self.inbox.epoch.fetch_add(1, Ordering::Relaxed) & 1;
+        let mut attempt = 0;
+        // Acquire pairs with the Release decrement in `Returned::drop`, so
+        // the pooled buffers are visible to the caller afterwards.
+        while self
+            .caches
+            .iter()
+            .any(|c| c.inflight[old].load(Ordering::Acquire) != 0)
+        {
+            crate::sync::backoff(attempt);
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Buffers dropped and not yet recycled or released.
+    pub(crate) fn in_cleaner(&self) -> usize {
+        self.caches
+            .iter()
+            .map(|c| {
+                c.inflight
+                    .iter()
+                    .map(|n| n.load(Ordering::Relaxed))
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    fn work(&self, index: usize, width: usize) {
+        let span = tracing::debug_span!("pinpool_cleaner", worker = index);
+        let _entered = span.enter();
+        let register = width == 1 || index != 0;
+        loop {
+            // Relaxed: a hint; a stale zero only delays polling until the
+            // next job or until the parking worker's own next poll.
+            let timeout = (self.parked_len.load(Ordering::Relaxed) > 0).then_some(POLL);
+            match self.inbox.lanes.pop(register, timeout) {
+                Some(Job::Stop) => break,
+                Some(Job::Returned(returned)) => self.process(returned),
+                Some(Job::Chunk(task, chunk)) => self.run_chunk(&task, chunk),
+                None => {}
+            }
+            self.poll_parked();
+        }
+    }
+
+    fn process(&self, returned: Returned) {
+        match returned.quiescent(&**self.inbox.backend) {
+            Ok(true) => self.prepare(returned),
+            Ok(false) => self.park(returned),
+            Err(e) => {
+                Counters::add(&self.inbox.counters.fence_failures, 1);
+                tracing::warn!(error = %e, "waiting for a buffer's copies failed; freeing it");
+                drop(returned);
+            }
+        }
+    }
+
+    fn park(&self, returned: Returned) {
+        let mut parked = self.parked.lock();
+        parked.push(returned);
+        // Relaxed: a hint read by idle workers; see `work`.
+        self.parked_len.store(parked.len(), Ordering::Relaxed);
+    }
+
+    fn poll_parked(&self) {
+        if self.parked_len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Some(mut parked) = self.parked.try_lock() else {
+            return;
+        };
+        let mut ready = Vec::new();
+        for returned in std::mem::take(&mut *parked) {
+            match returned.quiescent(&**self.inbox.backend) {
+                Ok(true) => ready.push(returned),
+                Ok(false) => parked.push(returned),
+                Err(e) => {
+                    Counters::add(&self.inbox.counters.fence_failures, 1);
+                    tracing::warn!(error = %e, "waiting for a buffer's copies failed; freeing it");
+                }
+            }
+        }
+        self.parked_len.store(parked.len(), Ordering::Relaxed);
+        drop(parked);
+        for returned in ready {
+            self.prepare(returned);
+        }
+    }
+
+    /// Releases every parked buffer (waiting for its copies first).
+    pub(crate) fn release_parked(&self) {
+        let parked = std::mem::take(&mut *self.parked.lock());
+        self.parked_len.store(0, Ordering::Relaxed);
+        drop(parked);
+    }
+
+    /// Zeroes the dirty prefix and, for a buffer about to be registered,
+    /// pre-faults the rest; splits the work across workers when large.
+    fn prepare(&self, returned: Returned) {
+        let block = returned.block();
+        let register = self.inbox.backend.pins() && !block.is_pinned();
+        let dirty = returned.dirty.min(block.len());
+        let end = if register { block.footprint() } else { dirty };
+        let base = block.as_ptr() as usize;
+        Counters::add(&self.inbox.counters.bytes_zeroed, dirty as u64);
+        if end <= CHUNK {
+            // SAFETY: the worker owns the returned block, whose copies have
+            // finished, and `dirty <= end <= footprint`.
+            unsafe { clean_range(base, 0, end, dirty) };
+            self.finish(returned);
+            return;
+        }
+        let chunks = end.div_ceil(CHUNK);
+        let lane = if register {
+            Lane::Register
+        } else {
+            Lane::Recycle
+        };
+        let task = Arc::new(Chunked {
+            returned: Mutex::new(Some(returned)),
+            base,
+            dirty,
+            end,
+            remaining: AtomicUsize::new(chunks),
+        });
+        for chunk in 1..chunks {
+            self.inbox
+                .lanes
+                .push(lane, Job::Chunk(Arc::clone(&task), chunk));
+        }
+        self.run_chunk(&task, 0);
+    }
+
+    fn run_chunk(&self, task: &Chunked, chunk: usize) {
+        let start = chunk * CHUNK;
+        let end = (start + CHUNK).min(task.end);
+        // SAFETY: chunks are disjoint ranges of a block owned by `task`,
+        // which holds it (unmoved) until the last chunk finishes.
+        unsafe { clean_range(task.base, start, end, task.dirty) };
+        // AcqRel: Release publishes this chunk's writes; the finishing
+        // worker's Acquire sees every chunk's writes before registering
+        // and pooling the buffer.
+        if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let returned = task.returned.lock().take();
+            if let Some(returned) = returned {
+                self.finish(returned);
+            }
+        }
+    }
+
+    /// Registers the buffer on its first cycle, then admits it.
+    fn finish(&self, mut returned: Returned) {
+        let backend = &**self.inbox.backend;
+        let counters = &self.inbox.counters;
+        let block = returned.block.as_mut().expect("held until admitted");
+        if backend.pins() && !block.is_pinned() {
+            let started = Instant::now();
+            // SAFETY: the block is a live mapping that stays mapped until it
+            // is unregistered in `Inbox::release`.
+            let registered =
+                unsafe { backend.register(block.device(), block.as_ptr(), block.footprint()) };
+            match registered {
+                Ok(()) => {
+                    block.set_pinned(true);
+                    let took = started.elapsed();
+                    Counters::add(&counters.registrations, 1);
+                    Counters::add(&counters.registered_bytes, block.footprint() as u64);
+                    Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
+                    tracing::debug!(bytes = block.footprint(), ?took, "registered a buffer");
+                }
+                Err(e) => {
+                    Counters::add(&counters.registration_failures, 1);
+                    tracing::warn!(error = %e, bytes = block.footprint(), "registration failed; freeing the buffer");
+                    drop(returned);
+                    return;
+                }
+            }
+        }
+        let block = returned.block.take().expect("held until admitted");
+        self.admit(block, &returned.home);
+        Counters::add(&counters.recycled, 1);
+        counters.record_ready(returned.dropped_at.elapsed());
+        drop(returned);
+    }
+}
+
+/// Zeroes `[start, end) ∩ [0, dirty)` of the block at `base` and
+/// pre-faults `[start, end)` beyond `dirty` (already zero).
+///
+/// # Safety
+/// The caller owns `[base + start, base + end)` of a live block exclusively.
+unsafe fn clean_range(base: usize, start: usize, end: usize, dirty: usize) {
+    let ptr = base as *mut u8;
+    let zero_end = dirty.clamp(start, end);
+    // SAFETY: both ranges lie in `[start, end)`, owned by the caller.
+    unsafe {
+        alloc::zero(ptr.add(start), zero_end - start);
+        let touch_start = zero_end.next_multiple_of(PAGE).min(end);
+        alloc::touch(ptr.add(touch_start), end - touch_start);
+    }
+}

@@ -1,0 +1,128 @@
+//! Building a pool: [`PoolBuilder`] and the effective [`Config`].
+
+use crate::backend::BackendKind;
+use crate::error::Error;
+use crate::pool::Pool;
+
+/// Default cap on pooled bytes: 4 GiB.
+pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
+
+/// Default cap on the bytes one thread's cache holds: 64 MiB.
+pub const DEFAULT_THREAD_CACHE_BYTES: usize = 64 << 20;
+
+/// Most cleaner workers a pool may run.
+const MAX_CLEANER_THREADS: usize = 256;
+
+/// The settings a pool runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// The backend asked for.
+    pub backend: BackendKind,
+    /// Devices served, one shard each; `None` means every device found.
+    pub devices: Option<usize>,
+    /// Cleaner workers.
+    pub cleaner_threads: usize,
+    /// Cap on pooled bytes, thread caches included.
+    pub max_pooled_bytes: usize,
+    /// Cap on the bytes each thread's cache holds.
+    pub thread_cache_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            backend: BackendKind::Auto,
+            devices: None,
+            cleaner_threads: cores.clamp(1, 8),
+            max_pooled_bytes: DEFAULT_MAX_POOLED_BYTES,
+            thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
+        }
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<(), Error> {
+        if self.cleaner_threads == 0 || self.cleaner_threads > MAX_CLEANER_THREADS {
+            return Err(Error::InvalidConfig(format!(
+                "cleaner_threads must be in 1..={MAX_CLEANER_THREADS}, got {}",
+                self.cleaner_threads
+            )));
+        }
+        if let Some(devices) = self.devices {
+            if devices == 0 || devices > usize::from(u16::MAX) {
+                return Err(Error::InvalidConfig(format!(
+                    "devices must be in 1..={}, got {devices}",
+                    u16::MAX
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Configures and builds a [`Pool`].
+///
+/// # Examples
+///
+/// ```
+/// use pinpool::{BackendKind, Pool};
+///
+/// let pool = Pool::builder()
+///     .backend(BackendKind::Host)
+///     .devices(2)
+///     .cleaner_threads(2)
+///     .max_pooled_bytes(64 << 20)
+///     .build()?;
+/// assert_eq!(pool.take_on(1, 4096)?.device(), 1);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct PoolBuilder {
+    config: Config,
+}
+
+impl PoolBuilder {
+    /// Which backend to use (default [`BackendKind::Auto`]).
+    pub fn backend(mut self, kind: BackendKind) -> Self {
+        self.config.backend = kind;
+        self
+    }
+
+    /// How many devices to serve, one shard each (default: every device
+    /// the CUDA driver reports; 1 on the host backend).
+    pub fn devices(mut self, devices: usize) -> Self {
+        self.config.devices = Some(devices);
+        self
+    }
+
+    /// How many cleaner workers to run (default: the number of cores, at
+    /// most 8).
+    pub fn cleaner_threads(mut self, threads: usize) -> Self {
+        self.config.cleaner_threads = threads;
+        self
+    }
+
+    /// The cap on pooled bytes, thread caches included (default 4 GiB).
+    pub fn max_pooled_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_pooled_bytes = bytes;
+        self
+    }
+
+    /// The cap on the bytes each thread's cache holds (default 64 MiB);
+    /// buffers beyond it wait in the shared per-device stacks.
+    pub fn thread_cache_bytes(mut self, bytes: usize) -> Self {
+        self.config.thread_cache_bytes = bytes;
+        self
+    }
+
+    /// Builds the pool and starts its cleaner.
+    ///
+    /// Fails on out-of-range values, or when the CUDA backend is asked for
+    /// and cannot be used.
+    pub fn build(self) -> Result<Pool, Error> {
+        self.config.validate()?;
+        Pool::from_config(self.config)
+    }
+}

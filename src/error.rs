@@ -1,0 +1,72 @@
+//! The crate's error type.
+
+use std::fmt;
+
+/// What can go wrong when building a pool or taking a buffer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request is larger than the largest size class.
+    SizeTooLarge {
+        /// The size asked for.
+        requested: usize,
+        /// The largest size the pool serves ([`MAX_CLASS_SIZE`](crate::MAX_CLASS_SIZE)).
+        max: usize,
+    },
+    /// The device index names no shard of this pool.
+    UnknownDevice {
+        /// The device asked for.
+        device: usize,
+        /// How many devices the pool serves.
+        devices: usize,
+    },
+    /// A builder value is out of range.
+    InvalidConfig(String),
+    /// The CUDA backend was asked for but cannot be used here.
+    BackendUnavailable(String),
+    /// The operating system could not provide the memory.
+    AllocationFailed {
+        /// The bytes asked of the operating system.
+        bytes: usize,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// A CUDA driver call failed.
+    Cuda {
+        /// The driver call that failed.
+        op: &'static str,
+        /// The driver's error.
+        source: cudarc::driver::DriverError,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::SizeTooLarge { requested, max } => write!(
+                f,
+                "requested {requested} bytes, more than the largest size class ({max} bytes)"
+            ),
+            Error::UnknownDevice { device, devices } => write!(
+                f,
+                "device {device} is not served by this pool (it serves {devices} device(s))"
+            ),
+            Error::InvalidConfig(why) => write!(f, "invalid pool configuration: {why}"),
+            Error::BackendUnavailable(why) => write!(f, "CUDA backend unavailable: {why}"),
+            Error::AllocationFailed { bytes, source } => {
+                write!(f, "could not allocate {bytes} bytes: {source}")
+            }
+            Error::Cuda { op, source } => write!(f, "{op} failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::AllocationFailed { source, .. } => Some(source),
+            Error::Cuda { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Free functions on the global pool, for drop-in migration from the
+//! `pinned` module of openvm's `cuda-common`.
+
+use crate::buffer::PinnedBuffer;
+use crate::pool::Pool;
+
+/// Takes a buffer from the [global pool](Pool::global); see [`Pool::take`].
+///
+/// # Examples
+///
+/// ```
+/// let buf = pinpool::take(3);
+/// assert_eq!(buf.len(), 4);
+/// ```
+#[track_caller]
+pub fn take(min_size: usize) -> PinnedBuffer {
+    Pool::global().take(min_size)
+}
+
+/// Sets the global pool's cap; see [`Pool::set_max_pooled_bytes`].
+pub fn set_max_pooled_bytes(bytes: usize) {
+    Pool::global().set_max_pooled_bytes(bytes);
+}
+
+/// Shuts the global pool down; see [`Pool::shutdown`].
+pub fn shutdown() {
+    Pool::global().shutdown();
+}
+
+/// Empties the global pool; see [`Pool::clear`].
+pub fn clear() {
+    Pool::global().clear();
+}
+
+/// Page-locks `len` bytes at `ptr` in one call, for all CUDA contexts;
+/// returns `false` (leaving the memory pageable) if that fails or no GPU is
+/// in use.
+///
+/// # Safety
+/// `[ptr, ptr + len)` is a live allocation that stays mapped until
+/// [`unregister_region`] is called on it.
+pub unsafe fn register_region(ptr: *mut u8, len: usize) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe { Pool::global().register_region(ptr, len) }
+}
+
+/// Reverses a successful [`register_region`].
+///
+/// # Safety
+/// `ptr` was registered by [`register_region`], and no copy from it is in
+/// flight.
+pub unsafe fn unregister_region(ptr: *mut u8) {
+    // SAFETY: forwarded from the caller.
+    unsafe { Pool::global().unregister_region(ptr) }
+}

@@ -1,0 +1,68 @@
+//! A pool of page-locked (pinned) host buffers for staging host-to-device
+//! copies.
+//!
+//! Copies from pinned memory run at PCIe speed (~55 GB/s on an H200) while
+//! copies from pageable memory crawl (~7 GB/s), but pinning memory costs
+//! ~1-2 GB/s and must stay off the caller's critical path. `pinpool` keeps
+//! pinned, zeroed buffers ready:
+//!
+//! - [`Pool::take`] serves a ready buffer from the calling thread's cache,
+//!   then from its device's lock-free size-class stacks; on a miss it hands
+//!   out a fresh pageable buffer rather than pin on the caller's path.
+//! - Dropping a [`PinnedBuffer`] never blocks and never calls CUDA: it hands
+//!   the buffer to a pool of cleaner workers, which wait for the copies still
+//!   reading it ([`PinnedBuffer::record_last_use`]), register it on its first
+//!   cycle (touching its pages in parallel first), re-zero the written
+//!   prefix, and make it ready again.
+//! - A byte cap (default 4 GiB) bounds what the pool keeps, evicting the
+//!   largest buffers first.
+//!
+//! Without a GPU (no driver, or no device) the same API runs on a host
+//! backend: buffers are pooled and re-zeroed but not page-locked.
+//!
+//! # Examples
+//!
+//! ```
+//! use pinpool::{BackendKind, Pool};
+//!
+//! let pool = Pool::builder().backend(BackendKind::Host).build()?;
+//! let mut buf = pool.take(1 << 20);
+//! buf[..4].copy_from_slice(&[1, 2, 3, 4]);
+//! buf.set_dirty_len(4);
+//! drop(buf);
+//! pool.flush();
+//! let again = pool.take(1 << 20);
+//! assert!(again.iter().all(|&b| b == 0));
+//! assert_eq!(pool.stats().hits, 1);
+//! # Ok::<(), pinpool::Error>(())
+//! ```
+#![warn(unsafe_op_in_unsafe_fn, missing_docs, missing_debug_implementations)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod alloc;
+mod backend;
+mod buffer;
+mod cleaner;
+mod config;
+mod error;
+mod global;
+mod pool;
+mod shard;
+mod size_class;
+mod stack;
+mod stats;
+mod sync;
+mod thread_cache;
+
+pub use backend::BackendKind;
+pub use buffer::PinnedBuffer;
+pub use config::{Config, PoolBuilder, DEFAULT_MAX_POOLED_BYTES, DEFAULT_THREAD_CACHE_BYTES};
+pub use error::Error;
+pub use global::{clear, register_region, set_max_pooled_bytes, shutdown, take, unregister_region};
+pub use pool::Pool;
+pub use size_class::MAX_CLASS_SIZE;
+pub use stats::Stats;
+
+#[cfg(all(loom, feature = "loom"))]
+#[doc(hidden)]
+pub mod loom_internals;

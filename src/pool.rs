@@ -1,0 +1,505 @@
+//! The pool: per-device shards, per-thread caches, the cap, and the
+//! [`Pool`] handle users hold.
+
+use crate::alloc::Block;
+use crate::backend::{self, Backend, BackendKind};
+use crate::buffer::PinnedBuffer;
+use crate::cleaner::{Inbox, Returned};
+use crate::config::{Config, PoolBuilder};
+use crate::error::Error;
+use crate::shard::Shard;
+use crate::size_class::{self, MAX_SHIFT};
+use crate::stats::{Counters, Stats};
+use crate::sync::{Arc, AtomicUsize, JoinHandle, Mutex, Ordering, PerThread};
+use crate::thread_cache::ThreadCache;
+
+/// Everything a pool shares between its handles, its threads and its
+/// cleaner workers.
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) caches: PerThread<Arc<ThreadCache>>,
+    pub(crate) inbox: Arc<Inbox>,
+    /// Serialises admission and eviction, so that after quiescence the
+    /// pooled bytes never exceed the cap. Takers never take it.
+    admission: Mutex<()>,
+    max_pooled: AtomicUsize,
+    pub(crate) workers: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) flush_lock: Mutex<()>,
+    /// Buffers whose copies were still running when a worker got them.
+    pub(crate) parked: Mutex<Vec<Returned>>,
+    pub(crate) parked_len: AtomicUsize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("inbox", &self.inbox)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn backend(&self) -> &dyn Backend {
+        &**self.inbox.backend
+    }
+
+    /// The calling thread's cache.
+    #[inline]
+    pub(crate) fn cache(&self) -> &Arc<ThreadCache> {
+        self.caches.get_or(|| {
+            Arc::new(ThreadCache::new(
+                Arc::clone(&self.inbox),
+                self.shards.len(),
+                self.config.thread_cache_bytes,
+            ))
+        })
+    }
+
+    /// Takes a ready buffer from any other thread's cache (idle or exited
+    /// threads keep theirs until someone needs them).
+    #[cold]
+    fn steal(&self, device: usize, shift: u32, own: &Arc<ThreadCache>) -> Option<Block> {
+        self.caches
+            .iter()
+            .filter(|c| !Arc::ptr_eq(c, own))
+            .find_map(|c| c.steal(device, shift))
+    }
+
+    /// Pooled footprint bytes, thread caches included; never less than the
+    /// true figure.
+    pub(crate) fn pooled_bytes(&self) -> usize {
+        let shards: usize = self.shards.iter().map(Shard::bytes).sum();
+        let caches: usize = self.caches.iter().map(|c| c.bytes()).sum();
+        shards + caches
+    }
+
+    /// Puts a ready `block` back, in its owner's cache if there is room,
+    /// else in its device's shard, evicting largest first to stay under the
+    /// cap.
+    pub(crate) fn admit(&self, block: Block, home: &ThreadCache) {
+        let footprint = block.footprint();
+        let (evicted, refused) = {
+            let _admission = self.admission.lock();
+            // Relaxed: the cap is a setting; a racing change re-evicts under
+            // this same lock (`set_max_pooled_bytes`).
+            let cap = self.max_pooled.load(Ordering::Relaxed);
+            if footprint > cap {
+                (Vec::new(), Some(block))
+            } else {
+                let evicted = self.evict_to_fit(footprint, cap);
+                let refused = match home.offer(block) {
+                    Ok(()) => None,
+                    Err(block) => {
+                        let device = block.device();
+                        self.shards[device].push(block).err()
+                    }
+                };
+                (evicted, refused)
+            }
+        };
+        self.release_all(evicted);
+        if let Some(block) = refused {
+            self.inbox.release(block);
+        }
+    }
+
+    /// Removes pooled buffers, largest class first, until `incoming` more
+    /// bytes fit under `cap`. The caller holds the admission lock and
+    /// releases the returned buffers.
+    fn evict_to_fit(&self, incoming: usize, cap: usize) -> Vec<Block> {
+        let mut evicted = Vec::new();
+        let mut total = self.pooled_bytes();
+        let mut shift = MAX_SHIFT as i64;
+        while total + incoming > cap && shift >= 0 {
+            match self.evict_one(shift as u32) {
+                Some(block) => {
+                    total = total.saturating_sub(block.footprint());
+                    evicted.push(block);
+                }
+                None => {
+                    shift -= 1;
+                    total = self.pooled_bytes();
+                }
+            }
+        }
+        if !evicted.is_empty() {
+            Counters::add(&self.inbox.counters.evictions, evicted.len() as u64);
+            tracing::debug!(
+                buffers = evicted.len(),
+                cap,
+                "evicted pooled buffers to respect the cap"
+            );
+        }
+        evicted
+    }
+
+    fn evict_one(&self, shift: u32) -> Option<Block> {
+        self.shards
+            .iter()
+            .filter(|s| s.has(shift))
+            .find_map(|s| s.pop(shift))
+            .or_else(|| self.caches.iter().find_map(|c| c.evict(shift)))
+    }
+
+    fn release_all(&self, blocks: Vec<Block>) {
+        for block in blocks {
+            self.inbox.release(block);
+        }
+    }
+
+    pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
+        let evicted = {
+            let _admission = self.admission.lock();
+            self.max_pooled.store(bytes, Ordering::Relaxed);
+            self.evict_to_fit(0, bytes)
+        };
+        self.release_all(evicted);
+    }
+
+    /// Unregisters and frees every pooled buffer.
+    pub(crate) fn clear(&self) {
+        let mut blocks = Vec::new();
+        for shard in self.shards.iter() {
+            blocks.extend(shard.drain());
+        }
+        for cache in self.caches.iter() {
+            blocks.extend(cache.drain());
+        }
+        if !blocks.is_empty() {
+            tracing::debug!(buffers = blocks.len(), "clearing the pool");
+        }
+        self.release_all(blocks);
+    }
+
+    pub(crate) fn shutdown(self: &Arc<Self>) {
+        self.flush();
+        self.stop_cleaner();
+        self.inbox.release_queued();
+        self.release_parked();
+        self.clear();
+    }
+
+    /// Shuts down for good: called when the last `Pool` handle drops.
+    fn close(self: &Arc<Self>) {
+        self.shutdown();
+        {
+            // Under the workers lock, so no `start_cleaner` runs meanwhile.
+            let _workers = self.workers.lock();
+            self.inbox.closed.store(true, Ordering::Relaxed);
+        }
+        // A drop racing the shutdown may have restarted the workers.
+        self.stop_cleaner();
+        self.inbox.release_queued();
+        self.release_parked();
+        self.clear();
+        *self.inbox.pool.lock() = None;
+    }
+
+    fn stats(&self) -> Stats {
+        let mut stats = Stats::empty(self.backend().kind(), self.shards.len());
+        for cache in self.caches.iter() {
+            stats.hits += cache.hits();
+            stats.misses += cache.misses();
+            stats.pooled_buffers += cache.buffers();
+        }
+        stats.pooled_buffers += self.shards.iter().map(Shard::buffers).sum::<usize>();
+        stats.pooled_bytes = self.pooled_bytes();
+        stats.max_pooled_bytes = self.max_pooled.load(Ordering::Relaxed);
+        stats.in_cleaner = self.in_cleaner();
+        stats.fill_from(&self.inbox.counters);
+        stats
+    }
+}
+
+/// Owns the pool on behalf of the user's handles; dropping the last one
+/// shuts the pool down.
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+/// A pool of page-locked host buffers: a cheap, cloneable handle.
+///
+/// Dropping the last handle shuts the pool down; buffers still out are
+/// freed when they are dropped.
+///
+/// # Examples
+///
+/// ```
+/// use pinpool::{BackendKind, Pool};
+///
+/// let pool = Pool::builder().backend(BackendKind::Host).build()?;
+/// let mut buf = pool.take(3);
+/// assert_eq!(buf.len(), 4);
+/// buf.copy_from_slice(&[1, 2, 3, 4]);
+/// drop(buf); // back to the cleaner: re-zeroed, then ready again
+/// pool.flush();
+/// let buf = pool.take(4);
+/// assert_eq!(&buf[..], &[0, 0, 0, 0]);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Pool {
+    handle: Arc<Handle>,
+}
+
+// === impl Pool ===
+
+impl Pool {
+    /// A builder with the default settings.
+    pub fn builder() -> PoolBuilder {
+        PoolBuilder::default()
+    }
+
+    pub(crate) fn from_config(config: Config) -> Result<Self, Error> {
+        let backend = backend::select(config.backend, config.devices)?;
+        let devices = backend.device_count();
+        let inbox = Arc::new(Inbox::new(Arc::new(backend)));
+        let shared = Arc::new(Shared {
+            shards: (0..devices).map(|_| Shard::new()).collect(),
+            caches: PerThread::new(),
+            inbox: Arc::clone(&inbox),
+            admission: Mutex::new(()),
+            max_pooled: AtomicUsize::new(config.max_pooled_bytes),
+            workers: Mutex::new(Vec::new()),
+            flush_lock: Mutex::new(()),
+            parked: Mutex::new(Vec::new()),
+            parked_len: AtomicUsize::new(0),
+            config,
+        });
+        *inbox.pool.lock() = Some(Arc::clone(&shared));
+        shared.start_cleaner();
+        Ok(Self {
+            handle: Arc::new(Handle { shared }),
+        })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.handle.shared
+    }
+
+    /// An all-zero buffer of at least `min_size` bytes, rounded up to a
+    /// power of two, from the shard of the calling thread's current device.
+    ///
+    /// Page-locked on a pool hit; on a miss a fresh pageable buffer, which
+    /// the cleaner registers after it is dropped. Pinning never happens on
+    /// the caller's path.
+    ///
+    /// # Panics
+    ///
+    /// If `min_size` is above [`MAX_CLASS_SIZE`](crate::MAX_CLASS_SIZE), the
+    /// memory cannot be mapped, or the current device is not served; use
+    /// [`try_take`](Self::try_take) to get an error instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let buf = pool.take(1000);
+    /// assert_eq!(buf.len(), 1024);
+    /// assert!(buf.iter().all(|&b| b == 0));
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    #[inline]
+    #[track_caller]
+    pub fn take(&self, min_size: usize) -> PinnedBuffer {
+        match self.try_take(min_size) {
+            Ok(buf) => buf,
+            Err(e) => panic!("pinpool: take({min_size}) failed: {e}"),
+        }
+    }
+
+    /// Like [`take`](Self::take), but returns an error instead of panicking.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// assert!(pool.try_take(usize::MAX).is_err());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    #[inline]
+    pub fn try_take(&self, min_size: usize) -> Result<PinnedBuffer, Error> {
+        let device = self.shared().backend().current_device();
+        self.take_on(device, min_size)
+    }
+
+    /// Like [`try_take`](Self::try_take), from the shard of `device`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder()
+    ///     .backend(pinpool::BackendKind::Host)
+    ///     .devices(2)
+    ///     .build()?;
+    /// assert_eq!(pool.take_on(1, 64)?.device(), 1);
+    /// assert!(pool.take_on(2, 64).is_err());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    #[inline]
+    pub fn take_on(&self, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
+        let shift = size_class::shift_for(min_size)?;
+        let shared = self.shared();
+        let Some(shard) = shared.shards.get(device) else {
+            return Err(Error::UnknownDevice {
+                device,
+                devices: shared.shards.len(),
+            });
+        };
+        let cache = shared.cache();
+        let found = cache
+            .pop(device, shift)
+            .or_else(|| shard.pop(shift))
+            .or_else(|| shared.steal(device, shift, cache));
+        let block = match found {
+            Some(block) => {
+                cache.count_hit();
+                block
+            }
+            None => {
+                let block = Block::allocate(shift, device)?;
+                cache.count_miss();
+                tracing::trace!(
+                    bytes = block.len(),
+                    device,
+                    "pool miss: allocated a pageable buffer"
+                );
+                block
+            }
+        };
+        Ok(PinnedBuffer::new(block, Arc::clone(cache)))
+    }
+
+    /// Sets the cap on pooled bytes (thread caches included). Lowering it
+    /// evicts at once, largest buffers first; 0 turns pooling off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(1 << 20));
+    /// pool.flush();
+    /// pool.set_max_pooled_bytes(0);
+    /// assert_eq!(pool.stats().pooled_bytes, 0);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn set_max_pooled_bytes(&self, bytes: usize) {
+        self.shared().set_max_pooled_bytes(bytes);
+    }
+
+    /// Blocks until every buffer dropped before the call has been recycled
+    /// (and is ready to take) or released.
+    pub fn flush(&self) {
+        self.shared().flush();
+    }
+
+    /// Unregisters and frees every pooled buffer, thread caches included.
+    /// Buffers still in the cleaner are not touched; `shutdown` drains them
+    /// first.
+    pub fn clear(&self) {
+        self.shared().clear();
+    }
+
+    /// Drains the cleaner, joins its workers, then unregisters and frees
+    /// every pooled buffer. The pool keeps working afterwards: the next
+    /// drop (or `flush`) starts the cleaner again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(4096));
+    /// pool.shutdown();
+    /// assert_eq!(pool.stats().pooled_buffers, 0);
+    /// drop(pool.take(4096)); // still works
+    /// pool.flush();
+    /// assert_eq!(pool.stats().pooled_buffers, 1);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn shutdown(&self) {
+        self.shared().shutdown();
+    }
+
+    /// A snapshot of the pool's counters.
+    pub fn stats(&self) -> Stats {
+        self.shared().stats()
+    }
+
+    /// The settings the pool runs with.
+    pub fn config(&self) -> &Config {
+        &self.shared().config
+    }
+
+    /// The backend in use (never [`BackendKind::Auto`]).
+    pub fn backend(&self) -> BackendKind {
+        self.shared().backend().kind()
+    }
+
+    /// Page-locks `[ptr, ptr + len)` for all contexts with this pool's
+    /// backend; returns whether it worked (always `false` on the host
+    /// backend).
+    ///
+    /// # Safety
+    /// The range is a live allocation that stays mapped until it is
+    /// unregistered with [`unregister_region`](Self::unregister_region).
+    pub unsafe fn register_region(&self, ptr: *mut u8, len: usize) -> bool {
+        let backend = self.shared().backend();
+        if !backend.pins() {
+            return false;
+        }
+        // SAFETY: forwarded from the caller.
+        match unsafe { backend.register(backend.current_device(), ptr, len) } {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "register_region failed; the region stays pageable");
+                false
+            }
+        }
+    }
+
+    /// Reverses a successful [`register_region`](Self::register_region).
+    ///
+    /// # Safety
+    /// `ptr` was registered by `register_region`, and no copy from it is in
+    /// flight.
+    pub unsafe fn unregister_region(&self, ptr: *mut u8) {
+        let backend = self.shared().backend();
+        // SAFETY: forwarded from the caller.
+        if let Err(e) = unsafe { backend.unregister(backend.current_device(), ptr) } {
+            tracing::debug!(error = %e, "unregister_region failed");
+        }
+    }
+}
+
+#[cfg(not(all(loom, feature = "loom")))]
+impl Pool {
+    /// The process-wide pool behind the free functions, built on first use
+    /// with the default settings ([`BackendKind::Auto`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::global();
+    /// let buf = pool.take(4096);
+    /// assert_eq!(buf.len(), 4096);
+    /// ```
+    pub fn global() -> &'static Pool {
+        static GLOBAL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            Pool::builder()
+                .build()
+                .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
+        })
+    }
+}

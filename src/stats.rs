@@ -1,0 +1,200 @@
+//! Counters and the [`Stats`] snapshot.
+//!
+//! Hit and miss counts live in each thread's cache (written by its owner
+//! alone) so the take path touches no shared line; everything else is
+//! counted by the cleaner, off the fast path. All counters are Relaxed:
+//! they publish nothing, and a snapshot is only as exact as the moment.
+
+use std::time::Duration;
+
+use crate::backend::BackendKind;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Buckets of the drop-to-ready histogram: bucket `i` counts latencies in
+/// `[2^i, 2^(i+1))` microseconds (bucket 0 also holds everything below 1 us).
+const BUCKETS: usize = 32;
+
+/// Counters written by the cleaner and slow paths.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    pub(crate) recycled: AtomicU64,
+    pub(crate) registrations: AtomicU64,
+    pub(crate) registered_bytes: AtomicU64,
+    pub(crate) registration_nanos: AtomicU64,
+    pub(crate) registration_failures: AtomicU64,
+    pub(crate) fence_failures: AtomicU64,
+    pub(crate) unregister_failures: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) evictions: AtomicU64,
+    pub(crate) bytes_zeroed: AtomicU64,
+    ready_latency: [AtomicU64; BUCKETS],
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Self {
+            recycled: AtomicU64::new(0),
+            registrations: AtomicU64::new(0),
+            registered_bytes: AtomicU64::new(0),
+            registration_nanos: AtomicU64::new(0),
+            registration_failures: AtomicU64::new(0),
+            fence_failures: AtomicU64::new(0),
+            unregister_failures: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            bytes_zeroed: AtomicU64::new(0),
+            ready_latency: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Adds `n` to `counter`.
+    #[inline]
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records how long a buffer took from its drop to being ready again.
+    pub(crate) fn record_ready(&self, latency: Duration) {
+        let micros = latency.as_micros().max(1) as u64;
+        let bucket = (63 - micros.leading_zeros() as usize).min(BUCKETS - 1);
+        Self::add(&self.ready_latency[bucket], 1);
+    }
+
+    /// The upper edge of the bucket holding quantile `q` of drop-to-ready
+    /// latency, or `None` before any buffer was recycled.
+    fn ready_quantile(&self, q: f64) -> Option<Duration> {
+        let counts: Vec<u64> = self
+            .ready_latency
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (bucket, count) in counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return Some(Duration::from_micros(2u64 << bucket));
+            }
+        }
+        None
+    }
+
+    pub(crate) fn load(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// A snapshot of a pool's state and history.
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// drop(pool.take(4096));
+/// pool.flush();
+/// let stats = pool.stats();
+/// assert_eq!(stats.misses, 1);
+/// assert_eq!(stats.pooled_buffers, 1);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The backend in use.
+    pub backend: BackendKind,
+    /// Devices served.
+    pub devices: usize,
+    /// Takes served from the pool.
+    pub hits: u64,
+    /// Takes that allocated a fresh (pageable) buffer.
+    pub misses: u64,
+    /// Bytes of ready buffers (footprints: at least a page each), thread
+    /// caches included.
+    pub pooled_bytes: usize,
+    /// Ready buffers, thread caches included.
+    pub pooled_buffers: usize,
+    /// The cap on pooled bytes.
+    pub max_pooled_bytes: usize,
+    /// Buffers dropped and not yet recycled or released.
+    pub in_cleaner: usize,
+    /// Buffers the cleaner made ready again.
+    pub recycled: u64,
+    /// Successful first registrations (page-locking) of buffers.
+    pub registrations: u64,
+    /// Bytes page-locked by those registrations.
+    pub registered_bytes: u64,
+    /// Time spent in those registrations.
+    pub registration_time: Duration,
+    /// Registrations that failed (the buffer was freed instead of pooled).
+    pub registration_failures: u64,
+    /// Fence waits or device synchronizes that failed (the buffer was freed).
+    pub fence_failures: u64,
+    /// Unregistrations that failed.
+    pub unregister_failures: u64,
+    /// Buffers freed rather than pooled (evictions and failures included).
+    pub released: u64,
+    /// Pooled buffers evicted to respect the cap.
+    pub evictions: u64,
+    /// Bytes the cleaner re-zeroed.
+    pub bytes_zeroed: u64,
+    /// Median drop-to-ready latency (upper edge of a power-of-two bucket).
+    pub drop_to_ready_p50: Option<Duration>,
+    /// 99th-percentile drop-to-ready latency (upper edge of its bucket).
+    pub drop_to_ready_p99: Option<Duration>,
+}
+
+impl Stats {
+    /// Fraction of takes served from the pool (1.0 before any take).
+    pub fn hit_rate(&self) -> f64 {
+        let takes = self.hits + self.misses;
+        if takes == 0 {
+            1.0
+        } else {
+            self.hits as f64 / takes as f64
+        }
+    }
+
+    pub(crate) fn fill_from(&mut self, c: &Counters) {
+        self.recycled = Counters::load(&c.recycled);
+        self.registrations = Counters::load(&c.registrations);
+        self.registered_bytes = Counters::load(&c.registered_bytes);
+        self.registration_time = Duration::from_nanos(Counters::load(&c.registration_nanos));
+        self.registration_failures = Counters::load(&c.registration_failures);
+        self.fence_failures = Counters::load(&c.fence_failures);
+        self.unregister_failures = Counters::load(&c.unregister_failures);
+        self.released = Counters::load(&c.released);
+        self.evictions = Counters::load(&c.evictions);
+        self.bytes_zeroed = Counters::load(&c.bytes_zeroed);
+        self.drop_to_ready_p50 = c.ready_quantile(0.5);
+        self.drop_to_ready_p99 = c.ready_quantile(0.99);
+    }
+
+    pub(crate) fn empty(backend: BackendKind, devices: usize) -> Self {
+        Self {
+            backend,
+            devices,
+            hits: 0,
+            misses: 0,
+            pooled_bytes: 0,
+            pooled_buffers: 0,
+            max_pooled_bytes: 0,
+            in_cleaner: 0,
+            recycled: 0,
+            registrations: 0,
+            registered_bytes: 0,
+            registration_time: Duration::ZERO,
+            registration_failures: 0,
+            fence_failures: 0,
+            unregister_failures: 0,
+            released: 0,
+            evictions: 0,
+            bytes_zeroed: 0,
+            drop_to_ready_p50: None,
+            drop_to_ready_p99: None,
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use pinpool::{BackendKind, Pool};
+
+/// A host-backend pool with `devices` shards and two cleaner workers.
+pub fn host_pool(devices: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .devices(devices)
+        .cleaner_threads(2)
+        .build()
+        .expect("a host pool always builds")
+}
+
+/// Whether every byte of `buf` is zero.
+pub fn all_zero(buf: &[u8]) -> bool {
+    buf.iter().all(|&b| b == 0)
+}

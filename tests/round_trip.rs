@@ -1,0 +1,99 @@
+//! Take, write, drop, take again: sizes, zeroing, dirty length, reuse.
+
+mod common;
+use common::{all_zero, host_pool};
+
+#[test]
+fn take_rounds_up_to_powers_of_two_and_zero_fills() {
+    let pool = host_pool(1);
+    for (min, len) in [
+        (0, 1),
+        (1, 1),
+        (3, 4),
+        (1024, 1024),
+        (1025, 2048),
+        (5 << 20, 8 << 20),
+    ] {
+        let buf = pool.take(min);
+        assert_eq!(buf.len(), len, "take({min})");
+        assert!(all_zero(&buf), "take({min}) not zeroed");
+        assert!(!buf.is_pinned(), "the host backend never pins");
+    }
+}
+
+#[test]
+fn recycled_buffer_is_reused_and_rezeroed() {
+    let pool = host_pool(1);
+    let mut buf = pool.take(8192);
+    let ptr = buf.as_ptr();
+    buf.fill(0xAB);
+    drop(buf);
+    pool.flush();
+    let buf = pool.take(8192);
+    assert_eq!(buf.as_ptr(), ptr, "a pool hit reuses the allocation");
+    assert!(all_zero(&buf), "recycled buffer not re-zeroed");
+    let stats = pool.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 1));
+    assert_eq!(stats.recycled, 1);
+    assert_eq!(stats.bytes_zeroed, 8192);
+}
+
+#[test]
+fn dirty_len_limits_rezeroing_and_is_clamped() {
+    let pool = host_pool(1);
+    let mut buf = pool.take(1 << 16);
+    buf[..100].fill(7);
+    buf.set_dirty_len(100);
+    assert_eq!(buf.dirty_len(), 100);
+    drop(buf);
+    pool.flush();
+    assert_eq!(pool.stats().bytes_zeroed, 100);
+
+    let mut buf = pool.take(1 << 16);
+    assert!(all_zero(&buf));
+    buf.fill(9);
+    buf.set_dirty_len(usize::MAX);
+    assert_eq!(buf.dirty_len(), 1 << 16, "past the end clamps to len()");
+    drop(buf);
+    pool.flush();
+    assert!(all_zero(&pool.take(1 << 16)));
+}
+
+#[test]
+fn large_buffers_are_cleaned_in_chunks_completely() {
+    let pool = host_pool(1);
+    let mut buf = pool.take(64 << 20);
+    buf.fill(0x5A);
+    let ptr = buf.as_ptr();
+    drop(buf);
+    pool.flush();
+    let buf = pool.take(64 << 20);
+    assert_eq!(buf.as_ptr(), ptr);
+    assert!(
+        all_zero(&buf),
+        "some chunk of a large buffer was not re-zeroed"
+    );
+}
+
+#[test]
+fn global_free_functions_work() {
+    let mut buf = pinpool::take(3);
+    assert_eq!(buf.len(), 4);
+    buf[0] = 1;
+    drop(buf);
+    pinpool::Pool::global().flush();
+    assert!(all_zero(&pinpool::take(4)));
+    pinpool::clear();
+    pinpool::set_max_pooled_bytes(pinpool::DEFAULT_MAX_POOLED_BYTES);
+    let mut region = vec![0u8; 4096];
+    // SAFETY: `region` is live until after unregister_region.
+    let pinned = unsafe { pinpool::register_region(region.as_mut_ptr(), region.len()) };
+    if pinned {
+        // SAFETY: registered just above; nothing is copying from it.
+        unsafe { pinpool::unregister_region(region.as_mut_ptr()) };
+    }
+    assert_eq!(
+        pinned,
+        pinpool::Pool::global().backend() == pinpool::BackendKind::Cuda
+    );
+}
