@@ -32,7 +32,7 @@ use crate::backend::{Backend, Fence};
 use crate::pool::Shared;
 use crate::size_class::PAGE;
 use crate::stats::Counters;
-use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Lane, Lanes, Mutex, Ordering};
+use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Condvar, Lane, Lanes, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
 
 /// Work above this many bytes is split into jobs of this size. A multiple
@@ -68,6 +68,10 @@ pub(crate) struct Inbox {
     pub(crate) counters: Counters,
     /// The pool, to restart its workers after a shutdown; `None` once closed.
     pub(crate) pool: Mutex<Option<Arc<Shared>>>,
+    /// How many threads are blocked in `flush`, guarded by the mutex the
+    /// condition variable uses.
+    flush_waiters: Mutex<usize>,
+    flush_done: Condvar,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -91,6 +95,19 @@ impl Inbox {
             backend,
             counters: Counters::new(),
             pool: Mutex::new(None),
+            flush_waiters: Mutex::new(0),
+            flush_done: Condvar::new(),
+        }
+    }
+
+    /// Wakes `flush` callers after an in-flight counter dropped to zero.
+    ///
+    /// The waiter count is read under the lock the waiters check their
+    /// condition under, so a decrement made before this call is either seen
+    /// by a waiter's check or followed by this notification.
+    fn notify_flush(&self) {
+        if *self.flush_waiters.lock() > 0 {
+            self.flush_done.notify_all();
         }
     }
 
@@ -137,7 +154,7 @@ impl Inbox {
     fn wake(&self) {
         let pool = self.pool.lock().clone();
         match pool {
-            Some(shared) => shared.start_cleaner(),
+            Some(shared) => Shared::start_cleaner(&shared),
             None => self.release_queued(),
         }
     }
@@ -223,7 +240,9 @@ impl Drop for Returned {
         }
         // Release publishes everything done to the buffer (pooled or freed)
         // to the `flush` whose Acquire load sees the count drop.
-        self.home.inflight[self.epoch].fetch_sub(1, Ordering::Release);
+        if self.home.inflight[self.epoch].fetch_sub(1, Ordering::Release) == 1 {
+            inbox.notify_flush();
+        }
     }
 }
 
@@ -241,14 +260,14 @@ pub(crate) struct Chunked {
 
 impl Shared {
     /// Starts the workers unless they are running or the pool is closed.
-    pub(crate) fn start_cleaner(self: &Arc<Self>) {
-        let mut workers = self.workers.lock();
-        if !workers.is_empty() || self.inbox.closed.load(Ordering::Relaxed) {
+    pub(crate) fn start_cleaner(this: &Arc<Self>) {
+        let mut workers = this.workers.lock();
+        if !workers.is_empty() || this.inbox.closed.load(Ordering::Relaxed) {
             return;
         }
-        let width = self.config.cleaner_threads;
+        let width = this.config.cleaner_threads;
         for index in 0..width {
-            let shared = Arc::clone(self);
+            let shared = Arc::clone(this);
             let spawned = crate::sync::thread::Builder::new()
                 .name(format!("pinpool-cleaner-{index}"))
                 .spawn(move || shared.work(index, width));
@@ -259,7 +278,7 @@ impl Shared {
         }
         // Relaxed: the workers were spawned above (spawning synchronizes),
         // and `submit` orders its read with a SeqCst fence.
-        self.inbox
+        this.inbox
             .running
             .store(!workers.is_empty(), Ordering::Relaxed);
     }
@@ -287,27 +306,29 @@ impl Shared {
 
     /// Blocks until every buffer dropped before the call is recycled or
     /// released.
-    pub(crate) fn flush(self: &Arc<Self>) {
-        let _serial = self.flush_lock.lock();
-        self.start_cleaner();
-        if !self.cleaner_running() {
+    pub(crate) fn flush(this: &Arc<Self>) {
+        let _serial = this.flush_lock.lock();
+        Self::start_cleaner(this);
+        if !this.cleaner_running() {
             // No worker could start (or the pool is closed): do it here.
-            self.inbox.release_queued();
-            self.release_parked();
+            this.inbox.release_queued();
+            this.release_parked();
         }
         // Relaxed: see `Inbox::submit`.
-        let old = self.inbox.epoch.fetch_add(1, Ordering::Relaxed) & 1;
-        let mut attempt = 0;
+        let old = this.inbox.epoch.fetch_add(1, Ordering::Relaxed) & 1;
+        let inbox = &this.inbox;
+        let mut waiters = inbox.flush_waiters.lock();
+        *waiters += 1;
         // Acquire pairs with the Release decrement in `Returned::drop`, so
         // the pooled buffers are visible to the caller afterwards.
-        while self
+        while this
             .caches
             .iter()
             .any(|c| c.inflight[old].load(Ordering::Acquire) != 0)
         {
-            crate::sync::backoff(attempt);
-            attempt = attempt.saturating_add(1);
+            waiters = inbox.flush_done.wait(waiters);
         }
+        *waiters -= 1;
     }
 
     /// Buffers dropped and not yet recycled or released.

@@ -45,6 +45,7 @@ mod buffer;
 mod cleaner;
 mod config;
 mod error;
+#[cfg(not(all(loom, feature = "loom")))]
 mod global;
 mod pool;
 mod shard;
@@ -58,6 +59,7 @@ pub use backend::BackendKind;
 pub use buffer::PinnedBuffer;
 pub use config::{Config, PoolBuilder, DEFAULT_MAX_POOLED_BYTES, DEFAULT_THREAD_CACHE_BYTES};
 pub use error::Error;
+#[cfg(not(all(loom, feature = "loom")))]
 pub use global::{clear, register_region, set_max_pooled_bytes, shutdown, take, unregister_region};
 pub use pool::Pool;
 pub use size_class::MAX_CLASS_SIZE;

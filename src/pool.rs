@@ -175,28 +175,28 @@ impl Shared {
         self.release_all(blocks);
     }
 
-    pub(crate) fn shutdown(self: &Arc<Self>) {
-        self.flush();
-        self.stop_cleaner();
-        self.inbox.release_queued();
-        self.release_parked();
-        self.clear();
+    pub(crate) fn shutdown(this: &Arc<Self>) {
+        Self::flush(this);
+        this.stop_cleaner();
+        this.inbox.release_queued();
+        this.release_parked();
+        this.clear();
     }
 
     /// Shuts down for good: called when the last `Pool` handle drops.
-    fn close(self: &Arc<Self>) {
-        self.shutdown();
+    fn close(this: &Arc<Self>) {
+        Self::shutdown(this);
         {
             // Under the workers lock, so no `start_cleaner` runs meanwhile.
-            let _workers = self.workers.lock();
-            self.inbox.closed.store(true, Ordering::Relaxed);
+            let _workers = this.workers.lock();
+            this.inbox.closed.store(true, Ordering::Relaxed);
         }
         // A drop racing the shutdown may have restarted the workers.
-        self.stop_cleaner();
-        self.inbox.release_queued();
-        self.release_parked();
-        self.clear();
-        *self.inbox.pool.lock() = None;
+        this.stop_cleaner();
+        this.inbox.release_queued();
+        this.release_parked();
+        this.clear();
+        *this.inbox.pool.lock() = None;
     }
 
     fn stats(&self) -> Stats {
@@ -224,7 +224,7 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.shared.close();
+        Shared::close(&self.shared);
     }
 }
 
@@ -278,7 +278,7 @@ impl Pool {
             config,
         });
         *inbox.pool.lock() = Some(Arc::clone(&shared));
-        shared.start_cleaner();
+        Shared::start_cleaner(&shared);
         Ok(Self {
             handle: Arc::new(Handle { shared }),
         })
@@ -401,7 +401,7 @@ impl Pool {
     /// Blocks until every buffer dropped before the call has been recycled
     /// (and is ready to take) or released.
     pub fn flush(&self) {
-        self.shared().flush();
+        Shared::flush(self.shared());
     }
 
     /// Unregisters and frees every pooled buffer, thread caches included.
@@ -428,7 +428,7 @@ impl Pool {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn shutdown(&self) {
-        self.shared().shutdown();
+        Shared::shutdown(self.shared());
     }
 
     /// A snapshot of the pool's counters.

@@ -8,7 +8,11 @@
 use crate::error::Error;
 
 /// Shift of the largest size class.
+#[cfg(not(all(loom, feature = "loom")))]
 pub(crate) const MAX_SHIFT: u32 = 40;
+/// Loom models use a few small classes, keeping each execution short.
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const MAX_SHIFT: u32 = 3;
 
 /// Number of size classes (shifts `0..=MAX_SHIFT`).
 pub(crate) const CLASSES: usize = MAX_SHIFT as usize + 1;
@@ -49,7 +53,7 @@ pub(crate) const fn footprint(shift: u32) -> usize {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(all(loom, feature = "loom"))))]
 mod tests {
     use super::*;
 

@@ -72,6 +72,24 @@ mod imp {
         }
     }
 
+    /// A condition variable whose `wait` ignores poisoning, like [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(std::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(std::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
     /// `std::cell::UnsafeCell` with loom's closure-based API.
     #[derive(Debug)]
     pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
@@ -189,18 +207,6 @@ mod imp {
             self.recycle.1.len() + self.register.1.len()
         }
     }
-
-    /// Waits a little between polls of a condition another thread will make
-    /// true: spins first, then sleeps for up to a millisecond.
-    pub(crate) fn backoff(attempt: u32) {
-        if attempt < 16 {
-            std::hint::spin_loop();
-        } else if attempt < 32 {
-            thread::yield_now();
-        } else {
-            thread::sleep(Duration::from_micros(50 << (attempt - 32).min(4)));
-        }
-    }
 }
 
 #[cfg(all(loom, feature = "loom"))]
@@ -212,7 +218,7 @@ mod imp {
     pub(crate) use loom::sync::atomic::{
         fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
     };
-    pub(crate) use loom::sync::{Arc, Condvar};
+    pub(crate) use loom::sync::Arc;
     pub(crate) use loom::thread::{self, JoinHandle};
 
     use super::Lane;
@@ -241,6 +247,24 @@ mod imp {
     impl<T: Default> Default for Mutex<T> {
         fn default() -> Self {
             Self::new(T::default())
+        }
+    }
+
+    /// loom's condition variable with a non-poisoning `wait`.
+    #[derive(Debug)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
         }
     }
 
@@ -326,7 +350,7 @@ mod imp {
                     }
                 }
                 match timeout {
-                    None => queues = self.ready.wait(queues).unwrap_or_else(|e| e.into_inner()),
+                    None => queues = self.ready.wait(queues),
                     Some(_) => {
                         drop(queues);
                         thread::yield_now();
@@ -345,12 +369,6 @@ mod imp {
             let queues = self.queues.lock();
             queues[0].len() + queues[1].len()
         }
-    }
-
-    /// Under loom a wait is a yield, so the model checker can run the
-    /// thread being waited for.
-    pub(crate) fn backoff(_attempt: u32) {
-        thread::yield_now();
     }
 }
 
