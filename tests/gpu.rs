@@ -1,0 +1,385 @@
+//! The CUDA backend on real hardware. Every test is `#[ignore]`d: run them
+//! on a GPU machine with `--ignored` (or `--include-ignored`), one at a
+//! time (`--test-threads=1`) so the bandwidth figures are not disturbed.
+//! Asked to run without a GPU, they fail loudly.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use pinpool::{BackendKind, PinnedBuffer, Pool};
+
+/// Device 0's context, bound to this thread; panics without a GPU.
+fn gpu() -> Arc<CudaContext> {
+    // SAFETY: only tries to load the driver library.
+    let present = unsafe { sys::is_culib_present() };
+    assert!(present, "GPU test asked to run, but libcuda cannot be loaded");
+    CudaContext::new(0).expect("GPU test asked to run, but no CUDA device is usable")
+}
+
+fn cuda_pool() -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Cuda)
+        .cleaner_threads(4)
+        .build()
+        .expect("the CUDA backend builds on a GPU machine")
+}
+
+/// A pinned buffer of `size` bytes from `pool`: a miss, dropped, flushed
+/// (registered by the cleaner), and taken again.
+fn pinned(pool: &Pool, size: usize) -> PinnedBuffer {
+    drop(pool.take(size));
+    pool.flush();
+    let buf = pool.take(size);
+    assert!(
+        buf.is_pinned(),
+        "second take of {size} bytes should be a pinned hit"
+    );
+    buf
+}
+
+/// Device memory freed on drop.
+struct DeviceBytes(sys::CUdeviceptr, usize);
+
+impl DeviceBytes {
+    fn new(len: usize) -> Self {
+        // SAFETY: a context is current (see `gpu`); the result is checked.
+        Self(
+            unsafe { result::malloc_sync(len) }.expect("cuMemAlloc"),
+            len,
+        )
+    }
+
+    fn read(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.1];
+        // SAFETY: `self.0` holds `self.1` bytes; `out` is as long.
+        unsafe { result::memcpy_dtoh_sync(&mut out, self.0) }.expect("cuMemcpyDtoH");
+        out
+    }
+}
+
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_sync`, freed once.
+        unsafe { result::free_sync(self.0) }.expect("cuMemFree");
+    }
+}
+
+/// Enqueues an async H2D copy of `src` into `dst` on `stream`.
+fn copy_async(stream: &CudaStream, dst: &DeviceBytes, src: &[u8]) {
+    assert!(src.len() <= dst.1);
+    // SAFETY: `dst` holds at least `src.len()` bytes; the callers keep `src`
+    // alive (and unmoved) until the copy is known to have finished.
+    unsafe { result::memcpy_htod_async(dst.0, src, stream.cu_stream()) }
+        .expect("cuMemcpyHtoDAsync");
+}
+
+/// Blocks `stream` until the returned gate is opened.
+struct Gate(Arc<AtomicBool>);
+
+impl Gate {
+    fn close(stream: &CudaStream) -> Self {
+        unsafe extern "C" fn wait(arg: *mut c_void) {
+            // SAFETY: `arg` is the `Arc<AtomicBool>` leaked by `close`; this
+            // callback runs once and takes ownership of that reference.
+            let open = unsafe { Arc::from_raw(arg as *const AtomicBool) };
+            while !open.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let open = Arc::new(AtomicBool::new(false));
+        let arg = Arc::into_raw(open.clone()) as *mut c_void;
+        // SAFETY: the callback only touches its own `Arc`, and makes no CUDA
+        // calls, as host functions must not.
+        unsafe { result::stream::launch_host_function(stream.cu_stream(), wait, arg) }
+            .expect("cuLaunchHostFunc");
+        Self(open)
+    }
+
+    fn open(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Flushes `pool` on another thread and reports whether that finished
+/// within `within`.
+fn flush_in_background(pool: &Pool) -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pool = pool.clone();
+    std::thread::spawn(move || {
+        pool.flush();
+        let _ = tx.send(());
+    });
+    rx
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn auto_picks_cuda_and_regions_register() {
+    let _ctx = gpu();
+    let pool = Pool::builder().build().unwrap();
+    assert_eq!(pool.backend(), BackendKind::Cuda);
+    let mut region = vec![1u8; 1 << 20];
+    // SAFETY: `region` stays alive and unmoved until unregistered below.
+    assert!(unsafe { pool.register_region(region.as_mut_ptr(), region.len()) });
+    let mut flags = 0;
+    // SAFETY: valid out-pointer; the region is registered.
+    unsafe { sys::cuMemHostGetFlags(&mut flags, region.as_mut_ptr().cast()) }
+        .result()
+        .expect("a registered region is known to the driver");
+    // SAFETY: registered above; no copy reads it.
+    unsafe { pool.unregister_region(region.as_mut_ptr()) };
+    let mut flags = 0;
+    // SAFETY: as above.
+    let after = unsafe { sys::cuMemHostGetFlags(&mut flags, region.as_mut_ptr().cast()) }.result();
+    assert!(after.is_err(), "the region should no longer be registered");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn pool_hit_is_page_locked_and_portable() {
+    let _ctx = gpu();
+    let pool = cuda_pool();
+    for size in [4096, 1 << 20, 64 << 20] {
+        let miss = pool.take(size);
+        assert!(!miss.is_pinned(), "a miss is pageable");
+        drop(miss);
+        pool.flush();
+        let buf = pool.take(size);
+        assert!(buf.is_pinned());
+        let mut flags = 0;
+        // SAFETY: valid out-pointer; `buf` is live.
+        unsafe { sys::cuMemHostGetFlags(&mut flags, buf.as_ptr() as *mut c_void) }
+            .result()
+            .expect("the driver knows a pool hit as page-locked");
+        assert_ne!(
+            flags & sys::CU_MEMHOSTALLOC_PORTABLE,
+            0,
+            "registered without the portable flag"
+        );
+    }
+    let stats = pool.stats();
+    assert_eq!(stats.registrations, 3);
+    assert_eq!(stats.registration_failures, 0);
+    pool.shutdown();
+}
+
+/// Median H2D bandwidth in GB/s of `runs` copies of `src` on `stream`.
+fn h2d_gbps(stream: &CudaStream, dst: &DeviceBytes, src: &[u8], runs: usize) -> f64 {
+    let ctx = stream.context();
+    let mut rates = Vec::new();
+    for _ in 0..runs {
+        let start = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        let end = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        start.record(stream).unwrap();
+        copy_async(stream, dst, src);
+        end.record(stream).unwrap();
+        let ms = start.elapsed_ms(&end).unwrap() as f64;
+        rates.push(src.len() as f64 / (ms / 1e3) / 1e9);
+    }
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn h2d_from_pooled_buffer_matches_cu_mem_host_alloc() {
+    const SIZE: usize = 256 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let dst = DeviceBytes::new(SIZE);
+    let mut pooled = pinned(&pool, SIZE);
+    pooled.fill(3);
+    // SAFETY: freed below with `free_host`; a context is current.
+    let host = unsafe { result::malloc_host(SIZE, 0) }.expect("cuMemHostAlloc") as *mut u8;
+    // SAFETY: `host` holds SIZE bytes, written before being read.
+    let host_slice = unsafe {
+        std::ptr::write_bytes(host, 3, SIZE);
+        std::slice::from_raw_parts(host, SIZE)
+    };
+    let mut pageable = vec![3u8; SIZE];
+    pageable[0] = 4;
+    // Interleave to share whatever the machine is doing.
+    let mut pool_rate = Vec::new();
+    let mut alloc_rate = Vec::new();
+    let mut pageable_rate = Vec::new();
+    for _ in 0..5 {
+        pool_rate.push(h2d_gbps(&stream, &dst, &pooled, 3));
+        alloc_rate.push(h2d_gbps(&stream, &dst, host_slice, 3));
+        pageable_rate.push(h2d_gbps(&stream, &dst, &pageable, 1));
+    }
+    stream.synchronize().unwrap();
+    // SAFETY: allocated above by `malloc_host`; no copy is in flight.
+    unsafe { result::free_host(host.cast()) }.unwrap();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (p, a, g) = (
+        median(&mut pool_rate),
+        median(&mut alloc_rate),
+        median(&mut pageable_rate),
+    );
+    println!("H2D 256 MiB: pooled {p:.1} GB/s, cuMemHostAlloc {a:.1} GB/s, pageable {g:.1} GB/s, pooled/alloc {:.3}", p / a);
+    assert!(
+        p >= 0.95 * a,
+        "pooled {p:.1} GB/s is below 95% of cuMemHostAlloc's {a:.1} GB/s"
+    );
+    drop(pooled);
+    pool.shutdown();
+}
+
+/// Writes `pattern`, copies it behind a closed gate, drops the buffer
+/// (after recording its last use if `record`), and checks the buffer is not
+/// recycled until the gate opens and the copy lands.
+fn in_flight_copy_gates_reuse(record: bool) {
+    const SIZE: usize = 8 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let dst = DeviceBytes::new(SIZE);
+    let mut buf = pinned(&pool, SIZE);
+    let ptr = buf.as_ptr() as usize;
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i % 251) as u8 + 1;
+    }
+    let expected = buf.to_vec();
+    let recycled_before = pool.stats().recycled;
+    let gate = Gate::close(&stream);
+    copy_async(&stream, &dst, &buf);
+    if record {
+        buf.record_last_use(&stream).unwrap();
+    }
+    drop(buf);
+    let flushed = flush_in_background(&pool);
+    assert!(
+        flushed.recv_timeout(Duration::from_millis(300)).is_err(),
+        "flush returned while the copy was still held"
+    );
+    assert_eq!(
+        pool.stats().recycled,
+        recycled_before,
+        "recycled while the copy was in flight"
+    );
+    assert_eq!(pool.stats().pooled_buffers, 0);
+    gate.open();
+    flushed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("flush returns once the copy lands");
+    assert!(
+        dst.read() == expected,
+        "the device must hold the written bytes, not zeros"
+    );
+    let again = pool.take(SIZE);
+    assert_eq!(
+        again.as_ptr() as usize,
+        ptr,
+        "the buffer came back to the pool"
+    );
+    assert!(again.iter().all(|&b| b == 0));
+    drop(again);
+    pool.shutdown();
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn recorded_event_gates_reuse() {
+    in_flight_copy_gates_reuse(true);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn without_event_device_sync_gates_reuse() {
+    in_flight_copy_gates_reuse(false);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn first_pinning_of_a_1_gib_miss() {
+    const SIZE: usize = 1 << 30;
+    let _ctx = gpu();
+    let pool = Pool::builder()
+        .backend(BackendKind::Cuda)
+        .cleaner_threads(8)
+        .build()
+        .unwrap();
+    let mut buf = pool.take(SIZE);
+    assert!(!buf.is_pinned());
+    buf[..SIZE / 4].fill(1);
+    buf.set_dirty_len(SIZE / 4);
+    let started = Instant::now();
+    drop(buf);
+    pool.flush();
+    let ready = started.elapsed();
+    let stats = pool.stats();
+    println!(
+        "1 GiB miss: drop-to-ready {:.3} s (register call {:.3} s), 8 workers",
+        ready.as_secs_f64(),
+        stats.registration_time.as_secs_f64()
+    );
+    assert_eq!(stats.registrations, 1);
+    let buf = pool.take(SIZE);
+    assert!(buf.is_pinned());
+    assert!(buf[..SIZE / 4].iter().all(|&b| b == 0));
+    drop(buf);
+    pool.shutdown();
+}
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn two_devices_share_portable_buffers_and_keep_their_shards() {
+    let _ctx = gpu();
+    let count = CudaContext::device_count().unwrap();
+    if count < 2 {
+        println!("NOT RUN: this machine has {count} GPU(s); the test needs 2");
+        return;
+    }
+    const SIZE: usize = 4 << 20;
+    let ctx1 = CudaContext::new(1).unwrap();
+    let stream1 = ctx1.new_stream().unwrap();
+    let pool = Pool::builder()
+        .backend(BackendKind::Cuda)
+        .devices(2)
+        .build()
+        .unwrap();
+    drop(pool.take_on(0, SIZE).unwrap());
+    drop(pool.take_on(1, SIZE).unwrap());
+    pool.flush();
+    let mut buf = pool.take_on(0, SIZE).unwrap();
+    assert!(buf.is_pinned());
+    assert_eq!(buf.device(), 0);
+    let ptr = buf.as_ptr() as usize;
+    buf.fill(7);
+    ctx1.bind_to_thread().unwrap();
+    let dst = DeviceBytes::new(SIZE);
+    let gate = Gate::close(&stream1);
+    copy_async(&stream1, &dst, &buf);
+    buf.record_last_use(&stream1).unwrap();
+    drop(buf);
+    let flushed = flush_in_background(&pool);
+    assert!(
+        flushed.recv_timeout(Duration::from_millis(300)).is_err(),
+        "reused before device 1's copy drained"
+    );
+    gate.open();
+    flushed.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(dst.read().iter().all(|&b| b == 7));
+    let back = pool.take_on(0, SIZE).unwrap();
+    assert_eq!(
+        back.as_ptr() as usize,
+        ptr,
+        "device 0's buffer returns to device 0's shard"
+    );
+    let other = pool.take_on(1, SIZE).unwrap();
+    assert_ne!(other.as_ptr() as usize, ptr);
+    assert_eq!(other.device(), 1);
+    drop((back, other));
+    pool.shutdown();
+}
