@@ -37,19 +37,21 @@ pub struct PinnedBuffer {
     home: ManuallyDrop<Arc<ThreadCache>>,
     dirty: usize,
     fences: Vec<Fence>,
+    pooled: bool,
 }
 
 // === impl PinnedBuffer ===
 
 impl PinnedBuffer {
     #[inline]
-    pub(crate) fn new(block: Block, home: Arc<ThreadCache>) -> Self {
+    pub(crate) fn new(block: Block, home: Arc<ThreadCache>, pooled: bool) -> Self {
         let dirty = block.len();
         Self {
             block: ManuallyDrop::new(block),
             home: ManuallyDrop::new(home),
             dirty,
             fences: Vec::new(),
+            pooled,
         }
     }
 
@@ -58,6 +60,13 @@ impl PinnedBuffer {
     #[inline]
     pub fn is_pinned(&self) -> bool {
         self.block.is_pinned()
+    }
+
+    /// Whether the take was served from the pool (a hit) rather than by a
+    /// fresh allocation (a miss).
+    #[inline]
+    pub fn was_pooled(&self) -> bool {
+        self.pooled
     }
 
     /// The device whose shard the buffer belongs to, and returns to.

@@ -172,7 +172,10 @@ impl Inbox {
             // SAFETY: the block was registered by this backend, and every
             // caller has waited for (or given up on) the copies reading it.
             match unsafe { self.backend.unregister(block.device(), block.as_ptr()) } {
-                Ok(()) => block.set_pinned(false),
+                Ok(()) => {
+                    block.set_pinned(false);
+                    Counters::add(&self.counters.unregistered_bytes, block.footprint() as u64);
+                }
                 Err(e) => {
                     Counters::add(&self.counters.unregister_failures, 1);
                     tracing::error!(error = %e, bytes = block.footprint(), "unregistering failed; leaking the buffer");

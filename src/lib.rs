@@ -68,3 +68,8 @@ pub use stats::Stats;
 #[cfg(all(loom, feature = "loom"))]
 #[doc(hidden)]
 pub mod loom_internals;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

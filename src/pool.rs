@@ -362,6 +362,7 @@ impl Pool {
             .pop(device, shift)
             .or_else(|| shard.pop(shift))
             .or_else(|| shared.steal(device, shift, cache));
+        let pooled = found.is_some();
         let block = match found {
             Some(block) => {
                 cache.count_hit();
@@ -378,7 +379,7 @@ impl Pool {
                 block
             }
         };
-        Ok(PinnedBuffer::new(block, Arc::clone(cache)))
+        Ok(PinnedBuffer::new(block, Arc::clone(cache), pooled))
     }
 
     /// Sets the cap on pooled bytes (thread caches included). Lowering it

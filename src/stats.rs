@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub(crate) recycled: AtomicU64,
     pub(crate) registrations: AtomicU64,
     pub(crate) registered_bytes: AtomicU64,
+    pub(crate) unregistered_bytes: AtomicU64,
     pub(crate) registration_nanos: AtomicU64,
     pub(crate) registration_failures: AtomicU64,
     pub(crate) fence_failures: AtomicU64,
@@ -36,6 +37,7 @@ impl Counters {
             recycled: AtomicU64::new(0),
             registrations: AtomicU64::new(0),
             registered_bytes: AtomicU64::new(0),
+            unregistered_bytes: AtomicU64::new(0),
             registration_nanos: AtomicU64::new(0),
             registration_failures: AtomicU64::new(0),
             fence_failures: AtomicU64::new(0),
@@ -133,6 +135,9 @@ pub struct Stats {
     pub registrations: u64,
     /// Bytes page-locked by those registrations.
     pub registered_bytes: u64,
+    /// Bytes page-locked now: registered and not yet unregistered, wherever
+    /// the buffers are (pooled, taken, or in the cleaner).
+    pub pinned_bytes: u64,
     /// Time spent in those registrations.
     pub registration_time: Duration,
     /// Registrations that failed (the buffer was freed instead of pooled).
@@ -168,6 +173,8 @@ impl Stats {
         self.recycled = Counters::load(&c.recycled);
         self.registrations = Counters::load(&c.registrations);
         self.registered_bytes = Counters::load(&c.registered_bytes);
+        self.pinned_bytes = Counters::load(&c.registered_bytes)
+            .saturating_sub(Counters::load(&c.unregistered_bytes));
         self.registration_time = Duration::from_nanos(Counters::load(&c.registration_nanos));
         self.registration_failures = Counters::load(&c.registration_failures);
         self.fence_failures = Counters::load(&c.fence_failures);
@@ -192,6 +199,7 @@ impl Stats {
             recycled: 0,
             registrations: 0,
             registered_bytes: 0,
+            pinned_bytes: 0,
             registration_time: Duration::ZERO,
             registration_failures: 0,
             fence_failures: 0,

@@ -15,7 +15,10 @@ use pinpool::{BackendKind, PinnedBuffer, Pool};
 fn gpu() -> Arc<CudaContext> {
     // SAFETY: only tries to load the driver library.
     let present = unsafe { sys::is_culib_present() };
-    assert!(present, "GPU test asked to run, but libcuda cannot be loaded");
+    assert!(
+        present,
+        "GPU test asked to run, but libcuda cannot be loaded"
+    );
     CudaContext::new(0).expect("GPU test asked to run, but no CUDA device is usable")
 }
 

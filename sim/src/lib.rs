@@ -1,0 +1,9 @@
+//! The `pinpool sim` proving-workload simulator: the workload, the
+//! strategies it compares (pinpool, the seed design, pageable staging,
+//! `cuMemHostAlloc`), and the measurements.
+
+pub mod gpu;
+pub mod run;
+pub mod seed;
+pub mod strategy;
+pub mod workload;

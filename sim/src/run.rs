@@ -1,0 +1,215 @@
+//! Runs one strategy over the workload and measures it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaContext;
+use indicatif::ProgressBar;
+
+use crate::gpu::Sink;
+use crate::strategy::{Kind, Strategy};
+use crate::workload::Workload;
+
+/// What one strategy achieved.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunResult {
+    /// The strategy.
+    pub strategy: Kind,
+    /// Wall time of the run, seconds.
+    pub wall_s: f64,
+    /// Segments proved per second, all provers together.
+    pub segments_per_s: f64,
+    /// Bytes staged (copied) per second, GB/s.
+    pub staged_gb_per_s: f64,
+    /// Take latency, median and 99th percentile, microseconds.
+    pub take_p50_us: f64,
+    /// See `take_p50_us`.
+    pub take_p99_us: f64,
+    /// Give-back (drop) latency, 99th percentile, microseconds.
+    pub drop_p99_us: f64,
+    /// Fraction of takes served from a pool.
+    pub hit_rate: f64,
+    /// Fraction of bytes taken that were served from a pool.
+    pub hit_rate_bytes: f64,
+    /// As `hit_rate`, after the first quarter of each prover's segments.
+    pub steady_hit_rate: f64,
+    /// As `hit_rate_bytes`, after the first quarter of each prover's segments.
+    pub steady_hit_rate_bytes: f64,
+    /// Drop-to-ready latency, median and 99th percentile, milliseconds
+    /// (pools only; pinpool's figures are power-of-two bucket edges).
+    pub ready_p50_ms: Option<f64>,
+    /// See `ready_p50_ms`.
+    pub ready_p99_ms: Option<f64>,
+    /// Most bytes page-locked at once, sampled every 2 ms.
+    pub peak_pinned_bytes: u64,
+    /// Bytes the strategy re-zeroed.
+    pub bytes_zeroed: u64,
+}
+
+#[derive(Default)]
+struct Tally {
+    take_ns: Vec<u64>,
+    drop_ns: Vec<u64>,
+    takes: [u64; 2],
+    hits: [u64; 2],
+    bytes: [u64; 2],
+    hit_bytes: [u64; 2],
+    staged: u64,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.take_ns.extend(other.take_ns);
+        self.drop_ns.extend(other.drop_ns);
+        for i in 0..2 {
+            self.takes[i] += other.takes[i];
+            self.hits[i] += other.hits[i];
+            self.bytes[i] += other.bytes[i];
+            self.hit_bytes[i] += other.hit_bytes[i];
+        }
+        self.staged += other.staged;
+    }
+}
+
+/// The `q` quantile of `values` (sorted in place).
+fn quantile(values: &mut [u64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_unstable();
+    values[((values.len() - 1) as f64 * q).round() as usize] as f64
+}
+
+fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        1.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
+/// Runs `kind` over `workload`, on `gpu` if given.
+pub fn run(
+    kind: Kind,
+    workload: &Workload,
+    cleaner_threads: usize,
+    gpu: Option<&[Arc<CudaContext>]>,
+    progress: Option<&ProgressBar>,
+) -> RunResult {
+    let strategy = Strategy::new(kind, workload.devices, cleaner_threads, gpu);
+    let max = workload.max_size();
+    let done = AtomicBool::new(false);
+    let peak = AtomicU64::new(0);
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(strategy.pinned_bytes(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let provers: Vec<_> = (0..workload.provers())
+            .map(|p| {
+                let strategy = &strategy;
+                scope.spawn(move || prove(strategy, workload, p, max, gpu, progress))
+            })
+            .collect();
+        for prover in provers {
+            tally.merge(prover.join().expect("a prover thread panicked"));
+        }
+        strategy.flush();
+        done.store(true, Ordering::Relaxed);
+    });
+    let wall = started.elapsed().as_secs_f64();
+    let (ready_p50_ms, ready_p99_ms, bytes_zeroed) = match &strategy {
+        Strategy::Pinpool(pool) => {
+            let s = pool.stats();
+            let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+            (
+                ms(s.drop_to_ready_p50),
+                ms(s.drop_to_ready_p99),
+                s.bytes_zeroed,
+            )
+        }
+        Strategy::Seed(pool) => {
+            let s = pool.stats();
+            let mut ns: Vec<u64> = s
+                .ready_latency
+                .iter()
+                .map(|d| d.as_nanos() as u64)
+                .collect();
+            let mut ms = |q| (!ns.is_empty()).then(|| quantile(&mut ns, q) / 1e6);
+            (ms(0.5), ms(0.99), s.bytes_zeroed)
+        }
+        Strategy::Pageable | Strategy::HostAlloc => (None, None, 0),
+    };
+    strategy.shutdown();
+    let takes = tally.takes[0] + tally.takes[1];
+    RunResult {
+        strategy: kind,
+        wall_s: wall,
+        segments_per_s: (workload.provers() * workload.segments) as f64 / wall,
+        staged_gb_per_s: tally.staged as f64 / wall / 1e9,
+        take_p50_us: quantile(&mut tally.take_ns, 0.5) / 1e3,
+        take_p99_us: quantile(&mut tally.take_ns, 0.99) / 1e3,
+        drop_p99_us: quantile(&mut tally.drop_ns, 0.99) / 1e3,
+        hit_rate: ratio(tally.hits[0] + tally.hits[1], takes),
+        hit_rate_bytes: ratio(
+            tally.hit_bytes[0] + tally.hit_bytes[1],
+            tally.bytes[0] + tally.bytes[1],
+        ),
+        steady_hit_rate: ratio(tally.hits[1], tally.takes[1]),
+        steady_hit_rate_bytes: ratio(tally.hit_bytes[1], tally.bytes[1]),
+        ready_p50_ms,
+        ready_p99_ms,
+        peak_pinned_bytes: peak.load(Ordering::Relaxed),
+        bytes_zeroed,
+    }
+}
+
+/// One prover thread: its segments, start to end.
+fn prove(
+    strategy: &Strategy,
+    workload: &Workload,
+    prover: usize,
+    max: usize,
+    gpu: Option<&[Arc<CudaContext>]>,
+    progress: Option<&ProgressBar>,
+) -> Tally {
+    let device = prover % workload.devices;
+    let mut sink = Sink::new(gpu.map(|g| &g[device]), max);
+    let warmup = (workload.segments / 4).max(1);
+    let mut tally = Tally::default();
+    for (index, segment) in workload.plan(prover).into_iter().enumerate() {
+        let phase = usize::from(index >= warmup);
+        let mut staged = Vec::with_capacity(segment.buffers.len());
+        for plan in &segment.buffers {
+            let started = Instant::now();
+            let mut buf = strategy.take(device, plan.size);
+            tally.take_ns.push(started.elapsed().as_nanos() as u64);
+            let len = buf.bytes().len() as u64;
+            tally.takes[phase] += 1;
+            tally.bytes[phase] += len;
+            if buf.hit() {
+                tally.hits[phase] += 1;
+                tally.hit_bytes[phase] += len;
+            }
+            buf.bytes()[..plan.written].fill(0x5A);
+            staged.push((buf, plan.written));
+        }
+        for (buf, written) in staged {
+            tally
+                .drop_ns
+                .push(buf.stage(written, &mut sink).as_nanos() as u64);
+            tally.staged += written as u64;
+        }
+        std::thread::sleep(segment.gap);
+        if let Some(bar) = progress {
+            bar.inc(1);
+        }
+    }
+    sink.synchronize();
+    tally
+}

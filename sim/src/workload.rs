@@ -1,0 +1,191 @@
+//! The proving workload: segments of record arenas and staging buffers with
+//! sizes drawn from a real block's profile.
+
+use std::time::Duration;
+
+/// Quantiles of buffer sizes from a real block's profile (bytes); sizes
+/// between two quantiles are drawn log-uniformly.
+const SIZE_QUANTILES: [(f64, f64); 8] = [
+    (0.00, 4096.0),
+    (0.10, 128.0 * 1024.0),
+    (0.25, 2.0 * 1048576.0),
+    (0.50, 8.0 * 1048576.0),
+    (0.75, 64.0 * 1048576.0),
+    (0.90, 512.0 * 1048576.0),
+    (0.99, 1024.0 * 1048576.0),
+    (1.00, 2048.0 * 1048576.0),
+];
+
+/// SplitMix64: small, fast, and reproducible from a seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+}
+
+/// The shape of a run.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Devices (GPUs, or simulated shards on the host).
+    pub devices: usize,
+    /// Prover threads per device.
+    pub provers_per_device: usize,
+    /// Segments each prover proves.
+    pub segments: usize,
+    /// Record arenas per segment.
+    pub arenas: usize,
+    /// Staging buffers per segment.
+    pub staging: usize,
+    /// Factor applied to every size and CPU gap.
+    pub scale: f64,
+    /// CPU work between segments before scaling, in milliseconds.
+    pub gap_ms: (f64, f64),
+    /// Seed of the size, fraction and gap draws.
+    pub seed: u64,
+}
+
+/// One buffer of a segment.
+#[derive(Debug, Clone, Copy)]
+pub struct BufferPlan {
+    /// Bytes asked of `take`.
+    pub size: usize,
+    /// Bytes written (and copied).
+    pub written: usize,
+}
+
+/// One segment of one prover.
+#[derive(Debug, Clone)]
+pub struct SegmentPlan {
+    /// The buffers, arenas first.
+    pub buffers: Vec<BufferPlan>,
+    /// CPU work after the segment.
+    pub gap: Duration,
+}
+
+impl Workload {
+    /// Prover threads in all.
+    pub fn provers(&self) -> usize {
+        self.devices * self.provers_per_device
+    }
+
+    /// The segments of prover `prover`: the same for every strategy.
+    pub fn plan(&self, prover: usize) -> Vec<SegmentPlan> {
+        let mut rng = Rng::new(self.seed ^ (prover as u64).wrapping_mul(0xA076_1D64_78BD_642F));
+        (0..self.segments)
+            .map(|_| {
+                let buffers = (0..self.arenas + self.staging)
+                    .map(|i| {
+                        let size = ((sample_size(&mut rng) * self.scale) as usize).max(1);
+                        let fraction = if i < self.arenas {
+                            rng.range(0.05, 0.60)
+                        } else {
+                            rng.range(0.50, 1.0)
+                        };
+                        let written = ((size as f64 * fraction) as usize).clamp(1, size);
+                        BufferPlan { size, written }
+                    })
+                    .collect();
+                let gap = rng.range(self.gap_ms.0, self.gap_ms.1) * self.scale;
+                SegmentPlan {
+                    buffers,
+                    gap: Duration::from_secs_f64(gap / 1e3),
+                }
+            })
+            .collect()
+    }
+
+    /// The largest size any prover asks for, rounded up to its class.
+    pub fn max_size(&self) -> usize {
+        (0..self.provers())
+            .flat_map(|p| self.plan(p))
+            .flat_map(|s| s.buffers)
+            .map(|b| b.size.next_power_of_two())
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+/// A size in bytes from the profile.
+fn sample_size(rng: &mut Rng) -> f64 {
+    let u = rng.unit();
+    let i = SIZE_QUANTILES
+        .windows(2)
+        .position(|w| u < w[1].0)
+        .unwrap_or(SIZE_QUANTILES.len() - 2);
+    let ((q0, s0), (q1, s1)) = (SIZE_QUANTILES[i], SIZE_QUANTILES[i + 1]);
+    let t = (u - q0) / (q1 - q0);
+    (s0.ln() + t * (s1.ln() - s0.ln())).exp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_the_profile() {
+        let mut rng = Rng::new(7);
+        let mut sizes: Vec<f64> = (0..100_000).map(|_| sample_size(&mut rng)).collect();
+        sizes.sort_by(f64::total_cmp);
+        let at = |q: f64| sizes[(q * sizes.len() as f64) as usize];
+        assert!(
+            (at(0.5) / (8.0 * 1048576.0) - 1.0).abs() < 0.1,
+            "median {}",
+            at(0.5)
+        );
+        assert!(
+            (at(0.9) / (512.0 * 1048576.0) - 1.0).abs() < 0.15,
+            "p90 {}",
+            at(0.9)
+        );
+        assert!(sizes.last().copied().unwrap() <= 2048.0 * 1048576.0);
+    }
+
+    #[test]
+    fn plans_are_reproducible() {
+        let w = Workload {
+            devices: 1,
+            provers_per_device: 2,
+            segments: 3,
+            arenas: 16,
+            staging: 2,
+            scale: 1.0 / 64.0,
+            gap_ms: (50.0, 300.0),
+            seed: 1,
+        };
+        let a: Vec<usize> = w
+            .plan(1)
+            .iter()
+            .flat_map(|s| s.buffers.iter().map(|b| b.size))
+            .collect();
+        let b: Vec<usize> = w
+            .plan(1)
+            .iter()
+            .flat_map(|s| s.buffers.iter().map(|b| b.size))
+            .collect();
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 3 * 18);
+    }
+}
