@@ -33,7 +33,7 @@ use crate::pool::Shared;
 use crate::size_class::PAGE;
 use crate::stats::Counters;
 use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Condvar, Lane, Lanes, Mutex, Ordering};
-use crate::thread_cache::ThreadCache;
+use crate::thread_cache::{Dirty, ThreadCache};
 
 /// Work above this many bytes is split into jobs of this size. A multiple
 /// of the 2 MiB huge page, and small enough that 16 MiB is done by several
@@ -45,7 +45,9 @@ const POLL: Duration = Duration::from_micros(100);
 
 /// What the cleaner receives.
 pub(crate) enum Job {
-    /// A dropped buffer.
+    /// A cache's dirty list has buffers to clean: take them all.
+    Drain(Arc<ThreadCache>),
+    /// A dropped buffer that needs its first registration.
     Returned(Returned),
     /// Chunk `index` of a large buffer's zeroing / pre-faulting.
     Chunk(Arc<Chunked>, usize),
@@ -123,28 +125,41 @@ impl Inbox {
         // Relaxed: ordered before `flush`'s read by the happens-before
         // relation the caller established between its drop and its flush.
         home.inflight[epoch].fetch_add(1, Ordering::Relaxed);
-        let lane = if block.is_pinned() || !inbox.backend.pins() {
-            Lane::Recycle
-        } else {
-            Lane::Register
+        let entry = Dirty {
+            block,
+            dirty,
+            fences,
+            epoch,
+            dropped_at: Instant::now(),
         };
-        inbox.lanes.push(
-            lane,
-            Job::Returned(Returned {
-                block: Some(block),
-                dirty,
-                fences,
-                home: Arc::clone(home),
-                epoch,
-                dropped_at: Instant::now(),
-            }),
-        );
+        if entry.block.is_pinned() || !inbox.backend.pins() {
+            if !home.push_dirty(entry) {
+                // A drain token for this cache is queued or being served,
+                // and will take this buffer with the rest.
+                return;
+            }
+            inbox
+                .lanes
+                .push(Lane::Recycle, Job::Drain(Arc::clone(home)));
+        } else {
+            let returned = Returned::new(entry, Arc::clone(home));
+            inbox.lanes.push(Lane::Register, Job::Returned(returned));
+        }
         // SeqCst fence pairs with the one in `Shared::stop_cleaner`: either
         // this load sees `running == false` and wakes the pool, or the
         // shutdown's drain, which follows its fence, sees this push.
         fence(Ordering::SeqCst);
         if !inbox.running.load(Ordering::Relaxed) {
             inbox.wake();
+        }
+    }
+
+    /// Marks a buffer counted in flush parity `epoch` as done.
+    pub(crate) fn complete(&self, home: &ThreadCache, epoch: usize) {
+        // Release publishes everything done to the buffer (pooled or freed)
+        // to the `flush` whose Acquire load sees the count drop.
+        if home.inflight[epoch].fetch_sub(1, Ordering::Release) == 1 {
+            self.notify_flush();
         }
     }
 
@@ -162,7 +177,11 @@ impl Inbox {
     /// Releases every queued buffer on the calling thread.
     pub(crate) fn release_queued(&self) {
         while let Some(job) = self.lanes.try_pop() {
-            drop(job);
+            if let Job::Drain(cache) = job {
+                for dirty in cache.take_dirty() {
+                    drop(Returned::new(dirty, Arc::clone(&cache)));
+                }
+            }
         }
     }
 
@@ -202,6 +221,17 @@ pub(crate) struct Returned {
 }
 
 impl Returned {
+    pub(crate) fn new(dirty: Dirty, home: Arc<ThreadCache>) -> Self {
+        Self {
+            block: Some(dirty.block),
+            dirty: dirty.dirty,
+            fences: dirty.fences,
+            home,
+            epoch: dirty.epoch,
+            dropped_at: dirty.dropped_at,
+        }
+    }
+
     fn block(&self) -> &Block {
         self.block
             .as_ref()
@@ -241,11 +271,7 @@ impl Drop for Returned {
             }
             inbox.release(block);
         }
-        // Release publishes everything done to the buffer (pooled or freed)
-        // to the `flush` whose Acquire load sees the count drop.
-        if self.home.inflight[self.epoch].fetch_sub(1, Ordering::Release) == 1 {
-            inbox.notify_flush();
-        }
+        inbox.complete(&self.home, self.epoch);
     }
 }
 
@@ -357,6 +383,11 @@ impl Shared {
             let timeout = (self.parked_len.load(Ordering::Relaxed) > 0).then_some(POLL);
             match self.inbox.lanes.pop(register, timeout) {
                 Some(Job::Stop) => break,
+                Some(Job::Drain(cache)) => {
+                    for dirty in cache.take_dirty() {
+                        self.process(Returned::new(dirty, Arc::clone(&cache)));
+                    }
+                }
                 Some(Job::Returned(returned)) => self.process(returned),
                 Some(Job::Chunk(task, chunk)) => self.run_chunk(&task, chunk),
                 None => {}

@@ -11,7 +11,8 @@ use crate::shard::Shard;
 use crate::size_class::{self, MAX_SHIFT};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicUsize, JoinHandle, Mutex, Ordering, PerThread};
-use crate::thread_cache::ThreadCache;
+use crate::thread_cache::{Dirty, Found, ThreadCache};
+use crossbeam_utils::CachePadded;
 
 /// Everything a pool shares between its handles, its threads and its
 /// cleaner workers.
@@ -20,8 +21,14 @@ pub(crate) struct Shared {
     pub(crate) shards: Box<[Shard]>,
     pub(crate) caches: PerThread<Arc<ThreadCache>>,
     pub(crate) inbox: Arc<Inbox>,
-    /// Serialises admission and eviction, so that after quiescence the
-    /// pooled bytes never exceed the cap. Takers never take it.
+    /// An upper bound on the pooled footprint bytes: admission adds to it
+    /// before a buffer becomes visible, eviction and `clear` subtract after
+    /// removing one, and takes are subtracted late, in bulk, when the slow
+    /// path folds in every cache's `untallied` count. It never under-counts,
+    /// so admitting while it stays under the cap keeps the cap.
+    estimate: CachePadded<AtomicUsize>,
+    /// Serialises the slow path of admission (folding, eviction) and cap
+    /// changes. Takers never take it.
     admission: Mutex<()>,
     max_pooled: AtomicUsize,
     pub(crate) workers: Mutex<Vec<JoinHandle<()>>>,
@@ -66,64 +73,106 @@ impl Shared {
         self.caches
             .iter()
             .filter(|c| !Arc::ptr_eq(c, own))
-            .find_map(|c| c.steal(device, shift))
+            .find_map(|c| c.steal(device, shift, own))
     }
 
-    /// Pooled footprint bytes, thread caches included; never less than the
-    /// true figure.
+    /// Pops a ready buffer from `device`'s shard, tallying it to `cache`.
+    #[inline]
+    fn pop_shard(&self, device: usize, shift: u32, cache: &ThreadCache) -> Option<Block> {
+        let block = self.shards[device].pop(shift)?;
+        cache.untally(block.footprint());
+        Some(block)
+    }
+
+    /// Cleans a dirty buffer on the taker's thread (see `thread_cache`).
+    #[cold]
+    fn help(&self, dirty: Dirty, cache: &ThreadCache) -> Block {
+        let mut block = dirty.block;
+        let len = dirty.dirty.min(block.len());
+        block.as_mut_slice()[..len].fill(0);
+        Counters::add(&self.inbox.counters.bytes_zeroed, len as u64);
+        Counters::add(&self.inbox.counters.recycled, 1);
+        self.inbox.counters.record_ready(dirty.dropped_at.elapsed());
+        drop(dirty.fences);
+        self.inbox.complete(cache, dirty.epoch);
+        block
+    }
+
+    /// Pooled footprint bytes, thread caches included (exact once quiet).
     pub(crate) fn pooled_bytes(&self) -> usize {
-        let shards: usize = self.shards.iter().map(Shard::bytes).sum();
-        let caches: usize = self.caches.iter().map(|c| c.bytes()).sum();
-        shards + caches
+        let untallied: usize = self.caches.iter().map(|c| c.untallied()).sum();
+        self.estimate
+            .load(Ordering::Relaxed)
+            .saturating_sub(untallied)
     }
 
     /// Puts a ready `block` back, in its owner's cache if there is room,
-    /// else in its device's shard, evicting largest first to stay under the
-    /// cap.
+    /// else in its device's shard, keeping the pooled bytes under the cap
+    /// (evicting largest first).
     pub(crate) fn admit(&self, block: Block, home: &ThreadCache) {
         let footprint = block.footprint();
-        let (evicted, refused) = {
+        // Relaxed: the cap is a setting; `set_max_pooled_bytes` re-evicts
+        // under the admission lock after changing it.
+        let cap = self.max_pooled.load(Ordering::Relaxed);
+        // Relaxed: the estimate guards a count, not data; its RMWs are
+        // totally ordered among themselves, which is all the cap needs.
+        if self.estimate.fetch_add(footprint, Ordering::Relaxed) + footprint <= cap {
+            self.place(block, home);
+            return;
+        }
+        self.estimate.fetch_sub(footprint, Ordering::Relaxed);
+        let evicted = {
             let _admission = self.admission.lock();
-            // Relaxed: the cap is a setting; a racing change re-evicts under
-            // this same lock (`set_max_pooled_bytes`).
-            let cap = self.max_pooled.load(Ordering::Relaxed);
+            self.fold();
             if footprint > cap {
-                (Vec::new(), Some(block))
-            } else {
-                let evicted = self.evict_to_fit(footprint, cap);
-                let refused = match home.offer(block) {
-                    Ok(()) => None,
-                    Err(block) => {
-                        let device = block.device();
-                        self.shards[device].push(block).err()
-                    }
-                };
-                (evicted, refused)
+                drop(_admission);
+                self.inbox.release(block);
+                return;
             }
+            let evicted = self.evict_to_fit(footprint, cap);
+            self.estimate.fetch_add(footprint, Ordering::Relaxed);
+            self.place(block, home);
+            evicted
         };
         self.release_all(evicted);
-        if let Some(block) = refused {
+    }
+
+    /// Offers `block` to `home`, else pushes it on its shard, else frees it.
+    fn place(&self, block: Block, home: &ThreadCache) {
+        let Err(block) = home.offer(block) else {
+            return;
+        };
+        let device = block.device();
+        if let Err(block) = self.shards[device].push(block) {
+            self.estimate
+                .fetch_sub(block.footprint(), Ordering::Relaxed);
             self.inbox.release(block);
         }
     }
 
+    /// Subtracts every cache's untallied takes from the estimate, making it
+    /// exact but for admissions in progress. Called under the admission lock.
+    fn fold(&self) {
+        for cache in self.caches.iter() {
+            self.estimate
+                .fetch_sub(cache.fold_untallied(), Ordering::Relaxed);
+        }
+    }
+
     /// Removes pooled buffers, largest class first, until `incoming` more
-    /// bytes fit under `cap`. The caller holds the admission lock and
-    /// releases the returned buffers.
+    /// bytes fit under `cap`. The caller holds the admission lock, has
+    /// folded the estimate, and releases the returned buffers.
     fn evict_to_fit(&self, incoming: usize, cap: usize) -> Vec<Block> {
         let mut evicted = Vec::new();
-        let mut total = self.pooled_bytes();
         let mut shift = MAX_SHIFT as i64;
-        while total + incoming > cap && shift >= 0 {
+        while self.estimate.load(Ordering::Relaxed) + incoming > cap && shift >= 0 {
             match self.evict_one(shift as u32) {
                 Some(block) => {
-                    total = total.saturating_sub(block.footprint());
+                    self.estimate
+                        .fetch_sub(block.footprint(), Ordering::Relaxed);
                     evicted.push(block);
                 }
-                None => {
-                    shift -= 1;
-                    total = self.pooled_bytes();
-                }
+                None => shift -= 1,
             }
         }
         if !evicted.is_empty() {
@@ -155,6 +204,7 @@ impl Shared {
         let evicted = {
             let _admission = self.admission.lock();
             self.max_pooled.store(bytes, Ordering::Relaxed);
+            self.fold();
             self.evict_to_fit(0, bytes)
         };
         self.release_all(evicted);
@@ -169,6 +219,8 @@ impl Shared {
         for cache in self.caches.iter() {
             blocks.extend(cache.drain());
         }
+        let bytes: usize = blocks.iter().map(Block::footprint).sum();
+        self.estimate.fetch_sub(bytes, Ordering::Relaxed);
         if !blocks.is_empty() {
             tracing::debug!(buffers = blocks.len(), "clearing the pool");
         }
@@ -269,6 +321,7 @@ impl Pool {
             shards: (0..devices).map(|_| Shard::new()).collect(),
             caches: PerThread::new(),
             inbox: Arc::clone(&inbox),
+            estimate: CachePadded::new(AtomicUsize::new(0)),
             admission: Mutex::new(()),
             max_pooled: AtomicUsize::new(config.max_pooled_bytes),
             workers: Mutex::new(Vec::new()),
@@ -351,17 +404,23 @@ impl Pool {
     pub fn take_on(&self, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
         let shift = size_class::shift_for(min_size)?;
         let shared = self.shared();
-        let Some(shard) = shared.shards.get(device) else {
+        if device >= shared.shards.len() {
             return Err(Error::UnknownDevice {
                 device,
                 devices: shared.shards.len(),
             });
-        };
+        }
         let cache = shared.cache();
-        let found = cache
-            .pop(device, shift)
-            .or_else(|| shard.pop(shift))
-            .or_else(|| shared.steal(device, shift, cache));
+        // Relaxed: a setting. Reusing a dirty buffer is pooling too, so a
+        // class larger than the cap (0: pooling off) is never helped.
+        let help = size_class::footprint(shift) <= shared.max_pooled.load(Ordering::Relaxed);
+        let found = match cache.take(device, shift, help) {
+            Some(Found::Ready(block)) => Some(block),
+            Some(Found::Dirty(dirty)) => Some(shared.help(dirty, cache)),
+            None => shared
+                .pop_shard(device, shift, cache)
+                .or_else(|| shared.steal(device, shift, cache)),
+        };
         let pooled = found.is_some();
         let block = match found {
             Some(block) => {

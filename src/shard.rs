@@ -1,7 +1,7 @@
 //! One device's share of the pool: a lock-free stack per size class.
 
 use crate::alloc::Block;
-use crate::size_class::{footprint, CLASSES};
+use crate::size_class::CLASSES;
 use crate::stack::Stack;
 
 /// Ready (registered where the backend pins, all-zero, quiescent) buffers
@@ -29,15 +29,6 @@ impl Shard {
     /// Makes `block` available; hands it back if its class is full.
     pub(crate) fn push(&self, block: Block) -> Result<(), Block> {
         self.classes[block.shift() as usize].push(block)
-    }
-
-    /// Bytes held (footprints); never less than the true figure.
-    pub(crate) fn bytes(&self) -> usize {
-        self.classes
-            .iter()
-            .enumerate()
-            .map(|(shift, stack)| stack.len() * footprint(shift as u32))
-            .sum()
     }
 
     /// Buffers held.

@@ -1,44 +1,105 @@
 //! The per-thread cache in front of the shards.
 //!
-//! Each thread that takes buffers gets one `ThreadCache`. The cleaner
-//! returns a recycled buffer to the cache of the thread that took it (as
-//! mimalloc returns a remote free to the owning page), so a thread's
-//! take/drop loop keeps drawing from its own small LIFO without touching
-//! shared state.
+//! Each thread that takes buffers gets one `ThreadCache`. It holds two
+//! lists under one mutex that is uncontended on the fast path:
 //!
-//! The cache is guarded by a mutex that is uncontended on the fast path: its
-//! owner takes from it, the cleaner delivers into it, and other threads reach
-//! it only on slow paths: a miss (stealing from idle or exited threads),
-//! cap eviction, `clear` and `shutdown`. Caches are never dropped before the
-//! pool (the `thread_local` crate keeps exited threads' entries), so buffers
-//! cached by an exited thread stay reachable.
+//! - `ready`: buffers ready to take. The cleaner returns a recycled buffer to
+//!   the cache of the thread that took it (as mimalloc returns a remote free
+//!   to the owning heap), so a thread's take/drop loop keeps drawing from its
+//!   own LIFO.
+//! - `dirty`: buffers dropped and not yet cleaned: the cleaner's inbox for
+//!   this cache. A drop appends here; only the drop that makes the list
+//!   non-empty queues a token for the cleaner, and the worker that takes the
+//!   token drains the whole list in one batch (mimalloc batches remote frees
+//!   per destination the same way). The cleaner's queue so holds at most one
+//!   token per cache, however fast threads drop.
 //!
-//! State touched only by the owner (hit and miss counters) is kept apart
-//! from state any thread touches (the lists, the in-flight counters).
+//! On a miss, `take` helps the cleaner: a small dirty buffer of the right
+//! class whose copies are known to have finished is re-zeroed on the spot
+//! (a few microseconds at most) rather than allocating a new one. Nothing
+//! is ever registered on this path.
+//!
+//! Other threads reach a cache only on slow paths: a miss (stealing from
+//! idle or exited threads), cap eviction, `clear` and `shutdown`. Caches are
+//! never dropped before the pool (the `thread_local` crate keeps exited
+//! threads' entries), so buffers cached by an exited thread stay reachable.
+
+use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Block;
+use crate::backend::Fence;
 use crate::cleaner::Inbox;
 use crate::size_class::CLASSES;
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
-/// At most this many buffers of one class and device sit in one cache.
-const PER_CLASS: usize = 32;
+/// At most this many buffers of one class and device sit ready in one cache.
+const PER_CLASS: usize = 64;
 
-/// One thread's cache of ready buffers.
+/// `take` re-zeroes a dirty buffer itself only up to this many bytes.
+const HELP_BYTES: usize = 64 << 10;
+
+/// A dropped buffer waiting in its cache's dirty list.
+#[derive(Debug)]
+pub(crate) struct Dirty {
+    pub(crate) block: Block,
+    /// The prefix written since the take.
+    pub(crate) dirty: usize,
+    /// Events after the last copies reading the buffer.
+    pub(crate) fences: Vec<Fence>,
+    /// The flush-epoch parity the drop was counted in.
+    pub(crate) epoch: usize,
+    pub(crate) dropped_at: Instant,
+}
+
+impl Dirty {
+    /// Whether `take` may clean this buffer itself: small, and known
+    /// without blocking to be read by no copy.
+    fn helpable(&self, device: usize, shift: u32) -> bool {
+        if self.block.device() != device || self.block.shift() != shift || self.dirty > HELP_BYTES {
+            return false;
+        }
+        if self.fences.is_empty() {
+            // A pinned buffer without events needs a device synchronize.
+            !self.block.is_pinned()
+        } else {
+            self.fences.iter().all(|f| matches!(f.is_done(), Ok(true)))
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    /// Ready buffers, indexed by `device * CLASSES + shift`.
+    ready: Vec<Vec<Block>>,
+    dirty: Vec<Dirty>,
+}
+
+/// What a cache lookup found.
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// A ready buffer.
+    Ready(Block),
+    /// A dirty buffer that the taker may clean itself.
+    Dirty(Dirty),
+}
+
+/// One thread's cache of ready buffers and inbox of dirty ones.
 #[derive(Debug)]
 pub(crate) struct ThreadCache {
-    /// Ready buffers, indexed by `device * CLASSES + shift`.
-    lists: CachePadded<Mutex<Vec<Vec<Block>>>>,
-    /// Footprint bytes in `lists`; written under the lock, read without it.
+    state: CachePadded<Mutex<State>>,
+    /// Footprint bytes in `ready`; written under the lock, read without it.
     bytes: AtomicUsize,
+    /// Footprint bytes this thread has taken out of the pool and not yet
+    /// subtracted from the pool's estimate (see `Shared::admit`).
+    untallied: AtomicUsize,
     /// Takes served without allocating, counted by the owner alone.
     hits: CachePadded<AtomicU64>,
     /// Takes that had to allocate, counted by the owner alone.
     misses: AtomicU64,
     /// Buffers taken through this cache that are in the cleaner, split by
-    /// flush epoch parity (see `cleaner::flush`).
+    /// flush epoch parity (see `Shared::flush`).
     pub(crate) inflight: CachePadded<[AtomicUsize; 2]>,
     /// Where this cache's buffers go when dropped.
     pub(crate) inbox: Arc<Inbox>,
@@ -50,10 +111,12 @@ pub(crate) struct ThreadCache {
 impl ThreadCache {
     pub(crate) fn new(inbox: Arc<Inbox>, devices: usize, limit: usize) -> Self {
         Self {
-            lists: CachePadded::new(Mutex::new(
-                (0..devices * CLASSES).map(|_| Vec::new()).collect(),
-            )),
+            state: CachePadded::new(Mutex::new(State {
+                ready: (0..devices * CLASSES).map(|_| Vec::new()).collect(),
+                dirty: Vec::new(),
+            })),
             bytes: AtomicUsize::new(0),
+            untallied: AtomicUsize::new(0),
             hits: CachePadded::new(AtomicU64::new(0)),
             misses: AtomicU64::new(0),
             inflight: CachePadded::new([AtomicUsize::new(0), AtomicUsize::new(0)]),
@@ -62,63 +125,105 @@ impl ThreadCache {
         }
     }
 
-    /// Takes a ready buffer (owner's fast path).
+    /// Takes a ready buffer, or else (if `help`) a dirty one the caller
+    /// may clean (the owner's fast path).
     #[inline]
-    pub(crate) fn pop(&self, device: usize, shift: u32) -> Option<Block> {
-        let mut lists = self.lists.lock();
-        let block = lists[device * CLASSES + shift as usize].pop()?;
+    pub(crate) fn take(&self, device: usize, shift: u32, help: bool) -> Option<Found> {
+        let mut state = self.state.lock();
+        if let Some(block) = state.ready[device * CLASSES + shift as usize].pop() {
+            self.taken(&block);
+            return Some(Found::Ready(block));
+        }
+        if !help {
+            return None;
+        }
+        let index = state.dirty.iter().position(|d| d.helpable(device, shift))?;
+        Some(Found::Dirty(state.dirty.swap_remove(index)))
+    }
+
+    /// Takes a ready buffer if the cache is not busy (another thread's
+    /// path); the bytes are tallied to `thief`.
+    pub(crate) fn steal(&self, device: usize, shift: u32, thief: &ThreadCache) -> Option<Block> {
+        let mut state = self.state.try_lock()?;
+        let block = state.ready[device * CLASSES + shift as usize].pop()?;
         self.sub_bytes(&block);
+        thief.untally(block.footprint());
         Some(block)
     }
 
-    /// Takes a ready buffer if the cache is not busy (another thread's path).
-    pub(crate) fn steal(&self, device: usize, shift: u32) -> Option<Block> {
-        let mut lists = self.lists.try_lock()?;
-        let block = lists[device * CLASSES + shift as usize].pop()?;
-        self.sub_bytes(&block);
-        Some(block)
+    /// Appends a dropped buffer to the dirty list; returns whether the list
+    /// was empty (the caller then queues a drain token).
+    #[inline]
+    pub(crate) fn push_dirty(&self, dirty: Dirty) -> bool {
+        let mut state = self.state.lock();
+        let was_empty = state.dirty.is_empty();
+        state.dirty.push(dirty);
+        was_empty
+    }
+
+    /// Takes the whole dirty list.
+    pub(crate) fn take_dirty(&self) -> Vec<Dirty> {
+        std::mem::take(&mut self.state.lock().dirty)
     }
 
     /// Keeps `block` if the cache has room for it; hands it back otherwise.
     pub(crate) fn offer(&self, block: Block) -> Result<(), Block> {
-        let mut lists = self.lists.lock();
-        let list = &mut lists[block.device() * CLASSES + block.shift() as usize];
+        let mut state = self.state.lock();
+        let list = &mut state.ready[block.device() * CLASSES + block.shift() as usize];
         if list.len() >= PER_CLASS || self.bytes() + block.footprint() > self.limit {
             return Err(block);
         }
-        // Relaxed: the count is read for statistics and for admission under
-        // the pool's admission lock, which orders it; see `Shared::admit`.
+        // Relaxed: a statistic and a local limit; the pool's cap is kept by
+        // its own estimate.
         self.bytes.fetch_add(block.footprint(), Ordering::Relaxed);
         list.push(block);
         Ok(())
     }
 
-    /// Takes one buffer of class `shift`, any device (for cap eviction).
+    /// Takes one ready buffer of class `shift`, any device (cap eviction).
     pub(crate) fn evict(&self, shift: u32) -> Option<Block> {
-        let mut lists = self.lists.lock();
-        let devices = lists.len() / CLASSES;
-        let block = (0..devices).find_map(|d| lists[d * CLASSES + shift as usize].pop())?;
+        let mut state = self.state.lock();
+        let devices = state.ready.len() / CLASSES;
+        let block = (0..devices).find_map(|d| state.ready[d * CLASSES + shift as usize].pop())?;
         self.sub_bytes(&block);
         Some(block)
     }
 
-    /// Takes every cached buffer.
+    /// Takes every ready buffer.
     pub(crate) fn drain(&self) -> Vec<Block> {
-        let mut lists = self.lists.lock();
-        let blocks: Vec<Block> = lists.iter_mut().flat_map(std::mem::take).collect();
+        let mut state = self.state.lock();
+        let blocks: Vec<Block> = state.ready.iter_mut().flat_map(std::mem::take).collect();
         self.bytes.store(0, Ordering::Relaxed);
         blocks
     }
 
-    /// Footprint bytes cached.
+    /// Footprint bytes ready in this cache.
     #[inline]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// Buffers cached.
+    /// Ready buffers in this cache.
     pub(crate) fn buffers(&self) -> usize {
-        self.lists.lock().iter().map(Vec::len).sum()
+        self.state.lock().ready.iter().map(Vec::len).sum()
+    }
+
+    /// Records that this thread took `bytes` out of the pool.
+    #[inline]
+    pub(crate) fn untally(&self, bytes: usize) {
+        // Relaxed: a counter folded into the pool's estimate under its
+        // admission lock; it publishes nothing.
+        self.untallied.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Hands the untallied bytes to the caller (to subtract from the pool's
+    /// estimate).
+    pub(crate) fn fold_untallied(&self) -> usize {
+        self.untallied.swap(0, Ordering::Relaxed)
+    }
+
+    pub(crate) fn untallied(&self) -> usize {
+        self.untallied.load(Ordering::Relaxed)
     }
 
     /// Counts a take served from the pool. Only the owner calls this, so a
@@ -143,6 +248,12 @@ impl ThreadCache {
 
     pub(crate) fn misses(&self) -> u64 {
         self.misses.load(Ordering::Relaxed)
+    }
+
+    /// Accounts for `block` leaving `ready` through the owner's take.
+    fn taken(&self, block: &Block) {
+        self.sub_bytes(block);
+        self.untally(block.footprint());
     }
 
     fn sub_bytes(&self, block: &Block) {
