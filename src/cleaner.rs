@@ -33,12 +33,16 @@ use crate::pool::Shared;
 use crate::size_class::PAGE;
 use crate::stats::Counters;
 use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Condvar, Lane, Lanes, Mutex, Ordering};
-use crate::thread_cache::{Dirty, ThreadCache};
+use crate::thread_cache::{Dirty, Push, ThreadCache};
 
 /// Work above this many bytes is split into jobs of this size. A multiple
 /// of the 2 MiB huge page, and small enough that 16 MiB is done by several
 /// workers at once.
 const CHUNK: usize = 4 << 20;
+
+/// How long a sweep waits before queueing drain tokens for deferred
+/// buffers, so that a thread in a tight take/drop loop cleans its own.
+const SWEEP_DELAY: Duration = Duration::from_micros(200);
 
 /// How long an idle worker waits before re-polling parked buffers.
 const POLL: Duration = Duration::from_micros(100);
@@ -49,6 +53,8 @@ pub(crate) enum Job {
     Drain(Arc<ThreadCache>),
     /// A dropped buffer that needs its first registration.
     Returned(Returned),
+    /// Wait a moment, then queue drain tokens for deferred buffers.
+    Sweep,
     /// Chunk `index` of a large buffer's zeroing / pre-faulting.
     Chunk(Arc<Chunked>, usize),
     /// Tells one worker to exit.
@@ -66,13 +72,17 @@ pub(crate) struct Inbox {
     pub(crate) running: AtomicBool,
     /// Set once the last `Pool` handle is gone: no worker starts again.
     pub(crate) closed: AtomicBool,
+    /// Whether a sweep is queued (see `thread_cache`).
+    sweep_pending: AtomicBool,
     pub(crate) backend: Arc<Box<dyn Backend>>,
     pub(crate) counters: Counters,
     /// The pool, to restart its workers after a shutdown; `None` once closed.
     pub(crate) pool: Mutex<Option<Arc<Shared>>>,
-    /// How many threads are blocked in `flush`, guarded by the mutex the
-    /// condition variable uses.
+    /// How many threads are in `flush`, guarded by the mutex the condition
+    /// variable uses.
     flush_waiters: Mutex<usize>,
+    /// The same count, readable without the lock (see `notify_flush`).
+    flushing: AtomicUsize,
     flush_done: Condvar,
 }
 
@@ -94,21 +104,27 @@ impl Inbox {
             epoch: AtomicUsize::new(0),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            sweep_pending: AtomicBool::new(false),
             backend,
             counters: Counters::new(),
             pool: Mutex::new(None),
             flush_waiters: Mutex::new(0),
+            flushing: AtomicUsize::new(0),
             flush_done: Condvar::new(),
         }
     }
 
     /// Wakes `flush` callers after an in-flight counter dropped to zero.
     ///
-    /// The waiter count is read under the lock the waiters check their
-    /// condition under, so a decrement made before this call is either seen
-    /// by a waiter's check or followed by this notification.
+    /// The caller's decrement, this SeqCst fence and the load of `flushing`
+    /// pair with `flush`'s increment of `flushing`, its SeqCst fence and its
+    /// check of the counters: either this load sees the flush (and takes the
+    /// lock the flush checks under before notifying, so the wake-up cannot
+    /// fall between its check and its wait), or the flush's check sees the
+    /// decrement. With no flush in progress this costs no shared write.
     fn notify_flush(&self) {
-        if *self.flush_waiters.lock() > 0 {
+        fence(Ordering::SeqCst);
+        if self.flushing.load(Ordering::Relaxed) > 0 && *self.flush_waiters.lock() > 0 {
             self.flush_done.notify_all();
         }
     }
@@ -133,14 +149,28 @@ impl Inbox {
             dropped_at: Instant::now(),
         };
         if entry.block.is_pinned() || !inbox.backend.pins() {
-            if !home.push_dirty(entry) {
-                // A drain token for this cache is queued or being served,
-                // and will take this buffer with the rest.
-                return;
+            // A small buffer dropped by its owner's thread waits for the
+            // owner or the next sweep; anything else wakes a worker.
+            let urgent =
+                !(entry.deferrable() && home.is_owner() && inbox.running.load(Ordering::Relaxed));
+            match home.push_dirty(entry, urgent) {
+                // A drain token is queued; it will take this buffer too.
+                Push::Queued => return,
+                Push::Token => inbox
+                    .lanes
+                    .push(Lane::Recycle, Job::Drain(Arc::clone(home))),
+                Push::Deferred => {
+                    // Relaxed: a hint. A sweep clears it before it locks each
+                    // cache, so a drop that reads it still set has appended
+                    // under that same lock before the sweep looks.
+                    if inbox.sweep_pending.load(Ordering::Relaxed)
+                        || inbox.sweep_pending.swap(true, Ordering::Relaxed)
+                    {
+                        return;
+                    }
+                    inbox.lanes.push(Lane::Recycle, Job::Sweep);
+                }
             }
-            inbox
-                .lanes
-                .push(Lane::Recycle, Job::Drain(Arc::clone(home)));
         } else {
             let returned = Returned::new(entry, Arc::clone(home));
             inbox.lanes.push(Lane::Register, Job::Returned(returned));
@@ -338,6 +368,7 @@ impl Shared {
     pub(crate) fn flush(this: &Arc<Self>) {
         let _serial = this.flush_lock.lock();
         Self::start_cleaner(this);
+        this.sweep();
         if !this.cleaner_running() {
             // No worker could start (or the pool is closed): do it here.
             this.inbox.release_queued();
@@ -348,7 +379,10 @@ impl Shared {
         let inbox = &this.inbox;
         let mut waiters = inbox.flush_waiters.lock();
         *waiters += 1;
-        // Acquire pairs with the Release decrement in `Returned::drop`, so
+        inbox.flushing.fetch_add(1, Ordering::Relaxed);
+        // Pairs with the fence in `notify_flush`.
+        fence(Ordering::SeqCst);
+        // Acquire pairs with the Release decrement in `Inbox::complete`, so
         // the pooled buffers are visible to the caller afterwards.
         while this
             .caches
@@ -358,6 +392,22 @@ impl Shared {
             waiters = inbox.flush_done.wait(waiters);
         }
         *waiters -= 1;
+        inbox.flushing.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Queues drain tokens for every cache holding deferred buffers.
+    pub(crate) fn sweep(&self) {
+        // Relaxed: a drop that defers after this store sees it cleared
+        // through the cache mutex this sweep takes next, or its buffer is
+        // seen by this sweep.
+        self.inbox.sweep_pending.store(false, Ordering::Relaxed);
+        for cache in self.caches.iter() {
+            if cache.sweep() {
+                self.inbox
+                    .lanes
+                    .push(Lane::Recycle, Job::Drain(Arc::clone(cache)));
+            }
+        }
     }
 
     /// Buffers dropped and not yet recycled or released.
@@ -387,6 +437,10 @@ impl Shared {
                     for dirty in cache.take_dirty() {
                         self.process(Returned::new(dirty, Arc::clone(&cache)));
                     }
+                }
+                Some(Job::Sweep) => {
+                    crate::sync::sleep(SWEEP_DELAY);
+                    self.sweep();
                 }
                 Some(Job::Returned(returned)) => self.process(returned),
                 Some(Job::Chunk(task, chunk)) => self.run_chunk(&task, chunk),

@@ -90,9 +90,7 @@ impl Shared {
         let mut block = dirty.block;
         let len = dirty.dirty.min(block.len());
         block.as_mut_slice()[..len].fill(0);
-        Counters::add(&self.inbox.counters.bytes_zeroed, len as u64);
-        Counters::add(&self.inbox.counters.recycled, 1);
-        self.inbox.counters.record_ready(dirty.dropped_at.elapsed());
+        cache.count_help(len);
         drop(dirty.fences);
         self.inbox.complete(cache, dirty.epoch);
         block
@@ -245,6 +243,7 @@ impl Shared {
         }
         // A drop racing the shutdown may have restarted the workers.
         this.stop_cleaner();
+        this.sweep();
         this.inbox.release_queued();
         this.release_parked();
         this.clear();
@@ -253,16 +252,22 @@ impl Shared {
 
     fn stats(&self) -> Stats {
         let mut stats = Stats::empty(self.backend().kind(), self.shards.len());
+        let mut helped = (0, 0);
         for cache in self.caches.iter() {
             stats.hits += cache.hits();
             stats.misses += cache.misses();
             stats.pooled_buffers += cache.buffers();
+            let (buffers, bytes) = cache.helped();
+            helped = (helped.0 + buffers, helped.1 + bytes);
         }
         stats.pooled_buffers += self.shards.iter().map(Shard::buffers).sum::<usize>();
         stats.pooled_bytes = self.pooled_bytes();
         stats.max_pooled_bytes = self.max_pooled.load(Ordering::Relaxed);
         stats.in_cleaner = self.in_cleaner();
         stats.fill_from(&self.inbox.counters);
+        stats.recycled += helped.0;
+        stats.bytes_zeroed += helped.1;
+        stats.cleaned_by_takers = helped.0;
         stats
     }
 }
@@ -411,6 +416,7 @@ impl Pool {
             });
         }
         let cache = shared.cache();
+        cache.claim();
         // Relaxed: a setting. Reusing a dirty buffer is pooling too, so a
         // class larger than the cap (0: pooling off) is never helped.
         let help = size_class::footprint(shift) <= shared.max_pooled.load(Ordering::Relaxed);

@@ -43,6 +43,19 @@ mod imp {
 
     use super::Lane;
 
+    /// A number identifying the calling thread among live threads: the
+    /// address of a thread-local (0 during thread-local teardown).
+    #[inline]
+    pub(crate) fn thread_key() -> usize {
+        thread_local!(static KEY: u8 = const { 0 });
+        KEY.try_with(|k| k as *const u8 as usize).unwrap_or(0)
+    }
+
+    /// Sleeps the calling thread.
+    pub(crate) fn sleep(duration: Duration) {
+        thread::sleep(duration);
+    }
+
     /// A mutex whose `lock` ignores poisoning: every structure it guards is
     /// left consistent between statements, so a panic elsewhere never leaves
     /// it half-updated.
@@ -222,6 +235,17 @@ mod imp {
     pub(crate) use loom::thread::{self, JoinHandle};
 
     use super::Lane;
+
+    /// A number identifying the calling loom thread.
+    pub(crate) fn thread_key() -> usize {
+        loom::thread_local!(static KEY: u8 = 0);
+        KEY.with(|k| k as *const u8 as usize)
+    }
+
+    /// Under loom a sleep is a yield.
+    pub(crate) fn sleep(_duration: Duration) {
+        thread::yield_now();
+    }
 
     /// loom's mutex with a non-poisoning `lock`.
     #[derive(Debug)]

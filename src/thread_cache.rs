@@ -8,11 +8,14 @@
 //!   to the owning heap), so a thread's take/drop loop keeps drawing from its
 //!   own LIFO.
 //! - `dirty`: buffers dropped and not yet cleaned: the cleaner's inbox for
-//!   this cache. A drop appends here; only the drop that makes the list
-//!   non-empty queues a token for the cleaner, and the worker that takes the
-//!   token drains the whole list in one batch (mimalloc batches remote frees
-//!   per destination the same way). The cleaner's queue so holds at most one
-//!   token per cache, however fast threads drop.
+//!   this cache. A drop appends here and queues a drain token unless one is
+//!   already queued; the worker that takes the token drains the whole list in
+//!   one batch (mimalloc batches remote frees per destination the same way).
+//!   The cleaner's queue so holds at most one drain token per cache, however
+//!   fast threads drop. A small buffer dropped by the cache's own thread is
+//!   not worth waking a worker for: it is *deferred* (no token), the owner
+//!   will likely clean it itself on its next take, and otherwise a sweep
+//!   (at most one queued, run 200 us later) queues the token.
 //!
 //! On a miss, `take` helps the cleaner: a small dirty buffer of the right
 //! class whose copies are known to have finished is re-zeroed on the spot
@@ -32,12 +35,13 @@ use crate::alloc::Block;
 use crate::backend::Fence;
 use crate::cleaner::Inbox;
 use crate::size_class::CLASSES;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{thread_key, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// At most this many buffers of one class and device sit ready in one cache.
 const PER_CLASS: usize = 64;
 
-/// `take` re-zeroes a dirty buffer itself only up to this many bytes.
+/// `take` re-zeroes a dirty buffer itself only up to this many bytes, and
+/// only such buffers are deferred.
 const HELP_BYTES: usize = 64 << 10;
 
 /// A dropped buffer waiting in its cache's dirty list.
@@ -54,6 +58,12 @@ pub(crate) struct Dirty {
 }
 
 impl Dirty {
+    /// Whether the drop may leave this buffer for its owner or the next
+    /// sweep: small, and not needing a device synchronize.
+    pub(crate) fn deferrable(&self) -> bool {
+        self.dirty <= HELP_BYTES && !(self.block.is_pinned() && self.fences.is_empty())
+    }
+
     /// Whether `take` may clean this buffer itself: small, and known
     /// without blocking to be read by no copy.
     fn helpable(&self, device: usize, shift: u32) -> bool {
@@ -74,6 +84,19 @@ struct State {
     /// Ready buffers, indexed by `device * CLASSES + shift`.
     ready: Vec<Vec<Block>>,
     dirty: Vec<Dirty>,
+    /// Whether a drain token for this cache is queued and not yet served.
+    token: bool,
+}
+
+/// What a drop must do after appending to the dirty list.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Nothing: a drain token is already queued.
+    Queued,
+    /// Queue a drain token.
+    Token,
+    /// Nothing now: the buffer waits for its owner or the next sweep.
+    Deferred,
 }
 
 /// What a cache lookup found.
@@ -98,12 +121,18 @@ pub(crate) struct ThreadCache {
     hits: CachePadded<AtomicU64>,
     /// Takes that had to allocate, counted by the owner alone.
     misses: AtomicU64,
+    /// Dirty buffers the owner cleaned itself, and the bytes it zeroed.
+    helped: AtomicU64,
+    helped_bytes: AtomicU64,
     /// Buffers taken through this cache that are in the cleaner, split by
     /// flush epoch parity (see `Shared::flush`).
     pub(crate) inflight: CachePadded<[AtomicUsize; 2]>,
     /// Where this cache's buffers go when dropped.
     pub(crate) inbox: Arc<Inbox>,
     limit: usize,
+    /// `sync::thread_key` of the thread taking through this cache; a hint
+    /// that decides whether a drop may be deferred.
+    owner: AtomicUsize,
 }
 
 // === impl ThreadCache ===
@@ -114,15 +143,37 @@ impl ThreadCache {
             state: CachePadded::new(Mutex::new(State {
                 ready: (0..devices * CLASSES).map(|_| Vec::new()).collect(),
                 dirty: Vec::new(),
+                token: false,
             })),
             bytes: AtomicUsize::new(0),
             untallied: AtomicUsize::new(0),
             hits: CachePadded::new(AtomicU64::new(0)),
             misses: AtomicU64::new(0),
+            helped: AtomicU64::new(0),
+            helped_bytes: AtomicU64::new(0),
             inflight: CachePadded::new([AtomicUsize::new(0), AtomicUsize::new(0)]),
             inbox,
             limit,
+            owner: AtomicUsize::new(thread_key()),
         }
+    }
+
+    /// Notes the calling thread as the owner (a thread may inherit the
+    /// cache of an exited thread whose identity it reuses).
+    #[inline]
+    pub(crate) fn claim(&self) {
+        let key = thread_key();
+        // Relaxed: a hint; a stale value only changes whether a drop is
+        // deferred, and both choices are correct.
+        if self.owner.load(Ordering::Relaxed) != key {
+            self.owner.store(key, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the calling thread owns this cache.
+    #[inline]
+    pub(crate) fn is_owner(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == thread_key()
     }
 
     /// Takes a ready buffer, or else (if `help`) a dirty one the caller
@@ -151,19 +202,36 @@ impl ThreadCache {
         Some(block)
     }
 
-    /// Appends a dropped buffer to the dirty list; returns whether the list
-    /// was empty (the caller then queues a drain token).
+    /// Appends a dropped buffer to the dirty list and says whether the
+    /// caller must queue a drain token (always if `urgent`).
     #[inline]
-    pub(crate) fn push_dirty(&self, dirty: Dirty) -> bool {
+    pub(crate) fn push_dirty(&self, dirty: Dirty, urgent: bool) -> Push {
         let mut state = self.state.lock();
-        let was_empty = state.dirty.is_empty();
         state.dirty.push(dirty);
-        was_empty
+        if state.token {
+            Push::Queued
+        } else if urgent {
+            state.token = true;
+            Push::Token
+        } else {
+            Push::Deferred
+        }
     }
 
-    /// Takes the whole dirty list.
+    /// Takes the whole dirty list (serving the drain token).
     pub(crate) fn take_dirty(&self) -> Vec<Dirty> {
-        std::mem::take(&mut self.state.lock().dirty)
+        let mut state = self.state.lock();
+        state.token = false;
+        std::mem::take(&mut state.dirty)
+    }
+
+    /// Whether deferred buffers wait here with no token queued; if so, the
+    /// caller must queue one (this marks it queued).
+    pub(crate) fn sweep(&self) -> bool {
+        let mut state = self.state.lock();
+        let needed = !state.token && !state.dirty.is_empty();
+        state.token |= needed;
+        needed
     }
 
     /// Keeps `block` if the cache has room for it; hands it back otherwise.
@@ -240,6 +308,24 @@ impl ThreadCache {
     pub(crate) fn count_miss(&self) {
         self.misses
             .store(self.misses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// Counts a dirty buffer of `bytes` dirty bytes the owner cleaned; as
+    /// `count_hit`.
+    #[inline]
+    pub(crate) fn count_help(&self, bytes: usize) {
+        self.helped
+            .store(self.helped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        let zeroed = self.helped_bytes.load(Ordering::Relaxed) + bytes as u64;
+        self.helped_bytes.store(zeroed, Ordering::Relaxed);
+    }
+
+    /// Buffers and bytes the owner cleaned itself.
+    pub(crate) fn helped(&self) -> (u64, u64) {
+        (
+            self.helped.load(Ordering::Relaxed),
+            self.helped_bytes.load(Ordering::Relaxed),
+        )
     }
 
     pub(crate) fn hits(&self) -> u64 {

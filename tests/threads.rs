@@ -104,3 +104,30 @@ fn stress_no_buffer_is_handed_out_twice_and_all_come_back_zeroed() {
     );
     assert!(stats.hit_rate() > 0.5, "hit rate {}", stats.hit_rate());
 }
+
+#[test]
+fn tight_take_drop_loop_keeps_hitting_without_growing() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 20_000;
+    let pool = host_pool(1);
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                for _ in 0..ROUNDS {
+                    let mut buf = pool.take(4096);
+                    buf[..64].fill(1);
+                    buf.set_dirty_len(64);
+                }
+            });
+        }
+    });
+    pool.flush();
+    let stats = pool.stats();
+    assert!(stats.hit_rate() > 0.99, "hit rate {}", stats.hit_rate());
+    assert!(
+        stats.misses <= 64 * THREADS as u64,
+        "{} misses: buffers in circulation grew instead of being reused",
+        stats.misses
+    );
+    assert_eq!(stats.in_cleaner, 0);
+}
