@@ -54,16 +54,22 @@ fn on_threads(threads: usize, iters: u64, op: impl Fn() + Sync) -> Duration {
 }
 
 fn take_drop(c: &mut Criterion) {
+    take_drop_sized(c, SIZE, "4KiB", &THREADS);
+    take_drop_sized(c, 1 << 20, "1MiB", &[16]);
+}
+
+/// The take / write 64 bytes / drop loop on `size`-byte buffers.
+fn take_drop_sized(c: &mut Criterion, size: usize, label: &str, thread_counts: &[usize]) {
     let pinpool = pool();
     let seed = SeedPool::new(pinpool_sim::gpu::detect());
-    let mut group = c.benchmark_group("hot_path/take_drop_4KiB");
+    let mut group = c.benchmark_group(format!("hot_path/take_drop_{label}"));
     group.measurement_time(Duration::from_secs(3));
-    for threads in THREADS {
+    for &threads in thread_counts {
         group.throughput(Throughput::Elements(threads as u64));
         group.bench_with_input(BenchmarkId::new("pinpool", threads), &threads, |b, &t| {
             b.iter_custom(|iters| {
                 on_threads(t, iters, || {
-                    let mut buf = pinpool.take(SIZE);
+                    let mut buf = pinpool.take(size);
                     buf[..64].fill(1);
                     buf.set_dirty_len(64);
                     drop(black_box(buf));
@@ -73,7 +79,7 @@ fn take_drop(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("seed", threads), &threads, |b, &t| {
             b.iter_custom(|iters| {
                 on_threads(t, iters, || {
-                    let mut buf = seed.take(0, SIZE);
+                    let mut buf = seed.take(0, size);
                     buf.bytes()[..64].fill(1);
                     buf.set_dirty_len(64);
                     drop(black_box(buf));
@@ -86,7 +92,7 @@ fn take_drop(c: &mut Criterion) {
             |b, &t| {
                 b.iter_custom(|iters| {
                     on_threads(t, iters, || {
-                        let mut buf = vec![0u8; SIZE];
+                        let mut buf = vec![0u8; size];
                         buf[..64].fill(1);
                         drop(black_box(buf));
                     })

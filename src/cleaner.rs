@@ -53,6 +53,9 @@ pub(crate) enum Job {
     Drain(Arc<ThreadCache>),
     /// A dropped buffer that needs its first registration.
     Returned(Returned),
+    /// A dropped miss buffer to free unregistered (registrations are
+    /// backed up).
+    Release(Returned),
     /// Wait a moment, then queue drain tokens for deferred buffers.
     Sweep,
     /// Chunk `index` of a large buffer's zeroing / pre-faulting.
@@ -74,6 +77,9 @@ pub(crate) struct Inbox {
     pub(crate) closed: AtomicBool,
     /// Whether a sweep is queued (see `thread_cache`).
     sweep_pending: AtomicBool,
+    /// Registration jobs queued or running, and the most allowed.
+    register_queued: AtomicUsize,
+    register_backlog: usize,
     pub(crate) backend: Arc<Box<dyn Backend>>,
     pub(crate) counters: Counters,
     /// The pool, to restart its workers after a shutdown; `None` once closed.
@@ -98,13 +104,15 @@ impl std::fmt::Debug for Inbox {
 // === impl Inbox ===
 
 impl Inbox {
-    pub(crate) fn new(backend: Arc<Box<dyn Backend>>) -> Self {
+    pub(crate) fn new(backend: Arc<Box<dyn Backend>>, register_backlog: usize) -> Self {
         Self {
             lanes: Lanes::new(),
             epoch: AtomicUsize::new(0),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             sweep_pending: AtomicBool::new(false),
+            register_queued: AtomicUsize::new(0),
+            register_backlog,
             backend,
             counters: Counters::new(),
             pool: Mutex::new(None),
@@ -173,7 +181,15 @@ impl Inbox {
             }
         } else {
             let returned = Returned::new(entry, Arc::clone(home));
-            inbox.lanes.push(Lane::Register, Job::Returned(returned));
+            // Relaxed: a bound on a queue length, publishing nothing.
+            if inbox.register_queued.load(Ordering::Relaxed) >= inbox.register_backlog {
+                // Registrations are backed up: free this miss buffer rather
+                // than let misses breed an ever longer queue.
+                inbox.lanes.push(Lane::Recycle, Job::Release(returned));
+            } else {
+                inbox.register_queued.fetch_add(1, Ordering::Relaxed);
+                inbox.lanes.push(Lane::Register, Job::Returned(returned));
+            }
         }
         // SeqCst fence pairs with the one in `Shared::stop_cleaner`: either
         // this load sees `running == false` and wakes the pool, or the
@@ -207,10 +223,17 @@ impl Inbox {
     /// Releases every queued buffer on the calling thread.
     pub(crate) fn release_queued(&self) {
         while let Some(job) = self.lanes.try_pop() {
-            if let Job::Drain(cache) = job {
-                for dirty in cache.take_dirty() {
-                    drop(Returned::new(dirty, Arc::clone(&cache)));
+            match job {
+                Job::Drain(cache) => {
+                    for dirty in cache.take_dirty() {
+                        drop(Returned::new(dirty, Arc::clone(&cache)));
+                    }
                 }
+                Job::Returned(returned) => {
+                    self.register_queued.fetch_sub(1, Ordering::Relaxed);
+                    drop(returned);
+                }
+                _ => {}
             }
         }
     }
@@ -268,16 +291,8 @@ impl Returned {
             .expect("a returned buffer holds its block until admitted")
     }
 
-    /// Whether the copies reading the buffer have finished, without
-    /// blocking on events. A pinned buffer without events falls back to a
-    /// (blocking) synchronize of its device.
-    fn quiescent(&self, backend: &dyn Backend) -> Result<bool, crate::Error> {
-        if self.fences.is_empty() {
-            if self.block().is_pinned() {
-                backend.synchronize(self.block().device())?;
-            }
-            return Ok(true);
-        }
+    /// Whether the recorded events have completed, without blocking.
+    fn fences_done(&self) -> Result<bool, crate::Error> {
         for fence in &self.fences {
             if !fence.is_done()? {
                 return Ok(false);
@@ -442,7 +457,14 @@ impl Shared {
                     crate::sync::sleep(SWEEP_DELAY);
                     self.sweep();
                 }
-                Some(Job::Returned(returned)) => self.process(returned),
+                Some(Job::Returned(returned)) => {
+                    self.inbox.register_queued.fetch_sub(1, Ordering::Relaxed);
+                    self.process(returned);
+                }
+                Some(Job::Release(returned)) => {
+                    Counters::add(&self.inbox.counters.registrations_skipped, 1);
+                    drop(returned);
+                }
                 Some(Job::Chunk(task, chunk)) => self.run_chunk(&task, chunk),
                 None => {}
             }
@@ -451,7 +473,7 @@ impl Shared {
     }
 
     fn process(&self, returned: Returned) {
-        match returned.quiescent(&**self.inbox.backend) {
+        match self.quiescent(&returned) {
             Ok(true) => self.prepare(returned),
             Ok(false) => self.park(returned),
             Err(e) => {
@@ -460,6 +482,34 @@ impl Shared {
                 drop(returned);
             }
         }
+    }
+
+    /// Whether the copies reading the buffer have finished: its events
+    /// have completed, or, for a pinned buffer without events, its device
+    /// has been synchronized since it was dropped.
+    fn quiescent(&self, returned: &Returned) -> Result<bool, crate::Error> {
+        let block = returned.block();
+        if !returned.fences.is_empty() {
+            return returned.fences_done();
+        }
+        if block.is_pinned() {
+            self.sync_device(block.device(), returned.dropped_at)?;
+        }
+        Ok(true)
+    }
+
+    /// Synchronizes `device` unless a synchronize that started after
+    /// `since` has already completed: one synchronize covers every buffer
+    /// dropped before it started, so a burst of event-less buffers costs one.
+    fn sync_device(&self, device: usize, since: Instant) -> Result<(), crate::Error> {
+        let mut last = self.device_syncs[device].lock();
+        if last.is_some_and(|started| started >= since) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.inbox.backend.synchronize(device)?;
+        *last = Some(started);
+        Ok(())
     }
 
     fn park(&self, returned: Returned) {
@@ -478,7 +528,7 @@ impl Shared {
         };
         let mut ready = Vec::new();
         for returned in std::mem::take(&mut *parked) {
-            match returned.quiescent(&**self.inbox.backend) {
+            match self.quiescent(&returned) {
                 Ok(true) => ready.push(returned),
                 Ok(false) => parked.push(returned),
                 Err(e) => {

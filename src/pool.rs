@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     max_pooled: AtomicUsize,
     pub(crate) workers: Mutex<Vec<JoinHandle<()>>>,
     pub(crate) flush_lock: Mutex<()>,
+    /// Per device, when the last successful synchronize started.
+    pub(crate) device_syncs: Box<[Mutex<Option<std::time::Instant>>]>,
     /// Buffers whose copies were still running when a worker got them.
     pub(crate) parked: Mutex<Vec<Returned>>,
     pub(crate) parked_len: AtomicUsize,
@@ -321,9 +323,10 @@ impl Pool {
     pub(crate) fn from_config(config: Config) -> Result<Self, Error> {
         let backend = backend::select(config.backend, config.devices)?;
         let devices = backend.device_count();
-        let inbox = Arc::new(Inbox::new(Arc::new(backend)));
+        let inbox = Arc::new(Inbox::new(Arc::new(backend), 8 * config.cleaner_threads));
         let shared = Arc::new(Shared {
             shards: (0..devices).map(|_| Shard::new()).collect(),
+            device_syncs: (0..devices).map(|_| Mutex::new(None)).collect(),
             caches: PerThread::new(),
             inbox: Arc::clone(&inbox),
             estimate: CachePadded::new(AtomicUsize::new(0)),

@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub(crate) unregistered_bytes: AtomicU64,
     pub(crate) registration_nanos: AtomicU64,
     pub(crate) registration_failures: AtomicU64,
+    pub(crate) registrations_skipped: AtomicU64,
     pub(crate) fence_failures: AtomicU64,
     pub(crate) unregister_failures: AtomicU64,
     pub(crate) released: AtomicU64,
@@ -40,6 +41,7 @@ impl Counters {
             unregistered_bytes: AtomicU64::new(0),
             registration_nanos: AtomicU64::new(0),
             registration_failures: AtomicU64::new(0),
+            registrations_skipped: AtomicU64::new(0),
             fence_failures: AtomicU64::new(0),
             unregister_failures: AtomicU64::new(0),
             released: AtomicU64::new(0),
@@ -146,6 +148,8 @@ pub struct Stats {
     pub registration_time: Duration,
     /// Registrations that failed (the buffer was freed instead of pooled).
     pub registration_failures: u64,
+    /// Miss buffers freed unregistered because registrations were backed up.
+    pub registrations_skipped: u64,
     /// Fence waits or device synchronizes that failed (the buffer was freed).
     pub fence_failures: u64,
     /// Unregistrations that failed.
@@ -182,6 +186,7 @@ impl Stats {
         self.registration_time = Duration::from_nanos(Counters::load(&c.registration_nanos));
         self.registration_failures = Counters::load(&c.registration_failures);
         self.fence_failures = Counters::load(&c.fence_failures);
+        self.registrations_skipped = Counters::load(&c.registrations_skipped);
         self.unregister_failures = Counters::load(&c.unregister_failures);
         self.released = Counters::load(&c.released);
         self.evictions = Counters::load(&c.evictions);
@@ -208,6 +213,7 @@ impl Stats {
             registration_time: Duration::ZERO,
             registration_failures: 0,
             fence_failures: 0,
+            registrations_skipped: 0,
             unregister_failures: 0,
             released: 0,
             evictions: 0,
