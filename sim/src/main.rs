@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use pinpool_sim::run::{run, RunResult};
+use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
 use pinpool_sim::workload::Workload;
 
@@ -46,6 +46,9 @@ struct SimArgs {
     /// Seed of the workload draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// pinpool's cap on pooled bytes, GiB (the seed design keeps its 4 GiB).
+    #[arg(long, default_value_t = 4.0)]
+    max_pooled_gib: f64,
     /// pinpool's cleaner workers.
     #[arg(long, default_value_t = 4)]
     cleaner_threads: usize,
@@ -110,18 +113,22 @@ fn sim(args: SimArgs) {
     if !args.json {
         println!("pinpool sim: {backend}");
         println!(
-            "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}",
+            "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB",
             workload.devices, workload.provers_per_device, workload.segments, workload.arenas, workload.staging,
-            workload.scale, workload.seed
+            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_gib
         );
     }
     let mut results = Vec::new();
     for kind in strategies {
         let bar = progress_bar(&workload, kind, args.json);
+        let settings = Settings {
+            cleaner_threads: args.cleaner_threads,
+            max_pooled_bytes: (args.max_pooled_gib * (1u64 << 30) as f64) as usize,
+        };
         results.push(run(
             kind,
             &workload,
-            args.cleaner_threads,
+            &settings,
             gpu.as_deref(),
             bar.as_ref(),
         ));

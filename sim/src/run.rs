@@ -11,6 +11,15 @@ use crate::gpu::Sink;
 use crate::strategy::{Kind, Strategy};
 use crate::workload::Workload;
 
+/// pinpool's settings for a run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Cleaner workers.
+    pub cleaner_threads: usize,
+    /// Cap on pooled bytes.
+    pub max_pooled_bytes: usize,
+}
+
 /// What one strategy achieved.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunResult {
@@ -93,11 +102,11 @@ fn ratio(num: u64, den: u64) -> f64 {
 pub fn run(
     kind: Kind,
     workload: &Workload,
-    cleaner_threads: usize,
+    settings: &Settings,
     gpu: Option<&[Arc<CudaContext>]>,
     progress: Option<&ProgressBar>,
 ) -> RunResult {
-    let strategy = Strategy::new(kind, workload.devices, cleaner_threads, gpu);
+    let strategy = Strategy::new(kind, workload.devices, settings, gpu);
     let max = workload.max_size();
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);

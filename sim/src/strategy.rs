@@ -7,6 +7,7 @@ use cudarc::driver::{result, CudaContext};
 use pinpool::{BackendKind, PinnedBuffer, Pool};
 
 use crate::gpu::Sink;
+use crate::run::Settings;
 use crate::seed::{SeedBuffer, SeedPool};
 
 /// Which strategy a run uses.
@@ -64,12 +65,12 @@ pub enum Staged {
 unsafe impl Send for Staged {}
 
 impl Strategy {
-    /// A strategy of `kind` for `devices` devices with `cleaner_threads`
-    /// pinpool workers, on the GPU when `gpu` is given.
+    /// A strategy of `kind` for `devices` devices with pinpool's
+    /// `settings`, on the GPU when `gpu` is given.
     pub fn new(
         kind: Kind,
         devices: usize,
-        cleaner_threads: usize,
+        settings: &Settings,
         gpu: Option<&[Arc<CudaContext>]>,
     ) -> Self {
         match kind {
@@ -81,7 +82,8 @@ impl Strategy {
                         BackendKind::Host
                     })
                     .devices(devices)
-                    .cleaner_threads(cleaner_threads)
+                    .cleaner_threads(settings.cleaner_threads)
+                    .max_pooled_bytes(settings.max_pooled_bytes)
                     .build()
                     .expect("build the pool"),
             ),
