@@ -580,12 +580,14 @@ impl Shared {
             end,
             remaining: AtomicUsize::new(chunks),
         });
-        for chunk in 1..chunks {
+        // Every chunk goes through the queue, the first included, so that
+        // a worker draining a batch of large buffers hands all of their
+        // chunks out before zeroing any itself.
+        for chunk in 0..chunks {
             self.inbox
                 .lanes
                 .push(lane, Job::Chunk(Arc::clone(&task), chunk));
         }
-        self.run_chunk(&task, 0);
     }
 
     fn run_chunk(&self, task: &Chunked, chunk: usize) {
