@@ -323,7 +323,10 @@ impl Pool {
     pub(crate) fn from_config(config: Config) -> Result<Self, Error> {
         let backend = backend::select(config.backend, config.devices)?;
         let devices = backend.device_count();
-        let inbox = Arc::new(Inbox::new(Arc::new(backend), 8 * config.cleaner_threads));
+        let inbox = Arc::new(Inbox::new(
+            Arc::new(backend),
+            64 + 16 * config.cleaner_threads,
+        ));
         let shared = Arc::new(Shared {
             shards: (0..devices).map(|_| Shard::new()).collect(),
             device_syncs: (0..devices).map(|_| Mutex::new(None)).collect(),
