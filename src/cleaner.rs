@@ -1,23 +1,25 @@
 //! The cleaner: a pool of workers that turns dropped buffers into ready ones.
 //!
 //! ```text
-//!  PinnedBuffer::drop ──push──▶ Lanes ─┬─ recycle lane  (already pinned: µs)  ──┐
-//!                                      └─ register lane (first pinning: ms)   ──┤
-//!                     ┌─────────────────────────────────────────────────────────┘
+//!  PinnedBuffer::drop ─▶ owner cache's dirty list ─(drain token, one per cache)─▶ recycle lane ──┐
+//!                    └─▶ pool-miss buffer (bounded backlog) ─────────────────▶ register lane ──┤
+//!                     ┌──────────────────────────────────────────────────────────────────────┘
 //!                     ▼
 //!   worker: fences done? ── no ──▶ parked (re-polled; one slow event holds up nothing else)
-//!             │ yes
+//!             │ yes (no events: one device synchronize covers a whole burst)
 //!             ▼
 //!   zero the dirty prefix, pre-fault the rest if it will be registered
-//!   (split in CHUNK-sized jobs that several workers run when large)
+//!   (split in CHUNK-sized jobs that any worker runs when large)
 //!             ▼
 //!   register once (first cycle only) ─▶ admit under the cap ─▶ owner's thread cache or shard
 //! ```
 //!
-//! A drop only pushes onto a channel: it never blocks and never calls CUDA.
-//! Worker 0 serves only the recycle lane (when there are two or more
-//! workers), so a burst of first-time registrations can never starve the
-//! recycling of buffers that are already pinned.
+//! A drop only appends to a list and, at most once per batch, pushes a token
+//! onto a channel: it never blocks and never calls CUDA. Small buffers
+//! dropped by their owner's thread are deferred (see `thread_cache`) and
+//! swept 200 us later at the latest. Worker 0 serves only the recycle lane
+//! (when there are two or more workers), so a burst of first-time
+//! registrations can never starve the recycling of buffers already pinned.
 //!
 //! `flush` is a barrier built from two in-flight counters per thread cache,
 //! selected by the parity of a flush epoch: a drop counts itself in the
