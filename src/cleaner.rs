@@ -40,7 +40,11 @@ use crate::thread_cache::{Dirty, Push, ThreadCache};
 /// Work above this many bytes is split into jobs of this size. A multiple
 /// of the 2 MiB huge page, and small enough that 16 MiB is done by several
 /// workers at once.
+#[cfg(not(all(loom, feature = "loom")))]
 const CHUNK: usize = 4 << 20;
+/// Loom models split their 8-byte buffers into 2-byte chunks.
+#[cfg(all(loom, feature = "loom"))]
+const CHUNK: usize = 2;
 
 /// How long a sweep waits before queueing drain tokens for deferred
 /// buffers, so that a thread in a tight take/drop loop cleans its own.

@@ -237,19 +237,22 @@ impl Shared {
 
     /// Shuts down for good: called when the last `Pool` handle drops.
     fn close(this: &Arc<Self>) {
-        Self::shutdown(this);
         {
-            // Under the workers lock, so no `start_cleaner` runs meanwhile.
+            // Under the workers lock, so no `start_cleaner` runs meanwhile;
+            // from here on no worker starts, and the running ones are
+            // stopped by the shutdown below.
             let _workers = this.workers.lock();
             this.inbox.closed.store(true, Ordering::Relaxed);
         }
-        // A drop racing the shutdown may have restarted the workers.
-        this.stop_cleaner();
+        Self::shutdown(this);
+        *this.inbox.pool.lock() = None;
+        // A drop that raced the shutdown found no worker and no way to start
+        // one; what it queued is released here. Later drops release their
+        // own buffers (see `Inbox::wake`).
         this.sweep();
         this.inbox.release_queued();
         this.release_parked();
         this.clear();
-        *this.inbox.pool.lock() = None;
     }
 
     fn stats(&self) -> Stats {
