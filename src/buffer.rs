@@ -111,6 +111,14 @@ impl PinnedBuffer {
     }
 }
 
+#[cfg(all(loom, feature = "loom"))]
+impl PinnedBuffer {
+    /// Records a fence that completes when `done` is set (loom models).
+    pub(crate) fn record_flag(&mut self, done: Arc<crate::sync::AtomicBool>) {
+        self.fences.push(Fence::flag(done));
+    }
+}
+
 impl Deref for PinnedBuffer {
     type Target = [u8];
 

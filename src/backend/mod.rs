@@ -64,27 +64,58 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
 
 /// Marks the point on a stream after which a buffer is no longer read.
 #[derive(Debug)]
-pub(crate) struct Fence(CudaEvent);
+pub(crate) struct Fence(FenceKind);
+
+#[derive(Debug)]
+enum FenceKind {
+    /// A CUDA event recorded after the last copy.
+    Event(CudaEvent),
+    /// A flag another model thread sets when the "copy" is done (loom
+    /// models only).
+    #[cfg(all(loom, feature = "loom"))]
+    Flag(crate::sync::Arc<crate::sync::AtomicBool>),
+}
 
 impl Fence {
     pub(crate) fn new(event: CudaEvent) -> Self {
-        Self(event)
+        Self(FenceKind::Event(event))
+    }
+
+    /// A fence that completes when `done` is set (loom models only).
+    #[cfg(all(loom, feature = "loom"))]
+    pub(crate) fn flag(done: crate::sync::Arc<crate::sync::AtomicBool>) -> Self {
+        Self(FenceKind::Flag(done))
     }
 
     /// Whether the work before the fence has finished, without waiting.
     pub(crate) fn is_done(&self) -> Result<bool, Error> {
-        self.0.try_is_complete().map_err(|source| Error::Cuda {
-            op: "cuEventQuery",
-            source,
-        })
+        match &self.0 {
+            FenceKind::Event(event) => event.try_is_complete().map_err(|source| Error::Cuda {
+                op: "cuEventQuery",
+                source,
+            }),
+            // Acquire pairs with the model's Release store: what the
+            // "copy" did happens before the buffer is reused.
+            #[cfg(all(loom, feature = "loom"))]
+            FenceKind::Flag(done) => Ok(done.load(crate::sync::Ordering::Acquire)),
+        }
     }
 
     /// Waits for the work before the fence.
     pub(crate) fn wait(&self) -> Result<(), Error> {
-        self.0.synchronize().map_err(|source| Error::Cuda {
-            op: "cuEventSynchronize",
-            source,
-        })
+        match &self.0 {
+            FenceKind::Event(event) => event.synchronize().map_err(|source| Error::Cuda {
+                op: "cuEventSynchronize",
+                source,
+            }),
+            #[cfg(all(loom, feature = "loom"))]
+            FenceKind::Flag(_) => {
+                while !self.is_done()? {
+                    crate::sync::thread::yield_now();
+                }
+                Ok(())
+            }
+        }
     }
 }
 
