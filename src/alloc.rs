@@ -29,6 +29,10 @@ pub(crate) struct Block {
     shift: u8,
     device: u16,
     pinned: bool,
+    /// Under loom, a tracked allocation: loom fails a model whose execution
+    /// ends with a block neither freed nor dropped.
+    #[cfg(all(loom, feature = "loom"))]
+    _track: loom::alloc::Track<()>,
 }
 
 // SAFETY: a block exclusively owns its mapping, like a `Box<[u8]>`; the raw
@@ -52,6 +56,8 @@ impl Block {
             shift: shift as u8,
             device: device as u16,
             pinned: false,
+            #[cfg(all(loom, feature = "loom"))]
+            _track: loom::alloc::Track::new(()),
         })
     }
 
