@@ -13,7 +13,8 @@
 use std::ptr::NonNull;
 
 use crate::error::Error;
-use crate::size_class::{footprint, size, PAGE};
+use crate::size_class::{footprint, size, CHUNK, PAGE};
+use crate::sync::Contents;
 
 /// Alignment and threshold for transparent huge pages.
 const HUGE_PAGE: usize = 2 << 20;
@@ -29,6 +30,8 @@ pub(crate) struct Block {
     shift: u8,
     device: u16,
     pinned: bool,
+    /// Reports accesses to the bytes to loom (nothing in normal builds).
+    contents: Contents,
     /// Under loom, a tracked allocation: loom fails a model whose execution
     /// ends with a block neither freed nor dropped.
     #[cfg(all(loom, feature = "loom"))]
@@ -56,6 +59,7 @@ impl Block {
             shift: shift as u8,
             device: device as u16,
             pinned: false,
+            contents: Contents::new(size(shift).div_ceil(CHUNK)),
             #[cfg(all(loom, feature = "loom"))]
             _track: loom::alloc::Track::new(()),
         })
@@ -99,8 +103,15 @@ impl Block {
         self.ptr.as_ptr()
     }
 
+    /// The stand-in for the bytes, for writers that work through raw
+    /// pointers (the cleaner's chunks).
+    pub(crate) fn contents(&self) -> &Contents {
+        &self.contents
+    }
+
     #[inline]
     pub(crate) fn as_slice(&self) -> &[u8] {
+        self.contents.read();
         // SAFETY:
         // - `ptr` is a live mapping of `footprint() >= len()` bytes;
         // - the bytes are initialised (anonymous mappings are zero-filled);
@@ -111,6 +122,7 @@ impl Block {
 
     #[inline]
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.contents.write();
         // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }

@@ -32,19 +32,12 @@ use std::time::{Duration, Instant};
 use crate::alloc::{self, Block};
 use crate::backend::{Backend, Fence};
 use crate::pool::Shared;
-use crate::size_class::PAGE;
+use crate::size_class::{CHUNK, PAGE};
 use crate::stats::Counters;
-use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Condvar, Lane, Lanes, Mutex, Ordering};
+use crate::sync::{
+    fence, Arc, AtomicBool, AtomicUsize, Condvar, Contents, Lane, Lanes, Mutex, Ordering,
+};
 use crate::thread_cache::{Dirty, Push, ThreadCache};
-
-/// Work above this many bytes is split into jobs of this size. A multiple
-/// of the 2 MiB huge page, and small enough that 16 MiB is done by several
-/// workers at once.
-#[cfg(not(all(loom, feature = "loom")))]
-const CHUNK: usize = 4 << 20;
-/// Loom models split their 8-byte buffers into 2-byte chunks.
-#[cfg(all(loom, feature = "loom"))]
-const CHUNK: usize = 2;
 
 /// How long a sweep waits before queueing drain tokens for deferred
 /// buffers, so that a thread in a tight take/drop loop cleans its own.
@@ -329,6 +322,7 @@ impl Drop for Returned {
 /// A large buffer being zeroed / pre-faulted by several workers.
 pub(crate) struct Chunked {
     returned: Mutex<Option<Returned>>,
+    contents: Contents,
     base: usize,
     dirty: usize,
     end: usize,
@@ -565,8 +559,10 @@ impl Shared {
         let dirty = returned.dirty.min(block.len());
         let end = if register { block.footprint() } else { dirty };
         let base = block.as_ptr() as usize;
+        let contents = block.contents().clone();
         Counters::add(&self.inbox.counters.bytes_zeroed, dirty as u64);
         if end <= CHUNK {
+            contents.write();
             // SAFETY: the worker owns the returned block, whose copies have
             // finished, and `dirty <= end <= footprint`.
             unsafe { clean_range(base, 0, end, dirty) };
@@ -581,6 +577,7 @@ impl Shared {
         };
         let task = Arc::new(Chunked {
             returned: Mutex::new(Some(returned)),
+            contents,
             base,
             dirty,
             end,
@@ -599,6 +596,7 @@ impl Shared {
     fn run_chunk(&self, task: &Chunked, chunk: usize) {
         let start = chunk * CHUNK;
         let end = (start + CHUNK).min(task.end);
+        task.contents.write_part(chunk);
         // SAFETY: chunks are disjoint ranges of a block owned by `task`,
         // which holds it (unmoved) until the last chunk finishes.
         unsafe { clean_range(task.base, start, end, task.dirty) };

@@ -20,6 +20,15 @@ pub(crate) const CLASSES: usize = MAX_SHIFT as usize + 1;
 /// The largest size `take` accepts: 1 TiB.
 pub const MAX_CLASS_SIZE: usize = 1 << MAX_SHIFT;
 
+/// The cleaner splits work above this many bytes into jobs of this size:
+/// a multiple of the 2 MiB huge page, and small enough that 16 MiB is done
+/// by several workers at once.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const CHUNK: usize = 4 << 20;
+/// Loom models split their few-byte buffers into 2-byte chunks.
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const CHUNK: usize = 2;
+
 /// The granule of every allocation.
 pub(crate) const PAGE: usize = 4096;
 

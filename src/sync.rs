@@ -148,6 +148,27 @@ mod imp {
         }
     }
 
+    /// Stands for a buffer's bytes in loom models, where every access is
+    /// reported to loom's race detector; in normal builds it is nothing.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Contents;
+
+    impl Contents {
+        #[inline(always)]
+        pub(crate) fn new(_parts: usize) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn read(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn write(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn write_part(&self, _part: usize) {}
+    }
+
     /// The cleaner's work queue: two unbounded crossbeam channels.
     ///
     /// The queue owns both ends of each channel, so it never disconnects;
@@ -339,6 +360,43 @@ mod imp {
     impl<T: Send> std::fmt::Debug for PerThread<T> {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("PerThread")
+        }
+    }
+
+    /// Stands for a buffer's bytes, one cell per cleaning chunk: each read
+    /// and write is reported to loom, so a buffer handed out while a worker
+    /// still writes it (or a chunk written by two threads at once) fails the
+    /// model as a data race.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Contents(Arc<Vec<loom::cell::UnsafeCell<()>>>);
+
+    // SAFETY: the cell holds no data; it exists so that loom checks every
+    // access from every thread, which is the point of sharing it.
+    unsafe impl Send for Contents {}
+    // SAFETY: as above.
+    unsafe impl Sync for Contents {}
+
+    impl Contents {
+        pub(crate) fn new(parts: usize) -> Self {
+            Self(Arc::new(
+                (0..parts.max(1))
+                    .map(|_| loom::cell::UnsafeCell::new(()))
+                    .collect(),
+            ))
+        }
+
+        pub(crate) fn read(&self) {
+            self.0.iter().for_each(|part| part.with(|_| ()));
+        }
+
+        pub(crate) fn write(&self) {
+            self.0.iter().for_each(|part| part.with_mut(|_| ()));
+        }
+
+        /// Chunks past the class size (pre-faulting the rest of a page
+        /// before a registration) share the last cell.
+        pub(crate) fn write_part(&self, part: usize) {
+            self.0[part.min(self.0.len() - 1)].with_mut(|_| ());
         }
     }
 

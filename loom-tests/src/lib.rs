@@ -10,7 +10,7 @@
 //! | `handoff::flushed_buffer_is_zeroed_and_ready` | `flush` not waiting for the in-flight count |
 //! | `handoff::cross_thread_drop_returns_exactly_once` | `flush` not waiting for the in-flight count |
 //! | `handoff::fence_gates_reuse` | fences read as always complete; `take` cleaning a buffer without checking its fences |
-//! | `cleaner::chunked_buffer_is_completed_once` | admitting a buffer when one chunk is still left |
+//! | `cleaner::chunked_buffer_is_completed_once` | admitting a buffer when one chunk is still left; zeroing a chunk after the buffer was admitted (loom reports the race on the buffer's bytes, which loom builds track per chunk) |
 //! | `cleaner::cap_change_races_return` | the admission fast path checking the cap before adding the buffer |
 //! | `cleaner::clear_races_owner_take` | `clear` not subtracting what it freed from the pooled estimate |
 //! | `cleaner::drop_after_shutdown_restarts_the_cleaner` | a drop never waking a stopped cleaner |
