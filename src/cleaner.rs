@@ -446,29 +446,53 @@ impl Shared {
             // Relaxed: a hint; a stale zero only delays polling until the
             // next job or until the parking worker's own next poll.
             let timeout = (self.parked_len.load(Ordering::Relaxed) > 0).then_some(POLL);
-            match self.inbox.lanes.pop(register, timeout) {
-                Some(Job::Stop) => break,
-                Some(Job::Drain(cache)) => {
-                    for dirty in cache.take_dirty() {
-                        self.process(Returned::new(dirty, Arc::clone(&cache)));
-                    }
+            let job = self.inbox.lanes.pop(register, timeout);
+            if matches!(job, Some(Job::Stop)) {
+                break;
+            }
+            // A panic in a job (a backend or allocator bug) must not take
+            // the worker down with it: the buffers the job held are released
+            // as it unwinds (see `Returned`'s `Drop`), and the worker goes on.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if let Some(job) = job {
+                    self.run(job);
                 }
-                Some(Job::Sweep) => {
-                    crate::sync::sleep(SWEEP_DELAY);
-                    self.sweep();
-                }
-                Some(Job::Returned(returned)) => {
-                    self.inbox.register_queued.fetch_sub(1, Ordering::Relaxed);
+                self.poll_parked();
+            }));
+            if ran.is_err() {
+                Counters::add(&self.inbox.counters.worker_panics, 1);
+                tracing::error!("a cleaner job panicked; the buffers it held were released");
+            }
+        }
+    }
+
+    fn run(&self, job: Job) {
+        match job {
+            Job::Drain(cache) => {
+                // Wrapped first, so that a panic part-way releases the rest.
+                let batch: Vec<Returned> = cache
+                    .take_dirty()
+                    .into_iter()
+                    .map(|dirty| Returned::new(dirty, Arc::clone(&cache)))
+                    .collect();
+                for returned in batch {
                     self.process(returned);
                 }
-                Some(Job::Release(returned)) => {
-                    Counters::add(&self.inbox.counters.registrations_skipped, 1);
-                    drop(returned);
-                }
-                Some(Job::Chunk(task, chunk)) => self.run_chunk(&task, chunk),
-                None => {}
             }
-            self.poll_parked();
+            Job::Sweep => {
+                crate::sync::sleep(SWEEP_DELAY);
+                self.sweep();
+            }
+            Job::Returned(returned) => {
+                self.inbox.register_queued.fetch_sub(1, Ordering::Relaxed);
+                self.process(returned);
+            }
+            Job::Release(returned) => {
+                Counters::add(&self.inbox.counters.registrations_skipped, 1);
+                drop(returned);
+            }
+            Job::Chunk(task, chunk) => self.run_chunk(&task, chunk),
+            Job::Stop => {}
         }
     }
 

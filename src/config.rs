@@ -117,6 +117,41 @@ impl PoolBuilder {
         self
     }
 
+    /// Applies settings written as comma-separated `key=value` pairs, the
+    /// format of the `PINPOOL_CONF` environment variable: `cleaner_threads`,
+    /// `max_pooled_bytes`, `thread_cache_bytes`, `devices` and `backend`
+    /// (`auto`, `cuda` or `host`). Sizes take an optional `KiB`, `MiB` or
+    /// `GiB` suffix. An invalid pair is reported through tracing, with its
+    /// text, and skipped; the other pairs still apply.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder()
+    ///     .conf("backend=host, cleaner_threads=3, max_pooled_bytes=512MiB, bogus=1")
+    ///     .build()?;
+    /// assert_eq!(pool.config().cleaner_threads, 3);
+    /// assert_eq!(pool.config().max_pooled_bytes, 512 << 20);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn conf(mut self, text: &str) -> Self {
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if let Err(why) = apply(&mut self.config, pair) {
+                tracing::warn!(setting = pair, "pinpool: ignoring a setting: {why}");
+            }
+        }
+        self
+    }
+
+    /// Applies the `PINPOOL_CONF` environment variable, if set (see
+    /// [`conf`](Self::conf)). The global pool is built this way.
+    pub fn from_env(self) -> Self {
+        match std::env::var("PINPOOL_CONF") {
+            Ok(text) => self.conf(&text),
+            Err(_) => self,
+        }
+    }
+
     /// Builds the pool and starts its cleaner.
     ///
     /// Fails on out-of-range values, or when the CUDA backend is asked for
@@ -125,4 +160,45 @@ impl PoolBuilder {
         self.config.validate()?;
         Pool::from_config(self.config)
     }
+}
+
+/// Applies one `key=value` pair to `config`.
+fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
+    let (key, value) = pair.split_once('=').ok_or("expected key=value")?;
+    let (key, value) = (key.trim(), value.trim());
+    match key {
+        "cleaner_threads" => config.cleaner_threads = parse_count(value)?,
+        "devices" => config.devices = Some(parse_count(value)?),
+        "max_pooled_bytes" => config.max_pooled_bytes = parse_size(value)?,
+        "thread_cache_bytes" => config.thread_cache_bytes = parse_size(value)?,
+        "backend" => {
+            config.backend = match value.to_ascii_lowercase().as_str() {
+                "auto" => BackendKind::Auto,
+                "cuda" => BackendKind::Cuda,
+                "host" => BackendKind::Host,
+                _ => return Err("backend must be auto, cuda or host".into()),
+            }
+        }
+        _ => return Err(format!("unknown key `{key}`")),
+    }
+    Ok(())
+}
+
+fn parse_count(value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .map_err(|_| format!("`{value}` is not a count"))
+}
+
+/// A byte count with an optional `KiB`, `MiB` or `GiB` suffix.
+fn parse_size(value: &str) -> Result<usize, String> {
+    let (digits, shift) = [("KiB", 10), ("MiB", 20), ("GiB", 30)]
+        .iter()
+        .find_map(|(suffix, shift)| value.strip_suffix(suffix).map(|d| (d.trim(), *shift)))
+        .unwrap_or((value, 0));
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("`{value}` is not a size"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{value}` is too large"))
 }

@@ -560,7 +560,8 @@ impl Pool {
 #[cfg(not(all(loom, feature = "loom")))]
 impl Pool {
     /// The process-wide pool behind the free functions, built on first use
-    /// with the default settings ([`BackendKind::Auto`]).
+    /// with the default settings ([`BackendKind::Auto`]) and those of the
+    /// `PINPOOL_CONF` environment variable (see [`PoolBuilder::conf`]).
     ///
     /// # Examples
     ///
@@ -572,9 +573,12 @@ impl Pool {
     pub fn global() -> &'static Pool {
         static GLOBAL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
         GLOBAL.get_or_init(|| {
-            Pool::builder()
-                .build()
-                .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
+            Pool::builder().from_env().build().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "pinpool: PINPOOL_CONF rejected; using the defaults");
+                Pool::builder()
+                    .build()
+                    .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
+            })
         })
     }
 }

@@ -28,6 +28,7 @@ pub(crate) struct Counters {
     pub(crate) unregister_failures: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) evictions: AtomicU64,
+    pub(crate) worker_panics: AtomicU64,
     pub(crate) bytes_zeroed: AtomicU64,
     ready_latency: [AtomicU64; BUCKETS],
 }
@@ -46,6 +47,7 @@ impl Counters {
             unregister_failures: AtomicU64::new(0),
             released: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            worker_panics: AtomicU64::new(0),
             bytes_zeroed: AtomicU64::new(0),
             ready_latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -160,6 +162,9 @@ pub struct Stats {
     pub evictions: u64,
     /// Bytes the cleaner re-zeroed.
     pub bytes_zeroed: u64,
+    /// Cleaner jobs that panicked (their buffers were released; the worker
+    /// carried on).
+    pub worker_panics: u64,
     /// Median drop-to-ready latency (upper edge of a power-of-two bucket).
     pub drop_to_ready_p50: Option<Duration>,
     /// 99th-percentile drop-to-ready latency (upper edge of its bucket).
@@ -191,6 +196,7 @@ impl Stats {
         self.released = Counters::load(&c.released);
         self.evictions = Counters::load(&c.evictions);
         self.bytes_zeroed = Counters::load(&c.bytes_zeroed);
+        self.worker_panics = Counters::load(&c.worker_panics);
         self.drop_to_ready_p50 = c.ready_quantile(0.5);
         self.drop_to_ready_p99 = c.ready_quantile(0.99);
     }
@@ -218,8 +224,77 @@ impl Stats {
             released: 0,
             evictions: 0,
             bytes_zeroed: 0,
+            worker_panics: 0,
             drop_to_ready_p50: None,
             drop_to_ready_p99: None,
         }
+    }
+}
+
+impl std::fmt::Display for Stats {
+    /// A readable table of the snapshot.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        let ms = |d: Option<Duration>| {
+            d.map_or_else(
+                || "-".to_string(),
+                |d| format!("{:.3} ms", d.as_secs_f64() * 1e3),
+            )
+        };
+        writeln!(
+            f,
+            "pinpool ({} backend, {} device(s))",
+            self.backend, self.devices
+        )?;
+        writeln!(
+            f,
+            "  takes          {:>12} hits {:>12} misses  ({:.2}% hits)",
+            self.hits,
+            self.misses,
+            self.hit_rate() * 100.0
+        )?;
+        writeln!(
+            f,
+            "  pooled         {:>12} buffers {:>9.1} MiB of {:.1} MiB",
+            self.pooled_buffers,
+            mib(self.pooled_bytes as u64),
+            mib(self.max_pooled_bytes as u64)
+        )?;
+        writeln!(f, "  in cleaner     {:>12}", self.in_cleaner)?;
+        writeln!(
+            f,
+            "  recycled       {:>12} ({} by takers), {:.1} MiB zeroed",
+            self.recycled,
+            self.cleaned_by_takers,
+            mib(self.bytes_zeroed)
+        )?;
+        writeln!(
+            f,
+            "  registrations  {:>12} ({:.1} MiB, {:.3} s), {:.1} MiB pinned now",
+            self.registrations,
+            mib(self.registered_bytes),
+            self.registration_time.as_secs_f64(),
+            mib(self.pinned_bytes)
+        )?;
+        writeln!(
+            f,
+            "  drop-to-ready  p50 {} p99 {}",
+            ms(self.drop_to_ready_p50),
+            ms(self.drop_to_ready_p99)
+        )?;
+        writeln!(
+            f,
+            "  released       {:>12} ({} evictions)",
+            self.released, self.evictions
+        )?;
+        write!(
+            f,
+            "  failures       registration {} skipped {} fence {} unregister {} panics {}",
+            self.registration_failures,
+            self.registrations_skipped,
+            self.fence_failures,
+            self.unregister_failures,
+            self.worker_panics
+        )
     }
 }

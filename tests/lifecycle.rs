@@ -59,3 +59,28 @@ fn clones_share_one_pool() {
     assert!(!other.take(4096).is_pinned());
     assert_eq!(other.stats().hits, 1);
 }
+
+#[test]
+fn conf_text_sets_values_and_skips_bad_pairs() {
+    let pool = pinpool::Pool::builder()
+        .conf("backend=host,devices=2, thread_cache_bytes=1MiB, max_pooled_bytes=3GiB, cleaner_threads=x, nope=1")
+        .build()
+        .unwrap();
+    let config = pool.config();
+    assert_eq!(config.devices, Some(2));
+    assert_eq!(config.thread_cache_bytes, 1 << 20);
+    assert_eq!(config.max_pooled_bytes, 3 << 30);
+    assert_eq!(config.cleaner_threads, pinpool::Config::default().cleaner_threads, "a bad value keeps the default");
+    assert_eq!(pool.stats().devices, 2);
+}
+
+#[test]
+fn stats_display_is_a_readable_table() {
+    let pool = host_pool(1);
+    drop(pool.take(4096));
+    pool.flush();
+    let text = pool.stats().to_string();
+    assert!(text.contains("host backend"), "{text}");
+    assert!(text.contains("1 misses"), "{text}");
+    assert!(text.lines().count() >= 8, "{text}");
+}
