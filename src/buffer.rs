@@ -4,13 +4,16 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
-use cudarc::driver::CudaStream;
+use std::marker::PhantomData;
+
+use bytemuck::Pod;
+use cudarc::driver::{CudaEvent, CudaStream, HostSlice, SyncOnDrop};
 
 use crate::alloc::Block;
 use crate::backend::Fence;
 use crate::cleaner::Inbox;
 use crate::error::Error;
-use crate::sync::Arc;
+use crate::sync::{Arc, Mutex};
 use crate::thread_cache::ThreadCache;
 
 /// A host staging buffer owned by a pool, handed out by
@@ -37,6 +40,11 @@ pub struct PinnedBuffer {
     home: ManuallyDrop<Arc<ThreadCache>>,
     dirty: usize,
     fences: Vec<Fence>,
+    /// Events after copies that cudarc enqueued through `HostSlice`; boxed
+    /// so that an event keeps its address while the list grows, and only
+    /// moved out when the buffer drops.
+    #[allow(clippy::vec_box)] // the boxes are what keep the addresses fixed
+    copies: Mutex<Vec<Box<CudaEvent>>>,
     pooled: bool,
 }
 
@@ -51,6 +59,7 @@ impl PinnedBuffer {
             home: ManuallyDrop::new(home),
             dirty,
             fences: Vec::new(),
+            copies: Mutex::new(Vec::new()),
             pooled,
         }
     }
@@ -116,6 +125,201 @@ impl PinnedBuffer {
     /// Records a fence that completes when `done` is set (loom models).
     pub(crate) fn record_flag(&mut self, done: Arc<crate::sync::AtomicBool>) {
         self.fences.push(Fence::flag(done));
+    }
+}
+
+impl PinnedBuffer {
+    /// What cudarc should do after the copy it is about to enqueue on
+    /// `stream`: record an event that the cleaner will wait on, or, where
+    /// cudarc would not record one (its context is not tracking events),
+    /// synchronize the stream.
+    fn copy_fence<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+        if !stream.context().is_managing_stream_synchronization() {
+            return SyncOnDrop::Sync(Some(stream));
+        }
+        let Ok(event) = stream.context().new_event(None) else {
+            return SyncOnDrop::Sync(Some(stream));
+        };
+        let event = Box::new(event);
+        let ptr: *const CudaEvent = &*event;
+        self.copies.lock().push(event);
+        // SAFETY:
+        // - the event is boxed, so its address survives the list growing;
+        // - it leaves the list only in `Drop`, which needs the buffer by
+        //   value, after every borrow `'a` of it has ended.
+        SyncOnDrop::Record(Some((unsafe { &*ptr }, stream)))
+    }
+
+    /// Views the bytes as elements of a plain-old-data type (the tail
+    /// shorter than one element is left out), for staging typed data with
+    /// cudarc: `stream.memcpy_htod(&buf.typed::<u32>(), &mut dst)` records
+    /// the buffer's last use like a copy of the buffer itself.
+    ///
+    /// # Panics
+    ///
+    /// If `T` is zero-sized or needs more than page alignment.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let mut buf = pool.take(64);
+    /// buf.typed_mut::<u32>()[3] = 7;
+    /// assert_eq!(buf.typed::<u32>().len(), 16);
+    /// assert_eq!(buf.typed::<u32>()[3], 7);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn typed<T: Pod>(&self) -> Typed<'_, T> {
+        check_element::<T>();
+        Typed {
+            buf: self,
+            _element: PhantomData,
+        }
+    }
+
+    /// Like [`typed`](Self::typed), writable.
+    pub fn typed_mut<T: Pod>(&mut self) -> TypedMut<'_, T> {
+        check_element::<T>();
+        TypedMut {
+            buf: self,
+            _element: PhantomData,
+        }
+    }
+
+    /// The bytes covered by whole elements of `T`.
+    fn element_bytes<T>(&self) -> usize {
+        self.block.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>()
+    }
+}
+
+fn check_element<T>() {
+    assert!(
+        std::mem::size_of::<T>() > 0,
+        "pinpool: typed views need a sized element type"
+    );
+    assert!(
+        std::mem::align_of::<T>() <= crate::size_class::PAGE,
+        "pinpool: typed views support alignments up to a page"
+    );
+}
+
+/// Copies from the buffer with cudarc record the buffer's last use on the
+/// copying stream, as [`PinnedBuffer::record_last_use`] would.
+impl HostSlice<u8> for PinnedBuffer {
+    fn len(&self) -> usize {
+        self.block.len()
+    }
+
+    unsafe fn stream_synced_slice<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (&'a [u8], SyncOnDrop<'a>) {
+        (self.block.as_slice(), self.copy_fence(stream))
+    }
+
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (&'a mut [u8], SyncOnDrop<'a>) {
+        let (ptr, len) = (self.block.as_ptr(), self.block.len());
+        let fence = self.copy_fence(stream);
+        // SAFETY: `ptr` holds `len` initialised bytes owned by the buffer,
+        // and the `&'a mut self` borrow makes this the only access to them;
+        // `copy_fence` touches only the event list, not the bytes.
+        (unsafe { std::slice::from_raw_parts_mut(ptr, len) }, fence)
+    }
+}
+
+/// A view of a [`PinnedBuffer`] as `[T]`; see [`PinnedBuffer::typed`].
+#[derive(Debug)]
+pub struct Typed<'a, T> {
+    buf: &'a PinnedBuffer,
+    _element: PhantomData<T>,
+}
+
+impl<T: Pod> Deref for Typed<'_, T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        bytemuck::cast_slice(&self.buf[..self.buf.element_bytes::<T>()])
+    }
+}
+
+impl<T: Pod> HostSlice<T> for Typed<'_, T> {
+    fn len(&self) -> usize {
+        self.buf.element_bytes::<T>() / std::mem::size_of::<T>()
+    }
+
+    unsafe fn stream_synced_slice<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (&'a [T], SyncOnDrop<'a>) {
+        (self, self.buf.copy_fence(stream))
+    }
+
+    /// A shared view cannot be copied into.
+    ///
+    /// # Panics
+    ///
+    /// Always: copy into a [`TypedMut`] (from [`PinnedBuffer::typed_mut`]).
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        _stream: &'a CudaStream,
+    ) -> (&'a mut [T], SyncOnDrop<'a>) {
+        panic!("pinpool: cannot copy into a shared typed view; use PinnedBuffer::typed_mut")
+    }
+}
+
+/// A writable view of a [`PinnedBuffer`] as `[T]`; see
+/// [`PinnedBuffer::typed_mut`].
+#[derive(Debug)]
+pub struct TypedMut<'a, T> {
+    buf: &'a mut PinnedBuffer,
+    _element: PhantomData<T>,
+}
+
+impl<T: Pod> Deref for TypedMut<'_, T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        bytemuck::cast_slice(&self.buf[..self.buf.element_bytes::<T>()])
+    }
+}
+
+impl<T: Pod> DerefMut for TypedMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        let bytes = self.buf.element_bytes::<T>();
+        bytemuck::cast_slice_mut(&mut self.buf[..bytes])
+    }
+}
+
+impl<T: Pod> HostSlice<T> for TypedMut<'_, T> {
+    fn len(&self) -> usize {
+        self.buf.element_bytes::<T>() / std::mem::size_of::<T>()
+    }
+
+    unsafe fn stream_synced_slice<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (&'a [T], SyncOnDrop<'a>) {
+        (self, self.buf.copy_fence(stream))
+    }
+
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (&'a mut [T], SyncOnDrop<'a>) {
+        let fence = self.buf.copy_fence(stream);
+        let bytes = self.buf.element_bytes::<T>();
+        let ptr = self.buf.block.as_ptr();
+        // SAFETY: `ptr` holds at least `bytes` initialised bytes, page
+        // aligned (so aligned for `T`, checked at construction), every bit
+        // pattern is a valid `T` (`Pod`), and `&'a mut self` makes this the
+        // only access to them.
+        let elements = unsafe {
+            std::slice::from_raw_parts_mut(ptr.cast::<T>(), bytes / std::mem::size_of::<T>())
+        };
+        (elements, fence)
     }
 }
 

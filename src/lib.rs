@@ -56,7 +56,7 @@ mod sync;
 mod thread_cache;
 
 pub use backend::BackendKind;
-pub use buffer::PinnedBuffer;
+pub use buffer::{PinnedBuffer, Typed, TypedMut};
 pub use config::{Config, PoolBuilder, DEFAULT_MAX_POOLED_BYTES, DEFAULT_THREAD_CACHE_BYTES};
 pub use error::Error;
 #[cfg(not(all(loom, feature = "loom")))]

@@ -386,3 +386,43 @@ fn two_devices_share_portable_buffers_and_keep_their_shards() {
     drop((back, other));
     pool.shutdown();
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cudarc_copies_record_last_use_by_themselves() {
+    const SIZE: usize = 4 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let mut dst = stream.alloc_zeros::<u8>(SIZE).unwrap();
+    let mut dst32 = stream.alloc_zeros::<u32>(SIZE / 4).unwrap();
+    stream.synchronize().unwrap();
+    let mut buf = pinned(&pool, SIZE);
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i % 253) as u8 + 1;
+    }
+    let expected = buf.to_vec();
+    let expected32: Vec<u32> = buf.typed::<u32>().to_vec();
+    let gate = Gate::close(&stream);
+    stream.memcpy_htod(&buf, &mut dst).unwrap();
+    stream.memcpy_htod(&buf.typed::<u32>(), &mut dst32).unwrap();
+    drop(buf); // no record_last_use: the copies recorded it
+    let flushed = flush_in_background(&pool);
+    assert!(
+        flushed.recv_timeout(Duration::from_millis(300)).is_err(),
+        "recycled while cudarc's copies were held"
+    );
+    gate.open();
+    flushed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("flush returns once the copies land");
+    assert!(
+        stream.clone_dtoh(&dst).unwrap() == expected,
+        "the byte copy read zeros"
+    );
+    assert!(
+        stream.clone_dtoh(&dst32).unwrap() == expected32,
+        "the typed copy read zeros"
+    );
+    pool.shutdown();
+}

@@ -97,3 +97,17 @@ fn global_free_functions_work() {
         pinpool::Pool::global().backend() == pinpool::BackendKind::Cuda
     );
 }
+
+#[test]
+fn typed_views_cover_whole_elements() {
+    let pool = host_pool(1);
+    let mut buf = pool.take(10); // 16 bytes
+    buf.typed_mut::<u64>()[1] = u64::MAX;
+    assert_eq!(buf.typed::<u64>().len(), 2);
+    assert_eq!(
+        buf.typed::<[u8; 3]>().len(),
+        5,
+        "the 1-byte tail is left out"
+    );
+    assert!(buf[..8].iter().all(|&b| b == 0) && buf[8..].iter().all(|&b| b == 0xFF));
+}
