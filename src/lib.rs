@@ -63,7 +63,7 @@ pub use error::Error;
 pub use global::{clear, register_region, set_max_pooled_bytes, shutdown, take, unregister_region};
 pub use pool::Pool;
 pub use size_class::MAX_CLASS_SIZE;
-pub use stats::Stats;
+pub use stats::{ClassStats, DeviceStats, Stats};
 
 #[cfg(all(loom, feature = "loom"))]
 #[doc(hidden)]

@@ -8,8 +8,8 @@ use crate::cleaner::{Inbox, Returned};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
 use crate::shard::Shard;
-use crate::size_class::{self, MAX_SHIFT};
-use crate::stats::{Counters, Stats};
+use crate::size_class::{self, CLASSES, MAX_SHIFT};
+use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
 use crate::sync::{Arc, AtomicUsize, JoinHandle, Mutex, Ordering, PerThread};
 use crate::thread_cache::{Dirty, Found, ThreadCache};
 use crossbeam_utils::CachePadded;
@@ -256,16 +256,52 @@ impl Shared {
     }
 
     fn stats(&self) -> Stats {
-        let mut stats = Stats::empty(self.backend().kind(), self.shards.len());
+        let devices = self.shards.len();
+        let mut stats = Stats::empty(self.backend().kind(), devices);
+        // Pooled buffers and misses by device and class.
+        let mut pooled = vec![0usize; devices * CLASSES];
+        let mut misses = vec![0u64; CLASSES];
         let mut helped = (0, 0);
         for cache in self.caches.iter() {
             stats.hits += cache.hits();
-            stats.misses += cache.misses();
-            stats.pooled_buffers += cache.buffers();
+            for (shift, n) in cache.misses().enumerate() {
+                misses[shift] += n;
+            }
+            for (slot, n) in cache.buffers().into_iter().enumerate() {
+                pooled[slot] += n;
+            }
             let (buffers, bytes) = cache.helped();
             helped = (helped.0 + buffers, helped.1 + bytes);
         }
-        stats.pooled_buffers += self.shards.iter().map(Shard::buffers).sum::<usize>();
+        for (device, shard) in self.shards.iter().enumerate() {
+            for (shift, n) in shard.buffers().enumerate() {
+                pooled[device * CLASSES + shift] += n;
+            }
+        }
+        stats.misses = misses.iter().sum();
+        stats.pooled_buffers = pooled.iter().sum();
+        stats.per_device = (0..devices)
+            .map(|device| {
+                let counts = &pooled[device * CLASSES..(device + 1) * CLASSES];
+                DeviceStats {
+                    device,
+                    pooled_buffers: counts.iter().sum(),
+                    pooled_bytes: counts
+                        .iter()
+                        .enumerate()
+                        .map(|(s, n)| n * size_class::footprint(s as u32))
+                        .sum(),
+                }
+            })
+            .collect();
+        stats.per_class = (0..CLASSES)
+            .map(|shift| ClassStats {
+                size: size_class::size(shift as u32),
+                pooled_buffers: (0..devices).map(|d| pooled[d * CLASSES + shift]).sum(),
+                misses: misses[shift],
+            })
+            .filter(|c| c.pooled_buffers > 0 || c.misses > 0)
+            .collect();
         stats.pooled_bytes = self.pooled_bytes();
         stats.max_pooled_bytes = self.max_pooled.load(Ordering::Relaxed);
         stats.in_cleaner = self.in_cleaner();
@@ -444,7 +480,7 @@ impl Pool {
             }
             None => {
                 let block = Block::allocate(shift, device)?;
-                cache.count_miss();
+                cache.count_miss(shift);
                 tracing::trace!(
                     bytes = block.len(),
                     device,

@@ -31,9 +31,9 @@ impl Shard {
         self.classes[block.shift() as usize].push(block)
     }
 
-    /// Buffers held.
-    pub(crate) fn buffers(&self) -> usize {
-        self.classes.iter().map(Stack::len).sum()
+    /// Buffers held, by size class.
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.classes.iter().map(Stack::len)
     }
 
     /// Whether any buffer of class `shift` is held.

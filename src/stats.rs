@@ -169,6 +169,35 @@ pub struct Stats {
     pub drop_to_ready_p50: Option<Duration>,
     /// 99th-percentile drop-to-ready latency (upper edge of its bucket).
     pub drop_to_ready_p99: Option<Duration>,
+    /// Ready buffers per device (thread caches included).
+    pub per_device: Vec<DeviceStats>,
+    /// Ready buffers and misses per size class (classes with neither are
+    /// left out).
+    pub per_class: Vec<ClassStats>,
+}
+
+/// One device's share of the pool, in a [`Stats`] snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceStats {
+    /// The device.
+    pub device: usize,
+    /// Ready buffers of the device.
+    pub pooled_buffers: usize,
+    /// Their footprint bytes.
+    pub pooled_bytes: usize,
+}
+
+/// One size class, in a [`Stats`] snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClassStats {
+    /// The class's buffer size in bytes.
+    pub size: usize,
+    /// Ready buffers of the class, all devices.
+    pub pooled_buffers: usize,
+    /// Takes of the class that allocated.
+    pub misses: u64,
 }
 
 impl Stats {
@@ -227,6 +256,8 @@ impl Stats {
             worker_panics: 0,
             drop_to_ready_p50: None,
             drop_to_ready_p99: None,
+            per_device: Vec::new(),
+            per_class: Vec::new(),
         }
     }
 }
@@ -287,6 +318,22 @@ impl std::fmt::Display for Stats {
             "  released       {:>12} ({} evictions)",
             self.released, self.evictions
         )?;
+        for d in &self.per_device {
+            writeln!(
+                f,
+                "  device {:<7} {:>12} buffers {:>9.1} MiB",
+                d.device,
+                d.pooled_buffers,
+                mib(d.pooled_bytes as u64)
+            )?;
+        }
+        for c in &self.per_class {
+            writeln!(
+                f,
+                "  class {:>10} B {:>8} pooled {:>10} misses",
+                c.size, c.pooled_buffers, c.misses
+            )?;
+        }
         write!(
             f,
             "  failures       registration {} skipped {} fence {} unregister {} panics {}",

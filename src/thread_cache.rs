@@ -119,8 +119,8 @@ pub(crate) struct ThreadCache {
     untallied: AtomicUsize,
     /// Takes served without allocating, counted by the owner alone.
     hits: CachePadded<AtomicU64>,
-    /// Takes that had to allocate, counted by the owner alone.
-    misses: AtomicU64,
+    /// Takes that had to allocate, by size class, counted by the owner alone.
+    misses: Box<[AtomicU64]>,
     /// Dirty buffers the owner cleaned itself, and the bytes it zeroed.
     helped: AtomicU64,
     helped_bytes: AtomicU64,
@@ -148,7 +148,7 @@ impl ThreadCache {
             bytes: AtomicUsize::new(0),
             untallied: AtomicUsize::new(0),
             hits: CachePadded::new(AtomicU64::new(0)),
-            misses: AtomicU64::new(0),
+            misses: (0..CLASSES).map(|_| AtomicU64::new(0)).collect(),
             helped: AtomicU64::new(0),
             helped_bytes: AtomicU64::new(0),
             inflight: CachePadded::new([AtomicUsize::new(0), AtomicUsize::new(0)]),
@@ -271,9 +271,9 @@ impl ThreadCache {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// Ready buffers in this cache.
-    pub(crate) fn buffers(&self) -> usize {
-        self.state.lock().ready.iter().map(Vec::len).sum()
+    /// Ready buffers in this cache, indexed by `device * CLASSES + shift`.
+    pub(crate) fn buffers(&self) -> Vec<usize> {
+        self.state.lock().ready.iter().map(Vec::len).collect()
     }
 
     /// Records that this thread took `bytes` out of the pool.
@@ -303,11 +303,11 @@ impl ThreadCache {
             .store(self.hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
-    /// Counts a take that allocated; as `count_hit`.
+    /// Counts a take of class `shift` that allocated; as `count_hit`.
     #[inline]
-    pub(crate) fn count_miss(&self) {
-        self.misses
-            .store(self.misses.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    pub(crate) fn count_miss(&self, shift: u32) {
+        let counter = &self.misses[shift as usize];
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
     /// Counts a dirty buffer of `bytes` dirty bytes the owner cleaned; as
@@ -332,8 +332,9 @@ impl ThreadCache {
         self.hits.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn misses(&self) -> u64 {
-        self.misses.load(Ordering::Relaxed)
+    /// Misses by size class.
+    pub(crate) fn misses(&self) -> impl Iterator<Item = u64> + '_ {
+        self.misses.iter().map(|m| m.load(Ordering::Relaxed))
     }
 
     /// Accounts for `block` leaving `ready` through the owner's take.

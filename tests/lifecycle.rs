@@ -88,3 +88,29 @@ fn stats_display_is_a_readable_table() {
     assert!(text.contains("1 misses"), "{text}");
     assert!(text.lines().count() >= 8, "{text}");
 }
+
+#[test]
+fn stats_break_down_by_device_and_class() {
+    let pool = host_pool(2);
+    let bufs = [
+        pool.take_on(0, 4096).unwrap(),
+        pool.take_on(1, 4096).unwrap(),
+        pool.take_on(1, 1 << 20).unwrap(),
+    ];
+    drop(bufs);
+    pool.flush();
+    let stats = pool.stats();
+    let devices: Vec<(usize, usize)> = stats
+        .per_device
+        .iter()
+        .map(|d| (d.device, d.pooled_buffers))
+        .collect();
+    assert_eq!(devices, [(0, 1), (1, 2)]);
+    assert_eq!(stats.per_device[1].pooled_bytes, 4096 + (1 << 20));
+    let classes: Vec<(usize, usize, u64)> = stats
+        .per_class
+        .iter()
+        .map(|c| (c.size, c.pooled_buffers, c.misses))
+        .collect();
+    assert_eq!(classes, [(4096, 2, 2), (1 << 20, 1, 1)]);
+}
