@@ -66,6 +66,15 @@ impl PinnedBuffer {
 
     /// Whether the buffer is page-locked. `false` for pool-miss buffers
     /// (until their first trip through the cleaner) and on the host backend.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let buf = pool.take(4096);
+    /// assert!(!buf.is_pinned()); // the host backend never pins
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     #[inline]
     pub fn is_pinned(&self) -> bool {
         self.block.is_pinned()
@@ -73,12 +82,30 @@ impl PinnedBuffer {
 
     /// Whether the take was served from the pool (a hit) rather than by a
     /// fresh allocation (a miss).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// assert!(!pool.take(4096).was_pooled()); // first take: a miss
+    /// pool.flush();
+    /// assert!(pool.take(4096).was_pooled());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     #[inline]
     pub fn was_pooled(&self) -> bool {
         self.pooled
     }
 
     /// The device whose shard the buffer belongs to, and returns to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).devices(2).build()?;
+    /// assert_eq!(pool.take_on(1, 64)?.device(), 1);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     #[inline]
     pub fn device(&self) -> usize {
         self.block.device()
@@ -87,12 +114,33 @@ impl PinnedBuffer {
     /// Narrows the prefix the cleaner re-zeroes (by default the whole
     /// buffer). The caller asserts that bytes at `len..` have not been
     /// written since the take. Values past the end are clamped to `len()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let mut buf = pool.take(4096);
+    /// buf[..10].fill(1);
+    /// buf.set_dirty_len(10);
+    /// assert_eq!(buf.dirty_len(), 10);
+    /// buf.set_dirty_len(usize::MAX);
+    /// assert_eq!(buf.dirty_len(), 4096);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     #[inline]
     pub fn set_dirty_len(&mut self, len: usize) {
         self.dirty = len.min(self.block.len());
     }
 
     /// The prefix the cleaner will re-zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// assert_eq!(pool.take(100).dirty_len(), 128); // all of it, until narrowed
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     #[inline]
     pub fn dirty_len(&self) -> usize {
         self.dirty
@@ -110,6 +158,17 @@ impl PinnedBuffer {
     /// # Errors
     ///
     /// If the event cannot be created or recorded.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(pool: &pinpool::Pool, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), pinpool::Error> {
+    /// let mut buf = pool.take(1 << 20);
+    /// // ... enqueue the copies out of `buf` on `stream`, then:
+    /// buf.record_last_use(stream)?;
+    /// drop(buf); // reused once the event completes
+    /// # Ok(()) }
+    /// ```
     pub fn record_last_use(&mut self, stream: &CudaStream) -> Result<(), Error> {
         let event = stream.record_event(None).map_err(|source| Error::Cuda {
             op: "cuEventRecord",
@@ -231,6 +290,16 @@ impl HostSlice<u8> for PinnedBuffer {
 }
 
 /// A view of a [`PinnedBuffer`] as `[T]`; see [`PinnedBuffer::typed`].
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// let buf = pool.take(64);
+/// let words: pinpool::Typed<'_, u64> = buf.typed();
+/// assert_eq!(words.len(), 8);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct Typed<'a, T> {
     buf: &'a PinnedBuffer,
@@ -272,6 +341,17 @@ impl<T: Pod> HostSlice<T> for Typed<'_, T> {
 
 /// A writable view of a [`PinnedBuffer`] as `[T]`; see
 /// [`PinnedBuffer::typed_mut`].
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// let mut buf = pool.take(64);
+/// let mut words: pinpool::TypedMut<'_, u16> = buf.typed_mut();
+/// words[0] = 0xABCD;
+/// assert_eq!(buf[..2], 0xABCDu16.to_ne_bytes());
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct TypedMut<'a, T> {
     buf: &'a mut PinnedBuffer,

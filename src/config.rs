@@ -14,6 +14,14 @@ pub const DEFAULT_THREAD_CACHE_BYTES: usize = 64 << 20;
 const MAX_CLEANER_THREADS: usize = 256;
 
 /// The settings a pool runs with.
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// assert_eq!(pool.config().max_pooled_bytes, pinpool::DEFAULT_MAX_POOLED_BYTES);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
@@ -85,6 +93,14 @@ pub struct PoolBuilder {
 
 impl PoolBuilder {
     /// Which backend to use (default [`BackendKind::Auto`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// assert_eq!(pool.backend(), pinpool::BackendKind::Host);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn backend(mut self, kind: BackendKind) -> Self {
         self.config.backend = kind;
         self
@@ -92,6 +108,14 @@ impl PoolBuilder {
 
     /// How many devices to serve, one shard each (default: every device
     /// the CUDA driver reports; 1 on the host backend).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).devices(4).build()?;
+    /// assert_eq!(pool.stats().devices, 4);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn devices(mut self, devices: usize) -> Self {
         self.config.devices = Some(devices);
         self
@@ -99,12 +123,29 @@ impl PoolBuilder {
 
     /// How many cleaner workers to run (default: the number of cores, at
     /// most 8).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).cleaner_threads(2).build()?;
+    /// assert_eq!(pool.config().cleaner_threads, 2);
+    /// assert!(pinpool::Pool::builder().cleaner_threads(0).build().is_err());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn cleaner_threads(mut self, threads: usize) -> Self {
         self.config.cleaner_threads = threads;
         self
     }
 
     /// The cap on pooled bytes, thread caches included (default 4 GiB).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).max_pooled_bytes(1 << 30).build()?;
+    /// assert_eq!(pool.stats().max_pooled_bytes, 1 << 30);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn max_pooled_bytes(mut self, bytes: usize) -> Self {
         self.config.max_pooled_bytes = bytes;
         self
@@ -112,6 +153,14 @@ impl PoolBuilder {
 
     /// The cap on the bytes each thread's cache holds (default 64 MiB);
     /// buffers beyond it wait in the shared per-device stacks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).thread_cache_bytes(8 << 20).build()?;
+    /// assert_eq!(pool.config().thread_cache_bytes, 8 << 20);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn thread_cache_bytes(mut self, bytes: usize) -> Self {
         self.config.thread_cache_bytes = bytes;
         self
@@ -145,6 +194,15 @@ impl PoolBuilder {
 
     /// Applies the `PINPOOL_CONF` environment variable, if set (see
     /// [`conf`](Self::conf)). The global pool is built this way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// // PINPOOL_CONF="cleaner_threads=2" in the environment sets the workers
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).from_env().build()?;
+    /// assert!(pool.config().cleaner_threads >= 1);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn from_env(self) -> Self {
         match std::env::var("PINPOOL_CONF") {
             Ok(text) => self.conf(&text),
@@ -156,6 +214,14 @@ impl PoolBuilder {
     ///
     /// Fails on out-of-range values, or when the CUDA backend is asked for
     /// and cannot be used.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(1));
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn build(self) -> Result<Pool, Error> {
         self.config.validate()?;
         Pool::from_config(self.config)

@@ -3,6 +3,17 @@
 use std::fmt;
 
 /// What can go wrong when building a pool or taking a buffer.
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// match pool.try_take(usize::MAX) {
+///     Err(pinpool::Error::SizeTooLarge { requested, max }) => assert!(requested > max),
+///     other => panic!("unexpected: {other:?}"),
+/// }
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

@@ -18,16 +18,38 @@ pub fn take(min_size: usize) -> PinnedBuffer {
 }
 
 /// Sets the global pool's cap; see [`Pool::set_max_pooled_bytes`].
+///
+/// # Examples
+///
+/// ```
+/// pinpool::set_max_pooled_bytes(8 << 30);
+/// assert_eq!(pinpool::Pool::global().stats().max_pooled_bytes, 8 << 30);
+/// ```
 pub fn set_max_pooled_bytes(bytes: usize) {
     Pool::global().set_max_pooled_bytes(bytes);
 }
 
 /// Shuts the global pool down; see [`Pool::shutdown`].
+///
+/// # Examples
+///
+/// ```
+/// drop(pinpool::take(4096));
+/// pinpool::shutdown();
+/// assert_eq!(pinpool::Pool::global().stats().in_cleaner, 0);
+/// ```
 pub fn shutdown() {
     Pool::global().shutdown();
 }
 
 /// Empties the global pool; see [`Pool::clear`].
+///
+/// # Examples
+///
+/// ```
+/// pinpool::clear();
+/// // buffers still in the cleaner may come back afterwards; `shutdown` drains them too
+/// ```
 pub fn clear() {
     Pool::global().clear();
 }
@@ -39,6 +61,17 @@ pub fn clear() {
 /// # Safety
 /// `[ptr, ptr + len)` is a live allocation that stays mapped until
 /// [`unregister_region`] is called on it.
+///
+/// # Examples
+///
+/// ```
+/// let mut region = vec![0u8; 1 << 20];
+/// // SAFETY: `region` outlives its registration.
+/// if unsafe { pinpool::register_region(region.as_mut_ptr(), region.len()) } {
+///     // SAFETY: registered above; no copy reads it any more.
+///     unsafe { pinpool::unregister_region(region.as_mut_ptr()) };
+/// }
+/// ```
 pub unsafe fn register_region(ptr: *mut u8, len: usize) -> bool {
     // SAFETY: forwarded from the caller.
     unsafe { Pool::global().register_region(ptr, len) }
@@ -49,6 +82,18 @@ pub unsafe fn register_region(ptr: *mut u8, len: usize) -> bool {
 /// # Safety
 /// `ptr` was registered by [`register_region`], and no copy from it is in
 /// flight.
+///
+/// # Examples
+///
+/// ```
+/// let mut region = vec![0u8; 4096];
+/// // SAFETY: `region` outlives its registration, and nothing copies from it.
+/// unsafe {
+///     if pinpool::register_region(region.as_mut_ptr(), region.len()) {
+///         pinpool::unregister_region(region.as_mut_ptr());
+///     }
+/// }
+/// ```
 pub unsafe fn unregister_region(ptr: *mut u8) {
     // SAFETY: forwarded from the caller.
     unsafe { Pool::global().unregister_region(ptr) }

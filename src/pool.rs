@@ -355,6 +355,14 @@ pub struct Pool {
 
 impl Pool {
     /// A builder with the default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// assert_eq!(pool.backend(), pinpool::BackendKind::Host);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn builder() -> PoolBuilder {
         PoolBuilder::default()
     }
@@ -511,6 +519,16 @@ impl Pool {
 
     /// Blocks until every buffer dropped before the call has been recycled
     /// (and is ready to take) or released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(4096));
+    /// pool.flush();
+    /// assert_eq!(pool.stats().in_cleaner, 0);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn flush(&self) {
         Shared::flush(self.shared());
     }
@@ -518,6 +536,17 @@ impl Pool {
     /// Unregisters and frees every pooled buffer, thread caches included.
     /// Buffers still in the cleaner are not touched; `shutdown` drains them
     /// first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(4096));
+    /// pool.flush();
+    /// pool.clear();
+    /// assert_eq!(pool.stats().pooled_bytes, 0);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn clear(&self) {
         self.shared().clear();
     }
@@ -543,16 +572,42 @@ impl Pool {
     }
 
     /// A snapshot of the pool's counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(4096));
+    /// pool.flush();
+    /// println!("{}", pool.stats());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn stats(&self) -> Stats {
         self.shared().stats()
     }
 
     /// The settings the pool runs with.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).cleaner_threads(3).build()?;
+    /// assert_eq!(pool.config().cleaner_threads, 3);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn config(&self) -> &Config {
         &self.shared().config
     }
 
     /// The backend in use (never [`BackendKind::Auto`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().build()?; // Auto
+    /// assert_ne!(pool.backend(), pinpool::BackendKind::Auto);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn backend(&self) -> BackendKind {
         self.shared().backend().kind()
     }
@@ -564,6 +619,16 @@ impl Pool {
     /// # Safety
     /// The range is a live allocation that stays mapped until it is
     /// unregistered with [`unregister_region`](Self::unregister_region).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let mut region = vec![0u8; 4096];
+    /// // SAFETY: `region` is live; nothing was registered (host backend).
+    /// assert!(!unsafe { pool.register_region(region.as_mut_ptr(), region.len()) });
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub unsafe fn register_region(&self, ptr: *mut u8, len: usize) -> bool {
         let backend = self.shared().backend();
         if !backend.pins() {
@@ -584,6 +649,19 @@ impl Pool {
     /// # Safety
     /// `ptr` was registered by `register_region`, and no copy from it is in
     /// flight.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::global();
+    /// let mut region = vec![0u8; 4096];
+    /// // SAFETY: `region` outlives its registration, and nothing copies from it.
+    /// unsafe {
+    ///     if pool.register_region(region.as_mut_ptr(), region.len()) {
+    ///         pool.unregister_region(region.as_mut_ptr());
+    ///     }
+    /// }
+    /// ```
     pub unsafe fn unregister_region(&self, ptr: *mut u8) {
         let backend = self.shared().backend();
         // SAFETY: forwarded from the caller.

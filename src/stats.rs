@@ -177,6 +177,16 @@ pub struct Stats {
 }
 
 /// One device's share of the pool, in a [`Stats`] snapshot.
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).devices(2).build()?;
+/// drop(pool.take_on(1, 4096)?);
+/// pool.flush();
+/// assert_eq!(pool.stats().per_device[1].pooled_buffers, 1);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceStats {
@@ -189,6 +199,17 @@ pub struct DeviceStats {
 }
 
 /// One size class, in a [`Stats`] snapshot.
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// drop(pool.take(4096));
+/// pool.flush();
+/// let class = &pool.stats().per_class[0];
+/// assert_eq!((class.size, class.pooled_buffers, class.misses), (4096, 1, 1));
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClassStats {
@@ -202,6 +223,17 @@ pub struct ClassStats {
 
 impl Stats {
     /// Fraction of takes served from the pool (1.0 before any take).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(4096));
+    /// pool.flush();
+    /// drop(pool.take(4096));
+    /// assert_eq!(pool.stats().hit_rate(), 0.5);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
     pub fn hit_rate(&self) -> f64 {
         let takes = self.hits + self.misses;
         if takes == 0 {

@@ -15,6 +15,14 @@ pub(crate) mod cuda;
 pub(crate) mod host;
 
 /// Which backend a pool runs on.
+///
+/// # Examples
+///
+/// ```
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Auto).build()?;
+/// println!("running on the {} backend", pool.backend());
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum BackendKind {
