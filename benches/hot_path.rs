@@ -173,5 +173,29 @@ fn latency(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, take_drop, latency);
+/// The single-thread loop with and without a TRACE-level subscriber: the
+/// take/drop fast path emits nothing, so the two should match.
+fn tracing_cost(c: &mut Criterion) {
+    let pool = pool();
+    drop(pool.take(SIZE));
+    pool.flush();
+    let op = || {
+        let mut buf = pool.take(SIZE);
+        buf[..64].fill(1);
+        buf.set_dirty_len(64);
+        drop(black_box(buf));
+    };
+    let mut group = c.benchmark_group("hot_path/tracing_4KiB");
+    group.bench_function("no_subscriber", |b| b.iter(op));
+    group.bench_function("trace_subscriber", |b| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || b.iter(op));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, take_drop, latency, tracing_cost);
 criterion_main!(benches);
