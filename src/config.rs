@@ -3,6 +3,7 @@
 use crate::backend::BackendKind;
 use crate::error::Error;
 use crate::pool::Pool;
+use crate::size_class::PAGE;
 
 /// Default cap on pooled bytes: 4 GiB.
 pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
@@ -58,6 +59,13 @@ impl Config {
                 self.cleaner_threads
             )));
         }
+        if self.max_pooled_bytes < PAGE {
+            return Err(Error::InvalidConfig(format!(
+                "max_pooled_bytes must hold at least one buffer ({PAGE} bytes), got {}; \
+                 to turn pooling off later, use Pool::set_max_pooled_bytes(0)",
+                self.max_pooled_bytes
+            )));
+        }
         if let Some(devices) = self.devices {
             if devices == 0 || devices > usize::from(u16::MAX) {
                 return Err(Error::InvalidConfig(format!(
@@ -89,6 +97,8 @@ impl Config {
 #[derive(Debug, Clone, Default)]
 pub struct PoolBuilder {
     config: Config,
+    #[cfg(feature = "testing")]
+    faults: Option<std::sync::Arc<crate::testing::Faults>>,
 }
 
 impl PoolBuilder {
@@ -224,7 +234,21 @@ impl PoolBuilder {
     /// ```
     pub fn build(self) -> Result<Pool, Error> {
         self.config.validate()?;
+        #[cfg(feature = "testing")]
+        if let Some(faults) = self.faults {
+            let devices = self.config.devices.unwrap_or(1);
+            let backend = Box::new(crate::backend::fault::FaultBackend::new(faults, devices));
+            return Pool::with_backend(self.config, backend);
+        }
         Pool::from_config(self.config)
+    }
+
+    /// Runs the pool on a fault-injecting backend under `faults` (the
+    /// `testing` feature); see [`Faults`](crate::testing::Faults).
+    #[cfg(feature = "testing")]
+    pub fn faults(mut self, faults: std::sync::Arc<crate::testing::Faults>) -> Self {
+        self.faults = Some(faults);
+        self
     }
 }
 

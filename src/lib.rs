@@ -69,6 +69,13 @@ pub use stats::{ClassStats, DeviceStats, Stats};
 #[doc(hidden)]
 pub mod loom_internals;
 
+/// Fault injection for tests: a backend that fails or panics on chosen
+/// calls (the `testing` feature).
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::backend::fault::Faults;
+}
+
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -369,6 +369,10 @@ impl Pool {
 
     pub(crate) fn from_config(config: Config) -> Result<Self, Error> {
         let backend = backend::select(config.backend, config.devices)?;
+        Self::with_backend(config, backend)
+    }
+
+    pub(crate) fn with_backend(config: Config, backend: Box<dyn Backend>) -> Result<Self, Error> {
         let devices = backend.device_count();
         let inbox = Arc::new(Inbox::new(
             Arc::new(backend),

@@ -12,6 +12,8 @@ use cudarc::driver::CudaEvent;
 use crate::error::Error;
 
 pub(crate) mod cuda;
+#[cfg(feature = "testing")]
+pub(crate) mod fault;
 pub(crate) mod host;
 
 /// Which backend a pool runs on.

@@ -1,0 +1,271 @@
+//! Behaviour under injected faults (the `testing` feature's backend), bad
+//! input, allocation failure, and a soak.
+#![cfg(feature = "testing")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pinpool::testing::Faults;
+use pinpool::{Error, Pool, MAX_CLASS_SIZE};
+
+fn faulty(devices: usize) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .devices(devices)
+        .cleaner_threads(2)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// A pinned buffer: a miss, dropped, registered by the cleaner, taken again.
+fn pinned(pool: &Pool, size: usize) -> pinpool::PinnedBuffer {
+    drop(pool.take(size));
+    pool.flush();
+    let buf = pool.take(size);
+    assert!(buf.is_pinned());
+    buf
+}
+
+#[test]
+fn failed_registration_frees_the_buffer_and_is_counted() {
+    let (pool, faults) = faulty(1);
+    faults.fail_register(&[1]);
+    let mut buf = pool.take(1 << 16);
+    buf.fill(3); // usable by its owner as long as it is held
+    drop(buf);
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.registration_failures, 1);
+    assert_eq!(
+        stats.pooled_buffers, 0,
+        "an unpinned buffer must not be pooled as pinned"
+    );
+    assert_eq!(stats.released, 1);
+    let again = pinned(&pool, 1 << 16); // the next one registers fine
+    assert!(again.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn failed_synchronize_unregisters_and_frees() {
+    let (pool, faults) = faulty(1);
+    let buf = pinned(&pool, 1 << 16);
+    let syncs = faults.synchronize_calls();
+    faults.fail_synchronize(&[syncs + 1]);
+    drop(buf); // pinned, no events: the cleaner synchronizes the device
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.fence_failures, 1);
+    assert_eq!(
+        stats.pooled_buffers, 0,
+        "a buffer whose copies could not be waited for was pooled"
+    );
+    assert_eq!(
+        faults.unregistered(),
+        1,
+        "it was freed without unregistering"
+    );
+}
+
+#[test]
+fn panicking_worker_releases_its_buffer_and_the_pool_serves_on() {
+    let (pool, faults) = faulty(1);
+    faults.panic_register(&[1]);
+    drop(pool.take(1 << 16));
+    pool.flush(); // returns: the buffer was released, not lost
+    let stats = pool.stats();
+    assert_eq!(stats.worker_panics, 1);
+    assert_eq!(stats.in_cleaner, 0);
+    assert_eq!(stats.released, 1);
+    let again = pinned(&pool, 1 << 16);
+    drop(again);
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 1, "the pool kept serving");
+}
+
+#[test]
+fn failed_unregistration_is_counted() {
+    let (pool, faults) = faulty(1);
+    drop(pinned(&pool, 1 << 16));
+    pool.flush();
+    faults.fail_unregister(&[1]);
+    pool.clear();
+    let stats = pool.stats();
+    assert_eq!(stats.unregister_failures, 1);
+    assert_eq!(stats.pooled_buffers, 0);
+}
+
+#[test]
+fn shutdown_unregisters_exactly_what_was_registered() {
+    let (pool, faults) = faulty(2);
+    let mut live = Vec::new();
+    for round in 0..4 {
+        for device in 0..2 {
+            for shift in [12, 16, 20, 23] {
+                live.push(pool.take_on(device, 1 << shift).unwrap());
+            }
+        }
+        if round % 2 == 1 {
+            live.clear();
+            pool.flush();
+        }
+    }
+    drop(live);
+    pool.set_max_pooled_bytes(4 << 20); // evict some
+    pool.shutdown();
+    assert!(faults.registered() > 0);
+    assert_eq!(
+        faults.unregistered(),
+        faults.registered(),
+        "a registration was never undone"
+    );
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.pooled_bytes, stats.pooled_buffers, stats.pinned_bytes),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn sizes_at_the_edges() {
+    let pool = common::host_pool(1);
+    assert_eq!(
+        pool.take(0).len(),
+        1,
+        "0 bytes is served as the 1-byte class"
+    );
+    assert_eq!(pool.take(1).len(), 1);
+    assert!(matches!(
+        pool.try_take(MAX_CLASS_SIZE + 1),
+        Err(Error::SizeTooLarge { .. })
+    ));
+    // The largest class: the OS may refuse 1 TiB (an error) or map it lazily.
+    match pool.try_take(MAX_CLASS_SIZE) {
+        Ok(buf) => assert_eq!(buf.len(), MAX_CLASS_SIZE),
+        Err(Error::AllocationFailed { bytes, .. }) => assert!(bytes >= MAX_CLASS_SIZE),
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+#[test]
+fn builder_rejects_a_cap_below_one_buffer() {
+    let built = Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .max_pooled_bytes(100)
+        .build();
+    assert!(matches!(built, Err(Error::InvalidConfig(_))));
+}
+
+#[test]
+fn buffer_dropped_during_thread_local_teardown() {
+    use std::cell::RefCell;
+    thread_local!(static HELD: RefCell<Option<pinpool::PinnedBuffer>> = const { RefCell::new(None) });
+    let pool = common::host_pool(1);
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        let mut buf = p.take(4096);
+        buf.fill(9);
+        HELD.with(|h| *h.borrow_mut() = Some(buf));
+    })
+    .join()
+    .unwrap();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.in_cleaner, 0);
+    assert_eq!(
+        stats.pooled_buffers, 1,
+        "the buffer dropped at thread exit came back"
+    );
+    assert!(common::all_zero(&pool.take(4096)));
+}
+
+/// Many threads over mixed sizes and devices with cross-thread drops for
+/// `secs`: every take is zeroed, no two live buffers overlap, and the
+/// accounting is exact at the end. Returns the operations done.
+fn soak(secs: u64) -> u64 {
+    const THREADS: usize = 16;
+    let (pool, faults) = faulty(2);
+    let live: Arc<Mutex<BTreeMap<usize, usize>>> = Arc::default();
+    let (tx, rx) = std::sync::mpsc::channel::<pinpool::PinnedBuffer>();
+    let rx = Arc::new(Mutex::new(rx));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let ops: u64 = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, live, tx, rx) = (&pool, live.clone(), tx.clone(), rx.clone());
+                scope.spawn(move || {
+                    let mut ops = 0u64;
+                    let mut i = t;
+                    while Instant::now() < deadline {
+                        i = i.wrapping_mul(31).wrapping_add(7);
+                        let size = 1 << (4 + i % 17);
+                        let mut buf = pool.take_on(i % 2, size).unwrap();
+                        assert!(buf.iter().all(|&b| b == 0), "a taken buffer was not zeroed");
+                        let (start, end) =
+                            (buf.as_ptr() as usize, buf.as_ptr() as usize + buf.len());
+                        {
+                            let mut live = live.lock().unwrap();
+                            let overlaps = live
+                                .range(..end)
+                                .next_back()
+                                .is_some_and(|(_, &e)| e > start);
+                            assert!(!overlaps, "two live buffers share bytes");
+                            live.insert(start, end);
+                        }
+                        let n = buf.len().min(1 + i % 4096);
+                        buf[..n].fill(0xA5);
+                        buf.set_dirty_len(n);
+                        live.lock().unwrap().remove(&start);
+                        if i % 3 == 0 {
+                            tx.send(buf).unwrap();
+                        } else {
+                            drop(buf);
+                        }
+                        if let Ok(other) = rx.lock().unwrap().try_recv() {
+                            drop(other);
+                        }
+                        ops += 1;
+                    }
+                    ops
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    drop(tx);
+    for buf in rx.lock().unwrap().try_iter() {
+        drop(buf);
+    }
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.hits + stats.misses, ops);
+    assert_eq!(stats.in_cleaner, 0);
+    let by_class: usize = stats.per_class.iter().map(|c| c.pooled_buffers).sum();
+    assert_eq!(by_class, stats.pooled_buffers);
+    assert!(stats.pooled_bytes <= stats.max_pooled_bytes);
+    pool.shutdown();
+    assert_eq!(
+        faults.unregistered(),
+        faults.registered(),
+        "registrations leaked"
+    );
+    assert_eq!(pool.stats().pooled_bytes, 0);
+    ops
+}
+
+#[test]
+fn soak_5s() {
+    let ops = soak(5);
+    println!("soak: {ops} operations in 5 s");
+}
+
+#[test]
+#[ignore = "60 s; run with --ignored soak"]
+fn soak_60s() {
+    let ops = soak(60);
+    println!("soak: {ops} operations in 60 s");
+}
