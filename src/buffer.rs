@@ -179,11 +179,16 @@ impl PinnedBuffer {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
 impl PinnedBuffer {
-    /// Records a fence that completes when `done` is set (loom models).
-    pub(crate) fn record_flag(&mut self, done: Arc<crate::sync::AtomicBool>) {
-        self.fences.push(Fence::flag(done));
+    /// Records a fence that completes when `done` is set and fails when
+    /// `failed` is (loom models and the `testing` feature).
+    pub(crate) fn record_flag(
+        &mut self,
+        done: Arc<crate::sync::AtomicBool>,
+        failed: Arc<crate::sync::AtomicBool>,
+    ) {
+        self.fences.push(Fence::flag(done, failed));
     }
 }
 

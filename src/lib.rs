@@ -73,7 +73,7 @@ pub mod loom_internals;
 /// calls (the `testing` feature).
 #[cfg(feature = "testing")]
 pub mod testing {
-    pub use crate::backend::fault::Faults;
+    pub use crate::backend::fault::{Faults, TestFence};
 }
 
 /// The README's examples, compiled and run as doctests.

@@ -77,6 +77,13 @@ fn panicking_worker_releases_its_buffer_and_the_pool_serves_on() {
     faults.panic_register(&[1]);
     drop(pool.take(1 << 16));
     pool.flush(); // returns: the buffer was released, not lost
+    // The panic is counted once the worker has caught it, which may be just
+    // after the unwinding released the buffer and let `flush` return.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.stats().worker_panics == 0 {
+        assert!(Instant::now() < deadline, "the panic was never counted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let stats = pool.stats();
     assert_eq!(stats.worker_panics, 1);
     assert_eq!(stats.in_cleaner, 0);
@@ -268,4 +275,59 @@ fn soak_5s() {
 fn soak_60s() {
     let ops = soak(60);
     println!("soak: {ops} operations in 60 s");
+}
+
+#[test]
+fn late_fence_holds_the_buffer_back_and_others_flow() {
+    use pinpool::testing::TestFence;
+    let (pool, _faults) = faulty(1);
+    let mut slow = pinned(&pool, 1 << 16);
+    let fence = TestFence::default();
+    fence.record(&mut slow);
+    drop(slow);
+    // An unrelated buffer recycles while the slow one waits.
+    let mut quick = pool.take(1 << 12);
+    quick.fill(1);
+    std::thread::spawn(move || drop(quick)).join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.stats().in_cleaner > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "one slow fence held up an unrelated buffer"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        pool.stats().in_cleaner,
+        1,
+        "the buffer came back before its fence completed"
+    );
+    fence.complete();
+    pool.flush();
+    assert_eq!(pool.stats().in_cleaner, 0);
+    assert!(pool.take(1 << 16).was_pooled());
+}
+
+#[test]
+fn failed_fence_unregisters_and_frees() {
+    use pinpool::testing::TestFence;
+    let (pool, faults) = faulty(1);
+    let mut buf = pinned(&pool, 1 << 16);
+    let fence = TestFence::default();
+    fence.record(&mut buf);
+    drop(buf);
+    fence.fail();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.fence_failures, 1);
+    assert_eq!(
+        stats.pooled_buffers, 0,
+        "a buffer whose copy could not be waited for was pooled"
+    );
+    assert_eq!(
+        faults.unregistered(),
+        faults.registered(),
+        "it was freed without unregistering"
+    );
 }

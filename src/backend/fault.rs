@@ -195,3 +195,46 @@ impl Backend for FaultBackend {
         }
     }
 }
+
+/// A stand-in for the event after a copy still reading a buffer: it
+/// completes, or fails, when the test says so.
+///
+/// # Examples
+///
+/// ```
+/// use pinpool::testing::TestFence;
+///
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// let mut buf = pool.take(4096);
+/// let fence = TestFence::default();
+/// fence.record(&mut buf);
+/// drop(buf);
+/// fence.complete(); // until now the cleaner kept the buffer back
+/// pool.flush();
+/// assert_eq!(pool.stats().pooled_buffers, 1);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TestFence {
+    done: crate::sync::Arc<crate::sync::AtomicBool>,
+    failed: crate::sync::Arc<crate::sync::AtomicBool>,
+}
+
+impl TestFence {
+    /// Makes `buf` wait for this fence before it is reused.
+    pub fn record(&self, buf: &mut crate::PinnedBuffer) {
+        buf.record_flag(self.done.clone(), self.failed.clone());
+    }
+
+    /// The "copy" finished.
+    pub fn complete(&self) {
+        // Release pairs with the cleaner's Acquire load in `Fence::is_done`.
+        self.done.store(true, Ordering::Release);
+    }
+
+    /// Waiting for the "copy" fails, as a failed event query would.
+    pub fn fail(&self) {
+        // Release: as in `complete`.
+        self.failed.store(true, Ordering::Release);
+    }
+}

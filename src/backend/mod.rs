@@ -80,10 +80,13 @@ pub(crate) struct Fence(FenceKind);
 enum FenceKind {
     /// A CUDA event recorded after the last copy.
     Event(CudaEvent),
-    /// A flag another model thread sets when the "copy" is done (loom
-    /// models only).
-    #[cfg(all(loom, feature = "loom"))]
-    Flag(crate::sync::Arc<crate::sync::AtomicBool>),
+    /// Flags another thread sets when the "copy" is done, or has failed
+    /// (loom models and the `testing` feature).
+    #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+    Flag {
+        done: crate::sync::Arc<crate::sync::AtomicBool>,
+        failed: crate::sync::Arc<crate::sync::AtomicBool>,
+    },
 }
 
 impl Fence {
@@ -91,10 +94,14 @@ impl Fence {
         Self(FenceKind::Event(event))
     }
 
-    /// A fence that completes when `done` is set (loom models only).
-    #[cfg(all(loom, feature = "loom"))]
-    pub(crate) fn flag(done: crate::sync::Arc<crate::sync::AtomicBool>) -> Self {
-        Self(FenceKind::Flag(done))
+    /// A fence that completes when `done` is set and fails when `failed`
+    /// is (loom models and the `testing` feature).
+    #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+    pub(crate) fn flag(
+        done: crate::sync::Arc<crate::sync::AtomicBool>,
+        failed: crate::sync::Arc<crate::sync::AtomicBool>,
+    ) -> Self {
+        Self(FenceKind::Flag { done, failed })
     }
 
     /// Whether the work before the fence has finished, without waiting.
@@ -104,10 +111,20 @@ impl Fence {
                 op: "cuEventQuery",
                 source,
             }),
-            // Acquire pairs with the model's Release store: what the
+            // Acquire pairs with the setter's Release store: what the
             // "copy" did happens before the buffer is reused.
-            #[cfg(all(loom, feature = "loom"))]
-            FenceKind::Flag(done) => Ok(done.load(crate::sync::Ordering::Acquire)),
+            #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+            FenceKind::Flag { done, failed } => {
+                if failed.load(crate::sync::Ordering::Acquire) {
+                    return Err(Error::Cuda {
+                        op: "cuEventQuery (injected)",
+                        source: cudarc::driver::DriverError(
+                            cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
+                        ),
+                    });
+                }
+                Ok(done.load(crate::sync::Ordering::Acquire))
+            }
         }
     }
 
@@ -118,8 +135,8 @@ impl Fence {
                 op: "cuEventSynchronize",
                 source,
             }),
-            #[cfg(all(loom, feature = "loom"))]
-            FenceKind::Flag(_) => {
+            #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+            FenceKind::Flag { .. } => {
                 while !self.is_done()? {
                     crate::sync::thread::yield_now();
                 }
