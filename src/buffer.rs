@@ -254,6 +254,11 @@ impl PinnedBuffer {
     fn element_bytes<T>(&self) -> usize {
         self.block.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>()
     }
+
+    /// The whole elements of `T` (what both typed views show).
+    fn elements<T: Pod>(&self) -> &[T] {
+        bytemuck::cast_slice(&self[..self.element_bytes::<T>()])
+    }
 }
 
 fn check_element<T>() {
@@ -315,13 +320,13 @@ impl<T: Pod> Deref for Typed<'_, T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        bytemuck::cast_slice(&self.buf[..self.buf.element_bytes::<T>()])
+        self.buf.elements()
     }
 }
 
 impl<T: Pod> HostSlice<T> for Typed<'_, T> {
     fn len(&self) -> usize {
-        self.buf.element_bytes::<T>() / std::mem::size_of::<T>()
+        self.buf.elements::<T>().len()
     }
 
     unsafe fn stream_synced_slice<'a>(
@@ -367,7 +372,7 @@ impl<T: Pod> Deref for TypedMut<'_, T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        bytemuck::cast_slice(&self.buf[..self.buf.element_bytes::<T>()])
+        self.buf.elements()
     }
 }
 
@@ -380,7 +385,7 @@ impl<T: Pod> DerefMut for TypedMut<'_, T> {
 
 impl<T: Pod> HostSlice<T> for TypedMut<'_, T> {
     fn len(&self) -> usize {
-        self.buf.element_bytes::<T>() / std::mem::size_of::<T>()
+        self.buf.elements::<T>().len()
     }
 
     unsafe fn stream_synced_slice<'a>(

@@ -77,8 +77,8 @@ fn panicking_worker_releases_its_buffer_and_the_pool_serves_on() {
     faults.panic_register(&[1]);
     drop(pool.take(1 << 16));
     pool.flush(); // returns: the buffer was released, not lost
-    // The panic is counted once the worker has caught it, which may be just
-    // after the unwinding released the buffer and let `flush` return.
+                  // The panic is counted once the worker has caught it, which may be just
+                  // after the unwinding released the buffer and let `flush` return.
     let deadline = Instant::now() + Duration::from_secs(5);
     while pool.stats().worker_panics == 0 {
         assert!(Instant::now() < deadline, "the panic was never counted");
