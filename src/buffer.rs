@@ -464,6 +464,10 @@ impl Drop for PinnedBuffer {
                 ManuallyDrop::take(&mut self.home),
             )
         };
-        Inbox::submit(&home, block, self.dirty, std::mem::take(&mut self.fences));
+        let mut fences = std::mem::take(&mut self.fences);
+        // `&mut self`: no copy can be recording, so no lock is taken.
+        let copies = std::mem::take(self.copies.get_mut());
+        fences.extend(copies.into_iter().map(|event| Fence::new(*event)));
+        Inbox::submit(&home, block, self.dirty, fences);
     }
 }

@@ -75,6 +75,12 @@ mod imp {
             self.0.lock().unwrap_or_else(|e| e.into_inner())
         }
 
+        /// The value, through exclusive access: no locking.
+        #[inline]
+        pub(crate) fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(|e| e.into_inner())
+        }
+
         #[inline]
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             match self.0.try_lock() {
@@ -286,6 +292,10 @@ mod imp {
 
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             self.0.try_lock().ok()
+        }
+
+        pub(crate) fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(|e| e.into_inner())
         }
     }
 

@@ -426,3 +426,31 @@ fn cudarc_copies_record_last_use_by_themselves() {
     );
     pool.shutdown();
 }
+
+/// A copy through cudarc on one stream, while another stream of the same
+/// device is held: the buffer must come back once its own copy is done. A
+/// buffer whose copies were not recorded would fall back to a whole-device
+/// synchronize and wait for the held stream.
+#[test]
+#[ignore = "needs a GPU"]
+fn cudarc_copies_wait_for_their_own_stream_only() {
+    const SIZE: usize = 1 << 20;
+    let ctx = gpu();
+    let held = ctx.new_stream().unwrap();
+    let copying = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let mut dst = copying.alloc_zeros::<u8>(SIZE).unwrap();
+    copying.synchronize().unwrap();
+    let mut buf = pinned(&pool, SIZE);
+    buf.fill(5);
+    let gate = Gate::close(&held);
+    copying.memcpy_htod(&buf, &mut dst).unwrap();
+    drop(buf);
+    let flushed = flush_in_background(&pool);
+    let back = flushed.recv_timeout(Duration::from_secs(5));
+    gate.open();
+    back.expect("the buffer waited for an unrelated stream: its copy's event was not recorded");
+    assert!(copying.clone_dtoh(&dst).unwrap().iter().all(|&b| b == 5));
+    held.synchronize().unwrap();
+    pool.shutdown();
+}
