@@ -454,3 +454,187 @@ fn cudarc_copies_wait_for_their_own_stream_only() {
     held.synchronize().unwrap();
     pool.shutdown();
 }
+
+/// Opens `gate` after `delay`, on another thread.
+fn open_later(gate: Gate, delay: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        gate.open();
+    })
+}
+
+/// Host access through `DerefMut` right after a cudarc H2D copy waits for
+/// the copy: the device receives the bytes written before the copy, not
+/// the ones written after.
+#[test]
+#[ignore = "needs a GPU"]
+fn host_write_after_a_cudarc_copy_waits_for_it() {
+    const SIZE: usize = 1 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let mut dst = stream.alloc_zeros::<u8>(SIZE).unwrap();
+    stream.synchronize().unwrap();
+    let mut buf = pinned(&pool, SIZE);
+    buf.fill(7);
+    let gate = Gate::close(&stream);
+    stream.memcpy_htod(&buf, &mut dst).unwrap();
+    let opener = open_later(gate, Duration::from_millis(300));
+    let started = Instant::now();
+    buf.fill(9); // must wait for the copy to have read the 7s
+    let waited = started.elapsed();
+    opener.join().unwrap();
+    assert!(
+        stream.clone_dtoh(&dst).unwrap().iter().all(|&b| b == 7),
+        "the host write raced the DMA reading the buffer (waited {waited:?})"
+    );
+    drop(buf);
+    pool.shutdown();
+}
+
+/// Host reads after a cudarc D2H copy into the buffer wait for the copy.
+#[test]
+#[ignore = "needs a GPU"]
+fn host_read_after_a_cudarc_copy_into_the_buffer_waits_for_it() {
+    const SIZE: usize = 1 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let src = stream.clone_htod(&vec![5u8; SIZE]).unwrap();
+    stream.synchronize().unwrap();
+    let mut buf = pinned(&pool, SIZE);
+    let gate = Gate::close(&stream);
+    stream.memcpy_dtoh(&src, &mut buf).unwrap();
+    let opener = open_later(gate, Duration::from_millis(300));
+    let seen = buf[SIZE - 1];
+    opener.join().unwrap();
+    assert_eq!(
+        seen, 5,
+        "a host read saw the buffer before the copy wrote it"
+    );
+    drop(buf);
+    pool.shutdown();
+}
+
+/// A device-to-host copy into a buffer whose dirty length was narrowed
+/// widens it: the next taker gets zeros, not the copied bytes.
+#[test]
+#[ignore = "needs a GPU"]
+fn copy_into_the_buffer_widens_its_dirty_length() {
+    const SIZE: usize = 1 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let src = stream.clone_htod(&vec![6u8; SIZE]).unwrap();
+    stream.synchronize().unwrap();
+    let mut buf = pinned(&pool, SIZE);
+    let ptr = buf.as_ptr() as usize;
+    buf.set_dirty_len(0);
+    stream.memcpy_dtoh(&src, &mut buf).unwrap();
+    drop(buf);
+    pool.flush();
+    let again = pool.take(SIZE);
+    assert_eq!(again.as_ptr() as usize, ptr);
+    assert!(
+        again.iter().all(|&b| b == 0),
+        "bytes copied into the buffer leaked to the next taker"
+    );
+    drop(again);
+    pool.shutdown();
+}
+
+/// A cudarc copy on the default stream while another thread drops the
+/// context's last extra stream: cudarc then skips the event it was handed,
+/// so the pool must not depend on cudarc recording it.
+#[test]
+#[ignore = "needs a GPU"]
+fn copy_whose_event_cudarc_skips_still_gates_reuse() {
+    const SIZE: usize = 1 << 20;
+    let ctx = gpu();
+    let pool = cuda_pool();
+    let default = ctx.default_stream();
+    let dst = DeviceBytes::new(SIZE);
+    let mut buf = pinned(&pool, SIZE);
+    buf.fill(4);
+    let extra = ctx.new_stream().unwrap(); // the context is in multi-stream mode
+    let gate = Gate::close(&default);
+    let opener;
+    {
+        // What `memcpy_htod` does, with the extra stream dropped between
+        // taking the slice and enqueueing the copy.
+        // SAFETY: the slice is used for one copy on `default`, and the
+        // returned guard is dropped after it was enqueued.
+        let (slice, guard) =
+            unsafe { cudarc::driver::HostSlice::stream_synced_slice(&buf, &default) };
+        drop(extra);
+        copy_async(&default, &dst, slice);
+        opener = open_later(gate, Duration::from_millis(300));
+        drop(guard);
+    }
+    drop(buf);
+    pool.flush();
+    opener.join().unwrap();
+    default.synchronize().unwrap();
+    assert!(
+        dst.read().iter().all(|&b| b == 4),
+        "the buffer was re-zeroed while the copy was still reading it"
+    );
+    pool.shutdown();
+}
+
+/// No pool call leaves the caller's current CUDA context changed, even
+/// when it waits on (or releases) events of another context.
+#[test]
+#[ignore = "needs a GPU"]
+fn pool_calls_leave_the_current_context_alone() {
+    const SIZE: usize = 64 << 10;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let dst = DeviceBytes::new(SIZE);
+    // A context of our own, not the primary one the pool's events use.
+    let mut own: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; device 0 exists (see `gpu`).
+    unsafe { sys::cuCtxCreate_v2(&mut own, 0, 0) }
+        .result()
+        .expect("cuCtxCreate");
+    let current = || {
+        result::ctx::get_current()
+            .unwrap()
+            .unwrap_or(std::ptr::null_mut())
+    };
+    for round in 0..3 {
+        ctx.bind_to_thread().unwrap();
+        let mut buf = pool.take(SIZE);
+        buf[..64].fill(1);
+        buf.set_dirty_len(64);
+        copy_async(&stream, &dst, &buf[..64]);
+        buf.record_last_use(&stream).unwrap();
+        drop(buf);
+        stream.synchronize().unwrap();
+        // SAFETY: `own` is a live context created above.
+        unsafe { result::ctx::set_current(own) }.unwrap();
+        let again = pool.take(SIZE); // may re-zero the buffer, releasing its event
+        assert_eq!(
+            current(),
+            own,
+            "take changed the current context (round {round})"
+        );
+        drop(again);
+        assert_eq!(current(), own, "drop changed the current context");
+        pool.flush();
+        assert_eq!(current(), own, "flush changed the current context");
+    }
+    pool.shutdown();
+    assert_eq!(current(), own, "shutdown changed the current context");
+    let buf = pool.take(SIZE);
+    drop(pool);
+    drop(buf);
+    assert_eq!(
+        current(),
+        own,
+        "a drop after the pool closed changed the current context"
+    );
+    // SAFETY: created above; nothing uses it any more.
+    unsafe { sys::cuCtxDestroy_v2(own) }.result().unwrap();
+}

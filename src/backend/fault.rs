@@ -36,6 +36,9 @@ pub struct Faults {
     unregister_calls: AtomicU64,
     unregistered: AtomicU64,
     synchronize_calls: AtomicU64,
+    held: std::sync::Mutex<bool>,
+    released: std::sync::Condvar,
+    threads: Mutex<Vec<std::thread::ThreadId>>,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +100,27 @@ impl Faults {
     /// Device synchronize calls, failed ones included.
     pub fn synchronize_calls(&self) -> u64 {
         self.synchronize_calls.load(Ordering::Relaxed)
+    }
+
+    /// Makes every synchronize call block until [`release`](Self::release).
+    pub fn hold_synchronize(&self) {
+        *self.held.lock().unwrap() = true;
+    }
+
+    /// Lets held synchronize calls return.
+    pub fn release(&self) {
+        *self.held.lock().unwrap() = false;
+        self.released.notify_all();
+    }
+
+    /// Backend calls (registration, unregistration, synchronize) made on
+    /// `thread`.
+    pub fn calls_on(&self, thread: std::thread::ThreadId) -> usize {
+        self.threads.lock().iter().filter(|t| **t == thread).count()
+    }
+
+    fn note_thread(&self) {
+        self.threads.lock().push(std::thread::current().id());
     }
 
     fn plan(&self) -> MutexGuard<'_, Plan> {
@@ -164,6 +188,7 @@ impl Backend for FaultBackend {
 
     unsafe fn register(&self, _device: usize, _ptr: *mut u8, _len: usize) -> Result<(), Error> {
         let f = &self.faults;
+        f.note_thread();
         match f.call(&f.register_calls, |p| {
             (&p.fail_register, Some(&p.panic_register))
         }) {
@@ -178,6 +203,7 @@ impl Backend for FaultBackend {
 
     unsafe fn unregister(&self, _device: usize, _ptr: *mut u8) -> Result<(), Error> {
         let f = &self.faults;
+        f.note_thread();
         match f.call(&f.unregister_calls, |p| (&p.fail_unregister, None)) {
             Outcome::Pass => {
                 f.unregistered.fetch_add(1, Ordering::Relaxed);
@@ -189,6 +215,12 @@ impl Backend for FaultBackend {
 
     fn synchronize(&self, _device: usize) -> Result<(), Error> {
         let f = &self.faults;
+        f.note_thread();
+        let mut held = f.held.lock().unwrap();
+        while *held {
+            held = f.released.wait(held).unwrap();
+        }
+        drop(held);
         match f.call(&f.synchronize_calls, |p| (&p.fail_synchronize, None)) {
             Outcome::Pass => Ok(()),
             _ => Err(injected("cuCtxSynchronize (injected)")),

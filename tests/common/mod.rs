@@ -17,3 +17,13 @@ pub fn host_pool(devices: usize) -> Pool {
 pub fn all_zero(buf: &[u8]) -> bool {
     buf.iter().all(|&b| b == 0)
 }
+
+/// A host-backend pool with `devices` shards and `workers` cleaner workers.
+pub fn host_pool_with(devices: usize, workers: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .devices(devices)
+        .cleaner_threads(workers)
+        .build()
+        .expect("a host pool always builds")
+}

@@ -1,0 +1,270 @@
+//! The handoff protocol under real threads: shutdown racing flushes and
+//! drops, drops that must never block or call the backend, bounded
+//! backlogs, failed waits. Each test runs its racing part under a watchdog,
+//! so a hang fails the test instead of stalling the run.
+#![cfg(feature = "testing")]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pinpool::testing::{Faults, TestFence};
+use pinpool::{BackendKind, Pool};
+
+/// Runs `f` on its own thread; panics if it has not finished within
+/// `limit` (the thread is left behind; the test process exits anyway).
+fn within(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => worker.join().expect("the checked thread panicked"),
+        Err(_) if worker.is_finished() => {
+            worker.join().expect("the checked thread panicked");
+        }
+        Err(_) => panic!("{what}: still running after {limit:?} (hung)"),
+    }
+}
+
+fn faulty(workers: usize) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(workers)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// Two threads loop take / drop / flush on 16 MiB buffers while a third
+/// loops `shutdown`: nothing may hang, and the pool must end balanced.
+fn shutdown_races_flush(workers: usize) {
+    let pool = common::host_pool_with(1, workers);
+    within(
+        Duration::from_secs(60),
+        "take/flush racing shutdown",
+        move || {
+            let stop = Arc::new(AtomicBool::new(false));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            std::thread::scope(|scope| {
+                for _ in 0..2 {
+                    let (pool, stop) = (&pool, &stop);
+                    scope.spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            let mut buf = pool.take(16 << 20);
+                            buf[..64].fill(1);
+                            drop(buf);
+                            pool.flush();
+                        }
+                    });
+                }
+                let (pool, stop) = (&pool, &stop);
+                scope.spawn(move || {
+                    while Instant::now() < deadline {
+                        pool.shutdown();
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                });
+            });
+            pool.flush();
+            pool.shutdown();
+            let stats = pool.stats();
+            assert_eq!((stats.in_cleaner, stats.pooled_buffers), (0, 0));
+        },
+    );
+}
+
+#[test]
+fn shutdown_racing_flushes_never_hangs_one_worker() {
+    shutdown_races_flush(1);
+}
+
+#[test]
+fn shutdown_racing_flushes_never_hangs_three_workers() {
+    shutdown_races_flush(3);
+}
+
+/// A drop while `shutdown` is stuck waiting for a device synchronize
+/// returns at once and calls nothing on the dropping thread.
+#[test]
+fn drop_during_a_slow_shutdown_neither_blocks_nor_calls_the_backend() {
+    let (pool, faults) = faulty(2);
+    // A pinned buffer out, and one pooled, pinned without events: shutdown's
+    // drain synchronizes the device for the latter.
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let pinned = pool.take(1 << 16);
+    assert!(pinned.is_pinned());
+    drop(pool.take(1 << 16));
+    let other = pool.take(1 << 20);
+    faults.hold_synchronize();
+    let shutter = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.shutdown())
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let faults2 = faults.clone();
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        drop(pinned);
+        drop(other);
+        let took = started.elapsed();
+        let calls = faults2.calls_on(std::thread::current().id());
+        let _ = tx.send((took, calls));
+    });
+    let outcome = rx.recv_timeout(Duration::from_secs(5));
+    faults.release();
+    shutter.join().unwrap();
+    let (took, calls) = outcome.expect("a drop blocked behind a slow shutdown");
+    assert!(took < Duration::from_millis(50), "the drops took {took:?}");
+    assert_eq!(calls, 0, "a drop called the backend");
+    pool.flush();
+    assert_eq!(pool.stats().in_cleaner, 0);
+}
+
+/// After the last `Pool` handle is gone, dropping a buffer (pinned, no
+/// events: it needs a device synchronize, then an unregistration) leaves
+/// that work to someone else.
+#[test]
+fn drop_after_the_pool_is_gone_calls_nothing_on_the_dropping_thread() {
+    let (pool, faults) = faulty(1);
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let buf = pool.take(1 << 16);
+    assert!(buf.is_pinned());
+    drop(pool);
+    let faults2 = faults.clone();
+    std::thread::spawn(move || {
+        drop(buf);
+        assert_eq!(
+            faults2.calls_on(std::thread::current().id()),
+            0,
+            "the drop synchronized or unregistered on the dropping thread"
+        );
+    })
+    .join()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while faults.unregistered() < faults.registered() {
+        assert!(
+            Instant::now() < deadline,
+            "the late buffer was never released"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A buffer whose copies could not be waited for (the fence failed) must
+/// not go back to the allocator: it is leaked, never unregistered.
+#[test]
+fn failed_fence_leaks_the_buffer_instead_of_freeing_it() {
+    let (pool, faults) = faulty(1);
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let mut buf = pool.take(1 << 16);
+    assert!(buf.is_pinned());
+    let fence = TestFence::default();
+    fence.record(&mut buf);
+    drop(buf);
+    fence.fail();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.fence_failures, 1);
+    assert_eq!(stats.pooled_buffers, 0);
+    assert_eq!(
+        faults.unregistered(),
+        0,
+        "memory a copy may still read was unregistered"
+    );
+}
+
+/// The same for a failed device synchronize (pinned buffer, no events).
+#[test]
+fn failed_synchronize_leaks_the_buffer_instead_of_freeing_it() {
+    let (pool, faults) = faulty(1);
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let buf = pool.take(1 << 16);
+    let next = faults.synchronize_calls() + 1;
+    faults.fail_synchronize(&[next]);
+    drop(buf);
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.fence_failures, 1);
+    assert_eq!(
+        faults.unregistered(),
+        0,
+        "memory a copy may still read was unregistered"
+    );
+}
+
+/// Dropping dirty buffers faster than the cleaner can zero them must not
+/// grow its backlog without bound.
+#[test]
+fn host_recycling_backlog_is_bounded() {
+    const SIZE: usize = 64 << 20;
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .max_pooled_bytes(1 << 30)
+        .build()
+        .unwrap();
+    let peak = std::sync::Mutex::new(0usize);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while Instant::now() < deadline {
+                    // Fresh buffers, dirty in full (the default dirty
+                    // length): each costs the cleaner 64 MiB of zeroing and
+                    // the dropping thread almost nothing.
+                    let bufs: Vec<_> = (0..4).map(|_| pool.take(SIZE)).collect();
+                    for mut buf in bufs {
+                        buf[0] = 1;
+                        drop(buf);
+                    }
+                    let queued = pool.stats().in_cleaner;
+                    let mut peak = peak.lock().unwrap();
+                    *peak = (*peak).max(queued);
+                }
+            });
+        }
+    });
+    let peak = *peak.lock().unwrap();
+    pool.flush();
+    assert!(
+        peak * SIZE <= 4 << 30,
+        "{peak} dirty 64 MiB buffers were queued at once"
+    );
+}
+
+/// Threads of this process (Linux: entries of `/proc/self/task`).
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// After `shutdown`, dropping buffers must not start cleaner workers on the
+/// dropping thread (spawning is neither cheap nor non-blocking); the pool
+/// still works: a later take or flush brings the cleaner back.
+#[test]
+fn drop_after_shutdown_spawns_nothing_and_the_pool_works_again() {
+    let pool = common::host_pool_with(1, 2);
+    let bufs: Vec<_> = (0..4).map(|_| pool.take(1 << 20)).collect();
+    pool.shutdown();
+    let before = threads();
+    drop(bufs);
+    let after = threads();
+    assert!(
+        after <= before,
+        "dropping buffers started {} threads",
+        after - before
+    );
+    pool.flush();
+    assert_eq!(pool.stats().in_cleaner, 0);
+    assert!(pool.take(1 << 20).was_pooled(), "the pool works again");
+}
