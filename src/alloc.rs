@@ -1,177 +1,319 @@
-//! Page-aligned host allocations: the memory behind every buffer.
+//! Page-aligned host memory: the mapping behind every buffer, and the
+//! metadata that travels with it.
 //!
-//! A [`Block`] is one anonymous `mmap`, so it arrives zeroed and its pages
-//! are faulted in lazily: a pool miss costs a system call, not a memset of
-//! the whole buffer on the caller's path. Blocks of 2 MiB and more are
-//! 2 MiB-aligned and advised for transparent huge pages, which makes the
-//! first touch and the registration of large buffers several times faster
-//! (DESIGN.md has the measured figures).
+//! A [`Block`] is one anonymous `mmap` plus a boxed [`Meta`], its entry in
+//! the side table: the bookkeeping of a buffer's trip through the pool
+//! (dirty length, fences, flush parity, the link of a remote list) lives in
+//! the metadata, never in the buffer's bytes, which a DMA may still be
+//! reading and which must come back all-zero. The mapping arrives zeroed and
+//! its pages fault in lazily, so a pool miss costs a system call, not a
+//! memset of the whole buffer on the caller's path. Blocks of at least one
+//! transparent huge page are aligned to it and advised for huge pages,
+//! which makes the first touch and the registration of large buffers
+//! several times faster. Page and huge-page sizes are read from the system.
 //!
 //! A block never moves and never changes size, so the base pointer a
-//! registration was made for stays valid for the block's whole life.
+//! registration was made for stays valid for the block's life. A block that
+//! is still page-locked is never unmapped: dropping one leaks its mapping
+//! (and says so), and [`Block::leak`] does it on purpose for memory whose
+//! copies are not known to have finished.
 
 use std::ptr::NonNull;
+use std::time::Instant;
 
 use crate::error::Error;
-use crate::size_class::{footprint, size, CHUNK, PAGE};
-use crate::sync::Contents;
+use crate::fence::Fences;
+use crate::size_class::{Classes, SizeClass};
+use crate::sync::track::{Contents, Track};
+use crate::sync::tune::CHUNK;
+use crate::sync::OnceLock;
 
-/// Alignment and threshold for transparent huge pages.
-const HUGE_PAGE: usize = 2 << 20;
-
-/// One buffer's memory and what the pool knows about it.
-///
-/// Dropping a block unmaps it. A block that is still page-locked must be
-/// unregistered first (see `Shared::release`); dropping it while pinned
-/// leaks the mapping instead of handing registered memory back to the OS.
-#[derive(Debug)]
-pub(crate) struct Block {
-    ptr: NonNull<u8>,
-    shift: u8,
-    device: u16,
-    pinned: bool,
-    /// Reports accesses to the bytes to loom (nothing in normal builds).
-    contents: Contents,
-    /// Under loom, a tracked allocation: loom fails a model whose execution
-    /// ends with a block neither freed nor dropped.
-    #[cfg(all(loom, feature = "loom"))]
-    _track: loom::alloc::Track<()>,
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n)
+            .ok()
+            .filter(|n| n.is_power_of_two())
+            .unwrap_or(4096)
+    })
 }
 
-// SAFETY: a block exclusively owns its mapping, like a `Box<[u8]>`; the raw
-// pointer carries no thread affinity.
+/// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
+/// kernel does not say.
+pub(crate) fn huge_page_size() -> usize {
+    static HUGE: OnceLock<usize> = OnceLock::new();
+    *HUGE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|n| n.is_power_of_two() && *n >= page_size())
+            .unwrap_or(2 << 20)
+    })
+}
+
+/// A buffer's side-table entry.
+#[derive(Debug)]
+pub(crate) struct Meta {
+    ptr: NonNull<u8>,
+    len: usize,
+    footprint: usize,
+    class: SizeClass,
+    device: u16,
+    pinned: bool,
+    /// The prefix written since the take (set on drop).
+    pub(crate) dirty: usize,
+    /// What the copies reading the buffer left behind, and spare events.
+    pub(crate) fences: Fences,
+    /// Whether the buffer was dropped and not yet made ready (counted in
+    /// the flush parity `parity` until then).
+    pub(crate) returned: bool,
+    /// The flush parity the drop was counted in.
+    pub(crate) parity: u8,
+    /// For a pinned buffer dropped without events: the device synchronizes
+    /// started before the drop (see `cleaner::device_sync`).
+    pub(crate) sync_gen: u64,
+    /// When a buffer on its way to the cleaner was dropped.
+    pub(crate) dropped_at: Option<Instant>,
+    /// The next entry of the remote list this block is on.
+    pub(crate) next: *mut Meta,
+    contents: Contents,
+    _track: Track,
+}
+
+impl Meta {
+    /// The footprint, for readers that only see the metadata.
+    pub(crate) fn footprint_bytes(&self) -> usize {
+        self.footprint
+    }
+
+    /// The device, for readers that only see the metadata.
+    pub(crate) fn device(&self) -> usize {
+        usize::from(self.device)
+    }
+
+    /// The class, for readers that only see the metadata.
+    pub(crate) fn class(&self) -> SizeClass {
+        self.class
+    }
+}
+
+/// One buffer's memory and metadata; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Block {
+    meta: NonNull<Meta>,
+}
+
+// SAFETY: a block exclusively owns its mapping and metadata, like a
+// `Box<[u8]>` plus a `Box<Meta>`; the raw pointers carry no thread affinity.
 unsafe impl Send for Block {}
-// SAFETY: shared access only reads the pointer and flags; the bytes are
-// reached through `&mut self` or the owner's exclusive handle.
+// SAFETY: shared access reads the pointer, sizes and flags; the bytes are
+// written only through `&mut self` or by a cleaner worker that owns the block.
 unsafe impl Sync for Block {}
 
 impl Block {
-    /// Maps a fresh, zeroed, unpinned block of class `shift` for `device`.
-    pub(crate) fn allocate(shift: u32, device: usize) -> Result<Self, Error> {
-        let bytes = footprint(shift);
-        let ptr = if bytes >= HUGE_PAGE {
-            map_huge(bytes)?
+    /// Maps a fresh, zeroed, unpinned block of `class` for `device`.
+    pub(crate) fn allocate(
+        classes: &Classes,
+        class: SizeClass,
+        device: usize,
+    ) -> Result<Self, Error> {
+        let footprint = classes.footprint(class);
+        let len = classes.size(class);
+        let ptr = if footprint >= huge_page_size() {
+            map_huge(footprint)?
         } else {
-            map(bytes)?
+            map(footprint)?
         };
-        Ok(Self {
+        let meta = Box::new(Meta {
             ptr,
-            shift: shift as u8,
+            len,
+            footprint,
+            class,
             device: device as u16,
             pinned: false,
-            contents: Contents::new(size(shift).div_ceil(CHUNK)),
-            #[cfg(all(loom, feature = "loom"))]
-            _track: loom::alloc::Track::new(()),
+            dirty: len,
+            fences: Fences::default(),
+            returned: false,
+            parity: 0,
+            sync_gen: 0,
+            dropped_at: None,
+            next: std::ptr::null_mut(),
+            contents: Contents::new(len.div_ceil(CHUNK)),
+            _track: Track::new(),
+        });
+        Ok(Self {
+            meta: NonNull::from(Box::leak(meta)),
         })
     }
 
-    /// The size class shift.
     #[inline]
-    pub(crate) fn shift(&self) -> u32 {
-        u32::from(self.shift)
+    fn meta(&self) -> &Meta {
+        // SAFETY: `meta` is a live box owned by this block.
+        unsafe { self.meta.as_ref() }
+    }
+
+    /// The metadata, for the block's owner to update.
+    #[inline]
+    pub(crate) fn meta_mut(&mut self) -> &mut Meta {
+        // SAFETY: as in `meta`, and `&mut self` makes the access exclusive.
+        unsafe { self.meta.as_mut() }
+    }
+
+    /// The block's class.
+    #[inline]
+    pub(crate) fn class(&self) -> SizeClass {
+        self.meta().class
     }
 
     /// The bytes the block hands out (its class size).
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        size(self.shift())
+        self.meta().len
     }
 
     /// The bytes the block occupies (and pins).
     #[inline]
     pub(crate) fn footprint(&self) -> usize {
-        footprint(self.shift())
+        self.meta().footprint
     }
 
     /// The device shard the block belongs to.
     #[inline]
     pub(crate) fn device(&self) -> usize {
-        usize::from(self.device)
+        usize::from(self.meta().device)
     }
 
     #[inline]
     pub(crate) fn is_pinned(&self) -> bool {
-        self.pinned
+        self.meta().pinned
     }
 
     pub(crate) fn set_pinned(&mut self, pinned: bool) {
-        self.pinned = pinned;
+        self.meta_mut().pinned = pinned;
+    }
+
+    /// The dirty prefix, clamped to the length.
+    #[inline]
+    pub(crate) fn dirty(&self) -> usize {
+        self.meta().dirty.min(self.len())
+    }
+
+    /// The block's fences (read-only).
+    #[inline]
+    pub(crate) fn fences(&self) -> &Fences {
+        &self.meta().fences
     }
 
     #[inline]
     pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.meta().ptr.as_ptr()
     }
 
     /// The stand-in for the bytes, for writers that work through raw
     /// pointers (the cleaner's chunks).
     pub(crate) fn contents(&self) -> &Contents {
-        &self.contents
+        &self.meta().contents
     }
 
     #[inline]
     pub(crate) fn as_slice(&self) -> &[u8] {
-        self.contents.read();
+        let meta = self.meta();
+        meta.contents.read();
         // SAFETY:
-        // - `ptr` is a live mapping of `footprint() >= len()` bytes;
+        // - `ptr` is a live mapping of `footprint >= len` bytes;
         // - the bytes are initialised (anonymous mappings are zero-filled);
         // - `&self` excludes writers: every writer holds `&mut self` or is a
         //   cleaner worker that owns the block.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+        unsafe { std::slice::from_raw_parts(meta.ptr.as_ptr(), meta.len) }
     }
 
     #[inline]
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.contents.write();
+        let meta = self.meta();
+        meta.contents.write();
         // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+        unsafe { std::slice::from_raw_parts_mut(meta.ptr.as_ptr(), meta.len) }
+    }
+
+    /// Zeroes the dirty prefix (the self-clean of a small buffer).
+    pub(crate) fn zero_dirty(&mut self) -> usize {
+        let dirty = self.dirty();
+        self.as_mut_slice()[..dirty].fill(0);
+        self.meta_mut().dirty = 0;
+        dirty
+    }
+
+    /// Gives up the block's ownership as a metadata pointer (remote lists).
+    pub(crate) fn into_raw(self) -> *mut Meta {
+        let ptr = self.meta.as_ptr();
+        std::mem::forget(self);
+        ptr
+    }
+
+    /// Takes back ownership of a pointer from [`into_raw`](Self::into_raw).
+    ///
+    /// # Safety
+    /// `ptr` came from `into_raw` and is not owned by anyone else.
+    pub(crate) unsafe fn from_raw(ptr: *mut Meta) -> Self {
+        Self {
+            // SAFETY: `into_raw` pointers are never null.
+            meta: unsafe { NonNull::new_unchecked(ptr) },
+        }
+    }
+
+    /// Forgets the mapping (it stays mapped, and registered if it was) and
+    /// drops the metadata: for memory that a copy may still be reading.
+    pub(crate) fn leak(self) {
+        let meta = self.into_raw();
+        // SAFETY: from `into_raw` above, owned by nobody else.
+        drop(unsafe { Box::from_raw(meta) });
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if self.pinned {
+        // SAFETY: the metadata box is owned by this block and dropped once.
+        let meta = unsafe { Box::from_raw(self.meta.as_ptr()) };
+        if meta.pinned {
             // Unmapping page-locked memory would hand registered pages back
             // to the OS; losing the mapping is the lesser harm.
             tracing::error!(
-                bytes = self.footprint(),
-                "pinned block dropped without unregistering; leaking it"
+                bytes = meta.footprint,
+                "pinpool: a pinned block was dropped without unregistering; leaking it"
             );
             return;
         }
-        // SAFETY: `ptr` is the start of a mapping of `footprint()` bytes made
+        // SAFETY: `ptr` is the start of a mapping of `footprint` bytes made
         // by `map`/`map_huge` and owned by this block alone.
-        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.footprint()) };
+        let rc = unsafe { libc::munmap(meta.ptr.as_ptr().cast(), meta.footprint) };
         if rc != 0 {
-            tracing::error!(error = %std::io::Error::last_os_error(), "munmap failed");
+            tracing::error!(error = %std::io::Error::last_os_error(), "pinpool: munmap failed");
         }
     }
 }
 
-/// Zeroes `len` bytes at `ptr`.
+/// Zeroes `[start, end) ∩ [0, dirty)` of the block at `base` and pre-faults
+/// `[start, end)` beyond `dirty` (already zero), writing one zero byte per
+/// page so that a later registration finds every page resident. Writing
+/// (rather than reading) matters: a read would map the shared zero page,
+/// which the registration would then have to replace.
 ///
 /// # Safety
-/// `[ptr, ptr + len)` lies inside a live block that the caller may write
-/// and no one else reads or writes meanwhile.
-pub(crate) unsafe fn zero(ptr: *mut u8, len: usize) {
-    // SAFETY: the caller guarantees exclusive, in-bounds access.
-    unsafe { std::ptr::write_bytes(ptr, 0, len) };
-}
-
-/// Faults in every page of `[ptr, ptr + len)` by writing a zero byte to it,
-/// so that a later registration finds the pages resident. Writing (rather
-/// than reading) matters: a read would map the shared zero page, which the
-/// registration would then have to copy.
-///
-/// # Safety
-/// As for [`zero`]; the bytes must already be zero.
-pub(crate) unsafe fn touch(ptr: *mut u8, len: usize) {
-    let mut offset = 0;
-    while offset < len {
-        // SAFETY: `offset < len`, inside the caller's exclusive range; the
-        // byte is already zero, so writing zero leaves the contents intact.
-        unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
-        offset += PAGE;
+/// The caller owns `[base + start, base + end)` of a live block exclusively.
+pub(crate) unsafe fn clean_range(base: *mut u8, start: usize, end: usize, dirty: usize) {
+    let zero_end = dirty.clamp(start, end);
+    // SAFETY: `[start, zero_end)` lies in the caller's exclusive range.
+    unsafe { std::ptr::write_bytes(base.add(start), 0, zero_end - start) };
+    let page = page_size();
+    let mut offset = zero_end.next_multiple_of(page).min(end);
+    while offset < end {
+        // SAFETY: `offset < end`, inside the caller's range; the byte is
+        // already zero, so writing zero leaves the contents intact.
+        unsafe { std::ptr::write_volatile(base.add(offset), 0) };
+        offset += page;
     }
 }
 
@@ -197,13 +339,14 @@ fn map(bytes: usize) -> Result<NonNull<u8>, Error> {
     Ok(NonNull::new(ptr.cast()).expect("mmap never returns null on success"))
 }
 
-/// Maps `bytes` (a multiple of 2 MiB) aligned to 2 MiB and advises huge
-/// pages: over-maps by one huge page, then unmaps the unaligned head and tail.
+/// Maps `bytes` aligned to the huge page and advises huge pages: over-maps
+/// by one huge page, then unmaps the unaligned head and tail.
 fn map_huge(bytes: usize) -> Result<NonNull<u8>, Error> {
-    let raw = map(bytes + HUGE_PAGE)?.as_ptr() as usize;
-    let start = (raw + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
+    let huge = huge_page_size();
+    let raw = map(bytes + huge)?.as_ptr() as usize;
+    let start = raw.next_multiple_of(huge);
     let head = start - raw;
-    let tail = HUGE_PAGE - head;
+    let tail = huge - head;
     // SAFETY: both ranges lie inside the mapping just made and outside the
     // aligned block kept; unmapping them returns unused address space.
     unsafe {
@@ -213,8 +356,21 @@ fn map_huge(bytes: usize) -> Result<NonNull<u8>, Error> {
         if tail > 0 {
             libc::munmap((start + bytes) as *mut libc::c_void, tail);
         }
-        // Advice only: a kernel without THP keeps 4 KiB pages.
+        // Advice only: a kernel without THP keeps small pages.
         libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
     }
     Ok(NonNull::new(start as *mut u8).expect("aligned address inside a mapping"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_sizes_come_from_the_system() {
+        // SAFETY: sysconf has no preconditions.
+        let sys = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        assert_eq!(page_size(), sys);
+        assert!(huge_page_size() >= page_size() && huge_page_size().is_power_of_two());
+    }
 }

@@ -3,17 +3,15 @@
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 
-use std::marker::PhantomData;
-
-use bytemuck::Pod;
-use cudarc::driver::{CudaEvent, CudaStream, HostSlice, SyncOnDrop};
+use cudarc::driver::{result, sys, CudaEvent, CudaStream, HostSlice, SyncOnDrop};
 
 use crate::alloc::Block;
-use crate::backend::Fence;
-use crate::cleaner::Inbox;
+use crate::backend::cuda::Bound;
 use crate::error::Error;
-use crate::sync::{Arc, Mutex};
+use crate::fence::{must_sync, Fence, Fences};
+use crate::sync::{AtomicBool, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
 
 /// A host staging buffer owned by a pool, handed out by
@@ -22,8 +20,15 @@ use crate::thread_cache::ThreadCache;
 /// Dereferences to `[u8]` of exactly the class size. The memory never moves
 /// or grows, and dropping the guard is the only way to let it go: it goes
 /// back through the pool's cleaner, which waits for the copies still
-/// reading it, re-zeroes what was written and makes it ready again. A drop
-/// never blocks and never calls CUDA.
+/// reading it, re-zeroes what was written and makes it ready again.
+/// Dropping never blocks and never calls CUDA, in every state of the pool.
+///
+/// Copies made through cudarc (the buffer and its views are cudarc
+/// [`HostSlice`]s) record the buffer's last use by themselves, and host
+/// access through `Deref`, `DerefMut` and the views waits for them first,
+/// as cudarc's own pinned slices do. Copies enqueued by other means are
+/// marked with [`record_last_use`](Self::record_last_use); host access does
+/// not wait for those: ordering them with host writes is the caller's job.
 ///
 /// # Examples
 ///
@@ -37,29 +42,33 @@ use crate::thread_cache::ThreadCache;
 /// ```
 pub struct PinnedBuffer {
     block: ManuallyDrop<Block>,
-    home: ManuallyDrop<Arc<ThreadCache>>,
+    home: NonNull<ThreadCache>,
     dirty: usize,
-    fences: Vec<Fence>,
-    /// Events after copies that cudarc enqueued through `HostSlice`; boxed
-    /// so that an event keeps its address while the list grows, and only
-    /// moved out when the buffer drops.
-    #[allow(clippy::vec_box)] // the boxes are what keep the addresses fixed
-    copies: Mutex<Vec<Box<CudaEvent>>>,
+    fences: Mutex<Fences>,
+    /// Copies made through cudarc since the last host access.
+    copies_pending: AtomicBool,
     pooled: bool,
 }
+
+// SAFETY: the buffer owns its block; `home` points into the pool's caches,
+// which outlive every buffer (a closed pool is kept for its late drops).
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: shared access reads the bytes (after waiting for copies through
+// cudarc, under the fences' lock) or records a copy under that lock.
+unsafe impl Sync for PinnedBuffer {}
 
 // === impl PinnedBuffer ===
 
 impl PinnedBuffer {
     #[inline]
-    pub(crate) fn new(block: Block, home: Arc<ThreadCache>, pooled: bool) -> Self {
-        let dirty = block.len();
+    pub(crate) fn new(mut block: Block, home: &ThreadCache, pooled: bool) -> Self {
+        let fences = std::mem::take(&mut block.meta_mut().fences);
         Self {
+            dirty: block.len(),
             block: ManuallyDrop::new(block),
-            home: ManuallyDrop::new(home),
-            dirty,
-            fences: Vec::new(),
-            copies: Mutex::new(Vec::new()),
+            home: NonNull::from(home),
+            fences: Mutex::new(fences),
+            copies_pending: AtomicBool::new(false),
             pooled,
         }
     }
@@ -114,6 +123,8 @@ impl PinnedBuffer {
     /// Narrows the prefix the cleaner re-zeroes (by default the whole
     /// buffer). The caller asserts that bytes at `len..` have not been
     /// written since the take. Values past the end are clamped to `len()`.
+    /// A copy through cudarc *into* the buffer (or a writable view) widens
+    /// the prefix to what it can write.
     ///
     /// # Examples
     ///
@@ -146,14 +157,23 @@ impl PinnedBuffer {
         self.dirty
     }
 
+    /// Widens the dirty prefix to at least `len` bytes (a copy into them).
+    #[inline]
+    pub(crate) fn widen_dirty(&mut self, len: usize) {
+        self.dirty = self.dirty.max(len.min(self.block.len()));
+    }
+
     /// Records the point on `stream` after which the buffer is no longer
     /// read: call it right after enqueueing the last copy out of the buffer
-    /// on that stream. The cleaner then waits on exactly these events before
+    /// on that stream. The cleaner then waits on exactly this event before
     /// reusing the buffer, instead of synchronizing the whole device. If
-    /// several streams read the buffer, record on each.
+    /// several streams read the buffer, record on each. Events come from a
+    /// pool and are reused: none is created in the steady state.
     ///
+    /// Copies made through cudarc need no call: they record by themselves.
     /// Without any recorded event, the cleaner synchronizes the buffer's
-    /// device (see [`device`](Self::device)) before reusing a pinned buffer.
+    /// device (its primary context; see [`device`](Self::device)) before
+    /// reusing a pinned buffer.
     ///
     /// # Errors
     ///
@@ -170,110 +190,121 @@ impl PinnedBuffer {
     /// # Ok(()) }
     /// ```
     pub fn record_last_use(&mut self, stream: &CudaStream) -> Result<(), Error> {
-        let event = stream.record_event(None).map_err(|source| Error::Cuda {
-            op: "cuEventRecord",
-            source,
-        })?;
-        self.fences.push(Fence::new(event));
+        let fences = self.fences.get_mut();
+        let event = fences.event(stream.context())?;
+        // SAFETY: `stream` is a live stream of the event's context (the
+        // event was taken for that context).
+        unsafe { event.record(stream.cu_stream()) }?;
+        fences.push(Fence::Event(event));
         Ok(())
     }
-}
 
-#[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
-impl PinnedBuffer {
-    /// Records a fence that completes when `done` is set and fails when
-    /// `failed` is (loom models and the `testing` feature).
-    pub(crate) fn record_flag(
-        &mut self,
-        done: Arc<crate::sync::AtomicBool>,
-        failed: Arc<crate::sync::AtomicBool>,
-    ) {
-        self.fences.push(Fence::flag(done, failed));
+    /// Adds a fence the cleaner waits on (test fences).
+    #[cfg(feature = "testing")]
+    pub(crate) fn push_fence(&mut self, fence: Fence) {
+        self.fences.get_mut().push(fence);
     }
-}
 
-impl PinnedBuffer {
+    /// Waits for copies made through cudarc before host access.
+    #[inline]
+    fn sync_host(&self) {
+        // Acquire pairs with the Release store when a copy is recorded on
+        // another thread holding `&self`.
+        if self.copies_pending.load(Ordering::Acquire) {
+            self.wait_copies();
+        }
+    }
+
+    #[cold]
+    fn wait_copies(&self) {
+        let fences = self.fences.lock();
+        if let Err(e) = fences.wait_copies() {
+            panic!("pinpool: waiting for a copy made through cudarc failed: {e}");
+        }
+        self.copies_pending.store(false, Ordering::Release);
+    }
+
     /// What cudarc should do after the copy it is about to enqueue on
-    /// `stream`: record an event that the cleaner will wait on, or, where
-    /// cudarc would not record one (its context is not tracking events),
-    /// synchronize the stream.
-    fn copy_fence<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        if !stream.context().is_managing_stream_synchronization() {
+    /// `stream`: record a pooled event that host access and the cleaner
+    /// will wait on, or, where cudarc would not record it (the legacy
+    /// default stream, or a context whose events cudarc does not manage),
+    /// synchronize the stream. The stream is made to wait for earlier
+    /// copies made through cudarc on other streams.
+    pub(crate) fn copy_fence<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+        let mut fences = self.fences.lock();
+        if fences.has_copies() {
+            self.order_after_copies(&fences, stream);
+        }
+        if must_sync(stream) {
             return SyncOnDrop::Sync(Some(stream));
         }
-        let Ok(event) = stream.context().new_event(None) else {
+        let Ok(event) = fences.event(stream.context()) else {
             return SyncOnDrop::Sync(Some(stream));
         };
-        let event = Box::new(event);
-        let ptr: *const CudaEvent = &*event;
-        self.copies.lock().push(event);
-        // SAFETY:
-        // - the event is boxed, so its address survives the list growing;
-        // - it leaves the list only in `Drop`, which needs the buffer by
-        //   value, after every borrow `'a` of it has ended.
-        SyncOnDrop::Record(Some((unsafe { &*ptr }, stream)))
+        let event: *const CudaEvent = fences.push_copy(event);
+        // Release pairs with the Acquire load in `sync_host`.
+        self.copies_pending.store(true, Ordering::Release);
+        drop(fences);
+        // SAFETY: the event is boxed and stays in `copies` until the buffer
+        // is accessed through `&mut self` (drop, `DerefMut`), which cannot
+        // happen while this `&'a self` borrow lives.
+        SyncOnDrop::Record(Some((unsafe { &*event }, stream)))
     }
 
-    /// Views the bytes as elements of a plain-old-data type (the tail
-    /// shorter than one element is left out), for staging typed data with
-    /// cudarc: `stream.memcpy_htod(&buf.typed::<u32>(), &mut dst)` records
-    /// the buffer's last use like a copy of the buffer itself.
-    ///
-    /// # Panics
-    ///
-    /// If `T` is zero-sized or needs more than page alignment.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
-    /// let mut buf = pool.take(64);
-    /// buf.typed_mut::<u32>()[3] = 7;
-    /// assert_eq!(buf.typed::<u32>().len(), 16);
-    /// assert_eq!(buf.typed::<u32>()[3], 7);
-    /// # Ok::<(), pinpool::Error>(())
-    /// ```
-    pub fn typed<T: Pod>(&self) -> Typed<'_, T> {
-        check_element::<T>();
-        Typed {
-            buf: self,
-            _element: PhantomData,
+    /// Makes `stream` wait for the copies made through cudarc so far.
+    fn order_after_copies(&self, fences: &Fences, stream: &CudaStream) {
+        let Ok(_bound) = Bound::to(stream.context().cu_ctx()) else {
+            return;
+        };
+        for event in fences.copy_events() {
+            // SAFETY: a live stream and a live event; the wait only orders
+            // work on the device.
+            let waited = unsafe {
+                result::stream::wait_event(
+                    stream.cu_stream(),
+                    event,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            };
+            if let Err(e) = waited {
+                tracing::warn!(error = %e, "pinpool: cuStreamWaitEvent failed");
+            }
         }
     }
 
-    /// Like [`typed`](Self::typed), writable.
-    pub fn typed_mut<T: Pod>(&mut self) -> TypedMut<'_, T> {
-        check_element::<T>();
-        TypedMut {
-            buf: self,
-            _element: PhantomData,
-        }
+    /// The bytes, for the views: after waiting for copies.
+    #[inline]
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.sync_host();
+        self.block.as_slice()
     }
 
-    /// The bytes covered by whole elements of `T`.
-    fn element_bytes<T>(&self) -> usize {
-        self.block.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>()
+    /// The bytes, writable: after waiting for copies.
+    #[inline]
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        self.sync_host();
+        self.block.as_mut_slice()
     }
 
-    /// The whole elements of `T` (what both typed views show).
-    fn elements<T: Pod>(&self) -> &[T] {
-        bytemuck::cast_slice(&self[..self.element_bytes::<T>()])
+    /// The bytes without waiting, for cudarc's copy path (the stream orders
+    /// the copy after earlier ones).
+    pub(crate) fn raw_bytes(&self) -> &[u8] {
+        self.block.as_slice()
     }
-}
 
-fn check_element<T>() {
-    assert!(
-        std::mem::size_of::<T>() > 0,
-        "pinpool: typed views need a sized element type"
-    );
-    assert!(
-        std::mem::align_of::<T>() <= crate::size_class::PAGE,
-        "pinpool: typed views support alignments up to a page"
-    );
+    /// The bytes without waiting, writable, for cudarc's copy path.
+    pub(crate) fn raw_bytes_mut(&mut self) -> *mut u8 {
+        self.block.as_ptr()
+    }
+
+    fn home(&self) -> &ThreadCache {
+        // SAFETY: see the `Send` impl.
+        unsafe { self.home.as_ref() }
+    }
 }
 
 /// Copies from the buffer with cudarc record the buffer's last use on the
-/// copying stream, as [`PinnedBuffer::record_last_use`] would.
+/// copying stream; see [`PinnedBuffer`].
 impl HostSlice<u8> for PinnedBuffer {
     fn len(&self) -> usize {
         self.block.len()
@@ -283,133 +314,21 @@ impl HostSlice<u8> for PinnedBuffer {
         &'a self,
         stream: &'a CudaStream,
     ) -> (&'a [u8], SyncOnDrop<'a>) {
-        (self.block.as_slice(), self.copy_fence(stream))
+        (self.raw_bytes(), self.copy_fence(stream))
     }
 
     unsafe fn stream_synced_mut_slice<'a>(
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (&'a mut [u8], SyncOnDrop<'a>) {
-        let (ptr, len) = (self.block.as_ptr(), self.block.len());
+        let len = self.block.len();
+        self.widen_dirty(len);
+        let ptr = self.raw_bytes_mut();
         let fence = self.copy_fence(stream);
         // SAFETY: `ptr` holds `len` initialised bytes owned by the buffer,
         // and the `&'a mut self` borrow makes this the only access to them;
-        // `copy_fence` touches only the event list, not the bytes.
+        // `copy_fence` touches only the fences, not the bytes.
         (unsafe { std::slice::from_raw_parts_mut(ptr, len) }, fence)
-    }
-}
-
-/// A view of a [`PinnedBuffer`] as `[T]`; see [`PinnedBuffer::typed`].
-///
-/// # Examples
-///
-/// ```
-/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
-/// let buf = pool.take(64);
-/// let words: pinpool::Typed<'_, u64> = buf.typed();
-/// assert_eq!(words.len(), 8);
-/// # Ok::<(), pinpool::Error>(())
-/// ```
-#[derive(Debug)]
-pub struct Typed<'a, T> {
-    buf: &'a PinnedBuffer,
-    _element: PhantomData<T>,
-}
-
-impl<T: Pod> Deref for Typed<'_, T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        self.buf.elements()
-    }
-}
-
-impl<T: Pod> HostSlice<T> for Typed<'_, T> {
-    fn len(&self) -> usize {
-        self.buf.elements::<T>().len()
-    }
-
-    unsafe fn stream_synced_slice<'a>(
-        &'a self,
-        stream: &'a CudaStream,
-    ) -> (&'a [T], SyncOnDrop<'a>) {
-        (self, self.buf.copy_fence(stream))
-    }
-
-    /// A shared view cannot be copied into.
-    ///
-    /// # Panics
-    ///
-    /// Always: copy into a [`TypedMut`] (from [`PinnedBuffer::typed_mut`]).
-    unsafe fn stream_synced_mut_slice<'a>(
-        &'a mut self,
-        _stream: &'a CudaStream,
-    ) -> (&'a mut [T], SyncOnDrop<'a>) {
-        panic!("pinpool: cannot copy into a shared typed view; use PinnedBuffer::typed_mut")
-    }
-}
-
-/// A writable view of a [`PinnedBuffer`] as `[T]`; see
-/// [`PinnedBuffer::typed_mut`].
-///
-/// # Examples
-///
-/// ```
-/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
-/// let mut buf = pool.take(64);
-/// let mut words: pinpool::TypedMut<'_, u16> = buf.typed_mut();
-/// words[0] = 0xABCD;
-/// assert_eq!(buf[..2], 0xABCDu16.to_ne_bytes());
-/// # Ok::<(), pinpool::Error>(())
-/// ```
-#[derive(Debug)]
-pub struct TypedMut<'a, T> {
-    buf: &'a mut PinnedBuffer,
-    _element: PhantomData<T>,
-}
-
-impl<T: Pod> Deref for TypedMut<'_, T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        self.buf.elements()
-    }
-}
-
-impl<T: Pod> DerefMut for TypedMut<'_, T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        let bytes = self.buf.element_bytes::<T>();
-        bytemuck::cast_slice_mut(&mut self.buf[..bytes])
-    }
-}
-
-impl<T: Pod> HostSlice<T> for TypedMut<'_, T> {
-    fn len(&self) -> usize {
-        self.buf.elements::<T>().len()
-    }
-
-    unsafe fn stream_synced_slice<'a>(
-        &'a self,
-        stream: &'a CudaStream,
-    ) -> (&'a [T], SyncOnDrop<'a>) {
-        (self, self.buf.copy_fence(stream))
-    }
-
-    unsafe fn stream_synced_mut_slice<'a>(
-        &'a mut self,
-        stream: &'a CudaStream,
-    ) -> (&'a mut [T], SyncOnDrop<'a>) {
-        let fence = self.buf.copy_fence(stream);
-        let bytes = self.buf.element_bytes::<T>();
-        let ptr = self.buf.block.as_ptr();
-        // SAFETY: `ptr` holds at least `bytes` initialised bytes, page
-        // aligned (so aligned for `T`, checked at construction), every bit
-        // pattern is a valid `T` (`Pod`), and `&'a mut self` makes this the
-        // only access to them.
-        let elements = unsafe {
-            std::slice::from_raw_parts_mut(ptr.cast::<T>(), bytes / std::mem::size_of::<T>())
-        };
-        (elements, fence)
     }
 }
 
@@ -418,14 +337,14 @@ impl Deref for PinnedBuffer {
 
     #[inline]
     fn deref(&self) -> &[u8] {
-        self.block.as_slice()
+        self.bytes()
     }
 }
 
 impl DerefMut for PinnedBuffer {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
-        self.block.as_mut_slice()
+        self.bytes_mut()
     }
 }
 
@@ -448,26 +367,24 @@ impl fmt::Debug for PinnedBuffer {
             .field("device", &self.device())
             .field("pinned", &self.is_pinned())
             .field("dirty_len", &self.dirty)
-            .field("fences", &self.fences.len())
-            .finish()
+            .field("pooled", &self.pooled)
+            .finish_non_exhaustive()
     }
 }
 
 impl Drop for PinnedBuffer {
     #[inline]
     fn drop(&mut self) {
-        // SAFETY: both fields are taken exactly once, here, and never used
-        // again.
-        let (block, home) = unsafe {
-            (
-                ManuallyDrop::take(&mut self.block),
-                ManuallyDrop::take(&mut self.home),
-            )
-        };
-        let mut fences = std::mem::take(&mut self.fences);
+        // SAFETY: taken exactly once, here, and never used again.
+        let mut block = unsafe { ManuallyDrop::take(&mut self.block) };
         // `&mut self`: no copy can be recording, so no lock is taken.
-        let copies = std::mem::take(self.copies.get_mut());
-        fences.extend(copies.into_iter().map(|event| Fence::new(*event)));
-        Inbox::submit(&home, block, self.dirty, fences);
+        let mut fences = std::mem::take(self.fences.get_mut());
+        if fences.has_copies() {
+            fences.seal();
+        }
+        let meta = block.meta_mut();
+        meta.dirty = self.dirty;
+        meta.fences = fences;
+        self.home().give_back(block);
     }
 }

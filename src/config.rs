@@ -3,7 +3,7 @@
 use crate::backend::BackendKind;
 use crate::error::Error;
 use crate::pool::Pool;
-use crate::size_class::PAGE;
+use crate::size_class::SizeClasses;
 
 /// Default cap on pooled bytes: 4 GiB.
 pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
@@ -36,6 +36,8 @@ pub struct Config {
     pub max_pooled_bytes: usize,
     /// Cap on the bytes each thread's cache holds.
     pub thread_cache_bytes: usize,
+    /// How requested sizes round up to buffer lengths.
+    pub size_classes: SizeClasses,
 }
 
 impl Default for Config {
@@ -47,6 +49,7 @@ impl Default for Config {
             cleaner_threads: cores.clamp(1, 8),
             max_pooled_bytes: DEFAULT_MAX_POOLED_BYTES,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
+            size_classes: SizeClasses::default(),
         }
     }
 }
@@ -59,9 +62,10 @@ impl Config {
                 self.cleaner_threads
             )));
         }
-        if self.max_pooled_bytes < PAGE {
+        let page = crate::alloc::page_size();
+        if self.max_pooled_bytes < page {
             return Err(Error::InvalidConfig(format!(
-                "max_pooled_bytes must hold at least one buffer ({PAGE} bytes), got {}; \
+                "max_pooled_bytes must hold at least one buffer ({page} bytes), got {}; \
                  to turn pooling off later, use Pool::set_max_pooled_bytes(0)",
                 self.max_pooled_bytes
             )));
@@ -176,6 +180,26 @@ impl PoolBuilder {
         self
     }
 
+    /// How requested sizes round up (default [`SizeClasses::Fine`]);
+    /// [`SizeClasses::PowersOfTwo`] gives the seed's lengths.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinpool::SizeClasses;
+    ///
+    /// let pool = pinpool::Pool::builder()
+    ///     .backend(pinpool::BackendKind::Host)
+    ///     .size_classes(SizeClasses::PowersOfTwo)
+    ///     .build()?;
+    /// assert_eq!(pool.take(5000).len(), 8192);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn size_classes(mut self, classes: SizeClasses) -> Self {
+        self.config.size_classes = classes;
+        self
+    }
+
     /// Applies settings written as comma-separated `key=value` pairs, the
     /// format of the `PINPOOL_CONF` environment variable: `cleaner_threads`,
     /// `max_pooled_bytes`, `thread_cache_bytes`, `devices` and `backend`
@@ -261,6 +285,13 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
         "devices" => config.devices = Some(parse_count(value)?),
         "max_pooled_bytes" => config.max_pooled_bytes = parse_size(value)?,
         "thread_cache_bytes" => config.thread_cache_bytes = parse_size(value)?,
+        "size_classes" => {
+            config.size_classes = match value.to_ascii_lowercase().as_str() {
+                "fine" => SizeClasses::Fine,
+                "pow2" => SizeClasses::PowersOfTwo,
+                _ => return Err("size_classes must be fine or pow2".into()),
+            }
+        }
         "backend" => {
             config.backend = match value.to_ascii_lowercase().as_str() {
                 "auto" => BackendKind::Auto,

@@ -51,6 +51,13 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// A failed driver call.
+    pub(crate) fn cuda(op: &'static str, source: cudarc::driver::DriverError) -> Self {
+        Error::Cuda { op, source }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -4,6 +4,34 @@
 use crate::buffer::PinnedBuffer;
 use crate::pool::Pool;
 
+impl Pool {
+    /// The process-wide pool behind the free functions, built on first use
+    /// with the default settings ([`BackendKind::Auto`]) and those of the
+    /// `PINPOOL_CONF` environment variable (see [`PoolBuilder::conf`]).
+    ///
+    /// [`BackendKind::Auto`]: crate::BackendKind::Auto
+    /// [`PoolBuilder::conf`]: crate::PoolBuilder::conf
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::global();
+    /// let buf = pool.take(4096);
+    /// assert_eq!(buf.len(), 4096);
+    /// ```
+    pub fn global() -> &'static Pool {
+        static GLOBAL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            Pool::builder().from_env().build().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "pinpool: PINPOOL_CONF rejected; using the defaults");
+                Pool::builder()
+                    .build()
+                    .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
+            })
+        })
+    }
+}
+
 /// Takes a buffer from the [global pool](Pool::global); see [`Pool::take`].
 ///
 /// # Examples

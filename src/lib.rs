@@ -39,41 +39,49 @@
 #![warn(unsafe_op_in_unsafe_fn, missing_docs, missing_debug_implementations)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod admission;
 mod alloc;
 mod backend;
 mod buffer;
 mod cleaner;
 mod config;
 mod error;
+mod fence;
+mod flush;
 #[cfg(not(all(loom, feature = "loom")))]
 mod global;
 mod pool;
+mod reaper;
+mod remote;
 mod shard;
 mod size_class;
 mod stack;
 mod stats;
 mod sync;
 mod thread_cache;
+mod views;
 
 pub use backend::BackendKind;
-pub use buffer::{PinnedBuffer, Typed, TypedMut};
+pub use buffer::PinnedBuffer;
 pub use config::{Config, PoolBuilder, DEFAULT_MAX_POOLED_BYTES, DEFAULT_THREAD_CACHE_BYTES};
 pub use error::Error;
 #[cfg(not(all(loom, feature = "loom")))]
 pub use global::{clear, register_region, set_max_pooled_bytes, shutdown, take, unregister_region};
 pub use pool::Pool;
-pub use size_class::MAX_CLASS_SIZE;
+pub use size_class::{SizeClasses, MAX_CLASS_SIZE};
 pub use stats::{ClassStats, DeviceStats, Stats};
+pub use views::{Prefix, PrefixMut, Typed, TypedMut};
 
 #[cfg(all(loom, feature = "loom"))]
 #[doc(hidden)]
 pub mod loom_internals;
 
-/// Fault injection for tests: a backend that fails or panics on chosen
-/// calls (the `testing` feature).
+/// Fault injection for tests: a backend that fails, panics or blocks on
+/// chosen calls, and a fence completed by hand (the `testing` feature).
 #[cfg(feature = "testing")]
 pub mod testing {
-    pub use crate::backend::fault::{Faults, TestFence};
+    pub use crate::backend::fault::Faults;
+    pub use crate::fence::TestFence;
 }
 
 /// The README's examples, compiled and run as doctests.

@@ -1,16 +1,6 @@
 //! Internals exposed to the `loom-tests` crate, in loom builds only.
 
 use crate::stack;
-use crate::PinnedBuffer;
-
-/// Records on `buf` a fence that completes when `done` is set, standing in
-/// for a CUDA event recorded after a copy that is still reading the buffer.
-pub fn record_fence(buf: &mut PinnedBuffer, done: loom::sync::Arc<loom::sync::atomic::AtomicBool>) {
-    buf.record_flag(
-        done,
-        loom::sync::Arc::new(loom::sync::atomic::AtomicBool::new(false)),
-    );
-}
 
 /// The lock-free size-class stack, over `u64` values.
 #[derive(Debug)]

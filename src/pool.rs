@@ -1,50 +1,47 @@
-//! The pool: per-device shards, per-thread caches, the cap, and the
-//! [`Pool`] handle users hold.
+//! The pool: what its handles share, the take path, and the life cycle
+//! (flush, clear, shutdown, close).
+//!
+//! A take looks in the calling thread's cache ([`thread_cache`]), then its
+//! device's [shard](crate::shard), then other threads' caches (a steal),
+//! and on a miss maps a fresh pageable buffer. A drop goes back through the
+//! buffer's cache to the [cleaner](crate::cleaner), which hands ready
+//! buffers to [admission](crate::admission). IMPLEMENTATION.md tells the
+//! whole journey.
+//!
+//! [`thread_cache`]: crate::thread_cache
 
+use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::backend::{self, Backend, BackendKind};
 use crate::buffer::PinnedBuffer;
-use crate::cleaner::{Inbox, Returned};
+use crate::cleaner::{self, Cleaner, Env, Returned};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
+use crate::reaper::{self, Message, Retire};
 use crate::shard::Shard;
-use crate::size_class::{self, CLASSES, MAX_SHIFT};
+use crate::size_class::{Classes, SizeClass};
 use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
-use crate::sync::{Arc, AtomicUsize, JoinHandle, Mutex, Ordering, PerThread};
-use crate::thread_cache::{Dirty, Found, ThreadCache};
-use crossbeam_utils::CachePadded;
+use crate::sync::{barrier, thread, Arc, AtomicBool, Ordering};
+use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
 
 /// Everything a pool shares between its handles, its threads and its
 /// cleaner workers.
 pub(crate) struct Shared {
-    pub(crate) config: Config,
+    pub(crate) config: crate::sync::Mutex<Config>,
+    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) caches: Box<Caches>,
     pub(crate) shards: Box<[Shard]>,
-    pub(crate) caches: PerThread<Arc<ThreadCache>>,
-    pub(crate) inbox: Arc<Inbox>,
-    /// An upper bound on the pooled footprint bytes: admission adds to it
-    /// before a buffer becomes visible, eviction and `clear` subtract after
-    /// removing one, and takes are subtracted late, in bulk, when the slow
-    /// path folds in every cache's `untallied` count. It never under-counts,
-    /// so admitting while it stays under the cap keeps the cap.
-    estimate: CachePadded<AtomicUsize>,
-    /// Serialises the slow path of admission (folding, eviction) and cap
-    /// changes. Takers never take it.
-    admission: Mutex<()>,
-    max_pooled: AtomicUsize,
-    pub(crate) workers: Mutex<Vec<JoinHandle<()>>>,
-    pub(crate) flush_lock: Mutex<()>,
-    /// Per device, when the last successful synchronize started.
-    pub(crate) device_syncs: Box<[Mutex<Option<std::time::Instant>>]>,
-    /// Buffers whose copies were still running when a worker got them.
-    pub(crate) parked: Mutex<Vec<Returned>>,
-    pub(crate) parked_len: AtomicUsize,
+    pub(crate) admission: Admission,
+    pub(crate) cleaner: Cleaner,
+    /// Set once the last handle is gone: no worker starts again.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("config", &self.config)
-            .field("inbox", &self.inbox)
+            .field("backend", &self.backend)
+            .field("cleaner", &self.cleaner)
             .finish_non_exhaustive()
     }
 }
@@ -52,269 +49,353 @@ impl std::fmt::Debug for Shared {
 // === impl Shared ===
 
 impl Shared {
-    fn backend(&self) -> &dyn Backend {
-        &**self.inbox.backend
+    pub(crate) fn places(&self) -> Places<'_> {
+        Places {
+            shards: &self.shards,
+            caches: &self.caches,
+        }
     }
 
-    /// The calling thread's cache.
-    #[inline]
-    pub(crate) fn cache(&self) -> &Arc<ThreadCache> {
-        self.caches.get_or(|| {
-            Arc::new(ThreadCache::new(
-                Arc::clone(&self.inbox),
-                self.shards.len(),
-                self.config.thread_cache_bytes,
-            ))
-        })
+    pub(crate) fn env(&self) -> Env<'_> {
+        Env {
+            backend: &*self.backend,
+            admission: &self.admission,
+            places: self.places(),
+        }
     }
 
-    /// Takes a ready buffer from any other thread's cache (idle or exited
-    /// threads keep theirs until someone needs them).
-    #[cold]
-    fn steal(&self, device: usize, shift: u32, own: &Arc<ThreadCache>) -> Option<Block> {
-        self.caches
-            .iter()
-            .filter(|c| !Arc::ptr_eq(c, own))
-            .find_map(|c| c.steal(device, shift, own))
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.caches.counters
     }
 
-    /// Pops a ready buffer from `device`'s shard, tallying it to `cache`.
-    #[inline]
-    fn pop_shard(&self, device: usize, shift: u32, cache: &ThreadCache) -> Option<Block> {
-        let block = self.shards[device].pop(shift)?;
-        cache.untally(block.footprint());
-        Some(block)
+    pub(crate) fn classes(&self) -> &Classes {
+        &self.caches.classes
     }
 
-    /// Cleans a dirty buffer on the taker's thread (see `thread_cache`).
-    #[cold]
-    fn help(&self, dirty: Dirty, cache: &ThreadCache) -> Block {
-        let mut block = dirty.block;
-        let len = dirty.dirty.min(block.len());
-        block.as_mut_slice()[..len].fill(0);
-        cache.count_help(len);
-        drop(dirty.fences);
-        self.inbox.complete(cache, dirty.epoch);
-        block
-    }
-
-    /// Pooled footprint bytes, thread caches included (exact once quiet).
-    pub(crate) fn pooled_bytes(&self) -> usize {
-        let untallied: usize = self.caches.iter().map(|c| c.untallied()).sum();
-        self.estimate
-            .load(Ordering::Relaxed)
-            .saturating_sub(untallied)
-    }
-
-    /// Puts a ready `block` back, in its owner's cache if there is room,
-    /// else in its device's shard, keeping the pooled bytes under the cap
-    /// (evicting largest first).
-    pub(crate) fn admit(&self, block: Block, home: &ThreadCache) {
-        let footprint = block.footprint();
-        // Relaxed: the cap is a setting; `set_max_pooled_bytes` re-evicts
-        // under the admission lock after changing it.
-        let cap = self.max_pooled.load(Ordering::Relaxed);
-        // Relaxed: the estimate guards a count, not data; its RMWs are
-        // totally ordered among themselves, which is all the cap needs.
-        if self.estimate.fetch_add(footprint, Ordering::Relaxed) + footprint <= cap {
-            self.place(block, home);
+    /// Starts the cleaner's workers unless they run or the pool is closed.
+    fn start_cleaner(this: &Arc<Self>) {
+        // Relaxed: `closed` is set before the last handle's close stops the
+        // workers; a start that misses it is stopped by that close.
+        if this.cleaner.is_running() || this.closed.load(Ordering::Relaxed) {
             return;
         }
-        self.estimate.fetch_sub(footprint, Ordering::Relaxed);
-        let evicted = {
-            let _admission = self.admission.lock();
-            self.fold();
-            if footprint > cap {
-                drop(_admission);
-                self.inbox.release(block);
-                return;
+        this.cleaner.start(|index| {
+            let shared = Arc::clone(this);
+            thread::Builder::new()
+                .name(format!("pinpool-cleaner-{index}"))
+                .spawn(move || shared.cleaner.work(shared.env(), index))
+        });
+    }
+
+    /// The take path; see the module docs.
+    #[inline]
+    fn take(this: &Arc<Self>, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
+        let class = this.classes().class_for(min_size)?;
+        if device >= this.shards.len() {
+            return Err(Error::UnknownDevice {
+                device,
+                devices: this.shards.len(),
+            });
+        }
+        let cache = this.caches.local();
+        let found = if this.caches.is_own(cache) {
+            cache.take(device, class)
+        } else {
+            None
+        };
+        let block = match found {
+            Some(Found::Ready(block)) => {
+                cache.count_hit(device, class, block.footprint());
+                Some(block)
             }
-            let evicted = self.evict_to_fit(footprint, cap);
-            self.estimate.fetch_add(footprint, Ordering::Relaxed);
-            self.place(block, home);
-            evicted
+            Some(Found::Deferred(block)) => this.reuse(cache, block, true),
+            None => None,
         };
-        self.release_all(evicted);
+        let (block, pooled) = match block {
+            Some(block) => (block, true),
+            None => Self::take_slow(this, cache, device, class)?,
+        };
+        Ok(PinnedBuffer::new(block, cache, pooled))
     }
 
-    /// Offers `block` to `home`, else pushes it on its shard, else frees it.
-    fn place(&self, block: Block, home: &ThreadCache) {
-        let Err(block) = home.offer(block) else {
-            return;
-        };
-        let device = block.device();
-        if let Err(block) = self.shards[device].push(block) {
-            self.estimate
-                .fetch_sub(block.footprint(), Ordering::Relaxed);
-            self.inbox.release(block);
+    /// Re-zeroes a deferred buffer of `home` for reuse if its fences have
+    /// completed; otherwise hands it back (to `home` if the caller owns
+    /// it, else to the cleaner).
+    #[inline]
+    fn reuse(&self, home: &ThreadCache, mut block: Block, owner: bool) -> Option<Block> {
+        match block.meta_mut().fences.poll() {
+            Ok(true) => {
+                let (device, class) = (block.device(), block.class());
+                let zeroed = block.zero_dirty();
+                let meta = block.meta_mut();
+                meta.returned = false;
+                let parity = usize::from(meta.parity);
+                home.complete(parity, owner);
+                let taker = self.caches.local();
+                taker.count_cleaned(zeroed);
+                taker.count_hit(device, class, 0);
+                Some(block)
+            }
+            Ok(false) if owner => {
+                home.put_back(block);
+                None
+            }
+            Ok(false) => {
+                self.cleaner.submit(home, block, self.admission.cap());
+                None
+            }
+            Err(e) => {
+                Returned::new(block, home).fail_now(self.env(), &e);
+                None
+            }
         }
     }
 
-    /// Subtracts every cache's untallied takes from the estimate, making it
-    /// exact but for admissions in progress. Called under the admission lock.
-    fn fold(&self) {
-        for cache in self.caches.iter() {
-            self.estimate
-                .fetch_sub(cache.fold_untallied(), Ordering::Relaxed);
+    #[cold]
+    fn take_slow(
+        this: &Arc<Self>,
+        cache: &ThreadCache,
+        device: usize,
+        class: SizeClass,
+    ) -> Result<(Block, bool), Error> {
+        Self::start_cleaner(this);
+        if let Some(block) = this.shards[device].pop(class) {
+            cache.count_hit(device, class, block.footprint());
+            return Ok((block, true));
         }
+        if let Some(block) = this.steal(cache, device, class) {
+            return Ok((block, true));
+        }
+        let block = Block::allocate(this.classes(), class, device)?;
+        cache.count_miss(device, class);
+        tracing::trace!(
+            bytes = block.len(),
+            device,
+            "pinpool: pool miss, allocated a pageable buffer"
+        );
+        Ok((block, false))
     }
 
-    /// Removes pooled buffers, largest class first, until `incoming` more
-    /// bytes fit under `cap`. The caller holds the admission lock, has
-    /// folded the estimate, and releases the returned buffers.
-    fn evict_to_fit(&self, incoming: usize, cap: usize) -> Vec<Block> {
-        let mut evicted = Vec::new();
-        let mut shift = MAX_SHIFT as i64;
-        while self.estimate.load(Ordering::Relaxed) + incoming > cap && shift >= 0 {
-            match self.evict_one(shift as u32) {
-                Some(block) => {
-                    self.estimate
-                        .fetch_sub(block.footprint(), Ordering::Relaxed);
-                    evicted.push(block);
+    /// Takes a buffer of (`device`, `class`) from another thread's cache:
+    /// its remote list, then (locking its owner out) its ready and deferred
+    /// lists.
+    #[cold]
+    fn steal(&self, taker: &ThreadCache, device: usize, class: SizeClass) -> Option<Block> {
+        let classes = self.classes();
+        let slot = classes.slot(device, class);
+        let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
+        if self.caches.is_own(taker) {
+            if let Some(block) = taker.adopt_remote_lists(device, class) {
+                taker.count_hit(device, class, block.footprint());
+                return Some(block);
+            }
+        }
+        let candidates = others().filter(|c| c.ready_in(slot) > 0 || c.has_waiting());
+        let mut locked = self.caches.lock_out(candidates);
+        let mut ready = None;
+        let mut deferred = None;
+        locked.each(|cache, lists| {
+            if ready.is_none() {
+                ready = lists.steal_ready(cache, device, class);
+            }
+            if ready.is_none() && deferred.is_none() {
+                deferred = lists
+                    .steal_deferred(cache, device, class)
+                    .map(|b| (b, std::ptr::from_ref(cache)));
+            }
+        });
+        drop(locked);
+        if let Some(block) = ready {
+            taker.count_hit(device, class, block.footprint());
+            if let Some((block, home)) = deferred {
+                // SAFETY: caches live as long as the pool.
+                self.cleaner
+                    .submit(unsafe { &*home }, block, self.admission.cap());
+            }
+            return Some(block);
+        }
+        let (block, home) = deferred?;
+        // SAFETY: caches live as long as the pool.
+        self.reuse(unsafe { &*home }, block, false)
+    }
+
+    /// Blocks until every buffer dropped before the call is ready again or
+    /// released.
+    pub(crate) fn flush(this: &Arc<Self>) {
+        Self::start_cleaner(this);
+        this.caches.flush.wait(
+            || this.caches.counts(),
+            || {
+                this.cleaner
+                    .move_waiting(&this.caches, this.admission.cap(), false);
+                if !this.cleaner.is_running() {
+                    Self::start_cleaner(this);
                 }
-                None => shift -= 1,
-            }
-        }
-        if !evicted.is_empty() {
-            Counters::add(&self.inbox.counters.evictions, evicted.len() as u64);
-            tracing::debug!(
-                buffers = evicted.len(),
-                cap,
-                "evicted pooled buffers to respect the cap"
-            );
-        }
-        evicted
-    }
-
-    fn evict_one(&self, shift: u32) -> Option<Block> {
-        self.shards
-            .iter()
-            .filter(|s| s.has(shift))
-            .find_map(|s| s.pop(shift))
-            .or_else(|| self.caches.iter().find_map(|c| c.evict(shift)))
-    }
-
-    fn release_all(&self, blocks: Vec<Block>) {
-        for block in blocks {
-            self.inbox.release(block);
-        }
-    }
-
-    pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
-        let evicted = {
-            let _admission = self.admission.lock();
-            self.max_pooled.store(bytes, Ordering::Relaxed);
-            self.fold();
-            self.evict_to_fit(0, bytes)
-        };
-        self.release_all(evicted);
+                if !this.cleaner.is_running() {
+                    // No worker could start (or one is being stopped by a
+                    // shutdown): do the work here.
+                    this.cleaner.drain_inline(this.env());
+                }
+            },
+        );
     }
 
     /// Unregisters and frees every pooled buffer.
     pub(crate) fn clear(&self) {
-        let mut blocks = Vec::new();
-        for shard in self.shards.iter() {
-            blocks.extend(shard.drain());
-        }
-        for cache in self.caches.iter() {
-            blocks.extend(cache.drain());
-        }
-        let bytes: usize = blocks.iter().map(Block::footprint).sum();
-        self.estimate.fetch_sub(bytes, Ordering::Relaxed);
+        let blocks = self.admission.clear(self.places());
         if !blocks.is_empty() {
-            tracing::debug!(buffers = blocks.len(), "clearing the pool");
+            tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
         }
-        self.release_all(blocks);
+        cleaner::release_all(self.env(), blocks);
+    }
+
+    pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
+        self.config.lock().max_pooled_bytes = bytes;
+        let evicted = self.admission.set_cap(self.places(), bytes);
+        cleaner::release_all(self.env(), evicted);
     }
 
     pub(crate) fn shutdown(this: &Arc<Self>) {
         Self::flush(this);
-        this.stop_cleaner();
-        this.inbox.release_queued();
-        this.release_parked();
+        this.cleaner.stop();
+        this.cleaner.drain_inline(this.env());
         this.clear();
     }
 
-    /// Shuts down for good: called when the last `Pool` handle drops.
+    /// Shuts down for good (the last handle is gone).
     fn close(this: &Arc<Self>) {
-        {
-            // Under the workers lock, so no `start_cleaner` runs meanwhile;
-            // from here on no worker starts, and the running ones are
-            // stopped by the shutdown below.
-            let _workers = this.workers.lock();
-            this.inbox.closed.store(true, Ordering::Relaxed);
+        this.closed.store(true, Ordering::Relaxed);
+        reaper::start();
+        // From here on every drop goes to the reaper.
+        this.caches.close();
+        this.cleaner.stop();
+        this.cleaner.drain_inline(this.env());
+        let mut returned: Vec<Block> = this
+            .cleaner
+            .take_parked()
+            .into_iter()
+            .map(Returned::into_block)
+            .collect();
+        let classes = this.classes();
+        for cache in this.caches.iter() {
+            returned.extend(cache.returns().take_all(classes));
         }
-        Self::shutdown(this);
-        *this.inbox.pool.lock() = None;
-        // A drop that raced the shutdown found no worker and no way to start
-        // one; what it queued is released here. Later drops release their
-        // own buffers (see `Inbox::wake`).
-        this.sweep();
-        this.inbox.release_queued();
-        this.release_parked();
+        let mut locked = this.caches.lock_out(this.caches.iter());
+        locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
+        drop(locked);
         this.clear();
+        let taken: u64 = this.caches.iter().map(ThreadCache::taken).sum();
+        let dropped = crate::flush::drops(this.caches.counts());
+        let outstanding = taken.saturating_sub(dropped);
+        if outstanding > 0 || !returned.is_empty() {
+            reaper::send(Message::Closed {
+                key: Arc::as_ptr(this) as usize,
+                pool: Box::new(Arc::clone(this)),
+                outstanding,
+                returned,
+            });
+        }
     }
 
     fn stats(&self) -> Stats {
+        let classes = self.classes();
         let devices = self.shards.len();
-        let mut stats = Stats::empty(self.backend().kind(), devices);
-        // Pooled buffers and misses by device and class.
-        let mut pooled = vec![0usize; devices * CLASSES];
-        let mut misses = vec![0u64; CLASSES];
-        let mut helped = (0, 0);
+        let count = classes.count();
+        let mut stats = Stats {
+            backend: self.backend.kind(),
+            devices,
+            ..Stats::default()
+        };
+        let mut pooled = vec![0usize; devices * count];
+        let mut hits = vec![0u64; count + devices];
+        let mut misses = vec![0u64; count + devices];
+        let load = |c: &crate::sync::AtomicU64| c.load(Ordering::Relaxed);
         for cache in self.caches.iter() {
-            stats.hits += cache.hits();
-            for (shift, n) in cache.misses().enumerate() {
-                misses[shift] += n;
+            for (slot, n) in pooled.iter_mut().enumerate() {
+                *n += cache.ready_in(slot) as usize;
             }
-            for (slot, n) in cache.buffers().into_iter().enumerate() {
-                pooled[slot] += n;
+            for (i, (h, m)) in cache.hits().iter().zip(cache.misses()).enumerate() {
+                hits[i] += load(h);
+                misses[i] += load(m);
             }
-            let (buffers, bytes) = cache.helped();
-            helped = (helped.0 + buffers, helped.1 + bytes);
+            let (cleaned, bytes) = cache.cleaned();
+            stats.cleaned_by_takers += cleaned;
+            stats.bytes_zeroed += bytes;
         }
         for (device, shard) in self.shards.iter().enumerate() {
-            for (shift, n) in shard.buffers().enumerate() {
-                pooled[device * CLASSES + shift] += n;
+            for class in classes.all() {
+                pooled[classes.slot(device, class)] += shard.len(class);
             }
         }
-        stats.misses = misses.iter().sum();
+        stats.hits = hits[..count].iter().sum();
+        stats.misses = misses[..count].iter().sum();
         stats.pooled_buffers = pooled.iter().sum();
         stats.per_device = (0..devices)
             .map(|device| {
-                let counts = &pooled[device * CLASSES..(device + 1) * CLASSES];
+                let slots = &pooled[device * count..(device + 1) * count];
                 DeviceStats {
                     device,
-                    pooled_buffers: counts.iter().sum(),
-                    pooled_bytes: counts
-                        .iter()
-                        .enumerate()
-                        .map(|(s, n)| n * size_class::footprint(s as u32))
+                    pooled_buffers: slots.iter().sum(),
+                    pooled_bytes: classes
+                        .all()
+                        .map(|c| slots[c.index()] * classes.footprint(c))
                         .sum(),
+                    hits: hits[count + device],
+                    misses: misses[count + device],
                 }
             })
             .collect();
-        stats.per_class = (0..CLASSES)
-            .map(|shift| ClassStats {
-                size: size_class::size(shift as u32),
-                pooled_buffers: (0..devices).map(|d| pooled[d * CLASSES + shift]).sum(),
-                misses: misses[shift],
+        stats.per_class = classes
+            .all()
+            .map(|class| ClassStats {
+                size: classes.size(class),
+                pooled_buffers: (0..devices).map(|d| pooled[classes.slot(d, class)]).sum(),
+                hits: hits[class.index()],
+                misses: misses[class.index()],
             })
-            .filter(|c| c.pooled_buffers > 0 || c.misses > 0)
+            .filter(|c| c.pooled_buffers > 0 || c.hits > 0 || c.misses > 0)
             .collect();
-        stats.pooled_bytes = self.pooled_bytes();
-        stats.max_pooled_bytes = self.max_pooled.load(Ordering::Relaxed);
-        stats.in_cleaner = self.in_cleaner();
-        stats.fill_from(&self.inbox.counters);
-        stats.recycled += helped.0;
-        stats.bytes_zeroed += helped.1;
-        stats.cleaned_by_takers = helped.0;
+        let places = self.places();
+        stats.pooled_bytes = self.admission.pooled_bytes(places);
+        stats.peak_pooled_bytes = self.admission.peak(places);
+        stats.max_pooled_bytes = self.admission.cap();
+        stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;
+        stats.evictions = self.admission.evictions() as u64;
+        stats.recycled = stats.cleaned_by_takers;
+        stats.fill_from(self.counters());
         stats
     }
 }
 
+impl Sink for Shared {
+    fn route(&self, home: &ThreadCache, block: Block) {
+        self.cleaner.submit(home, block, self.admission.cap());
+    }
+
+    fn late(&self, block: Block) {
+        reaper::send(Message::Late {
+            pool: self as *const Self as *const () as usize,
+            block,
+        });
+    }
+}
+
+impl Retire for Arc<Shared> {
+    fn retire(&self, mut block: Block) {
+        block.meta_mut().returned = false;
+        cleaner::release(&*self.backend, self.counters(), block);
+    }
+
+    fn abandon(&self, mut block: Block) {
+        Counters::add(&self.counters().fence_failures, 1);
+        Counters::add(&self.counters().leaked_bytes, block.footprint() as u64);
+        block.meta_mut().fences.abandon();
+        block.leak();
+    }
+}
+
 /// Owns the pool on behalf of the user's handles; dropping the last one
-/// shuts the pool down.
+/// closes the pool.
 #[derive(Debug)]
 struct Handle {
     shared: Arc<Shared>,
@@ -328,8 +409,8 @@ impl Drop for Handle {
 
 /// A pool of page-locked host buffers: a cheap, cloneable handle.
 ///
-/// Dropping the last handle shuts the pool down; buffers still out are
-/// freed when they are dropped.
+/// Dropping the last handle closes the pool; buffers still out are freed
+/// (by a background thread) when they are dropped.
 ///
 /// # Examples
 ///
@@ -373,26 +454,23 @@ impl Pool {
     }
 
     pub(crate) fn with_backend(config: Config, backend: Box<dyn Backend>) -> Result<Self, Error> {
+        barrier::init();
         let devices = backend.device_count();
-        let inbox = Arc::new(Inbox::new(
-            Arc::new(backend),
-            64 + 16 * config.cleaner_threads,
-        ));
+        let classes = Classes::new(config.size_classes, crate::alloc::page_size());
+        let count = classes.count();
+        let pins = backend.pins();
         let shared = Arc::new(Shared {
-            shards: (0..devices).map(|_| Shard::new()).collect(),
-            device_syncs: (0..devices).map(|_| Mutex::new(None)).collect(),
-            caches: PerThread::new(),
-            inbox: Arc::clone(&inbox),
-            estimate: CachePadded::new(AtomicUsize::new(0)),
-            admission: Mutex::new(()),
-            max_pooled: AtomicUsize::new(config.max_pooled_bytes),
-            workers: Mutex::new(Vec::new()),
-            flush_lock: Mutex::new(()),
-            parked: Mutex::new(Vec::new()),
-            parked_len: AtomicUsize::new(0),
-            config,
+            caches: Caches::new(classes, devices, config.thread_cache_bytes, pins),
+            shards: (0..devices).map(|_| Shard::new(count)).collect(),
+            admission: Admission::new(config.max_pooled_bytes),
+            cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
+            closed: AtomicBool::new(false),
+            config: crate::sync::Mutex::new(config),
+            backend,
         });
-        *inbox.pool.lock() = Some(Arc::clone(&shared));
+        // SAFETY: the caches live inside `shared`, so their sink outlives
+        // them.
+        unsafe { shared.caches.set_sink(&*shared) };
         Shared::start_cleaner(&shared);
         Ok(Self {
             handle: Arc::new(Handle { shared }),
@@ -403,8 +481,11 @@ impl Pool {
         &self.handle.shared
     }
 
-    /// An all-zero buffer of at least `min_size` bytes, rounded up to a
-    /// power of two, from the shard of the calling thread's current device.
+    /// An all-zero buffer of at least `min_size` bytes, rounded up to its
+    /// size class (see [`SizeClasses`](crate::SizeClasses)), from the shard
+    /// of the calling thread's *current device*: the device of the CUDA
+    /// context current on the calling thread, device 0 if none is (and
+    /// always 0 on the host backend).
     ///
     /// Page-locked on a pool hit; on a miss a fresh pageable buffer, which
     /// the cleaner registers after it is dropped. Pinning never happens on
@@ -445,7 +526,7 @@ impl Pool {
     /// ```
     #[inline]
     pub fn try_take(&self, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let device = self.shared().backend().current_device();
+        let device = self.shared().backend.current_device();
         self.take_on(device, min_size)
     }
 
@@ -464,44 +545,7 @@ impl Pool {
     /// ```
     #[inline]
     pub fn take_on(&self, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let shift = size_class::shift_for(min_size)?;
-        let shared = self.shared();
-        if device >= shared.shards.len() {
-            return Err(Error::UnknownDevice {
-                device,
-                devices: shared.shards.len(),
-            });
-        }
-        let cache = shared.cache();
-        cache.claim();
-        // Relaxed: a setting. Reusing a dirty buffer is pooling too, so a
-        // class larger than the cap (0: pooling off) is never helped.
-        let help = size_class::footprint(shift) <= shared.max_pooled.load(Ordering::Relaxed);
-        let found = match cache.take(device, shift, help) {
-            Some(Found::Ready(block)) => Some(block),
-            Some(Found::Dirty(dirty)) => Some(shared.help(dirty, cache)),
-            None => shared
-                .pop_shard(device, shift, cache)
-                .or_else(|| shared.steal(device, shift, cache)),
-        };
-        let pooled = found.is_some();
-        let block = match found {
-            Some(block) => {
-                cache.count_hit();
-                block
-            }
-            None => {
-                let block = Block::allocate(shift, device)?;
-                cache.count_miss(shift);
-                tracing::trace!(
-                    bytes = block.len(),
-                    device,
-                    "pool miss: allocated a pageable buffer"
-                );
-                block
-            }
-        };
-        Ok(PinnedBuffer::new(block, Arc::clone(cache), pooled))
+        Shared::take(self.shared(), device, min_size)
     }
 
     /// Sets the cap on pooled bytes (thread caches included). Lowering it
@@ -521,8 +565,8 @@ impl Pool {
         self.shared().set_max_pooled_bytes(bytes);
     }
 
-    /// Blocks until every buffer dropped before the call has been recycled
-    /// (and is ready to take) or released.
+    /// Blocks until every buffer dropped before the call (on any thread)
+    /// has been recycled (and is ready to take) or released.
     ///
     /// # Examples
     ///
@@ -555,9 +599,10 @@ impl Pool {
         self.shared().clear();
     }
 
-    /// Drains the cleaner, joins its workers, then unregisters and frees
-    /// every pooled buffer. The pool keeps working afterwards: the next
-    /// drop (or `flush`) starts the cleaner again.
+    /// Drains the cleaner (as [`flush`](Self::flush)), stops and joins its
+    /// workers, then unregisters and frees every pooled buffer. The pool
+    /// keeps working afterwards: the next take that misses its thread's
+    /// cache, or the next `flush`, starts the cleaner again.
     ///
     /// # Examples
     ///
@@ -590,17 +635,19 @@ impl Pool {
         self.shared().stats()
     }
 
-    /// The settings the pool runs with.
+    /// The settings the pool runs with (the cap as last set).
     ///
     /// # Examples
     ///
     /// ```
     /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).cleaner_threads(3).build()?;
     /// assert_eq!(pool.config().cleaner_threads, 3);
+    /// pool.set_max_pooled_bytes(1 << 20);
+    /// assert_eq!(pool.config().max_pooled_bytes, 1 << 20);
     /// # Ok::<(), pinpool::Error>(())
     /// ```
-    pub fn config(&self) -> &Config {
-        &self.shared().config
+    pub fn config(&self) -> Config {
+        self.shared().config.lock().clone()
     }
 
     /// The backend in use (never [`BackendKind::Auto`]).
@@ -613,7 +660,7 @@ impl Pool {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn backend(&self) -> BackendKind {
-        self.shared().backend().kind()
+        self.shared().backend.kind()
     }
 
     /// Page-locks `[ptr, ptr + len)` for all contexts with this pool's
@@ -634,7 +681,7 @@ impl Pool {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub unsafe fn register_region(&self, ptr: *mut u8, len: usize) -> bool {
-        let backend = self.shared().backend();
+        let backend = &self.shared().backend;
         if !backend.pins() {
             return false;
         }
@@ -642,7 +689,7 @@ impl Pool {
         match unsafe { backend.register(backend.current_device(), ptr, len) } {
             Ok(()) => true,
             Err(e) => {
-                tracing::debug!(error = %e, "register_region failed; the region stays pageable");
+                tracing::debug!(error = %e, "pinpool: register_region failed; the region stays pageable");
                 false
             }
         }
@@ -657,7 +704,7 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// let pool = pinpool::Pool::global();
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
     /// let mut region = vec![0u8; 4096];
     /// // SAFETY: `region` outlives its registration, and nothing copies from it.
     /// unsafe {
@@ -665,38 +712,16 @@ impl Pool {
     ///         pool.unregister_region(region.as_mut_ptr());
     ///     }
     /// }
+    /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub unsafe fn unregister_region(&self, ptr: *mut u8) {
-        let backend = self.shared().backend();
+        let backend = &self.shared().backend;
+        if !backend.pins() {
+            return;
+        }
         // SAFETY: forwarded from the caller.
         if let Err(e) = unsafe { backend.unregister(backend.current_device(), ptr) } {
-            tracing::debug!(error = %e, "unregister_region failed");
+            tracing::debug!(error = %e, "pinpool: unregister_region failed");
         }
-    }
-}
-
-#[cfg(not(all(loom, feature = "loom")))]
-impl Pool {
-    /// The process-wide pool behind the free functions, built on first use
-    /// with the default settings ([`BackendKind::Auto`]) and those of the
-    /// `PINPOOL_CONF` environment variable (see [`PoolBuilder::conf`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let pool = pinpool::Pool::global();
-    /// let buf = pool.take(4096);
-    /// assert_eq!(buf.len(), 4096);
-    /// ```
-    pub fn global() -> &'static Pool {
-        static GLOBAL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
-        GLOBAL.get_or_init(|| {
-            Pool::builder().from_env().build().unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "pinpool: PINPOOL_CONF rejected; using the defaults");
-                Pool::builder()
-                    .build()
-                    .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
-            })
-        })
     }
 }

@@ -1,7 +1,7 @@
 //! One device's share of the pool: a lock-free stack per size class.
 
 use crate::alloc::Block;
-use crate::size_class::CLASSES;
+use crate::size_class::SizeClass;
 use crate::stack::Stack;
 
 /// Ready (registered where the backend pins, all-zero, quiescent) buffers
@@ -14,31 +14,26 @@ pub(crate) struct Shard {
 // === impl Shard ===
 
 impl Shard {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(classes: usize) -> Self {
         Self {
-            classes: (0..CLASSES).map(|_| Stack::new()).collect(),
+            classes: (0..classes).map(|_| Stack::new()).collect(),
         }
     }
 
-    /// Takes a ready buffer of class `shift`.
+    /// Takes a ready buffer of `class`.
     #[inline]
-    pub(crate) fn pop(&self, shift: u32) -> Option<Block> {
-        self.classes[shift as usize].pop()
+    pub(crate) fn pop(&self, class: SizeClass) -> Option<Block> {
+        self.classes[class.index()].pop()
     }
 
     /// Makes `block` available; hands it back if its class is full.
     pub(crate) fn push(&self, block: Block) -> Result<(), Block> {
-        self.classes[block.shift() as usize].push(block)
+        self.classes[block.class().index()].push(block)
     }
 
-    /// Buffers held, by size class.
-    pub(crate) fn buffers(&self) -> impl Iterator<Item = usize> + '_ {
-        self.classes.iter().map(Stack::len)
-    }
-
-    /// Whether any buffer of class `shift` is held.
-    pub(crate) fn has(&self, shift: u32) -> bool {
-        self.classes[shift as usize].len() > 0
+    /// Buffers held of `class` (a racing read over-counts).
+    pub(crate) fn len(&self, class: SizeClass) -> usize {
+        self.classes[class.index()].len()
     }
 
     /// Takes every held buffer.

@@ -22,16 +22,14 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::sync::tune::STACK_FIRST_PAGE_SHIFT;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
 
 /// The index meaning "no slot".
 const NIL: u32 = u32::MAX;
 
-/// Slots in page 0; page `p` has `FIRST_PAGE << p` slots.
-#[cfg(not(all(loom, feature = "loom")))]
-const FIRST_PAGE_SHIFT: u32 = 5;
-#[cfg(all(loom, feature = "loom"))]
-const FIRST_PAGE_SHIFT: u32 = 0;
+/// Slots in page 0 (`1 << FIRST_PAGE_SHIFT`); page `p` has `FIRST << p`.
+const FIRST_PAGE_SHIFT: u32 = STACK_FIRST_PAGE_SHIFT;
 
 /// Enough pages for every index below `NIL - 1` (up to 2^32 - 2 + FIRST,
 /// whose highest bit is bit 32).
@@ -77,11 +75,12 @@ impl<T> Stack<T> {
         }
     }
 
-    /// Values on the stack (never less than the true count).
+    /// Values on the stack: raised before a push is visible and lowered
+    /// after a pop, so a racing read over-counts, never under-counts.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        // Relaxed: a statistic; callers that need exactness order it with
-        // their own lock (see `Shared::admit`).
+        // Relaxed: a statistic and a hint (eviction skips empty classes; a
+        // stale non-zero only costs a failed pop).
         self.len.load(Ordering::Relaxed)
     }
 
@@ -264,7 +263,7 @@ fn tag_of(word: u64) -> u32 {
     (word >> 32) as u32
 }
 
-#[cfg(all(test, not(all(loom, feature = "loom"))))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -8,14 +8,14 @@
 use std::time::Duration;
 
 use crate::backend::BackendKind;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{Ordering, StatCounter as AtomicU64};
 
 /// Buckets of the drop-to-ready histogram: bucket `i` counts latencies in
 /// `[2^i, 2^(i+1))` microseconds (bucket 0 also holds everything below 1 us).
 const BUCKETS: usize = 32;
 
 /// Counters written by the cleaner and slow paths.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) recycled: AtomicU64,
     pub(crate) registrations: AtomicU64,
@@ -24,45 +24,23 @@ pub(crate) struct Counters {
     pub(crate) registration_nanos: AtomicU64,
     pub(crate) registration_failures: AtomicU64,
     pub(crate) registrations_skipped: AtomicU64,
+    pub(crate) zeroing_skipped: AtomicU64,
     pub(crate) fence_failures: AtomicU64,
     pub(crate) unregister_failures: AtomicU64,
     pub(crate) released: AtomicU64,
-    pub(crate) evictions: AtomicU64,
+    pub(crate) leaked_bytes: AtomicU64,
     pub(crate) worker_panics: AtomicU64,
     pub(crate) bytes_zeroed: AtomicU64,
+    pub(crate) device_syncs: AtomicU64,
     ready_latency: [AtomicU64; BUCKETS],
 }
 
 impl Counters {
-    pub(crate) fn new() -> Self {
-        Self {
-            recycled: AtomicU64::new(0),
-            registrations: AtomicU64::new(0),
-            registered_bytes: AtomicU64::new(0),
-            unregistered_bytes: AtomicU64::new(0),
-            registration_nanos: AtomicU64::new(0),
-            registration_failures: AtomicU64::new(0),
-            registrations_skipped: AtomicU64::new(0),
-            fence_failures: AtomicU64::new(0),
-            unregister_failures: AtomicU64::new(0),
-            released: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            worker_panics: AtomicU64::new(0),
-            bytes_zeroed: AtomicU64::new(0),
-            ready_latency: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-
     /// Adds `n` to `counter`.
-    ///
-    /// Loom builds skip the counters: they are statistics, not part of the
-    /// handoff protocol, and each would add a branch point to every model.
     #[inline]
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        #[cfg(not(all(loom, feature = "loom")))]
+        // Relaxed: statistics publish nothing.
         counter.fetch_add(n, Ordering::Relaxed);
-        #[cfg(all(loom, feature = "loom"))]
-        let _ = (counter, n);
     }
 
     /// Records how long a buffer took from its drop to being ready again.
@@ -94,10 +72,6 @@ impl Counters {
         }
         None
     }
-
-    pub(crate) fn load(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
 }
 
 /// A snapshot of a pool's state and history.
@@ -113,7 +87,7 @@ impl Counters {
 /// assert_eq!(stats.pooled_buffers, 1);
 /// # Ok::<(), pinpool::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
     /// The backend in use.
@@ -129,6 +103,9 @@ pub struct Stats {
     pub pooled_bytes: usize,
     /// Ready buffers, thread caches included.
     pub pooled_buffers: usize,
+    /// The most pooled bytes seen (sampled at admissions past the cap's
+    /// fast path, evictions and snapshots).
+    pub peak_pooled_bytes: usize,
     /// The cap on pooled bytes.
     pub max_pooled_bytes: usize,
     /// Buffers dropped and not yet recycled or released.
@@ -152,10 +129,21 @@ pub struct Stats {
     pub registration_failures: u64,
     /// Miss buffers freed unregistered because registrations were backed up.
     pub registrations_skipped: u64,
-    /// Fence waits or device synchronizes that failed (the buffer was freed).
+    /// Fence waits or device synchronizes that failed (the buffer was
+    /// leaked).
     pub fence_failures: u64,
-    /// Unregistrations that failed.
+    /// Unregistrations that failed (the buffer was leaked).
     pub unregister_failures: u64,
+    /// Bytes leaked on purpose: buffers whose copies were not known to have
+    /// finished (a failed fence or device synchronize, a failed
+    /// unregistration, a cleaner job that panicked) are never unregistered
+    /// or unmapped.
+    pub leaked_bytes: u64,
+    /// Dropped buffers freed instead of re-zeroed because the cleaner's
+    /// zeroing backlog was full.
+    pub zeroing_skipped: u64,
+    /// Device synchronizes run for pinned buffers dropped without events.
+    pub device_syncs: u64,
     /// Buffers freed rather than pooled (evictions and failures included).
     pub released: u64,
     /// Pooled buffers evicted to respect the cap.
@@ -196,6 +184,10 @@ pub struct DeviceStats {
     pub pooled_buffers: usize,
     /// Their footprint bytes.
     pub pooled_bytes: usize,
+    /// Takes on the device served from the pool.
+    pub hits: u64,
+    /// Takes on the device that allocated.
+    pub misses: u64,
 }
 
 /// One size class, in a [`Stats`] snapshot.
@@ -217,6 +209,8 @@ pub struct ClassStats {
     pub size: usize,
     /// Ready buffers of the class, all devices.
     pub pooled_buffers: usize,
+    /// Takes of the class served from the pool.
+    pub hits: u64,
     /// Takes of the class that allocated.
     pub misses: u64,
 }
@@ -244,53 +238,24 @@ impl Stats {
     }
 
     pub(crate) fn fill_from(&mut self, c: &Counters) {
-        self.recycled = Counters::load(&c.recycled);
-        self.registrations = Counters::load(&c.registrations);
-        self.registered_bytes = Counters::load(&c.registered_bytes);
-        self.pinned_bytes = Counters::load(&c.registered_bytes)
-            .saturating_sub(Counters::load(&c.unregistered_bytes));
-        self.registration_time = Duration::from_nanos(Counters::load(&c.registration_nanos));
-        self.registration_failures = Counters::load(&c.registration_failures);
-        self.fence_failures = Counters::load(&c.fence_failures);
-        self.registrations_skipped = Counters::load(&c.registrations_skipped);
-        self.unregister_failures = Counters::load(&c.unregister_failures);
-        self.released = Counters::load(&c.released);
-        self.evictions = Counters::load(&c.evictions);
-        self.bytes_zeroed = Counters::load(&c.bytes_zeroed);
-        self.worker_panics = Counters::load(&c.worker_panics);
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        self.recycled += load(&c.recycled);
+        self.registrations = load(&c.registrations);
+        self.registered_bytes = load(&c.registered_bytes);
+        self.pinned_bytes = load(&c.registered_bytes).saturating_sub(load(&c.unregistered_bytes));
+        self.registration_time = Duration::from_nanos(load(&c.registration_nanos));
+        self.registration_failures = load(&c.registration_failures);
+        self.fence_failures = load(&c.fence_failures);
+        self.registrations_skipped = load(&c.registrations_skipped);
+        self.zeroing_skipped = load(&c.zeroing_skipped);
+        self.unregister_failures = load(&c.unregister_failures);
+        self.leaked_bytes = load(&c.leaked_bytes);
+        self.device_syncs = load(&c.device_syncs);
+        self.released = load(&c.released);
+        self.bytes_zeroed += load(&c.bytes_zeroed);
+        self.worker_panics = load(&c.worker_panics);
         self.drop_to_ready_p50 = c.ready_quantile(0.5);
         self.drop_to_ready_p99 = c.ready_quantile(0.99);
-    }
-
-    pub(crate) fn empty(backend: BackendKind, devices: usize) -> Self {
-        Self {
-            backend,
-            devices,
-            hits: 0,
-            misses: 0,
-            pooled_bytes: 0,
-            pooled_buffers: 0,
-            max_pooled_bytes: 0,
-            in_cleaner: 0,
-            recycled: 0,
-            cleaned_by_takers: 0,
-            registrations: 0,
-            registered_bytes: 0,
-            pinned_bytes: 0,
-            registration_time: Duration::ZERO,
-            registration_failures: 0,
-            fence_failures: 0,
-            registrations_skipped: 0,
-            unregister_failures: 0,
-            released: 0,
-            evictions: 0,
-            bytes_zeroed: 0,
-            worker_panics: 0,
-            drop_to_ready_p50: None,
-            drop_to_ready_p99: None,
-            per_device: Vec::new(),
-            per_class: Vec::new(),
-        }
     }
 }
 
@@ -368,12 +333,13 @@ impl std::fmt::Display for Stats {
         }
         write!(
             f,
-            "  failures       registration {} skipped {} fence {} unregister {} panics {}",
+            "  failures       registration {} skipped {} fence {} unregister {} panics {}, {:.1} MiB leaked",
             self.registration_failures,
             self.registrations_skipped,
             self.fence_failures,
             self.unregister_failures,
-            self.worker_panics
+            self.worker_panics,
+            mib(self.leaked_bytes)
         )
     }
 }

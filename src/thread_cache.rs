@@ -1,350 +1,848 @@
-//! The per-thread cache in front of the shards.
+//! The per-thread caches in front of the shards.
 //!
-//! Each thread that takes buffers gets one `ThreadCache`. It holds two
-//! lists under one mutex that is uncontended on the fast path:
+//! Each thread that takes buffers has one [`ThreadCache`] per pool, split as
+//! sharded-slab splits a shard: an *owner part* that only its thread writes
+//! on the fast path, and a *shared part* that other threads write, each on
+//! its own cache line.
 //!
-//! - `ready`: buffers ready to take. The cleaner returns a recycled buffer to
-//!   the cache of the thread that took it (as mimalloc returns a remote free
-//!   to the owning heap), so a thread's take/drop loop keeps drawing from its
-//!   own LIFO.
-//! - `dirty`: buffers dropped and not yet cleaned: the cleaner's inbox for
-//!   this cache. A drop appends here and queues a drain token unless one is
-//!   already queued; the worker that takes the token drains the whole list in
-//!   one batch (mimalloc batches remote frees per destination the same way).
-//!   The cleaner's queue so holds at most one drain token per cache, however
-//!   fast threads drop. A small buffer dropped by the cache's own thread is
-//!   not worth waking a worker for: it is *deferred* (no token), the owner
-//!   will likely clean it itself on its next take, and otherwise a sweep
-//!   (at most one queued, run 200 us later) queues the token.
+//! - The owner part holds, per slot (device and size class), a LIFO of
+//!   *ready* buffers and a FIFO of *deferred* ones: buffers the owner
+//!   dropped whose dirty prefix is small, left for the owner to re-zero on
+//!   its next take of that class once their fences have completed. A tight
+//!   take / write / drop loop therefore never leaves its own cache. The
+//!   owner's counters (hits, misses, flush counts) are written with a load
+//!   and a store, no read-modify-write.
+//! - The shared part holds two [remote lists](crate::remote): buffers the
+//!   cleaner made ready for this owner, and buffers other threads dropped;
+//!   the owner collects each with one swap on its next take.
 //!
-//! On a miss, `take` helps the cleaner: a small dirty buffer of the right
-//! class whose copies are known to have finished is re-zeroed on the spot
-//! (a few microseconds at most) rather than allocating a new one. Nothing
-//! is ever registered on this path.
+//! A take or a drop by the owner takes no lock, writes no cache line another
+//! thread writes, reads no clock and touches no reference count: it marks
+//! itself *active*, runs the light half of an [asymmetric
+//! barrier](crate::sync::barrier), checks that no other thread has asked
+//! for the lists, works on them, and marks itself inactive (two stores and a
+//! load around plain list operations).
 //!
-//! Other threads reach a cache only on slow paths: a miss (stealing from
-//! idle or exited threads), cap eviction, `clear` and `shutdown`. Caches are
-//! never dropped before the pool (the `thread_local` crate keeps exited
-//! threads' entries), so buffers cached by an exited thread stay reachable.
+//! Other threads need the lists only on slow paths: a miss stealing from an
+//! idle or exited thread, `flush` moving deferred buffers along, eviction,
+//! `clear`, the cleaner's sweep of idle caches, and closing the pool. Such
+//! a *thief* takes the cache's lock, sets the request word, runs the heavy
+//! half of the barrier and waits until the owner is not active; from then
+//! on an owner that starts an operation sees the request and waits for the
+//! lock instead. The barrier makes the handshake Dekker's: either the thief
+//! sees the owner active, or the owner sees the request. Closing the pool
+//! sets a bit in the same word, so a drop after the pool is gone never
+//! touches a list.
+//!
+//! Caches outlive their threads (see [`PerThread`]), so buffers cached by an
+//! exited thread stay reachable. A thread being torn down gets no cache:
+//! its takes go through the *orphan* cache, which no thread owns.
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Block;
-use crate::backend::Fence;
-use crate::cleaner::Inbox;
-use crate::size_class::CLASSES;
-use crate::sync::{thread_key, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::flush::{Counts, Flush, OwnerCounts, SharedCounts};
+use crate::remote::RemoteList;
+use crate::size_class::{Classes, SizeClass};
+use crate::stats::Counters;
+use crate::sync::per_thread::PerThread;
+use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
+use crate::sync::{
+    barrier, fence, spin, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard,
+    Ordering, UnsafeCell,
+};
 
-/// At most this many buffers of one class and device sit ready in one cache.
-const PER_CLASS: usize = 64;
+/// Request bit: a thief holds the cache's lock and works on its lists.
+const THIEF: u32 = 1;
+/// Request bit: the pool is closed; drops go to the reaper.
+const CLOSED: u32 = 2;
 
-/// `take` re-zeroes a dirty buffer itself only up to this many bytes, and
-/// only such buffers are deferred.
-const HELP_BYTES: usize = 64 << 10;
-
-/// A dropped buffer waiting in its cache's dirty list.
-#[derive(Debug)]
-pub(crate) struct Dirty {
-    pub(crate) block: Block,
-    /// The prefix written since the take.
-    pub(crate) dirty: usize,
-    /// Events after the last copies reading the buffer.
-    pub(crate) fences: Vec<Fence>,
-    /// The flush-epoch parity the drop was counted in.
-    pub(crate) epoch: usize,
-    pub(crate) dropped_at: Instant,
+/// Where drops that a cache does not keep go (implemented by the pool).
+pub(crate) trait Sink: Sync {
+    /// A dropped buffer, counted in `home`'s flush counters, that needs the
+    /// cleaner. Called inside the dropping thread's active window.
+    fn route(&self, home: &ThreadCache, block: Block);
+    /// A buffer dropped after the pool closed.
+    fn late(&self, block: Block);
 }
 
-impl Dirty {
-    /// Whether the drop may leave this buffer for its owner or the next
-    /// sweep: small, and not needing a device synchronize.
-    pub(crate) fn deferrable(&self) -> bool {
-        self.dirty <= HELP_BYTES && !(self.block.is_pinned() && self.fences.is_empty())
-    }
-
-    /// Whether `take` may clean this buffer itself: small, and known
-    /// without blocking to be read by no copy.
-    fn helpable(&self, device: usize, shift: u32) -> bool {
-        if self.block.device() != device || self.block.shift() != shift || self.dirty > HELP_BYTES {
-            return false;
-        }
-        if self.fences.is_empty() {
-            // A pinned buffer without events needs a device synchronize.
-            !self.block.is_pinned()
-        } else {
-            self.fences.iter().all(|f| matches!(f.is_done(), Ok(true)))
-        }
-    }
-}
-
-#[derive(Debug)]
-struct State {
-    /// Ready buffers, indexed by `device * CLASSES + shift`.
-    ready: Vec<Vec<Block>>,
-    dirty: Vec<Dirty>,
-    /// Whether a drain token for this cache is queued and not yet served.
-    token: bool,
-}
-
-/// What a drop must do after appending to the dirty list.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Push {
-    /// Nothing: a drain token is already queued.
-    Queued,
-    /// Queue a drain token.
-    Token,
-    /// Nothing now: the buffer waits for its owner or the next sweep.
-    Deferred,
-}
-
-/// What a cache lookup found.
+/// What an owner's take found in its own cache.
 #[derive(Debug)]
 pub(crate) enum Found {
-    /// A ready buffer.
+    /// A ready buffer (it was pooled: tally its footprint).
     Ready(Block),
-    /// A dirty buffer that the taker may clean itself.
-    Dirty(Dirty),
+    /// A buffer the owner dropped earlier: reusable once its fences are
+    /// done and its dirty prefix re-zeroed.
+    Deferred(Block),
 }
 
-/// One thread's cache of ready buffers and inbox of dirty ones.
+/// Ready and deferred buffers of one slot.
+#[derive(Debug, Default)]
+struct Slot {
+    ready: Vec<Block>,
+    deferred: VecDeque<Block>,
+}
+
+/// A cache's lists: only its owner inside an operation, or a thief that has
+/// locked the owner out, touches them.
+#[derive(Debug, Default)]
+pub(crate) struct Lists {
+    /// Per device, its classes' slots (allocated on the device's first use).
+    devices: Vec<Option<Box<[Slot]>>>,
+    deferred: usize,
+}
+
+impl Lists {
+    fn slot(&mut self, classes: &Classes, device: usize, class: SizeClass) -> &mut Slot {
+        if self.devices.len() <= device {
+            self.devices.resize_with(device + 1, || None);
+        }
+        let slots = self.devices[device]
+            .get_or_insert_with(|| (0..classes.count()).map(|_| Slot::default()).collect());
+        &mut slots[class.index()]
+    }
+
+    /// Every slot in use, with its device and class index.
+    fn slots(&mut self) -> impl Iterator<Item = (usize, usize, &mut Slot)> {
+        self.devices
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(d, s)| s.as_mut().map(|s| (d, s)))
+            .flat_map(|(d, s)| s.iter_mut().enumerate().map(move |(c, slot)| (d, c, slot)))
+    }
+}
+
+/// State written by the owner (and by a thief that has locked it out).
+#[derive(Debug)]
+struct OwnerPart {
+    /// Inside an operation on the lists.
+    active: AtomicBool,
+    lists: UnsafeCell<Lists>,
+    counts: OwnerCounts,
+    /// Takes through this cache.
+    taken: AtomicU64,
+    /// Footprint bytes this cache took out of the pool, for the cap's
+    /// estimate (see `admission`).
+    taken_bytes: AtomicU64,
+    /// Buffers in the deferred lists.
+    deferred: AtomicUsize,
+    /// Footprint bytes in the ready lists.
+    ready_bytes: AtomicUsize,
+}
+
+/// State other threads write.
+#[derive(Debug)]
+struct SharedPart {
+    request: AtomicU32,
+    lock: Mutex<()>,
+    /// Ready buffers the cleaner returned to this owner.
+    remote: RemoteList,
+    /// Buffers other threads dropped (not yet cleaned).
+    returns: RemoteList,
+    counts: SharedCounts,
+    /// Drops by other threads in progress (closing waits for them).
+    busy: AtomicUsize,
+    /// Takes through the orphan cache (no owner).
+    taken: AtomicU64,
+    taken_bytes: AtomicU64,
+}
+
+/// One thread's cache; see the module docs.
 #[derive(Debug)]
 pub(crate) struct ThreadCache {
-    state: CachePadded<Mutex<State>>,
-    /// Footprint bytes in `ready`; written under the lock, read without it.
-    bytes: AtomicUsize,
-    /// Footprint bytes this thread has taken out of the pool and not yet
-    /// subtracted from the pool's estimate (see `Shared::admit`).
-    untallied: AtomicUsize,
-    /// Takes served without allocating, counted by the owner alone.
-    hits: CachePadded<AtomicU64>,
-    /// Takes that had to allocate, by size class, counted by the owner alone.
+    owner: CachePadded<OwnerPart>,
+    shared: CachePadded<SharedPart>,
+    /// Hits and misses per class then per device, written by the owner
+    /// (the orphan cache adds with `fetch_add`).
+    hits: Box<[AtomicU64]>,
     misses: Box<[AtomicU64]>,
-    /// Dirty buffers the owner cleaned itself, and the bytes it zeroed.
-    helped: AtomicU64,
-    helped_bytes: AtomicU64,
-    /// Buffers taken through this cache that are in the cleaner, split by
-    /// flush epoch parity (see `Shared::flush`).
-    pub(crate) inflight: CachePadded<[AtomicUsize; 2]>,
-    /// Where this cache's buffers go when dropped.
-    pub(crate) inbox: Arc<Inbox>,
-    limit: usize,
-    /// `sync::thread_key` of the thread taking through this cache; a hint
-    /// that decides whether a drop may be deferred.
-    owner: AtomicUsize,
+    /// Ready buffers per slot (owner-written; hints for thieves, stats).
+    ready: Box<[AtomicU32]>,
+    /// Deferred buffers this cache's owner re-zeroed itself, and the bytes.
+    cleaned: [AtomicU64; 2],
+    caches: NonNull<Caches>,
+}
+
+// SAFETY: the lists in the `UnsafeCell` are touched only under the owner /
+// thief handshake (see the module docs); everything else is atomics, a
+// mutex, and a pointer to the `Caches` that own this cache.
+unsafe impl Send for ThreadCache {}
+// SAFETY: as above.
+unsafe impl Sync for ThreadCache {}
+
+/// Adds one to a counter written by one thread at a time.
+#[inline]
+fn bump(counter: &AtomicU64, by: u64) {
+    // Relaxed: a statistic; the caller is its only writer.
+    counter.store(counter.load(Ordering::Relaxed) + by, Ordering::Relaxed);
 }
 
 // === impl ThreadCache ===
 
 impl ThreadCache {
-    pub(crate) fn new(inbox: Arc<Inbox>, devices: usize, limit: usize) -> Self {
+    fn new(classes: &Classes, devices: usize, caches: NonNull<Caches>) -> Self {
+        let counters = classes.count() + devices;
+        let atomics = |n| (0..n).map(|_| AtomicU64::new(0)).collect();
         Self {
-            state: CachePadded::new(Mutex::new(State {
-                ready: (0..devices * CLASSES).map(|_| Vec::new()).collect(),
-                dirty: Vec::new(),
-                token: false,
-            })),
-            bytes: AtomicUsize::new(0),
-            untallied: AtomicUsize::new(0),
-            hits: CachePadded::new(AtomicU64::new(0)),
-            misses: (0..CLASSES).map(|_| AtomicU64::new(0)).collect(),
-            helped: AtomicU64::new(0),
-            helped_bytes: AtomicU64::new(0),
-            inflight: CachePadded::new([AtomicUsize::new(0), AtomicUsize::new(0)]),
-            inbox,
-            limit,
-            owner: AtomicUsize::new(thread_key()),
+            owner: CachePadded::new(OwnerPart {
+                active: AtomicBool::new(false),
+                lists: UnsafeCell::new(Lists::default()),
+                counts: OwnerCounts::default(),
+                taken: AtomicU64::new(0),
+                taken_bytes: AtomicU64::new(0),
+                deferred: AtomicUsize::new(0),
+                ready_bytes: AtomicUsize::new(0),
+            }),
+            shared: CachePadded::new(SharedPart {
+                request: AtomicU32::new(0),
+                lock: Mutex::new(()),
+                remote: RemoteList::new(classes.count() * devices),
+                returns: RemoteList::new(classes.count() * devices),
+                counts: SharedCounts::default(),
+                busy: AtomicUsize::new(0),
+                taken: AtomicU64::new(0),
+                taken_bytes: AtomicU64::new(0),
+            }),
+            hits: atomics(counters),
+            misses: atomics(counters),
+            ready: (0..classes.count() * devices)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+            cleaned: [AtomicU64::new(0), AtomicU64::new(0)],
+            caches,
         }
     }
 
-    /// Notes the calling thread as the owner (a thread may inherit the
-    /// cache of an exited thread whose identity it reuses).
     #[inline]
-    pub(crate) fn claim(&self) {
-        let key = thread_key();
-        // Relaxed: a hint; a stale value only changes whether a drop is
-        // deferred, and both choices are correct.
-        if self.owner.load(Ordering::Relaxed) != key {
-            self.owner.store(key, Ordering::Relaxed);
-        }
+    pub(crate) fn caches(&self) -> &Caches {
+        // SAFETY: a cache lives inside its `Caches` and never outlives it.
+        unsafe { self.caches.as_ref() }
     }
 
-    /// Whether the calling thread owns this cache.
+    /// Runs `f` on the lists as their owner: the fast path when no thief is
+    /// at work, else after the thief's lock. `None` once the pool is closed.
     #[inline]
-    pub(crate) fn is_owner(&self) -> bool {
-        self.owner.load(Ordering::Relaxed) == thread_key()
+    fn as_owner<R>(&self, f: impl FnOnce(&mut Lists) -> R) -> Option<R> {
+        let owner = &self.owner;
+        // Relaxed: ordered before the request load by the barrier below.
+        owner.active.store(true, Ordering::Relaxed);
+        barrier::light();
+        // Acquire pairs with a thief's Release when it clears its request,
+        // so what it did to the lists is visible here.
+        if self.shared.request.load(Ordering::Acquire) == 0 {
+            // SAFETY: this thread owns the cache, it is marked active, and no
+            // thief had asked when it looked: by the barrier, any thief that
+            // asks from now on sees `active` and waits until the store below.
+            let out = owner.lists.with_mut(|lists| f(unsafe { &mut *lists }));
+            // Release publishes the list changes to a thief whose Acquire
+            // load of `active` reads this store.
+            owner.active.store(false, Ordering::Release);
+            return Some(out);
+        }
+        owner.active.store(false, Ordering::Release);
+        self.as_owner_locked(f)
     }
 
-    /// Takes a ready buffer, or else (if `help`) a dirty one the caller
-    /// may clean (the owner's fast path).
-    #[inline]
-    pub(crate) fn take(&self, device: usize, shift: u32, help: bool) -> Option<Found> {
-        let mut state = self.state.lock();
-        if let Some(block) = state.ready[device * CLASSES + shift as usize].pop() {
-            self.taken(&block);
-            return Some(Found::Ready(block));
-        }
-        if !help {
+    #[cold]
+    fn as_owner_locked<R>(&self, f: impl FnOnce(&mut Lists) -> R) -> Option<R> {
+        let _lock = self.shared.lock.lock();
+        // Relaxed: the lock orders this after the last thief's writes.
+        if self.shared.request.load(Ordering::Relaxed) & CLOSED != 0 {
             return None;
         }
-        let index = state.dirty.iter().position(|d| d.helpable(device, shift))?;
-        Some(Found::Dirty(state.dirty.swap_remove(index)))
+        // SAFETY: thieves touch the lists only while holding the lock, which
+        // this thread holds; the owner is this thread.
+        Some(self.owner.lists.with_mut(|lists| f(unsafe { &mut *lists })))
     }
 
-    /// Takes a ready buffer if the cache is not busy (another thread's
-    /// path); the bytes are tallied to `thief`.
-    pub(crate) fn steal(&self, device: usize, shift: u32, thief: &ThreadCache) -> Option<Block> {
-        let mut state = self.state.try_lock()?;
-        let block = state.ready[device * CLASSES + shift as usize].pop()?;
-        self.sub_bytes(&block);
-        thief.untally(block.footprint());
-        Some(block)
-    }
-
-    /// Appends a dropped buffer to the dirty list and says whether the
-    /// caller must queue a drain token (always if `urgent`).
+    /// The owner's take: a ready buffer of (`device`, `class`), else one of
+    /// its own deferred buffers, collecting the remote list first if the
+    /// slot is empty.
     #[inline]
-    pub(crate) fn push_dirty(&self, dirty: Dirty, urgent: bool) -> Push {
-        let mut state = self.state.lock();
-        state.dirty.push(dirty);
-        if state.token {
-            Push::Queued
-        } else if urgent {
-            state.token = true;
-            Push::Token
+    pub(crate) fn take(&self, device: usize, class: SizeClass) -> Option<Found> {
+        let caches = self.caches();
+        let slot = caches.classes.slot(device, class);
+        self.as_owner(|lists| {
+            let found = lists.slot(&caches.classes, device, class).ready.pop();
+            if let Some(block) = found {
+                self.unready(slot, &block);
+                return Some(Found::Ready(block));
+            }
+            if !self.shared.remote.is_empty() || !self.shared.returns.is_empty() {
+                self.collect(lists);
+                let found = lists.slot(&caches.classes, device, class).ready.pop();
+                if let Some(block) = found {
+                    self.unready(slot, &block);
+                    return Some(Found::Ready(block));
+                }
+            }
+            let block = lists
+                .slot(&caches.classes, device, class)
+                .deferred
+                .pop_front()?;
+            lists.deferred -= 1;
+            self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+            Some(Found::Deferred(block))
+        })
+        .flatten()
+    }
+
+    /// Puts back a deferred buffer whose fences are still running.
+    pub(crate) fn put_back(&self, block: Block) {
+        let caches = self.caches();
+        let kept = self.as_owner(|lists| {
+            lists
+                .slot(&caches.classes, block.device(), block.class())
+                .deferred
+                .push_front(block);
+            lists.deferred += 1;
+            self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+        });
+        debug_assert!(kept.is_some(), "a take runs only while the pool is open");
+    }
+
+    /// Moves both remote lists into the lists (inside an operation, so a
+    /// thief that locks the owner out sees the buffers in one place or the
+    /// other).
+    fn collect(&self, lists: &mut Lists) {
+        self.adopt(lists, self.shared.remote.take_all(&self.caches().classes));
+        let classes = &self.caches().classes;
+        for block in self.shared.returns.take_all(classes) {
+            let (device, class) = (block.device(), block.class());
+            lists.slot(classes, device, class).deferred.push_back(block);
+            lists.deferred += 1;
+        }
+        self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+    }
+
+    /// Adds ready buffers to the lists.
+    fn adopt(&self, lists: &mut Lists, blocks: impl Iterator<Item = Block>) {
+        let classes = &self.caches().classes;
+        for block in blocks {
+            let (device, class) = (block.device(), block.class());
+            self.enready(classes.slot(device, class), &block);
+            lists.slot(classes, device, class).ready.push(block);
+        }
+    }
+
+    /// The owner's steal from other caches' remote lists (of ready
+    /// buffers): it adopts each non-empty list whole, inside its own
+    /// operation, so the buffers are never out of every thief's sight, then
+    /// takes one of (`device`, `class`).
+    pub(crate) fn adopt_remote_lists(&self, device: usize, class: SizeClass) -> Option<Block> {
+        let caches = self.caches();
+        self.as_owner(|lists| {
+            for other in caches.iter().filter(|c| !std::ptr::eq(*c, self)) {
+                if !other.shared.remote.is_empty() {
+                    self.adopt(lists, other.shared.remote.take_all(&caches.classes));
+                }
+            }
+            let block = lists.slot(&caches.classes, device, class).ready.pop()?;
+            self.unready(caches.classes.slot(device, class), &block);
+            Some(block)
+        })
+        .flatten()
+    }
+
+    /// Accounts for `block` joining the ready list of `slot`. Written by the
+    /// owner or a thief that has locked it out.
+    fn enready(&self, slot: usize, block: &Block) {
+        let n = &self.ready[slot];
+        // Relaxed: statistics and hints, with one writer at a time.
+        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        let bytes = &self.owner.ready_bytes;
+        bytes.store(
+            bytes.load(Ordering::Relaxed) + block.footprint(),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Accounts for `block` leaving the ready list of `slot`.
+    fn unready(&self, slot: usize, block: &Block) {
+        let n = &self.ready[slot];
+        // Relaxed: as in `enready`.
+        n.store(n.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        let bytes = &self.owner.ready_bytes;
+        bytes.store(
+            bytes.load(Ordering::Relaxed) - block.footprint(),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Gives a dropped buffer back: to the owner's deferred list, this
+    /// cache's remote list, or the cleaner. Never blocks, never calls the
+    /// backend.
+    #[inline]
+    pub(crate) fn give_back(&self, block: Block) {
+        let caches = self.caches();
+        let keep = self.deferrable(&block);
+        if !caches.is_own(self) {
+            return self.give_back_remote(block, keep);
+        }
+        let mut held = Some(block);
+        let counted = self.as_owner(|lists| {
+            let mut block = held.take().expect("taken once");
+            let parity = caches.flush.parity();
+            let meta = block.meta_mut();
+            meta.parity = parity as u8;
+            meta.returned = true;
+            self.owner.counts.dropped(parity);
+            if keep && lists.deferred < MAX_DEFERRED {
+                let (device, class) = (block.device(), block.class());
+                lists
+                    .slot(&caches.classes, device, class)
+                    .deferred
+                    .push_back(block);
+                lists.deferred += 1;
+                self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+            } else {
+                // Inside the active window, so closing cannot miss it.
+                caches.sink().route(self, block);
+            }
+        });
+        if counted.is_none() {
+            caches
+                .sink()
+                .late(held.take().expect("the closure did not run"));
+        }
+    }
+
+    fn give_back_remote(&self, mut block: Block, keep: bool) {
+        let caches = self.caches();
+        let shared = &self.shared;
+        // Dekker against `Caches::close`, which sets CLOSED, fences (its
+        // heavy barrier) and then reads `busy`: with the SeqCst fences
+        // between each side's write and read, either this load sees CLOSED
+        // or the close sees this drop under way and waits for it.
+        shared.busy.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if shared.request.load(Ordering::Relaxed) & CLOSED != 0 {
+            shared.busy.fetch_sub(1, Ordering::Release);
+            caches.sink().late(block);
+            return;
+        }
+        let parity = caches.flush.parity();
+        let meta = block.meta_mut();
+        meta.parity = parity as u8;
+        meta.returned = true;
+        shared.counts.dropped(parity);
+        if keep {
+            shared.returns.push(block, &caches.classes);
         } else {
-            Push::Deferred
+            caches.sink().route(self, block);
+        }
+        // Release: the close's Acquire read of `busy` sees the push.
+        shared.busy.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Whether a dropped buffer may wait for the next taker instead of the
+    /// cleaner: small, needing no registration and no device synchronize.
+    #[inline]
+    fn deferrable(&self, block: &Block) -> bool {
+        let needs_registration = self.caches().pins && !block.is_pinned();
+        let needs_device_sync = block.is_pinned() && block.fences().is_empty();
+        block.dirty() <= SELF_CLEAN_BYTES && !needs_registration && !needs_device_sync
+    }
+
+    /// Counts the completion (ready again, or released) of a buffer whose
+    /// drop was counted here in `parity`. The owner counts without a shared
+    /// write; others notify waiting flushes.
+    pub(crate) fn complete(&self, parity: usize, by_owner: bool) {
+        if by_owner {
+            self.owner.counts.done(parity);
+        } else {
+            self.shared.counts.done(parity);
+            self.caches().flush.notify();
         }
     }
 
-    /// Takes the whole dirty list (serving the drain token).
-    pub(crate) fn take_dirty(&self) -> Vec<Dirty> {
-        let mut state = self.state.lock();
-        state.token = false;
-        std::mem::take(&mut state.dirty)
-    }
-
-    /// Whether deferred buffers wait here with no token queued; if so, the
-    /// caller must queue one (this marks it queued).
-    pub(crate) fn sweep(&self) -> bool {
-        let mut state = self.state.lock();
-        let needed = !state.token && !state.dirty.is_empty();
-        state.token |= needed;
-        needed
-    }
-
-    /// Keeps `block` if the cache has room for it; hands it back otherwise.
-    pub(crate) fn offer(&self, block: Block) -> Result<(), Block> {
-        let mut state = self.state.lock();
-        let list = &mut state.ready[block.device() * CLASSES + block.shift() as usize];
-        if list.len() >= PER_CLASS || self.bytes() + block.footprint() > self.limit {
-            return Err(block);
+    /// Counts a deferred buffer of `bytes` dirty bytes that the taker
+    /// re-zeroed itself.
+    #[inline]
+    pub(crate) fn count_cleaned(&self, bytes: usize) {
+        if self.is_orphan() {
+            // Relaxed: statistics.
+            self.cleaned[0].fetch_add(1, Ordering::Relaxed);
+            self.cleaned[1].fetch_add(bytes as u64, Ordering::Relaxed);
+        } else {
+            bump(&self.cleaned[0], 1);
+            bump(&self.cleaned[1], bytes as u64);
         }
-        // Relaxed: a statistic and a local limit; the pool's cap is kept by
-        // its own estimate.
-        self.bytes.fetch_add(block.footprint(), Ordering::Relaxed);
-        list.push(block);
-        Ok(())
     }
 
-    /// Takes one ready buffer of class `shift`, any device (cap eviction).
-    pub(crate) fn evict(&self, shift: u32) -> Option<Block> {
-        let mut state = self.state.lock();
-        let devices = state.ready.len() / CLASSES;
-        let block = (0..devices).find_map(|d| state.ready[d * CLASSES + shift as usize].pop())?;
-        self.sub_bytes(&block);
-        Some(block)
-    }
-
-    /// Takes every ready buffer.
-    pub(crate) fn drain(&self) -> Vec<Block> {
-        let mut state = self.state.lock();
-        let blocks: Vec<Block> = state.ready.iter_mut().flat_map(std::mem::take).collect();
-        self.bytes.store(0, Ordering::Relaxed);
-        blocks
-    }
-
-    /// Footprint bytes ready in this cache.
-    #[inline]
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes.load(Ordering::Relaxed)
-    }
-
-    /// Ready buffers in this cache, indexed by `device * CLASSES + shift`.
-    pub(crate) fn buffers(&self) -> Vec<usize> {
-        self.state.lock().ready.iter().map(Vec::len).collect()
-    }
-
-    /// Records that this thread took `bytes` out of the pool.
-    #[inline]
-    pub(crate) fn untally(&self, bytes: usize) {
-        // Relaxed: a counter folded into the pool's estimate under its
-        // admission lock; it publishes nothing.
-        self.untallied.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// Hands the untallied bytes to the caller (to subtract from the pool's
-    /// estimate).
-    pub(crate) fn fold_untallied(&self) -> usize {
-        self.untallied.swap(0, Ordering::Relaxed)
-    }
-
-    pub(crate) fn untallied(&self) -> usize {
-        self.untallied.load(Ordering::Relaxed)
-    }
-
-    /// Counts a take served from the pool. Only the owner calls this, so a
-    /// load and a store (no read-modify-write) suffice; Relaxed because the
-    /// counter publishes nothing.
-    #[inline]
-    pub(crate) fn count_hit(&self) {
-        self.hits
-            .store(self.hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
-
-    /// Counts a take of class `shift` that allocated; as `count_hit`.
-    #[inline]
-    pub(crate) fn count_miss(&self, shift: u32) {
-        let counter = &self.misses[shift as usize];
-        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
-
-    /// Counts a dirty buffer of `bytes` dirty bytes the owner cleaned; as
-    /// `count_hit`.
-    #[inline]
-    pub(crate) fn count_help(&self, bytes: usize) {
-        self.helped
-            .store(self.helped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        let zeroed = self.helped_bytes.load(Ordering::Relaxed) + bytes as u64;
-        self.helped_bytes.store(zeroed, Ordering::Relaxed);
-    }
-
-    /// Buffers and bytes the owner cleaned itself.
-    pub(crate) fn helped(&self) -> (u64, u64) {
+    /// Deferred buffers the takers re-zeroed themselves, and the bytes.
+    pub(crate) fn cleaned(&self) -> (u64, u64) {
+        // Relaxed: statistics.
         (
-            self.helped.load(Ordering::Relaxed),
-            self.helped_bytes.load(Ordering::Relaxed),
+            self.cleaned[0].load(Ordering::Relaxed),
+            self.cleaned[1].load(Ordering::Relaxed),
         )
     }
 
-    pub(crate) fn hits(&self) -> u64 {
-        self.hits.load(Ordering::Relaxed)
+    /// Hands a ready buffer to the owner through the remote list (the
+    /// cleaner's return path). The caller has checked [`has_room`].
+    ///
+    /// [`has_room`]: Self::has_room
+    pub(crate) fn push_ready(&self, block: Block) {
+        self.shared.remote.push(block, &self.caches().classes);
     }
 
-    /// Misses by size class.
-    pub(crate) fn misses(&self) -> impl Iterator<Item = u64> + '_ {
-        self.misses.iter().map(|m| m.load(Ordering::Relaxed))
+    /// Whether the cache can take `bytes` more ready bytes (a racing read
+    /// may over- or under-state the room by one buffer; the cap is kept by
+    /// the pool's estimate, not by this).
+    pub(crate) fn has_room(&self, bytes: usize) -> bool {
+        // Relaxed: a soft limit.
+        let held =
+            self.owner.ready_bytes.load(Ordering::Relaxed) + self.shared.remote.ready_bytes();
+        held + bytes <= self.caches().limit
     }
 
-    /// Accounts for `block` leaving `ready` through the owner's take.
-    fn taken(&self, block: &Block) {
-        self.sub_bytes(block);
-        self.untally(block.footprint());
+    /// Counts a take that hit, of `bytes` pooled footprint bytes (0 for a
+    /// buffer the taker re-zeroed itself).
+    #[inline]
+    pub(crate) fn count_hit(&self, device: usize, class: SizeClass, pooled_bytes: usize) {
+        self.count(&self.hits, device, class);
+        if pooled_bytes > 0 {
+            self.count_taken_bytes(pooled_bytes);
+        }
     }
 
-    fn sub_bytes(&self, block: &Block) {
-        // Relaxed: see `offer`.
-        self.bytes.fetch_sub(block.footprint(), Ordering::Relaxed);
+    /// Counts a take that allocated.
+    #[inline]
+    pub(crate) fn count_miss(&self, device: usize, class: SizeClass) {
+        self.count(&self.misses, device, class);
+    }
+
+    /// Tallies pooled bytes taken through this cache (a steal or a shard
+    /// pop included).
+    #[inline]
+    fn count_taken_bytes(&self, bytes: usize) {
+        if self.is_orphan() {
+            self.shared
+                .taken_bytes
+                .fetch_add(bytes as u64, Ordering::Relaxed);
+        } else {
+            bump(&self.owner.taken_bytes, bytes as u64);
+        }
+    }
+
+    #[inline]
+    fn count(&self, counters: &[AtomicU64], device: usize, class: SizeClass) {
+        let classes = self.caches().classes.count();
+        if self.is_orphan() {
+            // Relaxed: statistics.
+            counters[class.index()].fetch_add(1, Ordering::Relaxed);
+            counters[classes + device].fetch_add(1, Ordering::Relaxed);
+            self.shared.taken.fetch_add(1, Ordering::Relaxed);
+        } else {
+            bump(&counters[class.index()], 1);
+            bump(&counters[classes + device], 1);
+            bump(&self.owner.taken, 1);
+        }
+    }
+
+    #[inline]
+    fn is_orphan(&self) -> bool {
+        std::ptr::eq(self, &self.caches().orphan)
+    }
+
+    /// Hits of `class` (class counters) or device `d` (`classes + d`).
+    pub(crate) fn hits(&self) -> &[AtomicU64] {
+        &self.hits
+    }
+
+    /// Misses, laid out as [`hits`](Self::hits).
+    pub(crate) fn misses(&self) -> &[AtomicU64] {
+        &self.misses
+    }
+
+    /// Ready buffers of `slot` in this cache's lists and remote list (an
+    /// estimate while the cache is in use).
+    pub(crate) fn ready_in(&self, slot: usize) -> u32 {
+        // Relaxed: a statistic or a hint.
+        self.ready[slot].load(Ordering::Relaxed) + self.shared.remote.ready_in(slot)
+    }
+
+    /// Footprint bytes taken out of the pool through this cache, ever.
+    pub(crate) fn taken_bytes(&self) -> u64 {
+        // Relaxed: folded into the cap's estimate under its lock; a stale
+        // value leaves the estimate high, which is the safe direction.
+        self.owner.taken_bytes.load(Ordering::Relaxed)
+            + self.shared.taken_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Takes through this cache, ever.
+    pub(crate) fn taken(&self) -> u64 {
+        self.owner.taken.load(Ordering::Acquire) + self.shared.taken.load(Ordering::Acquire)
+    }
+
+    /// Whether dropped buffers wait in this cache for their owner (deferred,
+    /// or dropped by other threads). Relaxed: a hint for sweeps and
+    /// flushes; a stale `false` only delays them to their next round (a
+    /// flush loops until its parity balances).
+    pub(crate) fn has_waiting(&self) -> bool {
+        self.owner.deferred.load(Ordering::Relaxed) > 0 || !self.shared.returns.is_empty()
+    }
+
+    /// A count that changes whenever the owner takes or drops (sweeps leave
+    /// active caches to their owners).
+    pub(crate) fn activity(&self) -> u64 {
+        // Relaxed: a heuristic.
+        self.owner.taken.load(Ordering::Relaxed)
+            + crate::flush::drops(std::iter::once(self.counts()))
+    }
+
+    /// The cache's flush counters.
+    pub(crate) fn counts(&self) -> Counts<'_> {
+        (&self.owner.counts, &self.shared.counts)
+    }
+
+    /// The remote list of ready buffers, for eviction and `clear` (under
+    /// the admission lock).
+    pub(crate) fn remote(&self) -> &RemoteList {
+        &self.shared.remote
+    }
+
+    /// The remote list of buffers dropped by other threads, for flushes,
+    /// sweeps and closing: a swap takes it whole.
+    pub(crate) fn returns(&self) -> &RemoteList {
+        &self.shared.returns
+    }
+}
+
+// === impl Caches ===
+
+/// Every cache of a pool, the flush barrier over them, and where drops go.
+pub(crate) struct Caches {
+    map: PerThread<ThreadCache>,
+    /// The cache of takes made during thread teardown: no owner.
+    orphan: ThreadCache,
+    pub(crate) flush: Flush,
+    pub(crate) classes: Classes,
+    /// The pool's statistics counters (written off the fast path).
+    pub(crate) counters: Counters,
+    devices: usize,
+    limit: usize,
+    pins: bool,
+    sink: crate::sync::OnceLock<SinkRef>,
+}
+
+/// A pointer to the pool that owns the caches.
+struct SinkRef(NonNull<dyn Sink>);
+
+// SAFETY: the sink is the pool, `Sync`, and outlives its caches.
+unsafe impl Send for SinkRef {}
+// SAFETY: as above.
+unsafe impl Sync for SinkRef {}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches")
+            .field("devices", &self.devices)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Thieves at work on some caches, owners locked out; see the module docs.
+pub(crate) struct LockedOut<'a> {
+    entries: Vec<(&'a ThreadCache, MutexGuard<'a, ()>)>,
+}
+
+impl LockedOut<'_> {
+    /// Runs `f` on each locked-out cache and its lists.
+    pub(crate) fn each(&mut self, mut f: impl FnMut(&ThreadCache, &mut Lists)) {
+        for (cache, _) in &self.entries {
+            // SAFETY: the owner is locked out (see `Caches::lock_out`), and
+            // this thief holds the cache's lock.
+            cache
+                .owner
+                .lists
+                .with_mut(|lists| f(cache, unsafe { &mut *lists }));
+        }
+    }
+}
+
+impl Drop for LockedOut<'_> {
+    fn drop(&mut self) {
+        for (cache, _) in &self.entries {
+            // Release publishes the list changes to the owner's next
+            // Acquire load of the request word.
+            cache.shared.request.fetch_and(!THIEF, Ordering::Release);
+        }
+    }
+}
+
+impl Caches {
+    /// Caches for a pool of `devices` devices with `classes`, at most
+    /// `limit` ready bytes each, on a backend that `pins` or not.
+    pub(crate) fn new(classes: Classes, devices: usize, limit: usize, pins: bool) -> Box<Self> {
+        let orphan = ThreadCache::new(&classes, devices, NonNull::dangling());
+        let mut caches = Box::new(Self {
+            map: PerThread::new(),
+            orphan,
+            flush: Flush::new(),
+            classes,
+            counters: Counters::default(),
+            devices,
+            limit,
+            pins,
+            sink: crate::sync::OnceLock::new(),
+        });
+        // The box gave `Caches` its address: point the orphan at it.
+        caches.orphan.caches = NonNull::from(&*caches);
+        caches
+    }
+
+    /// Sets where drops go; once, before any cache is used.
+    ///
+    /// # Safety
+    /// `sink` outlives these caches.
+    pub(crate) unsafe fn set_sink(&self, sink: &(dyn Sink + 'static)) {
+        let _ = self.sink.set(SinkRef(NonNull::from(sink)));
+    }
+
+    fn sink(&self) -> &dyn Sink {
+        let sink = self.sink.get().expect("the pool sets its sink when built");
+        // SAFETY: the sink outlives the caches (see `set_sink`).
+        unsafe { sink.0.as_ref() }
+    }
+
+    /// The calling thread's cache, or the orphan cache while the thread is
+    /// being torn down.
+    #[inline]
+    pub(crate) fn local(&self) -> &ThreadCache {
+        self.map
+            .get_or(|| ThreadCache::new(&self.classes, self.devices, NonNull::from(self)))
+            .unwrap_or(&self.orphan)
+    }
+
+    /// Whether `cache` is owned by the calling thread.
+    #[inline]
+    pub(crate) fn is_own(&self, cache: &ThreadCache) -> bool {
+        self.map.get().is_some_and(|own| std::ptr::eq(own, cache))
+    }
+
+    /// Every cache, the orphan's included.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
+        self.map.iter().chain(std::iter::once(&self.orphan))
+    }
+
+    /// Every cache's flush counters.
+    pub(crate) fn counts(&self) -> impl Iterator<Item = Counts<'_>> {
+        self.iter().map(ThreadCache::counts)
+    }
+
+    /// Locks the owners of `caches` out of their lists (see the module
+    /// docs). Locks are taken in iteration order, so two thieves never
+    /// deadlock; an owner never holds a cache lock while waiting for
+    /// another.
+    pub(crate) fn lock_out<'a>(
+        &'a self,
+        caches: impl Iterator<Item = &'a ThreadCache>,
+    ) -> LockedOut<'a> {
+        let entries: Vec<_> = caches.map(|c| (c, c.shared.lock.lock())).collect();
+        for (cache, _) in &entries {
+            // Relaxed: ordered before the `active` loads by the barrier.
+            cache.shared.request.fetch_or(THIEF, Ordering::Relaxed);
+        }
+        if !entries.is_empty() {
+            barrier::heavy();
+        }
+        for (cache, _) in &entries {
+            let mut round = 0;
+            // Acquire pairs with the owner's Release store that ends its
+            // operation: its list changes are visible once this reads false.
+            while cache.owner.active.load(Ordering::Acquire) {
+                spin(round);
+                round += 1;
+            }
+        }
+        LockedOut { entries }
+    }
+
+    /// Closes every cache: from now on drops go to [`Sink::late`]. Returns
+    /// once no drop that missed the close is still under way.
+    pub(crate) fn close(&self) {
+        for cache in self.iter() {
+            // SeqCst: the Dekker pair of `give_back_remote`'s.
+            cache.shared.request.fetch_or(CLOSED, Ordering::SeqCst);
+        }
+        barrier::heavy();
+        for cache in self.iter() {
+            let mut round = 0;
+            // Acquire (both): pairs with the Release stores that end an
+            // owner's operation and a remote drop.
+            while cache.owner.active.load(Ordering::Acquire)
+                || cache.shared.busy.load(Ordering::SeqCst) > 0
+            {
+                spin(round);
+                round += 1;
+            }
+        }
+    }
+}
+
+// === impl Lists (thief side) ===
+
+impl Lists {
+    /// Takes a ready buffer of (`device`, `class`) from a locked-out cache.
+    pub(crate) fn steal_ready(
+        &mut self,
+        cache: &ThreadCache,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        let classes = &cache.caches().classes;
+        let block = self.slot(classes, device, class).ready.pop()?;
+        cache.unready(classes.slot(device, class), &block);
+        Some(block)
+    }
+
+    /// Takes every ready buffer of a locked-out cache, or only those of
+    /// class index `class`.
+    pub(crate) fn take_ready(&mut self, cache: &ThreadCache, class: Option<usize>) -> Vec<Block> {
+        let classes = &cache.caches().classes;
+        let mut out = Vec::new();
+        for (_, c, slot) in self.slots() {
+            if class.is_some_and(|want| want != c) {
+                continue;
+            }
+            for block in slot.ready.drain(..) {
+                cache.unready(classes.slot(block.device(), block.class()), &block);
+                out.push(block);
+            }
+        }
+        out
+    }
+
+    /// Takes every deferred buffer of a locked-out cache.
+    pub(crate) fn take_deferred(&mut self, cache: &ThreadCache) -> Vec<Block> {
+        let mut out = Vec::with_capacity(self.deferred);
+        for (_, _, slot) in self.slots() {
+            out.extend(slot.deferred.drain(..));
+        }
+        self.deferred = 0;
+        cache.owner.deferred.store(0, Ordering::Relaxed);
+        out
+    }
+
+    /// Takes the oldest deferred buffer of (`device`, `class`).
+    pub(crate) fn steal_deferred(
+        &mut self,
+        cache: &ThreadCache,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        let block = self
+            .slot(&cache.caches().classes, device, class)
+            .deferred
+            .pop_front()?;
+        self.deferred -= 1;
+        cache.owner.deferred.store(self.deferred, Ordering::Relaxed);
+        Some(block)
     }
 }

@@ -51,27 +51,6 @@ fn failed_registration_frees_the_buffer_and_is_counted() {
 }
 
 #[test]
-fn failed_synchronize_unregisters_and_frees() {
-    let (pool, faults) = faulty(1);
-    let buf = pinned(&pool, 1 << 16);
-    let syncs = faults.synchronize_calls();
-    faults.fail_synchronize(&[syncs + 1]);
-    drop(buf); // pinned, no events: the cleaner synchronizes the device
-    pool.flush();
-    let stats = pool.stats();
-    assert_eq!(stats.fence_failures, 1);
-    assert_eq!(
-        stats.pooled_buffers, 0,
-        "a buffer whose copies could not be waited for was pooled"
-    );
-    assert_eq!(
-        faults.unregistered(),
-        1,
-        "it was freed without unregistering"
-    );
-}
-
-#[test]
 fn panicking_worker_releases_its_buffer_and_the_pool_serves_on() {
     let (pool, faults) = faulty(1);
     faults.panic_register(&[1]);
@@ -307,27 +286,4 @@ fn late_fence_holds_the_buffer_back_and_others_flow() {
     pool.flush();
     assert_eq!(pool.stats().in_cleaner, 0);
     assert!(pool.take(1 << 16).was_pooled());
-}
-
-#[test]
-fn failed_fence_unregisters_and_frees() {
-    use pinpool::testing::TestFence;
-    let (pool, faults) = faulty(1);
-    let mut buf = pinned(&pool, 1 << 16);
-    let fence = TestFence::default();
-    fence.record(&mut buf);
-    drop(buf);
-    fence.fail();
-    pool.flush();
-    let stats = pool.stats();
-    assert_eq!(stats.fence_failures, 1);
-    assert_eq!(
-        stats.pooled_buffers, 0,
-        "a buffer whose copy could not be waited for was pooled"
-    );
-    assert_eq!(
-        faults.unregistered(),
-        faults.registered(),
-        "it was freed without unregistering"
-    );
 }

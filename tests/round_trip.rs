@@ -5,7 +5,11 @@ use common::{all_zero, host_pool};
 
 #[test]
 fn take_rounds_up_to_powers_of_two_and_zero_fills() {
-    let pool = host_pool(1);
+    let pool = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .size_classes(pinpool::SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap();
     for (min, len) in [
         (0, 1),
         (1, 1),
@@ -18,6 +22,23 @@ fn take_rounds_up_to_powers_of_two_and_zero_fills() {
         assert_eq!(buf.len(), len, "take({min})");
         assert!(all_zero(&buf), "take({min}) not zeroed");
         assert!(!buf.is_pinned(), "the host backend never pins");
+    }
+}
+
+#[test]
+fn fine_classes_are_at_most_an_eighth_over_above_a_page() {
+    let pool = host_pool(1);
+    for (min, len) in [
+        (0, 1),
+        (3, 4),
+        (4096, 4096),
+        (4097, 4608),
+        (5 << 20, 5 << 20),
+        ((5 << 20) + 1, (5 << 20) + (512 << 10)),
+    ] {
+        let buf = pool.take(min);
+        assert_eq!(buf.len(), len, "take({min})");
+        assert!(all_zero(&buf), "take({min}) not zeroed");
     }
 }
 

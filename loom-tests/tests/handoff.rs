@@ -1,34 +1,25 @@
-//! Loom models of the buffer handoff: drop -> cleaner -> thread cache -> take.
+//! Loom models of the buffer handoff: drop -> cache or cleaner -> ready ->
+//! take, through the public API.
 #![cfg(loom)]
 
+mod common;
+
+use common::{model, pool};
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
 use loom::thread;
-use pinpool::{BackendKind, Pool};
-
-/// Runs `f` under loom with room for the pool's longer executions.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    builder.max_branches = 100_000;
-    builder.check(f);
-}
-
-fn pool() -> Pool {
-    Pool::builder()
-        .backend(BackendKind::Host)
-        .cleaner_threads(1)
-        .build()
-        .unwrap()
-}
+use pinpool::testing::TestFence;
 
 /// A written buffer dropped on another thread, flushed, and taken again.
 ///
-/// Catches: `flush` returning before the buffer is back in the pool (a
-/// flush that does not wait, or an in-flight count that drops too early):
-/// right after `flush` nothing may be left in the cleaner and the buffer
-/// must be pooled, zeroed, and the next take's hit.
+/// Catches: `flush` returning before the buffer is back (a flush that does
+/// not move buffers waiting in caches along, or counts a completion too
+/// early): right after `flush` nothing may be left in the cleaner and the
+/// buffer must be pooled, zeroed, and the next take's hit.
 #[test]
 fn flushed_buffer_is_zeroed_and_ready() {
     model(|| {
-        let pool = pool();
+        let pool = pool(1);
         let mut buf = pool.take(8);
         let ptr = buf.as_ptr() as usize;
         buf.fill(0xAA);
@@ -37,7 +28,7 @@ fn flushed_buffer_is_zeroed_and_ready() {
         let stats = pool.stats();
         assert_eq!(
             stats.in_cleaner, 0,
-            "flush returned with the buffer in the cleaner"
+            "flush returned with the buffer in flight"
         );
         assert_eq!(
             stats.pooled_buffers, 1,
@@ -55,26 +46,25 @@ fn flushed_buffer_is_zeroed_and_ready() {
     });
 }
 
-/// A buffer taken on one thread and dropped on another, while the first
-/// keeps taking.
+/// A buffer taken on one thread and dropped on another (onto the owner's
+/// remote list) while the owner keeps taking (collecting that list).
 ///
-/// Catches: a buffer visible to `take` twice (pooled and still owned), or
-/// lost between the dropping thread and the owner's cache. Pointer identity
-/// is the witness: loom builds do not keep the statistics counters.
+/// Catches: a buffer visible to `take` twice, or lost between the remote
+/// push and the owner's swap (a push that does not publish with Release, a
+/// swap without Acquire: loom reports the race on the buffer's bytes).
 #[test]
 fn cross_thread_drop_returns_exactly_once() {
     model(|| {
-        let pool = pool();
+        let pool = pool(1);
         let buf = pool.take(8);
         let first = buf.as_ptr() as usize;
         let dropper = thread::spawn(move || drop(buf));
-        let other = pool.take(8);
+        let mut other = pool.take(8);
+        other.fill(1);
         let second = other.as_ptr() as usize;
         dropper.join().unwrap();
         drop(other);
         pool.flush();
-        // `other` may legitimately be `buf` recycled; either way every
-        // distinct buffer must now be ready, exactly once.
         let mut want = vec![first, second];
         want.dedup();
         let again: Vec<_> = want.iter().map(|_| pool.take(8)).collect();
@@ -82,50 +72,48 @@ fn cross_thread_drop_returns_exactly_once() {
         got.sort_unstable();
         want.sort_unstable();
         assert_eq!(got, want, "a buffer was lost or handed out twice");
+        assert!(again.iter().all(|b| b.iter().all(|&x| x == 0)));
         drop(again);
         pool.shutdown();
     });
 }
 
-/// A buffer whose recorded fence (a stand-in for the event after its last
-/// copy) completes on another thread while the buffer is dropped and
-/// flushed.
+/// A buffer whose fence (a stand-in for the event after its last copy)
+/// completes on another thread while the buffer is dropped, taken again by
+/// its owner (which re-zeroes its own deferred buffers), and flushed.
 ///
 /// Catches: a buffer re-zeroed or handed out before its fence completed
-/// (the cleaner ignoring or mis-reading fences, or `take` cleaning a dirty
-/// buffer whose copy is still running): `flush` or the next take would see
-/// the buffer ready while the "copy" was still in flight.
+/// (the owner's self-clean or the cleaner ignoring the fence).
 #[test]
 fn fence_gates_reuse() {
-    use loom::sync::atomic::{AtomicBool, Ordering};
-    use loom::sync::Arc;
     model(|| {
-        let pool = pool();
+        let pool = pool(1);
         let mut buf = pool.take(8);
         buf.fill(0xAA);
-        let done = Arc::new(AtomicBool::new(false));
-        pinpool::loom_internals::record_fence(&mut buf, done.clone());
+        let fence = TestFence::default();
+        fence.record(&mut buf);
+        // Set before the fence completes: seeing the fence done implies
+        // seeing this.
+        let copied = Arc::new(AtomicBool::new(false));
         let copier = {
-            let done = done.clone();
-            thread::spawn(move || done.store(true, Ordering::Release))
+            let (fence, copied) = (fence.clone(), copied.clone());
+            thread::spawn(move || {
+                copied.store(true, Ordering::Release);
+                fence.complete();
+            })
         };
         drop(buf);
         let again = pool.take(8);
-        // Only one buffer exists before this take, so a hit is that buffer
-        // (branching on `was_pooled` keeps the model deterministic).
         if again.was_pooled() {
             assert!(
-                done.load(Ordering::Acquire),
+                copied.load(Ordering::Acquire),
                 "reused before its fence completed"
             );
         }
         drop(again);
-        pool.flush();
-        assert!(
-            done.load(Ordering::Acquire),
-            "flush returned before the fence completed"
-        );
         copier.join().unwrap();
+        pool.flush();
+        assert_eq!(pool.stats().in_cleaner, 0);
         pool.shutdown();
     });
 }

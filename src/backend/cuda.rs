@@ -1,10 +1,11 @@
 //! The CUDA driver backend, through cudarc with the driver loaded at run time.
 //!
-//! Registration needs a current context on the calling thread, so every
-//! call that needs one makes the device's primary context current for its
-//! duration and then restores whatever the thread had before: user threads
-//! that reach these paths (`clear`, `shutdown`, `register_region`) keep
-//! their current device.
+//! Registration and device synchronization need a current context on the
+//! calling thread. Every call that needs one binds the device's primary
+//! context for its duration with a [`Bound`] guard, which puts back
+//! whatever the thread had before: user threads that reach these paths
+//! (`clear`, `shutdown`, `register_region`, event bookkeeping) keep their
+//! current device.
 
 use std::sync::Arc;
 
@@ -13,6 +14,57 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 use super::{Backend, BackendKind};
 use crate::error::Error;
 
+/// Binds a context for a scope and puts the thread's previous one back.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    previous: sys::CUcontext,
+    switched: bool,
+}
+
+impl Bound {
+    /// Makes `ctx` current until the guard drops (a no-op if it already is).
+    pub(crate) fn to(ctx: sys::CUcontext) -> Result<Self, Error> {
+        let previous = current()?;
+        let switched = previous != ctx;
+        if switched {
+            // SAFETY: `ctx` is a live context (a retained primary context or
+            // the context of a live event).
+            unsafe { result::ctx::set_current(ctx) }
+                .map_err(|source| Error::cuda("cuCtxSetCurrent", source))?;
+        }
+        Ok(Self { previous, switched })
+    }
+
+    /// Remembers the current context and restores it when the guard drops,
+    /// around a call that may change it (cudarc binds contexts freely).
+    pub(crate) fn restoring() -> Result<Self, Error> {
+        Ok(Self {
+            previous: current()?,
+            switched: true,
+        })
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if !self.switched {
+            return;
+        }
+        // SAFETY: `previous` was current on this thread moments ago (or is
+        // null, which unbinds); the driver keeps it alive while in use.
+        if let Err(e) = unsafe { result::ctx::set_current(self.previous) } {
+            tracing::warn!(error = %e, "pinpool: could not restore the thread's CUDA context");
+        }
+    }
+}
+
+/// The calling thread's current context (null if none).
+fn current() -> Result<sys::CUcontext, Error> {
+    result::ctx::get_current()
+        .map(|c| c.unwrap_or(std::ptr::null_mut()))
+        .map_err(|source| Error::cuda("cuCtxGetCurrent", source))
+}
+
 /// The primary contexts of the devices the pool serves.
 #[derive(Debug)]
 pub(crate) struct CudaBackend {
@@ -20,7 +72,7 @@ pub(crate) struct CudaBackend {
 }
 
 fn cuda(op: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |source| Error::Cuda { op, source }
+    move |source| Error::cuda(op, source)
 }
 
 impl CudaBackend {
@@ -46,45 +98,18 @@ impl CudaBackend {
                 "{wanted} devices requested, but the driver reports {count}"
             )));
         }
-        let previous = result::ctx::get_current().map_err(cuda("cuCtxGetCurrent"))?;
+        // `CudaContext::new` binds each context; the guard puts back the
+        // caller's.
+        let _bound = Bound::restoring()?;
         let contexts = (0..wanted)
             .map(CudaContext::new)
-            .collect::<Result<Vec<_>, _>>();
-        // `CudaContext::new` binds each context; put back the caller's.
-        restore(previous);
-        let contexts = contexts.map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cuda("cuDevicePrimaryCtxRetain"))?;
         Ok(Self { contexts })
     }
 
-    /// Runs `f` with `device`'s primary context current, then restores the
-    /// thread's previous context.
-    fn with_context<R>(
-        &self,
-        device: usize,
-        f: impl FnOnce() -> Result<R, DriverError>,
-    ) -> Result<R, DriverError> {
-        let previous = result::ctx::get_current()?;
-        let ctx = self.contexts[device].cu_ctx();
-        let switch = previous != Some(ctx);
-        if switch {
-            // SAFETY: `ctx` is a primary context retained by `self`.
-            unsafe { result::ctx::set_current(ctx) }?;
-        }
-        let out = f();
-        if switch {
-            restore(previous);
-        }
-        out
-    }
-}
-
-/// Makes `previous` (or no context) current again.
-fn restore(previous: Option<sys::CUcontext>) {
-    let ctx = previous.unwrap_or(std::ptr::null_mut());
-    // SAFETY: `ctx` was current on this thread moments ago (or is null,
-    // which unbinds); the driver keeps it alive while it is in use.
-    if let Err(e) = unsafe { result::ctx::set_current(ctx) } {
-        tracing::warn!(error = %e, "could not restore the thread's CUDA context");
+    fn bind(&self, device: usize) -> Result<Bound, Error> {
+        Bound::to(self.contexts[device].cu_ctx())
     }
 }
 
@@ -117,25 +142,24 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn register(&self, device: usize, ptr: *mut u8, len: usize) -> Result<(), Error> {
-        self.with_context(device, || {
-            // SAFETY: the caller guarantees `[ptr, ptr + len)` is a live
-            // allocation that stays mapped until unregistered.
-            unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
-                .result()
-        })
-        .map_err(cuda("cuMemHostRegister"))
+        let _bound = self.bind(device)?;
+        // SAFETY: the caller guarantees `[ptr, ptr + len)` is a live
+        // allocation that stays mapped until unregistered.
+        unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+            .result()
+            .map_err(cuda("cuMemHostRegister"))
     }
 
     unsafe fn unregister(&self, device: usize, ptr: *mut u8) -> Result<(), Error> {
-        self.with_context(device, || {
-            // SAFETY: the caller guarantees `ptr` was registered and is idle.
-            unsafe { sys::cuMemHostUnregister(ptr.cast()) }.result()
-        })
-        .map_err(cuda("cuMemHostUnregister"))
+        let _bound = self.bind(device)?;
+        // SAFETY: the caller guarantees `ptr` was registered and is idle.
+        unsafe { sys::cuMemHostUnregister(ptr.cast()) }
+            .result()
+            .map_err(cuda("cuMemHostUnregister"))
     }
 
     fn synchronize(&self, device: usize) -> Result<(), Error> {
-        self.with_context(device, result::ctx::synchronize)
-            .map_err(cuda("cuCtxSynchronize"))
+        let _bound = self.bind(device)?;
+        result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))
     }
 }

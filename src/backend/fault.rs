@@ -1,14 +1,17 @@
-//! A backend that fails or panics on chosen calls, for tests (the
-//! `testing` feature). It "pins" like CUDA, so the registration, event-less
-//! synchronize and unregistration paths all run, and it counts every call.
+//! A backend that pins in name only and fails, panics or blocks on chosen
+//! calls, for tests (the `testing` feature) and loom models. It reports
+//! itself as the host backend but "registers" every buffer it is given, so
+//! the registration, event-less synchronize and unregistration paths all
+//! run; it counts every call and the thread that made it.
 
 use std::collections::HashSet;
 
 use super::{Backend, BackendKind};
 use crate::error::Error;
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{Condvar, Mutex, Ordering, StatCounter as AtomicU64, Unmodeled};
 
-/// Which calls of a [`FaultBackend`] fail or panic, and what it has seen.
+/// Which calls of a fault-injecting backend fail, panic or block, and what
+/// it has seen.
 ///
 /// Calls are numbered from 1 per operation, in the order the pool makes
 /// them.
@@ -28,17 +31,33 @@ use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 /// assert_eq!(faults.registered(), 0);
 /// # Ok::<(), pinpool::Error>(())
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Faults {
-    plan: Mutex<Plan>,
+    plan: Unmodeled<Plan>,
     register_calls: AtomicU64,
     registered: AtomicU64,
     unregister_calls: AtomicU64,
     unregistered: AtomicU64,
     synchronize_calls: AtomicU64,
-    held: std::sync::Mutex<bool>,
-    released: std::sync::Condvar,
-    threads: Mutex<Vec<std::thread::ThreadId>>,
+    held: Mutex<bool>,
+    released: Condvar,
+    threads: Unmodeled<Vec<std::thread::ThreadId>>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            plan: Unmodeled::new(Plan::default()),
+            register_calls: AtomicU64::new(0),
+            registered: AtomicU64::new(0),
+            unregister_calls: AtomicU64::new(0),
+            unregistered: AtomicU64::new(0),
+            synchronize_calls: AtomicU64::new(0),
+            held: Mutex::new(false),
+            released: Condvar::new(),
+            threads: Unmodeled::new(Vec::new()),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +96,17 @@ impl Faults {
         self.plan().fail_synchronize.extend(calls);
     }
 
+    /// Makes every synchronize call block until [`release`](Self::release).
+    pub fn hold_synchronize(&self) {
+        *self.held.lock() = true;
+    }
+
+    /// Lets held synchronize calls return.
+    pub fn release(&self) {
+        *self.held.lock() = false;
+        self.released.notify_all();
+    }
+
     /// Successful registrations.
     pub fn registered(&self) -> u64 {
         self.registered.load(Ordering::Relaxed)
@@ -102,37 +132,33 @@ impl Faults {
         self.synchronize_calls.load(Ordering::Relaxed)
     }
 
-    /// Makes every synchronize call block until [`release`](Self::release).
-    pub fn hold_synchronize(&self) {
-        *self.held.lock().unwrap() = true;
-    }
-
-    /// Lets held synchronize calls return.
-    pub fn release(&self) {
-        *self.held.lock().unwrap() = false;
-        self.released.notify_all();
-    }
-
     /// Backend calls (registration, unregistration, synchronize) made on
     /// `thread`.
     pub fn calls_on(&self, thread: std::thread::ThreadId) -> usize {
-        self.threads.lock().iter().filter(|t| **t == thread).count()
+        let threads = self
+            .threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        threads.iter().filter(|t| **t == thread).count()
     }
 
-    fn note_thread(&self) {
-        self.threads.lock().push(std::thread::current().id());
+    fn plan(&self) -> std::sync::MutexGuard<'_, Plan> {
+        self.plan
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn plan(&self) -> MutexGuard<'_, Plan> {
-        self.plan.lock()
-    }
-
-    /// Numbers a call of `counter` and looks it up in the plan.
+    /// Numbers a call of `counter`, notes its thread, and looks it up in
+    /// the plan.
     fn call(
         &self,
         counter: &AtomicU64,
         pick: impl Fn(&Plan) -> (&HashSet<u64>, Option<&HashSet<u64>>),
     ) -> Outcome {
+        self.threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(std::thread::current().id());
         // Relaxed: call numbering; the counters publish nothing.
         let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
         let plan = self.plan();
@@ -149,14 +175,13 @@ impl Faults {
 
 /// The error an injected failure returns.
 fn injected(op: &'static str) -> Error {
-    Error::Cuda {
+    Error::cuda(
         op,
-        source: cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN),
-    }
+        cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN),
+    )
 }
 
-/// Serves `devices` simulated devices under a [`Faults`] plan. It reports
-/// itself as the host backend, but pins (in name) every buffer it is given.
+/// Serves `devices` simulated devices under a [`Faults`] plan.
 #[derive(Debug)]
 pub(crate) struct FaultBackend {
     faults: std::sync::Arc<Faults>,
@@ -188,7 +213,6 @@ impl Backend for FaultBackend {
 
     unsafe fn register(&self, _device: usize, _ptr: *mut u8, _len: usize) -> Result<(), Error> {
         let f = &self.faults;
-        f.note_thread();
         match f.call(&f.register_calls, |p| {
             (&p.fail_register, Some(&p.panic_register))
         }) {
@@ -203,7 +227,6 @@ impl Backend for FaultBackend {
 
     unsafe fn unregister(&self, _device: usize, _ptr: *mut u8) -> Result<(), Error> {
         let f = &self.faults;
-        f.note_thread();
         match f.call(&f.unregister_calls, |p| (&p.fail_unregister, None)) {
             Outcome::Pass => {
                 f.unregistered.fetch_add(1, Ordering::Relaxed);
@@ -215,58 +238,14 @@ impl Backend for FaultBackend {
 
     fn synchronize(&self, _device: usize) -> Result<(), Error> {
         let f = &self.faults;
-        f.note_thread();
-        let mut held = f.held.lock().unwrap();
+        let mut held = f.held.lock();
         while *held {
-            held = f.released.wait(held).unwrap();
+            held = f.released.wait(held);
         }
         drop(held);
         match f.call(&f.synchronize_calls, |p| (&p.fail_synchronize, None)) {
             Outcome::Pass => Ok(()),
             _ => Err(injected("cuCtxSynchronize (injected)")),
         }
-    }
-}
-
-/// A stand-in for the event after a copy still reading a buffer: it
-/// completes, or fails, when the test says so.
-///
-/// # Examples
-///
-/// ```
-/// use pinpool::testing::TestFence;
-///
-/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
-/// let mut buf = pool.take(4096);
-/// let fence = TestFence::default();
-/// fence.record(&mut buf);
-/// drop(buf);
-/// fence.complete(); // until now the cleaner kept the buffer back
-/// pool.flush();
-/// assert_eq!(pool.stats().pooled_buffers, 1);
-/// # Ok::<(), pinpool::Error>(())
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct TestFence {
-    done: crate::sync::Arc<crate::sync::AtomicBool>,
-    failed: crate::sync::Arc<crate::sync::AtomicBool>,
-}
-
-impl TestFence {
-    /// Makes `buf` wait for this fence before it is reused.
-    pub fn record(&self, buf: &mut crate::PinnedBuffer) {
-        buf.record_flag(self.done.clone(), self.failed.clone());
-    }
-
-    /// The "copy" finished.
-    pub fn complete(&self) {
-        // Release pairs with the cleaner's Acquire load in `Fence::is_done`.
-        self.done.store(true, Ordering::Release);
-    }
-
-    /// Waiting for the "copy" fails, as a failed event query would.
-    pub fn fail(&self) {
-        // Release: as in `complete`.
-        self.failed.store(true, Ordering::Release);
     }
 }

@@ -33,7 +33,9 @@ impl Backend for HostBackend {
     }
 
     unsafe fn register(&self, _device: usize, _ptr: *mut u8, _len: usize) -> Result<(), Error> {
-        Ok(())
+        Err(Error::BackendUnavailable(
+            "the host backend does not pin".into(),
+        ))
     }
 
     unsafe fn unregister(&self, _device: usize, _ptr: *mut u8) -> Result<(), Error> {

@@ -1,18 +1,20 @@
-//! What the pool needs from the platform: page-locking, fences, devices.
+//! What the pool needs from the platform: page-locking and device
+//! synchronization.
 //!
 //! [`cuda`] drives the CUDA driver through cudarc, loaded at run time so the
 //! crate builds and runs where no CUDA is installed; [`host`] stands in on
 //! machines without a GPU: buffers are pooled and re-zeroed but never
-//! page-locked.
+//! page-locked; [`fault`] (tests and loom models) pins in name only and
+//! fails or blocks on chosen calls. Backends are called from cleaner
+//! workers and slow paths only, except `current_device`, which `take`
+//! calls; every call leaves the caller's current CUDA context as it was.
 
 use std::fmt;
-
-use cudarc::driver::CudaEvent;
 
 use crate::error::Error;
 
 pub(crate) mod cuda;
-#[cfg(feature = "testing")]
+#[cfg(any(feature = "testing", all(loom, feature = "loom")))]
 pub(crate) mod fault;
 pub(crate) mod host;
 
@@ -47,14 +49,14 @@ impl fmt::Display for BackendKind {
     }
 }
 
-/// The platform operations behind a pool. Called from cleaner workers and
-/// slow paths only, except `current_device`, which `take` calls.
+/// The platform operations behind a pool.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// `Cuda` or `Host`, never `Auto`.
     fn kind(&self) -> BackendKind;
-    /// Devices the backend can serve.
+    /// Devices the backend serves.
     fn device_count(&self) -> usize;
-    /// The device current on the calling thread (0 if none).
+    /// The device of the CUDA context current on the calling thread (0 if
+    /// none is, or on the host backend).
     fn current_device(&self) -> usize;
     /// Whether `register` page-locks memory.
     fn pins(&self) -> bool;
@@ -68,85 +70,11 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// # Safety
     /// `ptr` was registered, and no copy from it is in flight.
     unsafe fn unregister(&self, device: usize, ptr: *mut u8) -> Result<(), Error>;
-    /// Waits for all work on `device`.
+    /// Waits for all work in `device`'s primary context.
     fn synchronize(&self, device: usize) -> Result<(), Error>;
 }
 
-/// Marks the point on a stream after which a buffer is no longer read.
-#[derive(Debug)]
-pub(crate) struct Fence(FenceKind);
-
-#[derive(Debug)]
-enum FenceKind {
-    /// A CUDA event recorded after the last copy.
-    Event(CudaEvent),
-    /// Flags another thread sets when the "copy" is done, or has failed
-    /// (loom models and the `testing` feature).
-    #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
-    Flag {
-        done: crate::sync::Arc<crate::sync::AtomicBool>,
-        failed: crate::sync::Arc<crate::sync::AtomicBool>,
-    },
-}
-
-impl Fence {
-    pub(crate) fn new(event: CudaEvent) -> Self {
-        Self(FenceKind::Event(event))
-    }
-
-    /// A fence that completes when `done` is set and fails when `failed`
-    /// is (loom models and the `testing` feature).
-    #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
-    pub(crate) fn flag(
-        done: crate::sync::Arc<crate::sync::AtomicBool>,
-        failed: crate::sync::Arc<crate::sync::AtomicBool>,
-    ) -> Self {
-        Self(FenceKind::Flag { done, failed })
-    }
-
-    /// Whether the work before the fence has finished, without waiting.
-    pub(crate) fn is_done(&self) -> Result<bool, Error> {
-        match &self.0 {
-            FenceKind::Event(event) => event.try_is_complete().map_err(|source| Error::Cuda {
-                op: "cuEventQuery",
-                source,
-            }),
-            // Acquire pairs with the setter's Release store: what the
-            // "copy" did happens before the buffer is reused.
-            #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
-            FenceKind::Flag { done, failed } => {
-                if failed.load(crate::sync::Ordering::Acquire) {
-                    return Err(Error::Cuda {
-                        op: "cuEventQuery (injected)",
-                        source: cudarc::driver::DriverError(
-                            cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
-                        ),
-                    });
-                }
-                Ok(done.load(crate::sync::Ordering::Acquire))
-            }
-        }
-    }
-
-    /// Waits for the work before the fence.
-    pub(crate) fn wait(&self) -> Result<(), Error> {
-        match &self.0 {
-            FenceKind::Event(event) => event.synchronize().map_err(|source| Error::Cuda {
-                op: "cuEventSynchronize",
-                source,
-            }),
-            #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
-            FenceKind::Flag { .. } => {
-                while !self.is_done()? {
-                    crate::sync::thread::yield_now();
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// Picks the backend for `kind`, logging the choice once.
+/// Picks the backend for `kind`, logging the choice.
 pub(crate) fn select(kind: BackendKind, devices: Option<usize>) -> Result<Box<dyn Backend>, Error> {
     let host = || Box::new(host::HostBackend::new(devices.unwrap_or(1)));
     match kind {

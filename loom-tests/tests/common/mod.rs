@@ -1,0 +1,57 @@
+//! Helpers shared by the loom models.
+#![allow(dead_code)]
+
+use std::sync::Arc as StdArc;
+
+use pinpool::testing::Faults;
+use pinpool::{BackendKind, Pool, SizeClasses};
+
+/// Runs `f` under loom with room for the pool's longer executions, at the
+/// preemption bound `LOOM_MAX_PREEMPTIONS` (or `preemptions`).
+pub fn model_bounded(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 200_000;
+    if preemptions.is_some() {
+        builder.preemption_bound = preemptions;
+    }
+    builder.check(f);
+}
+
+/// As [`model_bounded`] at the environment's bound.
+pub fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(None, f);
+}
+
+/// A host-backend pool with `workers` cleaner workers.
+pub fn pool(workers: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(workers)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap()
+}
+
+/// A pool on the fault-injecting backend, which "pins" every buffer: the
+/// registration, device-synchronize and unregistration paths run.
+pub fn pinning_pool(workers: usize) -> (Pool, StdArc<Faults>) {
+    let faults = StdArc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(workers)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// A pool whose calling thread's cache holds one ready buffer of 8 bytes;
+/// returns it with the buffer's address.
+pub fn pool_with_cached_buffer() -> (Pool, usize) {
+    let pool = pool(1);
+    let buf = pool.take(8);
+    let ptr = buf.as_ptr() as usize;
+    drop(buf);
+    pool.flush();
+    (pool, ptr)
+}

@@ -1,0 +1,131 @@
+//! Loom models of the thread caches' owner / thief handshake: another
+//! thread touching a cache's lists (a steal, `clear`, `flush` moving
+//! deferred buffers along) while its owner takes and drops.
+#![cfg(loom)]
+
+mod common;
+
+use common::{model, pool, pool_with_cached_buffer};
+use loom::thread;
+
+/// Another thread misses and steals from the owner's cache while the owner
+/// takes from it.
+///
+/// Catches: a thief that works on the lists while the owner is active (the
+/// handshake's fences weakened, or the owner not checking the request
+/// word): both threads would hold the same buffer, or loom reports the
+/// race on the lists.
+#[test]
+fn steal_races_owner_take() {
+    model(|| {
+        let (pool, cached) = pool_with_cached_buffer();
+        let thief = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let buf = pool.take(8);
+                let ptr = buf.as_ptr() as usize;
+                (buf, ptr)
+            })
+        };
+        let own = pool.take(8);
+        let (stolen, stolen_ptr) = thief.join().unwrap();
+        let own_ptr = own.as_ptr() as usize;
+        assert_ne!(own_ptr, stolen_ptr, "one buffer handed to two threads");
+        assert!(
+            own_ptr == cached || stolen_ptr == cached,
+            "the cached buffer was lost"
+        );
+        drop((own, stolen));
+        pool.shutdown();
+    });
+}
+
+/// `clear` on another thread races the owner's take of its cached buffer.
+///
+/// Catches: a buffer both taken and still counted (or freed under the
+/// taker), or left behind so that pooled bytes do not return to zero.
+#[test]
+fn clear_races_owner_take() {
+    model(|| {
+        let (pool, _) = pool_with_cached_buffer();
+        let clearer = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.clear())
+        };
+        let mut buf = pool.take(8);
+        clearer.join().unwrap();
+        buf.fill(1);
+        if buf.was_pooled() {
+            assert_eq!(
+                pool.stats().pooled_bytes,
+                0,
+                "taken and still counted as pooled"
+            );
+        }
+        drop(buf);
+        pool.flush();
+        pool.clear();
+        assert_eq!(pool.stats().pooled_bytes, 0, "pooled bytes after clear");
+        pool.shutdown();
+    });
+}
+
+/// The owner drops a small buffer (deferred in its own cache) and takes
+/// again, re-zeroing it, while another thread's `flush` moves deferred
+/// buffers to the cleaner.
+///
+/// Catches: a deferred buffer both re-zeroed by its owner and handed to the
+/// cleaner (two owners of one buffer: loom reports the race on its bytes),
+/// or a flush that returns with the buffer still deferred.
+#[test]
+fn flush_moves_deferred_buffers_while_the_owner_works() {
+    model(|| {
+        let pool = pool(1);
+        let mut buf = pool.take(8);
+        buf.fill(3);
+        drop(buf);
+        let flusher = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                pool.flush();
+            })
+        };
+        let mut again = pool.take(8);
+        assert!(again.iter().all(|&b| b == 0), "handed out dirty");
+        again.fill(4);
+        drop(again);
+        flusher.join().unwrap();
+        pool.flush();
+        assert_eq!(pool.stats().in_cleaner, 0);
+        pool.shutdown();
+    });
+}
+
+/// A thread drops a buffer into its own cache (deferred) and exits; the
+/// main thread's flush must still bring it back.
+///
+/// Catches: deferred buffers of an exited thread that no one can reach
+/// (flush would hang: loom reports a deadlock or a livelock).
+#[test]
+fn flush_reaches_an_exited_threads_cache() {
+    model(|| {
+        let pool = pool(1);
+        {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let mut buf = pool.take(8);
+                buf.fill(5);
+            })
+            .join()
+            .unwrap();
+        }
+        pool.flush();
+        let stats = pool.stats();
+        assert_eq!((stats.in_cleaner, stats.pooled_buffers), (0, 1));
+        assert!(
+            pool.take(8).was_pooled(),
+            "the exited thread's buffer is reachable"
+        );
+        pool.shutdown();
+    });
+}

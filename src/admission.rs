@@ -1,0 +1,298 @@
+//! Admission under the cap: the pooled-bytes estimate, the cap, eviction.
+//!
+//! Pooled buffers (in the shards, in thread caches' ready lists and on
+//! their remote lists) must not occupy more than the cap once the pool is
+//! quiet. Admission keeps an *estimate* of the pooled footprint bytes that
+//! never under-counts: it adds a buffer's footprint before the buffer
+//! becomes visible, eviction and `clear` subtract after removing one, and
+//! takes are subtracted late: each cache counts the pooled bytes it takes
+//! (owner-written, no shared write on the fast path), and the slow path
+//! *folds* those counts into the estimate under the admission lock. While
+//! the estimate stays under the cap an admission is one `fetch_add`;
+//! otherwise, under the lock (which takers never take), the counts are
+//! folded and the largest classes evicted until the buffer fits.
+//!
+//! Lowering the cap races admissions on the fast path: an admission may
+//! read the old cap, add to the estimate and place its buffer after the
+//! lowering thread has evicted. So the fast path, after placing, issues a
+//! SeqCst fence and reads the cap again, and `set_max_pooled_bytes` stores
+//! the cap, issues a SeqCst fence, then evicts: either the admission sees
+//! the new cap and enforces it itself, or the lowering thread's eviction
+//! sees the placed buffer.
+
+use std::collections::HashMap;
+
+use crossbeam_utils::CachePadded;
+
+use crate::alloc::Block;
+use crate::shard::Shard;
+use crate::size_class::SizeClass;
+use crate::sync::{fence, AtomicUsize, Mutex, Ordering};
+use crate::thread_cache::{Caches, ThreadCache};
+
+/// Where pooled buffers live.
+#[derive(Clone, Copy)]
+pub(crate) struct Places<'a> {
+    pub(crate) shards: &'a [Shard],
+    pub(crate) caches: &'a Caches,
+}
+
+/// The cap and the estimate; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    estimate: CachePadded<AtomicUsize>,
+    cap: AtomicUsize,
+    /// Per cache (by address), the taken bytes already folded in.
+    folded: Mutex<HashMap<usize, u64>>,
+    peak: AtomicUsize,
+    evictions: AtomicUsize,
+}
+
+impl Admission {
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            estimate: CachePadded::new(AtomicUsize::new(0)),
+            cap: AtomicUsize::new(cap),
+            folded: Mutex::new(HashMap::new()),
+            peak: AtomicUsize::new(0),
+            evictions: AtomicUsize::new(0),
+        }
+    }
+
+    /// The cap now.
+    pub(crate) fn cap(&self) -> usize {
+        // Relaxed: a setting.
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// Puts a ready `block` (taken through `home`) back, in `home`'s cache
+    /// if it has room, else in its device's shard, keeping the pooled bytes
+    /// under the cap. Returns the buffers to release: evicted ones, and
+    /// `block` itself if it does not fit.
+    pub(crate) fn admit(&self, at: Places<'_>, block: Block, home: &ThreadCache) -> Vec<Block> {
+        let footprint = block.footprint();
+        let cap = self.cap();
+        // Relaxed: the estimate guards a count, not data; its RMWs are
+        // totally ordered among themselves, which is all the cap needs.
+        if self.estimate.fetch_add(footprint, Ordering::Relaxed) + footprint <= cap {
+            if let Err(block) = Self::place(at, block, home) {
+                self.estimate.fetch_sub(footprint, Ordering::Relaxed);
+                return vec![block];
+            }
+            // Pairs with the fence in `set_cap`; see the module docs.
+            fence(Ordering::SeqCst);
+            if self.cap() < cap {
+                return self.enforce(at);
+            }
+            return Vec::new();
+        }
+        self.estimate.fetch_sub(footprint, Ordering::Relaxed);
+        let mut folded = self.folded.lock();
+        self.fold(at, &mut folded);
+        let cap = self.cap();
+        if footprint > cap {
+            return vec![block];
+        }
+        let mut out = self.evict_to_fit(at, footprint, cap);
+        self.estimate.fetch_add(footprint, Ordering::Relaxed);
+        if let Err(block) = Self::place(at, block, home) {
+            self.estimate.fetch_sub(footprint, Ordering::Relaxed);
+            out.push(block);
+        }
+        self.note_peak(at, &folded);
+        out
+    }
+
+    /// Offers `block` to `home`, else its shard; hands it back if both are
+    /// full.
+    fn place(at: Places<'_>, block: Block, home: &ThreadCache) -> Result<(), Block> {
+        if home.has_room(block.footprint()) {
+            home.push_ready(block);
+            return Ok(());
+        }
+        at.shards[block.device()].push(block)
+    }
+
+    /// Subtracts every cache's unfolded takes from the estimate.
+    fn fold(&self, at: Places<'_>, folded: &mut HashMap<usize, u64>) {
+        for cache in at.caches.iter() {
+            let taken = cache.taken_bytes();
+            let seen = folded
+                .entry(cache as *const ThreadCache as usize)
+                .or_insert(0);
+            let delta = taken.saturating_sub(*seen);
+            *seen = taken;
+            self.estimate.fetch_sub(delta as usize, Ordering::Relaxed);
+        }
+    }
+
+    /// Pooled footprint bytes (exact once the pool is quiet).
+    pub(crate) fn pooled_bytes(&self, at: Places<'_>) -> usize {
+        self.pooled_with(at, &self.folded.lock())
+    }
+
+    fn pooled_with(&self, at: Places<'_>, folded: &HashMap<usize, u64>) -> usize {
+        let unfolded: u64 = at
+            .caches
+            .iter()
+            .map(|c| {
+                let seen = folded
+                    .get(&(c as *const ThreadCache as usize))
+                    .copied()
+                    .unwrap_or(0);
+                c.taken_bytes().saturating_sub(seen)
+            })
+            .sum();
+        // Relaxed: a snapshot.
+        self.estimate
+            .load(Ordering::Relaxed)
+            .saturating_sub(unfolded as usize)
+    }
+
+    /// Records the pooled bytes now as a peak candidate.
+    fn note_peak(&self, at: Places<'_>, folded: &HashMap<usize, u64>) {
+        let now = self.pooled_with(at, folded);
+        // Relaxed: a statistic.
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// The most pooled bytes seen (at admissions past the cap's fast path,
+    /// evictions and snapshots).
+    pub(crate) fn peak(&self, at: Places<'_>) -> usize {
+        self.note_peak(at, &self.folded.lock());
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Buffers evicted so far.
+    pub(crate) fn evictions(&self) -> usize {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Sets the cap and evicts down to it at once, largest first. Returns
+    /// the evicted buffers to release.
+    pub(crate) fn set_cap(&self, at: Places<'_>, bytes: usize) -> Vec<Block> {
+        self.cap.store(bytes, Ordering::Relaxed);
+        // Pairs with the fence in `admit`; see the module docs.
+        fence(Ordering::SeqCst);
+        self.enforce(at)
+    }
+
+    /// Evicts until the pooled bytes fit the cap.
+    fn enforce(&self, at: Places<'_>) -> Vec<Block> {
+        let mut folded = self.folded.lock();
+        self.fold(at, &mut folded);
+        let out = self.evict_to_fit(at, 0, self.cap());
+        self.note_peak(at, &folded);
+        out
+    }
+
+    /// Removes pooled buffers, largest class first, until `incoming` more
+    /// bytes fit under `cap`. The caller holds the lock and has folded.
+    fn evict_to_fit(&self, at: Places<'_>, incoming: usize, cap: usize) -> Vec<Block> {
+        let mut evicted = Vec::new();
+        let over = |this: &Self| this.estimate.load(Ordering::Relaxed) + incoming > cap;
+        let classes = &at.caches.classes;
+        for class in classes.all().rev() {
+            if !over(self) {
+                break;
+            }
+            self.evict_class(at, class, &mut evicted, &over);
+        }
+        if !evicted.is_empty() {
+            let bytes: usize = evicted.iter().map(Block::footprint).sum();
+            self.evictions.fetch_add(evicted.len(), Ordering::Relaxed);
+            tracing::debug!(
+                buffers = evicted.len(),
+                bytes,
+                cap,
+                "pinpool: evicted pooled buffers to respect the cap"
+            );
+        }
+        evicted
+    }
+
+    /// Evicts buffers of `class` while `over`: shards first, then remote
+    /// lists, then thread caches' ready lists (locking their owners out).
+    fn evict_class(
+        &self,
+        at: Places<'_>,
+        class: SizeClass,
+        evicted: &mut Vec<Block>,
+        over: &impl Fn(&Self) -> bool,
+    ) {
+        let take = |block: Block, evicted: &mut Vec<Block>| {
+            self.estimate
+                .fetch_sub(block.footprint(), Ordering::Relaxed);
+            evicted.push(block);
+        };
+        for shard in at.shards {
+            while over(self) && shard.len(class) > 0 {
+                match shard.pop(class) {
+                    Some(block) => take(block, evicted),
+                    None => break,
+                }
+            }
+        }
+        // Every cache, not only those whose counts show the class: the
+        // counts are hints that a racing collection can leave low, and
+        // eviction must see every pooled buffer (see the module docs).
+        let classes = &at.caches.classes;
+        for cache in at.caches.iter() {
+            if !over(self) {
+                return;
+            }
+            if cache.remote().is_empty() {
+                continue;
+            }
+            // The buffers kept go back at once. Only one thread evicts at
+            // a time (the admission lock); a steal that swaps the list
+            // meanwhile adopts it inside its owner's operation, which the
+            // lock-out below waits for.
+            let mut keep = Vec::new();
+            for block in cache.remote().take_all(classes) {
+                if over(self) && block.class() == class {
+                    take(block, evicted);
+                } else {
+                    keep.push(block);
+                }
+            }
+            for block in keep {
+                cache.remote().push(block, classes);
+            }
+        }
+        if !over(self) {
+            return;
+        }
+        let mut locked = at.caches.lock_out(at.caches.iter());
+        locked.each(|cache, lists| {
+            for device in 0..at.shards.len() {
+                while over(self) {
+                    match lists.steal_ready(cache, device, class) {
+                        Some(block) => take(block, evicted),
+                        None => break,
+                    }
+                }
+            }
+        });
+    }
+
+    /// Takes every pooled buffer out (shards, caches' ready and remote
+    /// ready buffers) for the caller to release.
+    pub(crate) fn clear(&self, at: Places<'_>) -> Vec<Block> {
+        let _folded = self.folded.lock();
+        let mut out = Vec::new();
+        for shard in at.shards {
+            out.extend(shard.drain());
+        }
+        let classes = &at.caches.classes;
+        for cache in at.caches.iter() {
+            out.extend(cache.remote().take_all(classes));
+        }
+        let mut locked = at.caches.lock_out(at.caches.iter());
+        locked.each(|cache, lists| out.extend(lists.take_ready(cache, None)));
+        drop(locked);
+        let bytes: usize = out.iter().map(Block::footprint).sum();
+        self.estimate.fetch_sub(bytes, Ordering::Relaxed);
+        out
+    }
+}

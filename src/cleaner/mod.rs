@@ -1,0 +1,658 @@
+//! The cleaner: a pool of workers that turns dropped buffers into ready
+//! ones. [IMPLEMENTATION.md](../../IMPLEMENTATION.md) tells the whole
+//! journey; this module owns the cleaner's part of it:
+//!
+//! - the work queue ([`Lanes`]): drops that a thread cache does not keep
+//!   arrive as [`Job`]s on the *recycle* lane (already registered, or never
+//!   to be) or the *register* lane (first registrations, milliseconds each),
+//!   whose backlog is bounded; worker 0 reads only the recycle lane, so a
+//!   burst of registrations never starves recycling;
+//! - [parking](parking): buffers whose fences have not completed wait there,
+//!   re-polled by idle workers, so one slow copy holds up nothing else;
+//! - [device synchronizes](device_sync) for pinned buffers dropped without
+//!   events, one covering every buffer dropped before it started;
+//! - the work itself: re-zero the dirty prefix, and before a first
+//!   registration touch every page, in [`CHUNK`]-sized jobs that any worker
+//!   runs; register once; then hand the buffer to admission;
+//! - sweeps: buffers left in the caches of threads that went idle are moved
+//!   along after a while, and `flush` moves them along at once.
+//!
+//! The cleaner reaches its pool only through admission and the cache list
+//! ([`Env`]). A worker never blocks on a copy (fences are polled), and a job
+//! that panics (a backend or allocator bug) is caught by its worker: the
+//! buffer it held is leaked, not lost, its completion counted, and the
+//! worker carries on.
+//!
+//! [`CHUNK`]: crate::sync::tune::CHUNK
+
+pub(crate) mod device_sync;
+pub(crate) mod parking;
+
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use crate::admission::{Admission, Places};
+use crate::alloc::{clean_range, Block};
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::stats::Counters;
+use crate::sync::lanes::{Lane, Lanes, Popped};
+use crate::sync::track::Contents;
+use crate::sync::tune::{
+    CHUNK, POLL, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG, ZERO_BACKLOG_MIN,
+};
+use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::thread_cache::{Caches, ThreadCache};
+
+use device_sync::DeviceSyncs;
+use parking::Parking;
+
+/// What the cleaner reaches of its pool.
+#[derive(Clone, Copy)]
+pub(crate) struct Env<'a> {
+    pub(crate) backend: &'a dyn Backend,
+    pub(crate) admission: &'a Admission,
+    pub(crate) places: Places<'a>,
+}
+
+impl Env<'_> {
+    fn counters(&self) -> &Counters {
+        &self.places.caches.counters
+    }
+}
+
+/// A dropped buffer on its way through the cleaner, with the cache its
+/// drop was counted in. If a job panics while holding one, its `Drop`
+/// frees the buffer if it is known to be quiescent and unregistered, leaks
+/// it otherwise, and counts the completion: nothing is lost and no flush
+/// hangs.
+#[derive(Debug)]
+pub(crate) struct Returned {
+    block: Option<Block>,
+    home: NonNull<ThreadCache>,
+    /// Freed once quiescent rather than recycled.
+    release: bool,
+    /// Its copies are known to have finished.
+    quiet: bool,
+}
+
+// SAFETY: a returned buffer owns its block; `home` points into the pool's
+// caches, which outlive every job (jobs are drained before a pool goes).
+unsafe impl Send for Returned {}
+
+impl Returned {
+    pub(crate) fn new(block: Block, home: &ThreadCache) -> Self {
+        Self {
+            block: Some(block),
+            home: NonNull::from(home),
+            release: false,
+            quiet: false,
+        }
+    }
+
+    fn block(&self) -> &Block {
+        self.block.as_ref().expect("held until finished")
+    }
+
+    fn block_mut(&mut self) -> &mut Block {
+        self.block.as_mut().expect("held until finished")
+    }
+
+    fn home(&self) -> &ThreadCache {
+        // SAFETY: see the `Send` impl.
+        unsafe { self.home.as_ref() }
+    }
+
+    /// Leaks the buffer at once (its fence failed) and counts it.
+    pub(crate) fn fail_now(self, env: Env<'_>, e: &Error) {
+        Cleaner::fail(env, self, e);
+    }
+
+    /// Takes the block out, completing nothing yet.
+    pub(crate) fn into_block(mut self) -> Block {
+        self.block.take().expect("held until finished")
+    }
+}
+
+impl Drop for Returned {
+    fn drop(&mut self) {
+        let Some(mut block) = self.block.take() else {
+            return;
+        };
+        let counters = &self.home().caches().counters;
+        let meta = block.meta_mut();
+        meta.returned = false;
+        let parity = usize::from(meta.parity);
+        if self.quiet && !block.is_pinned() {
+            tracing::error!("pinpool: a cleaner job failed part-way; freeing its buffer");
+            block.meta_mut().fences.release();
+            Counters::add(&counters.released, 1);
+            drop(block);
+        } else {
+            tracing::error!(
+                bytes = block.footprint(),
+                "pinpool: a cleaner job failed part-way; leaking its buffer"
+            );
+            Counters::add(&counters.leaked_bytes, block.footprint() as u64);
+            block.meta_mut().fences.abandon();
+            block.leak();
+        }
+        self.home().complete(parity, false);
+    }
+}
+
+/// What the cleaner receives.
+pub(crate) enum Job {
+    /// A dropped buffer to clean and recycle.
+    Clean(Returned),
+    /// A dropped pool-miss buffer to register on its first cycle.
+    Register(Returned),
+    /// A dropped buffer to free once its copies are done.
+    Release(Returned),
+    /// Chunk `index` of a large buffer's zeroing / pre-faulting.
+    Chunk(Arc<Chunked>, usize),
+}
+
+/// A large buffer being zeroed / pre-faulted by several workers.
+pub(crate) struct Chunked {
+    returned: Mutex<Option<Returned>>,
+    contents: Contents,
+    base: usize,
+    dirty: usize,
+    end: usize,
+    /// Chunks not yet done; the worker that takes it to zero finishes.
+    remaining: AtomicUsize,
+}
+
+/// How long worker 0 waits before sweeping idle caches, and what it saw of
+/// each cache last time.
+#[derive(Debug)]
+struct Sweep {
+    wait: Duration,
+    due: Instant,
+    seen: std::collections::HashMap<usize, u64>,
+}
+
+/// The cleaner; see the module docs.
+pub(crate) struct Cleaner {
+    lanes: Lanes<Job>,
+    workers: Mutex<Vec<thread::JoinHandle<()>>>,
+    /// Whether workers run (a hint: set under `workers`).
+    running: AtomicBool,
+    width: usize,
+    pins: bool,
+    parking: Parking,
+    syncs: DeviceSyncs,
+    /// Registrations queued or running, and the most allowed.
+    register_queued: AtomicUsize,
+    register_backlog: usize,
+    /// Dirty bytes queued for zeroing.
+    zero_queued: AtomicUsize,
+    sweep: Mutex<Sweep>,
+}
+
+impl std::fmt::Debug for Cleaner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cleaner")
+            .field("width", &self.width)
+            .field("lanes", &self.lanes)
+            .field("parked", &self.parking.len())
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Cleaner ===
+
+impl Cleaner {
+    /// A stopped cleaner of `width` workers for `devices` devices.
+    pub(crate) fn new(width: usize, devices: usize, pins: bool) -> Self {
+        Self {
+            lanes: Lanes::new(),
+            workers: Mutex::new(Vec::new()),
+            running: AtomicBool::new(false),
+            width,
+            pins,
+            parking: Parking::new(),
+            syncs: DeviceSyncs::new(devices),
+            register_queued: AtomicUsize::new(0),
+            register_backlog: REGISTER_BACKLOG + 16 * width,
+            zero_queued: AtomicUsize::new(0),
+            sweep: Mutex::new(Sweep {
+                wait: SWEEP_MIN,
+                due: Instant::now(),
+                seen: std::collections::HashMap::new(),
+            }),
+        }
+    }
+
+    /// Whether workers are running. Relaxed: a hint; callers that act on
+    /// `false` take the workers lock.
+    pub(crate) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Starts the workers unless they run, with `spawn(index)` starting
+    /// worker `index`.
+    pub(crate) fn start(&self, spawn: impl Fn(usize) -> std::io::Result<thread::JoinHandle<()>>) {
+        let mut workers = self.workers.lock();
+        if !workers.is_empty() {
+            return;
+        }
+        for index in 0..self.width {
+            match spawn(index) {
+                Ok(handle) => workers.push(handle),
+                Err(e) => tracing::error!(error = %e, "pinpool: could not spawn a cleaner worker"),
+            }
+        }
+        // Relaxed: a hint, written under the lock.
+        self.running.store(!workers.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Stops and joins the workers. Queued jobs stay queued.
+    pub(crate) fn stop(&self) {
+        let mut workers = self.workers.lock();
+        self.lanes.stop(workers.len());
+        for handle in workers.drain(..) {
+            if handle.join().is_err() {
+                tracing::error!("pinpool: a cleaner worker panicked");
+            }
+        }
+        self.running.store(false, Ordering::Relaxed);
+    }
+
+    /// Takes a dropped buffer that its cache does not keep. Never blocks:
+    /// atomics and a channel send only (it runs inside the dropping
+    /// thread's active window, where taking a lock could deadlock with a
+    /// thief).
+    pub(crate) fn submit(&self, home: &ThreadCache, mut block: Block, cap: usize) {
+        let register = self.pins && !block.is_pinned();
+        let meta = block.meta_mut();
+        meta.dropped_at = Some(Instant::now());
+        let mut returned = Returned::new(block, home);
+        if register {
+            // Relaxed: a bound on a queue length, publishing nothing.
+            if self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
+                // Registrations are backed up: free this miss buffer rather
+                // than let misses breed an ever longer queue.
+                Counters::add(&home.caches().counters.registrations_skipped, 1);
+                returned.release = true;
+                self.lanes.push(Lane::Recycle, Job::Release(returned));
+            } else {
+                self.register_queued.fetch_add(1, Ordering::Relaxed);
+                self.lanes.push(Lane::Register, Job::Register(returned));
+            }
+            return;
+        }
+        let dirty = returned.block().dirty();
+        // Relaxed: a bound, as above.
+        let limit = (cap / 2).clamp(ZERO_BACKLOG_MIN, ZERO_BACKLOG);
+        if self.zero_queued.load(Ordering::Relaxed) + dirty > limit {
+            Counters::add(&home.caches().counters.zeroing_skipped, 1);
+            if returned.block().is_pinned() {
+                returned.release = true;
+                self.lanes.push(Lane::Recycle, Job::Release(returned));
+                return;
+            }
+            // Unpinned: nothing of CUDA to undo and no copy can still read
+            // it (copies from pageable memory are staged before they
+            // return), so the dropping thread frees it, paying for its own
+            // backlog.
+            let mut block = returned.into_block();
+            let meta = block.meta_mut();
+            meta.returned = false;
+            let parity = usize::from(meta.parity);
+            meta.fences.release();
+            Counters::add(&home.caches().counters.released, 1);
+            drop(block);
+            home.complete(parity, home.caches().is_own(home));
+            return;
+        }
+        self.zero_queued.fetch_add(dirty, Ordering::Relaxed);
+        let block = returned.block_mut();
+        if block.is_pinned() && block.fences().is_empty() {
+            let note = self.syncs.started(block.device());
+            block.meta_mut().sync_gen = note;
+        }
+        self.lanes.push(Lane::Recycle, Job::Clean(returned));
+    }
+
+    /// A worker's loop.
+    pub(crate) fn work(&self, env: Env<'_>, index: usize) {
+        let span = tracing::debug_span!("pinpool_cleaner", worker = index);
+        let _entered = span.enter();
+        let register = self.width == 1 || index != 0;
+        loop {
+            let timeout = if self.parking.len() > 0 {
+                Some(POLL)
+            } else if index == 0 && SWEEPS {
+                Some(self.sweep.lock().wait)
+            } else {
+                None
+            };
+            let popped = self.lanes.pop(register, timeout);
+            if matches!(popped, Popped::Stop) {
+                break;
+            }
+            // A panic in a job (a backend or allocator bug) must not take
+            // the worker with it: the buffers it held are leaked as it
+            // unwinds (see `Returned`), and the worker goes on.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if let Popped::Job(job) = popped {
+                    self.run(env, job);
+                }
+                self.poll_parked(env);
+                if index == 0 && SWEEPS {
+                    self.sweep_if_due(env);
+                }
+            }));
+            if ran.is_err() {
+                Counters::add(&env.counters().worker_panics, 1);
+                tracing::error!("pinpool: a cleaner job panicked; its buffer was leaked");
+            }
+        }
+    }
+
+    fn run(&self, env: Env<'_>, job: Job) {
+        match job {
+            Job::Clean(returned) => {
+                self.zero_queued
+                    .fetch_sub(returned.block().dirty(), Ordering::Relaxed);
+                self.process(env, returned);
+            }
+            Job::Register(returned) => {
+                self.register_queued.fetch_sub(1, Ordering::Relaxed);
+                self.process(env, returned);
+            }
+            Job::Release(returned) => self.process(env, returned),
+            Job::Chunk(task, chunk) => self.run_chunk(env, &task, chunk),
+        }
+    }
+
+    /// Runs queued jobs on the calling thread until the lanes are empty
+    /// (shutdown, closing, or a flush that finds no worker running).
+    /// Buffers whose copies are still running stay parked.
+    pub(crate) fn drain_inline(&self, env: Env<'_>) {
+        while let Some(job) = self.lanes.try_pop() {
+            self.run(env, job);
+        }
+        self.poll_parked(env);
+    }
+
+    /// Takes every parked buffer (closing hands them to the reaper).
+    pub(crate) fn take_parked(&self) -> Vec<Returned> {
+        self.parking.take_all()
+    }
+
+    fn process(&self, env: Env<'_>, mut returned: Returned) {
+        match self.quiescent(env, &mut returned) {
+            Ok(true) if returned.release => self.release_returned(env, returned),
+            Ok(true) => {
+                returned.quiet = true;
+                self.prepare(env, returned);
+            }
+            Ok(false) => self.parking.park(returned),
+            Err(e) => Self::fail(env, returned, &e),
+        }
+    }
+
+    /// Whether the copies reading the buffer have finished: its fences have
+    /// completed, or, for a pinned buffer without fences, a device
+    /// synchronize that started after its drop has completed.
+    fn quiescent(&self, env: Env<'_>, returned: &mut Returned) -> Result<bool, Error> {
+        let block = returned.block_mut();
+        if !block.fences().is_empty() {
+            return block.meta_mut().fences.poll();
+        }
+        if block.is_pinned() {
+            let (device, note) = (block.device(), block.meta_mut().sync_gen);
+            if self.syncs.wait(env.backend, device, note)? {
+                Counters::add(&env.counters().device_syncs, 1);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A buffer whose copies are not known to have finished: leaked, never
+    /// unregistered or unmapped.
+    fn fail(env: Env<'_>, mut returned: Returned, e: &Error) {
+        let counters = env.counters();
+        Counters::add(&counters.fence_failures, 1);
+        let mut block = returned.block.take().expect("held until finished");
+        Counters::add(&counters.leaked_bytes, block.footprint() as u64);
+        tracing::error!(
+            error = %e,
+            bytes = block.footprint(),
+            "pinpool: waiting for a buffer's copies failed; leaking the buffer"
+        );
+        let meta = block.meta_mut();
+        meta.returned = false;
+        meta.fences.abandon();
+        let parity = usize::from(meta.parity);
+        block.leak();
+        returned.home().complete(parity, false);
+    }
+
+    fn poll_parked(&self, env: Env<'_>) {
+        let done =
+            self.parking.poll(
+                |returned| match returned.block_mut().meta_mut().fences.poll() {
+                    Ok(true) => Some(Ok(())),
+                    Ok(false) => None,
+                    Err(e) => Some(Err(e)),
+                },
+            );
+        for (mut returned, outcome) in done {
+            match outcome {
+                Ok(()) if returned.release => self.release_returned(env, returned),
+                Ok(()) => {
+                    returned.quiet = true;
+                    self.prepare(env, returned);
+                }
+                Err(e) => Self::fail(env, returned, &e),
+            }
+        }
+    }
+
+    /// Zeroes the dirty prefix and, for a buffer about to be registered,
+    /// pre-faults the rest; splits the work across workers when large.
+    fn prepare(&self, env: Env<'_>, returned: Returned) {
+        let block = returned.block();
+        let register = self.pins && !block.is_pinned();
+        let dirty = block.dirty();
+        let end = if register { block.footprint() } else { dirty };
+        let base = block.as_ptr();
+        Counters::add(&env.counters().bytes_zeroed, dirty as u64);
+        if end <= CHUNK {
+            block.contents().write();
+            // SAFETY: the worker owns the returned block, whose copies have
+            // finished, and `dirty <= end <= footprint`.
+            unsafe { clean_range(base, 0, end, dirty) };
+            self.finish(env, returned);
+            return;
+        }
+        let chunks = end.div_ceil(CHUNK);
+        let lane = if register {
+            Lane::Register
+        } else {
+            Lane::Recycle
+        };
+        let task = Arc::new(Chunked {
+            contents: block.contents().clone(),
+            returned: Mutex::new(Some(returned)),
+            base: base as usize,
+            dirty,
+            end,
+            remaining: AtomicUsize::new(chunks),
+        });
+        // Every chunk goes through the queue, the first included, so that
+        // a worker draining a batch of large buffers hands all of their
+        // chunks out before zeroing any itself.
+        for chunk in 0..chunks {
+            self.lanes.push(lane, Job::Chunk(Arc::clone(&task), chunk));
+        }
+    }
+
+    fn run_chunk(&self, env: Env<'_>, task: &Chunked, chunk: usize) {
+        let start = chunk * CHUNK;
+        let end = (start + CHUNK).min(task.end);
+        task.contents.write_part(chunk);
+        // SAFETY: chunks are disjoint ranges of a block owned by `task`,
+        // which holds it (unmoved) until the last chunk finishes.
+        unsafe { clean_range(task.base as *mut u8, start, end, task.dirty) };
+        // AcqRel: Release publishes this chunk's writes; the finishing
+        // worker's Acquire sees every chunk's writes before registering and
+        // pooling the buffer.
+        if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let returned = task.returned.lock().take();
+            if let Some(returned) = returned {
+                self.finish(env, returned);
+            }
+        }
+    }
+
+    /// Registers the buffer on its first cycle, then admits it.
+    fn finish(&self, env: Env<'_>, mut returned: Returned) {
+        let counters = env.counters();
+        let pins = self.pins;
+        let block = returned.block_mut();
+        block.meta_mut().dirty = 0;
+        if pins && !block.is_pinned() {
+            let started = Instant::now();
+            // SAFETY: the block is a live mapping that stays mapped until it
+            // is unregistered in `release`.
+            let registered = unsafe {
+                env.backend
+                    .register(block.device(), block.as_ptr(), block.footprint())
+            };
+            match registered {
+                Ok(()) => {
+                    block.set_pinned(true);
+                    let took = started.elapsed();
+                    Counters::add(&counters.registrations, 1);
+                    Counters::add(&counters.registered_bytes, block.footprint() as u64);
+                    Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
+                    tracing::debug!(
+                        bytes = block.footprint(),
+                        ?took,
+                        "pinpool: registered a buffer"
+                    );
+                }
+                Err(e) => {
+                    Counters::add(&counters.registration_failures, 1);
+                    tracing::warn!(error = %e, bytes = block.footprint(), "pinpool: registration failed; freeing the buffer");
+                    self.release_returned(env, returned);
+                    return;
+                }
+            }
+        }
+        if let Some(at) = block.meta_mut().dropped_at.take() {
+            counters.record_ready(at.elapsed());
+        }
+        Counters::add(&counters.recycled, 1);
+        let meta = block.meta_mut();
+        meta.returned = false;
+        let parity = usize::from(meta.parity);
+        let home = returned.home;
+        let block = returned.into_block();
+        // SAFETY: see `Returned`'s `Send` impl.
+        let home = unsafe { home.as_ref() };
+        let evicted = env.admission.admit(env.places, block, home);
+        release_all(env, evicted);
+        home.complete(parity, false);
+    }
+
+    /// Frees a quiescent returned buffer and counts its completion.
+    fn release_returned(&self, env: Env<'_>, mut returned: Returned) {
+        let meta = returned.block_mut().meta_mut();
+        meta.returned = false;
+        let parity = usize::from(meta.parity);
+        let home = returned.home;
+        release(env.backend, env.counters(), returned.into_block());
+        // SAFETY: see `Returned`'s `Send` impl.
+        unsafe { home.as_ref() }.complete(parity, false);
+    }
+
+    /// Moves buffers waiting in `caches` for their owners to the cleaner:
+    /// all of them (`flush`), or only those of caches whose owner has been
+    /// idle since the last sweep.
+    pub(crate) fn move_waiting(&self, caches: &Caches, cap: usize, only_idle: bool) -> usize {
+        let mut sweep = self.sweep.lock();
+        let candidates: Vec<&ThreadCache> = caches
+            .iter()
+            .filter(|c| c.has_waiting())
+            .filter(|c| {
+                let activity = c.activity();
+                let key = *c as *const ThreadCache as usize;
+                let last = sweep.seen.insert(key, activity);
+                !only_idle || last == Some(activity)
+            })
+            .collect();
+        drop(sweep);
+        let mut moved = 0;
+        for cache in &candidates {
+            for block in cache.returns().take_all(&caches.classes) {
+                self.submit(cache, block, cap);
+                moved += 1;
+            }
+        }
+        let mut locked = caches.lock_out(candidates.into_iter());
+        locked.each(|cache, lists| {
+            for block in lists.take_deferred(cache) {
+                self.submit(cache, block, cap);
+                moved += 1;
+            }
+        });
+        moved
+    }
+
+    /// Worker 0, idle: sweeps caches whose owners went idle, backing off
+    /// while sweeps find nothing.
+    fn sweep_if_due(&self, env: Env<'_>) {
+        {
+            let sweep = self.sweep.lock();
+            if Instant::now() < sweep.due {
+                return;
+            }
+        }
+        let moved = self.move_waiting(env.places.caches, env.admission.cap(), true);
+        let mut sweep = self.sweep.lock();
+        sweep.wait = if moved > 0 {
+            SWEEP_MIN
+        } else {
+            (sweep.wait * 2).min(SWEEP_MAX)
+        };
+        sweep.due = Instant::now() + sweep.wait;
+    }
+}
+
+/// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
+/// fails is leaked (unmapping registered memory would be worse).
+pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
+    block.meta_mut().fences.release();
+    Counters::add(&counters.released, 1);
+    if block.is_pinned() {
+        // SAFETY: the block was registered by this backend, and every caller
+        // knows its copies have finished (ready, or fences done).
+        match unsafe { backend.unregister(block.device(), block.as_ptr()) } {
+            Ok(()) => {
+                block.set_pinned(false);
+                Counters::add(&counters.unregistered_bytes, block.footprint() as u64);
+            }
+            Err(e) => {
+                Counters::add(&counters.unregister_failures, 1);
+                Counters::add(&counters.leaked_bytes, block.footprint() as u64);
+                tracing::error!(error = %e, bytes = block.footprint(), "pinpool: unregistering failed; leaking the buffer");
+                block.leak();
+                return;
+            }
+        }
+    }
+    drop(block);
+}
+
+/// Releases every block of `blocks` (evicted or cleared: quiescent).
+pub(crate) fn release_all(env: Env<'_>, blocks: Vec<Block>) {
+    for block in blocks {
+        release(env.backend, env.counters(), block);
+    }
+}

@@ -1,0 +1,202 @@
+//! The reaper: where buffers of closed pools go.
+//!
+//! When the last [`Pool`](crate::Pool) handle drops, the pool closes: its
+//! workers stop and its pooled buffers are freed, but buffers still held by
+//! users come back later. Dropping one must still never block and never
+//! call CUDA, so a late drop sends the buffer to a single process-wide
+//! thread, the reaper, which waits for the buffer's copies (polling, so
+//! one slow copy holds up no other buffer), unregisters and frees it.
+//!
+//! A closed pool's state (its backend, its caches) stays alive for the
+//! late drops: closing counts the buffers still out (takes minus drops,
+//! exact once no drop is under way) and hands the pool to the reaper with
+//! that count; the reaper lets the pool go when as many late buffers have
+//! come back. A late buffer that arrives before its pool's count waits
+//! with the reaper. The reaper thread is started by the first close (which
+//! may block), never by a drop.
+//!
+//! Loom models have no process-wide thread: there the reaper runs inline,
+//! in the sending thread.
+
+use std::collections::HashMap;
+
+use crate::alloc::Block;
+
+/// What a closed pool offers the reaper.
+pub(crate) trait Retire: Send + Sync {
+    /// Unregisters and frees a buffer whose copies have finished.
+    fn retire(&self, block: Block);
+    /// Leaks a buffer whose copies are not known to have finished.
+    fn abandon(&self, block: Block);
+}
+
+/// A message to the reaper.
+pub(crate) enum Message {
+    /// A buffer of pool `pool` (its address) dropped after the pool closed.
+    Late { pool: usize, block: Block },
+    /// Pool `key` (its address) closed with `outstanding` buffers still
+    /// out; `returned` are dropped buffers it still held. `pool` keeps its
+    /// state alive until they are all back.
+    Closed {
+        key: usize,
+        pool: Box<dyn Retire>,
+        outstanding: u64,
+        returned: Vec<Block>,
+    },
+}
+
+#[derive(Default)]
+struct Entry {
+    pool: Option<Box<dyn Retire>>,
+    /// Late buffers expected, once known.
+    outstanding: Option<u64>,
+    /// Late buffers received so far.
+    received: u64,
+}
+
+/// The reaper's state.
+#[derive(Default)]
+pub(crate) struct Reaper {
+    entries: HashMap<usize, Entry>,
+    /// Buffers waiting for their copies or their pool's close.
+    waiting: Vec<(usize, Block)>,
+}
+
+impl Reaper {
+    /// Takes in a message.
+    pub(crate) fn handle(&mut self, message: Message) {
+        match message {
+            Message::Late { pool, block } => {
+                self.entries.entry(pool).or_default().received += 1;
+                self.waiting.push((pool, block));
+            }
+            Message::Closed {
+                key,
+                pool,
+                outstanding,
+                returned,
+            } => {
+                let entry = self.entries.entry(key).or_default();
+                entry.outstanding = Some(outstanding);
+                entry.pool = Some(pool);
+                self.waiting.extend(returned.into_iter().map(|b| (key, b)));
+            }
+        }
+    }
+
+    /// Frees what it can; returns whether buffers still wait.
+    pub(crate) fn poll(&mut self) -> bool {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let key = self.waiting[i].0;
+            let Some(pool) = self.entries.get(&key).and_then(|e| e.pool.as_ref()) else {
+                i += 1;
+                continue;
+            };
+            let block = &mut self.waiting[i].1;
+            match block.meta_mut().fences.poll() {
+                Ok(false) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(true) => pool.retire(self.waiting.swap_remove(i).1),
+                Err(e) => {
+                    tracing::error!(error = %e, "pinpool: waiting for a late buffer's copies failed");
+                    pool.abandon(self.waiting.swap_remove(i).1);
+                }
+            }
+        }
+        self.entries.retain(|key, entry| {
+            let settled = entry.outstanding == Some(entry.received)
+                && !self.waiting.iter().any(|(k, _)| k == key);
+            !settled
+        });
+        !self.waiting.is_empty()
+    }
+}
+
+#[cfg(not(all(loom, feature = "loom")))]
+mod imp {
+    use super::{Message, Reaper};
+    use crate::sync::tune::POLL;
+    use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+    use std::sync::OnceLock;
+
+    static REAPER: OnceLock<Sender<Message>> = OnceLock::new();
+
+    /// Starts the reaper thread if it is not running (closing calls this
+    /// before any drop can be late).
+    pub(crate) fn start() {
+        REAPER.get_or_init(|| {
+            let (tx, rx) = unbounded();
+            let spawned = std::thread::Builder::new()
+                .name("pinpool-reaper".into())
+                .spawn(move || run(rx));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "pinpool: could not start the reaper; late buffers will be leaked");
+            }
+            tx
+        });
+    }
+
+    fn run(rx: Receiver<Message>) {
+        let mut reaper = Reaper::default();
+        let mut waiting = false;
+        loop {
+            let message = if waiting {
+                rx.recv_timeout(POLL)
+            } else {
+                rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            };
+            match message {
+                Ok(message) => reaper.handle(message),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            waiting = reaper.poll();
+        }
+    }
+
+    /// Sends `message`; never blocks.
+    pub(crate) fn send(message: Message) {
+        match REAPER.get() {
+            Some(tx) => {
+                let _ = tx.send(message);
+            }
+            None => {
+                // Unreachable: a pool starts the reaper when it closes,
+                // before any of its drops can be late.
+                tracing::error!("pinpool: no reaper for a closed pool's buffer; leaking it");
+                if let Message::Late { block, .. } = message {
+                    block.leak();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(loom, feature = "loom"))]
+mod imp {
+    use super::{Message, Reaper};
+    use crate::sync::Mutex;
+
+    loom::lazy_static! {
+        static ref REAPER: Mutex<Reaper> = Mutex::new(Reaper::default());
+    }
+
+    pub(crate) fn start() {}
+
+    /// Handles `message` inline, waiting for the copies (loom models have
+    /// no process-wide thread).
+    pub(crate) fn send(message: Message) {
+        let mut reaper = REAPER.lock();
+        reaper.handle(message);
+        while reaper.poll() {
+            drop(reaper);
+            loom::thread::yield_now();
+            reaper = REAPER.lock();
+        }
+    }
+}
+
+pub(crate) use imp::{send, start};

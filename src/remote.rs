@@ -1,0 +1,157 @@
+//! A thread cache's remote list: where other threads (and the cleaner)
+//! return buffers to the cache's owner.
+//!
+//! A multi-producer stack of blocks linked through their metadata (never
+//! through the buffers' bytes): a return is one CAS onto the head, and the
+//! owner collects everything with one swap on its next take. There is no
+//! single pop, so ABA cannot happen: a pusher's CAS only succeeds against
+//! the head it linked to, and the only other write is the swap to empty.
+//! This is mimalloc's thread-free list (Leijen, Zorn and de Moura, 2019)
+//! and sharded-slab's remote-free stack.
+
+use crate::alloc::{Block, Meta};
+use crate::size_class::Classes;
+use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct RemoteList {
+    head: AtomicPtr<Meta>,
+    /// Footprint bytes of the blocks on the list: raised before a push and
+    /// lowered by the swap that takes them.
+    ready_bytes: AtomicUsize,
+    /// Blocks on the list per slot, counted the same way.
+    ready: Box<[AtomicU32]>,
+}
+
+impl RemoteList {
+    /// An empty list for a pool of `slots` slots.
+    pub(crate) fn new(slots: usize) -> Self {
+        Self {
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            ready_bytes: AtomicUsize::new(0),
+            ready: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    /// Blocks of `slot` on the list (a statistic or a hint).
+    pub(crate) fn ready_in(&self, slot: usize) -> u32 {
+        // Relaxed: a statistic or a hint.
+        self.ready[slot].load(Ordering::Relaxed)
+    }
+
+    /// Whether the list looks empty. Relaxed: a stale answer either way
+    /// only moves a collection to the next take.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed).is_null()
+    }
+
+    /// Footprint bytes of the blocks on the list (a bound on a cache's
+    /// size; a racing read may be off by the blocks in transit).
+    #[inline]
+    pub(crate) fn ready_bytes(&self) -> usize {
+        // Relaxed: a bound on a cache's size, publishing nothing.
+        self.ready_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Pushes `block`.
+    pub(crate) fn push(&self, block: Block, classes: &Classes) {
+        // Relaxed: counts; see `ready_bytes`.
+        self.ready_bytes
+            .fetch_add(block.footprint(), Ordering::Relaxed);
+        self.ready[classes.slot(block.device(), block.class())].fetch_add(1, Ordering::Relaxed);
+        let node = block.into_raw();
+        // Relaxed: only the expected value of the CAS, which re-checks it.
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `node` came from `into_raw` and is not yet shared.
+            unsafe { (*node).next = head };
+            // Release publishes the block's metadata (and `next`) to the
+            // swap in `take_all`, whose Acquire pairs with it.
+            match self
+                .head
+                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Takes every block on the list, newest first.
+    pub(crate) fn take_all(&self, classes: &Classes) -> Taken {
+        if self.is_empty() {
+            return Taken {
+                next: std::ptr::null_mut(),
+            };
+        }
+        // Acquire pairs with the Release CAS of every push it takes.
+        let head = self.head.swap(std::ptr::null_mut(), Ordering::Acquire);
+        let taken = Taken { next: head };
+        let mut bytes = 0;
+        for meta in taken.peek() {
+            bytes += meta.footprint_bytes();
+            let slot = classes.slot(meta.device(), meta.class());
+            // Relaxed: see `ready_bytes`.
+            self.ready[slot].fetch_sub(1, Ordering::Relaxed);
+        }
+        // Relaxed: see `ready_bytes`.
+        self.ready_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        taken
+    }
+}
+
+impl Drop for RemoteList {
+    fn drop(&mut self) {
+        // Lists are drained before a pool goes away; dropping a block here
+        // unmaps it (or leaks it if still pinned).
+        // Relaxed: `&mut self`, nothing races.
+        let head = self.head.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        drop(Taken { next: head });
+    }
+}
+
+/// The blocks a [`RemoteList::take_all`] took, as an iterator.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    next: *mut Meta,
+}
+
+impl Taken {
+    /// The metadata of the blocks, without taking them.
+    fn peek(&self) -> impl Iterator<Item = &Meta> {
+        let mut next = self.next;
+        std::iter::from_fn(move || {
+            // SAFETY: the swap transferred the whole chain to this value;
+            // each node is a live metadata box until taken by `next`.
+            let meta = unsafe { next.as_ref()? };
+            next = meta.next;
+            Some(meta)
+        })
+    }
+}
+
+impl Iterator for Taken {
+    type Item = Block;
+
+    fn next(&mut self) -> Option<Block> {
+        if self.next.is_null() {
+            return None;
+        }
+        // SAFETY: as in `peek`; the node is unlinked here and owned by the
+        // block returned.
+        let block = unsafe { Block::from_raw(self.next) };
+        // SAFETY: as above: a live node this value owns.
+        self.next = unsafe { (*self.next).next };
+        Some(block)
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        for block in self.by_ref() {
+            drop(block);
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Sizes, counts and delays, in one place: loom models shrink them so that
+//! a model's executions stay short (a few size classes of a few bytes,
+//! two-byte cleaning chunks).
+
+use std::time::Duration;
+
+/// The cleaner splits zeroing (and pre-faulting) above this many bytes into
+/// jobs of this size that any worker may run: a multiple of the 2 MiB huge
+/// page, small enough that a 16 MiB buffer is cleaned by several workers.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const CHUNK: usize = 4 << 20;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const CHUNK: usize = 2;
+
+/// The largest size class is `1 << MAX_SHIFT` bytes.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const MAX_SHIFT: u32 = 40;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const MAX_SHIFT: u32 = 3;
+
+/// Slots in a lock-free stack's first page (`1 << FIRST_PAGE_SHIFT`).
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const STACK_FIRST_PAGE_SHIFT: u32 = 5;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const STACK_FIRST_PAGE_SHIFT: u32 = 0;
+
+/// A dropped buffer whose dirty prefix is at most this long is cleaned by
+/// the thread that takes it next (its owner, usually) rather than by the
+/// cleaner: zeroing it costs less than a trip through a queue.
+pub(crate) const SELF_CLEAN_BYTES: usize = 64 << 10;
+
+/// At most this many dropped buffers wait in one thread cache for their
+/// owner; more go to the cleaner.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const MAX_DEFERRED: usize = 64;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const MAX_DEFERRED: usize = 2;
+
+/// How often an idle worker re-polls buffers whose copies were still
+/// running.
+pub(crate) const POLL: Duration = Duration::from_micros(100);
+
+/// Whether worker 0 sweeps idle caches. Loom models have no clock, and a
+/// sweep on a timer would make them non-deterministic; `flush` moves
+/// waiting buffers along in both builds.
+pub(crate) const SWEEPS: bool = cfg!(not(all(loom, feature = "loom")));
+
+/// How long an idle cleaner waits before sweeping buffers left by idle
+/// threads, at first; the wait doubles while sweeps find nothing, up to
+/// [`SWEEP_MAX`].
+pub(crate) const SWEEP_MIN: Duration = Duration::from_millis(1);
+
+/// See [`SWEEP_MIN`].
+pub(crate) const SWEEP_MAX: Duration = Duration::from_millis(100);
+
+/// How long `flush` waits between checks when nothing has woken it
+/// (completions by owners do not notify).
+pub(crate) const FLUSH_POLL: Duration = Duration::from_millis(1);
+
+/// Registrations queued or running, at most: `REGISTER_BACKLOG + 16 per
+/// worker`. Beyond it a pool-miss buffer is freed rather than registered.
+pub(crate) const REGISTER_BACKLOG: usize = 64;
+
+/// Dirty bytes queued for the cleaner to zero, at most: half the cap,
+/// within `[ZERO_BACKLOG_MIN, ZERO_BACKLOG]`. Beyond it a dropped buffer is
+/// freed rather than queued, so dropping faster than the cleaner can zero
+/// cannot grow the queue (and the memory it holds) without bound.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const ZERO_BACKLOG: usize = 2 << 30;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const ZERO_BACKLOG: usize = 64;
+
+/// See [`ZERO_BACKLOG`].
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const ZERO_BACKLOG_MIN: usize = 64 << 20;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const ZERO_BACKLOG_MIN: usize = 64;
