@@ -26,7 +26,7 @@ use crate::fence::Fences;
 use crate::size_class::{Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
 use crate::sync::tune::CHUNK;
-use crate::sync::OnceLock;
+use crate::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The system's page size.
 pub(crate) fn page_size() -> usize {
@@ -65,8 +65,10 @@ pub(crate) struct Meta {
     pinned: bool,
     /// The prefix written since the take (set on drop).
     pub(crate) dirty: usize,
-    /// What the copies reading the buffer left behind, and spare events.
-    pub(crate) fences: Fences,
+    /// What the copies reading the buffer left behind, and spare events;
+    /// locked only by copies made through cudarc, which see the buffer
+    /// through `&`.
+    fences: Mutex<Fences>,
     /// Whether the buffer was dropped and not yet made ready (counted in
     /// the flush parity `parity` until then).
     pub(crate) returned: bool,
@@ -135,7 +137,7 @@ impl Block {
             device: device as u16,
             pinned: false,
             dirty: len,
-            fences: Fences::default(),
+            fences: Mutex::new(Fences::default()),
             returned: false,
             parity: 0,
             sync_gen: 0,
@@ -201,10 +203,15 @@ impl Block {
         self.meta().dirty.min(self.len())
     }
 
-    /// The block's fences (read-only).
+    /// The block's fences, through exclusive access (no locking).
     #[inline]
-    pub(crate) fn fences(&self) -> &Fences {
-        &self.meta().fences
+    pub(crate) fn fences_mut(&mut self) -> &mut Fences {
+        self.meta_mut().fences.get_mut()
+    }
+
+    /// The block's fences, locked (for copies through a shared borrow).
+    pub(crate) fn fences_locked(&self) -> MutexGuard<'_, Fences> {
+        self.meta().fences.lock()
     }
 
     #[inline]
@@ -239,11 +246,11 @@ impl Block {
     }
 
     /// Zeroes the dirty prefix (the self-clean of a small buffer).
-    pub(crate) fn zero_dirty(&mut self) -> usize {
+    #[inline]
+    pub(crate) fn zero_dirty(&mut self) {
         let dirty = self.dirty();
         self.as_mut_slice()[..dirty].fill(0);
         self.meta_mut().dirty = 0;
-        dirty
     }
 
     /// Gives up the block's ownership as a metadata pointer (remote lists).

@@ -11,7 +11,7 @@ use crate::alloc::Block;
 use crate::backend::cuda::Bound;
 use crate::error::Error;
 use crate::fence::{must_sync, Fence, Fences};
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 use crate::thread_cache::ThreadCache;
 
 /// A host staging buffer owned by a pool, handed out by
@@ -44,7 +44,6 @@ pub struct PinnedBuffer {
     block: ManuallyDrop<Block>,
     home: NonNull<ThreadCache>,
     dirty: usize,
-    fences: Mutex<Fences>,
     /// Copies made through cudarc since the last host access.
     copies_pending: AtomicBool,
     pooled: bool,
@@ -54,20 +53,18 @@ pub struct PinnedBuffer {
 // which outlive every buffer (a closed pool is kept for its late drops).
 unsafe impl Send for PinnedBuffer {}
 // SAFETY: shared access reads the bytes (after waiting for copies through
-// cudarc, under the fences' lock) or records a copy under that lock.
+// cudarc, under the block's fence lock) or records a copy under that lock.
 unsafe impl Sync for PinnedBuffer {}
 
 // === impl PinnedBuffer ===
 
 impl PinnedBuffer {
     #[inline]
-    pub(crate) fn new(mut block: Block, home: &ThreadCache, pooled: bool) -> Self {
-        let fences = std::mem::take(&mut block.meta_mut().fences);
+    pub(crate) fn new(block: Block, home: &ThreadCache, pooled: bool) -> Self {
         Self {
             dirty: block.len(),
             block: ManuallyDrop::new(block),
             home: NonNull::from(home),
-            fences: Mutex::new(fences),
             copies_pending: AtomicBool::new(false),
             pooled,
         }
@@ -190,7 +187,7 @@ impl PinnedBuffer {
     /// # Ok(()) }
     /// ```
     pub fn record_last_use(&mut self, stream: &CudaStream) -> Result<(), Error> {
-        let fences = self.fences.get_mut();
+        let fences = self.block.fences_mut();
         let event = fences.event(stream.context())?;
         // SAFETY: `stream` is a live stream of the event's context (the
         // event was taken for that context).
@@ -202,7 +199,7 @@ impl PinnedBuffer {
     /// Adds a fence the cleaner waits on (test fences).
     #[cfg(feature = "testing")]
     pub(crate) fn push_fence(&mut self, fence: Fence) {
-        self.fences.get_mut().push(fence);
+        self.block.fences_mut().push(fence);
     }
 
     /// Waits for copies made through cudarc before host access.
@@ -217,7 +214,7 @@ impl PinnedBuffer {
 
     #[cold]
     fn wait_copies(&self) {
-        let fences = self.fences.lock();
+        let fences = self.block.fences_locked();
         if let Err(e) = fences.wait_copies() {
             panic!("pinpool: waiting for a copy made through cudarc failed: {e}");
         }
@@ -231,7 +228,7 @@ impl PinnedBuffer {
     /// synchronize the stream. The stream is made to wait for earlier
     /// copies made through cudarc on other streams.
     pub(crate) fn copy_fence<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        let mut fences = self.fences.lock();
+        let mut fences = self.block.fences_locked();
         if fences.has_copies() {
             self.order_after_copies(&fences, stream);
         }
@@ -378,13 +375,11 @@ impl Drop for PinnedBuffer {
         // SAFETY: taken exactly once, here, and never used again.
         let mut block = unsafe { ManuallyDrop::take(&mut self.block) };
         // `&mut self`: no copy can be recording, so no lock is taken.
-        let mut fences = std::mem::take(self.fences.get_mut());
+        let fences = block.fences_mut();
         if fences.has_copies() {
             fences.seal();
         }
-        let meta = block.meta_mut();
-        meta.dirty = self.dirty;
-        meta.fences = fences;
+        block.meta_mut().dirty = self.dirty;
         self.home().give_back(block);
     }
 }

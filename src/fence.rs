@@ -245,7 +245,15 @@ impl Fences {
     /// Whether every fence has completed, without waiting; completed events
     /// become spares. An error means a fence failed: whether its copy has
     /// finished is unknown.
+    #[inline]
     pub(crate) fn poll(&mut self) -> Result<bool, Error> {
+        if self.pending.is_empty() {
+            return Ok(true);
+        }
+        self.poll_pending()
+    }
+
+    fn poll_pending(&mut self) -> Result<bool, Error> {
         let mut i = 0;
         while i < self.pending.len() {
             if self.pending[i].is_done()? {

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) cleaner: Cleaner,
     /// Set once the last handle is gone: no worker starts again.
     closed: AtomicBool,
+    /// Whether every thread's current device is 0 (no CUDA contexts).
+    device_zero: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -97,8 +99,8 @@ impl Shared {
                 devices: this.shards.len(),
             });
         }
-        let cache = this.caches.local();
-        let found = if this.caches.is_own(cache) {
+        let (cache, owned) = this.caches.local();
+        let found = if owned {
             cache.take(device, class)
         } else {
             None
@@ -108,7 +110,7 @@ impl Shared {
                 cache.count_hit(device, class, block.footprint());
                 Some(block)
             }
-            Some(Found::Deferred(block)) => this.reuse(cache, block, true),
+            Some(Found::Deferred(block)) => this.reuse(cache, cache, block),
             None => None,
         };
         let (block, pooled) = match block {
@@ -118,21 +120,21 @@ impl Shared {
         Ok(PinnedBuffer::new(block, cache, pooled))
     }
 
-    /// Re-zeroes a deferred buffer of `home` for reuse if its fences have
-    /// completed; otherwise hands it back (to `home` if the caller owns
-    /// it, else to the cleaner).
+    /// Re-zeroes a deferred buffer of `home` for `taker` if its fences have
+    /// completed; otherwise hands it back (to `home` if the taker owns it,
+    /// else to the cleaner).
     #[inline]
-    fn reuse(&self, home: &ThreadCache, mut block: Block, owner: bool) -> Option<Block> {
-        match block.meta_mut().fences.poll() {
+    fn reuse(&self, taker: &ThreadCache, home: &ThreadCache, mut block: Block) -> Option<Block> {
+        let owner = std::ptr::eq(taker, home);
+        match block.fences_mut().poll() {
             Ok(true) => {
                 let (device, class) = (block.device(), block.class());
-                let zeroed = block.zero_dirty();
+                block.zero_dirty();
                 let meta = block.meta_mut();
                 meta.returned = false;
                 let parity = usize::from(meta.parity);
                 home.complete(parity, owner);
-                let taker = self.caches.local();
-                taker.count_cleaned(zeroed);
+                taker.count_cleaned();
                 taker.count_hit(device, class, 0);
                 Some(block)
             }
@@ -184,7 +186,7 @@ impl Shared {
         let classes = self.classes();
         let slot = classes.slot(device, class);
         let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
-        if self.caches.is_own(taker) {
+        if taker.is_owned_here() {
             if let Some(block) = taker.adopt_remote_lists(device, class) {
                 taker.count_hit(device, class, block.footprint());
                 return Some(block);
@@ -216,7 +218,7 @@ impl Shared {
         }
         let (block, home) = deferred?;
         // SAFETY: caches live as long as the pool.
-        self.reuse(unsafe { &*home }, block, false)
+        self.reuse(taker, unsafe { &*home }, block)
     }
 
     /// Blocks until every buffer dropped before the call is ready again or
@@ -307,8 +309,8 @@ impl Shared {
             ..Stats::default()
         };
         let mut pooled = vec![0usize; devices * count];
-        let mut hits = vec![0u64; count + devices];
-        let mut misses = vec![0u64; count + devices];
+        let mut hits = vec![0u64; devices * count];
+        let mut misses = vec![0u64; devices * count];
         let load = |c: &crate::sync::AtomicU64| c.load(Ordering::Relaxed);
         for cache in self.caches.iter() {
             for (slot, n) in pooled.iter_mut().enumerate() {
@@ -318,17 +320,18 @@ impl Shared {
                 hits[i] += load(h);
                 misses[i] += load(m);
             }
-            let (cleaned, bytes) = cache.cleaned();
-            stats.cleaned_by_takers += cleaned;
-            stats.bytes_zeroed += bytes;
+            stats.cleaned_by_takers += cache.cleaned();
         }
         for (device, shard) in self.shards.iter().enumerate() {
             for class in classes.all() {
                 pooled[classes.slot(device, class)] += shard.len(class);
             }
         }
-        stats.hits = hits[..count].iter().sum();
-        stats.misses = misses[..count].iter().sum();
+        stats.hits = hits.iter().sum();
+        stats.misses = misses.iter().sum();
+        let by_device = |v: &[u64], d: usize| v[d * count..(d + 1) * count].iter().sum::<u64>();
+        let by_class =
+            |v: &[u64], c: SizeClass| (0..devices).map(|d| v[classes.slot(d, c)]).sum::<u64>();
         stats.pooled_buffers = pooled.iter().sum();
         stats.per_device = (0..devices)
             .map(|device| {
@@ -340,8 +343,8 @@ impl Shared {
                         .all()
                         .map(|c| slots[c.index()] * classes.footprint(c))
                         .sum(),
-                    hits: hits[count + device],
-                    misses: misses[count + device],
+                    hits: by_device(&hits, device),
+                    misses: by_device(&misses, device),
                 }
             })
             .collect();
@@ -350,8 +353,8 @@ impl Shared {
             .map(|class| ClassStats {
                 size: classes.size(class),
                 pooled_buffers: (0..devices).map(|d| pooled[classes.slot(d, class)]).sum(),
-                hits: hits[class.index()],
-                misses: misses[class.index()],
+                hits: by_class(&hits, class),
+                misses: by_class(&misses, class),
             })
             .filter(|c| c.pooled_buffers > 0 || c.hits > 0 || c.misses > 0)
             .collect();
@@ -389,7 +392,7 @@ impl Retire for Arc<Shared> {
     fn abandon(&self, mut block: Block) {
         Counters::add(&self.counters().fence_failures, 1);
         Counters::add(&self.counters().leaked_bytes, block.footprint() as u64);
-        block.meta_mut().fences.abandon();
+        block.fences_mut().abandon();
         block.leak();
     }
 }
@@ -465,6 +468,7 @@ impl Pool {
             admission: Admission::new(config.max_pooled_bytes),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
             closed: AtomicBool::new(false),
+            device_zero: backend.kind() == BackendKind::Host,
             config: crate::sync::Mutex::new(config),
             backend,
         });
@@ -526,7 +530,12 @@ impl Pool {
     /// ```
     #[inline]
     pub fn try_take(&self, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let device = self.shared().backend.current_device();
+        let shared = self.shared();
+        let device = if shared.device_zero {
+            0
+        } else {
+            shared.backend.current_device()
+        };
         self.take_on(device, min_size)
     }
 

@@ -94,7 +94,7 @@ impl Reaper {
                 continue;
             };
             let block = &mut self.waiting[i].1;
-            match block.meta_mut().fences.poll() {
+            match block.fences_mut().poll() {
                 Ok(false) => {
                     i += 1;
                     continue;

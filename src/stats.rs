@@ -148,7 +148,8 @@ pub struct Stats {
     pub released: u64,
     /// Pooled buffers evicted to respect the cap.
     pub evictions: u64,
-    /// Bytes the cleaner re-zeroed.
+    /// Bytes the cleaner re-zeroed (takers re-zeroing their own small
+    /// buffers are counted in `cleaned_by_takers`, not here).
     pub bytes_zeroed: u64,
     /// Cleaner jobs that panicked (their buffers were released; the worker
     /// carried on).
@@ -252,7 +253,7 @@ impl Stats {
         self.leaked_bytes = load(&c.leaked_bytes);
         self.device_syncs = load(&c.device_syncs);
         self.released = load(&c.released);
-        self.bytes_zeroed += load(&c.bytes_zeroed);
+        self.bytes_zeroed = load(&c.bytes_zeroed);
         self.worker_panics = load(&c.worker_panics);
         self.drop_to_ready_p50 = c.ready_quantile(0.5);
         self.drop_to_ready_p99 = c.ready_quantile(0.99);

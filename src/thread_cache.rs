@@ -48,7 +48,7 @@ use crate::flush::{Counts, Flush, OwnerCounts, SharedCounts};
 use crate::remote::RemoteList;
 use crate::size_class::{Classes, SizeClass};
 use crate::stats::Counters;
-use crate::sync::per_thread::PerThread;
+use crate::sync::per_thread::{self, PerThread};
 use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
 use crate::sync::{
     barrier, fence, spin, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard,
@@ -90,28 +90,28 @@ struct Slot {
 /// locked the owner out, touches them.
 #[derive(Debug, Default)]
 pub(crate) struct Lists {
-    /// Per device, its classes' slots (allocated on the device's first use).
-    devices: Vec<Option<Box<[Slot]>>>,
+    /// Per slot (device and class); allocated for all devices on first use.
+    slots: Vec<Slot>,
     deferred: usize,
 }
 
 impl Lists {
-    fn slot(&mut self, classes: &Classes, device: usize, class: SizeClass) -> &mut Slot {
-        if self.devices.len() <= device {
-            self.devices.resize_with(device + 1, || None);
+    #[inline]
+    fn slot(&mut self, slots: usize, slot: usize) -> &mut Slot {
+        if self.slots.is_empty() {
+            self.allocate(slots);
         }
-        let slots = self.devices[device]
-            .get_or_insert_with(|| (0..classes.count()).map(|_| Slot::default()).collect());
-        &mut slots[class.index()]
+        &mut self.slots[slot]
     }
 
-    /// Every slot in use, with its device and class index.
-    fn slots(&mut self) -> impl Iterator<Item = (usize, usize, &mut Slot)> {
-        self.devices
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(d, s)| s.as_mut().map(|s| (d, s)))
-            .flat_map(|(d, s)| s.iter_mut().enumerate().map(move |(c, slot)| (d, c, slot)))
+    #[cold]
+    fn allocate(&mut self, slots: usize) {
+        self.slots = (0..slots).map(|_| Slot::default()).collect();
+    }
+
+    /// Every slot, with its index.
+    fn slots(&mut self) -> impl Iterator<Item = (usize, &mut Slot)> {
+        self.slots.iter_mut().enumerate()
     }
 }
 
@@ -120,6 +120,9 @@ impl Lists {
 struct OwnerPart {
     /// Inside an operation on the lists.
     active: AtomicBool,
+    /// The owning thread's token ([`per_thread::owner_token`]), set by the
+    /// owner when it looks its cache up.
+    token: AtomicU64,
     lists: UnsafeCell<Lists>,
     counts: OwnerCounts,
     /// Takes through this cache.
@@ -155,14 +158,14 @@ struct SharedPart {
 pub(crate) struct ThreadCache {
     owner: CachePadded<OwnerPart>,
     shared: CachePadded<SharedPart>,
-    /// Hits and misses per class then per device, written by the owner
-    /// (the orphan cache adds with `fetch_add`).
+    /// Hits and misses per slot, written by the owner (the orphan cache
+    /// adds with `fetch_add`); per-class and per-device figures are sums.
     hits: Box<[AtomicU64]>,
     misses: Box<[AtomicU64]>,
     /// Ready buffers per slot (owner-written; hints for thieves, stats).
     ready: Box<[AtomicU32]>,
-    /// Deferred buffers this cache's owner re-zeroed itself, and the bytes.
-    cleaned: [AtomicU64; 2],
+    /// Deferred buffers this cache's owner re-zeroed itself.
+    cleaned: AtomicU64,
     caches: NonNull<Caches>,
 }
 
@@ -184,11 +187,12 @@ fn bump(counter: &AtomicU64, by: u64) {
 
 impl ThreadCache {
     fn new(classes: &Classes, devices: usize, caches: NonNull<Caches>) -> Self {
-        let counters = classes.count() + devices;
+        let counters = classes.count() * devices;
         let atomics = |n| (0..n).map(|_| AtomicU64::new(0)).collect();
         Self {
             owner: CachePadded::new(OwnerPart {
                 active: AtomicBool::new(false),
+                token: AtomicU64::new(per_thread::NOBODY),
                 lists: UnsafeCell::new(Lists::default()),
                 counts: OwnerCounts::default(),
                 taken: AtomicU64::new(0),
@@ -211,7 +215,7 @@ impl ThreadCache {
             ready: (0..classes.count() * devices)
                 .map(|_| AtomicU32::new(0))
                 .collect(),
-            cleaned: [AtomicU64::new(0), AtomicU64::new(0)],
+            cleaned: AtomicU64::new(0),
             caches,
         }
     }
@@ -266,23 +270,15 @@ impl ThreadCache {
         let caches = self.caches();
         let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
-            let found = lists.slot(&caches.classes, device, class).ready.pop();
-            if let Some(block) = found {
+            if !self.shared.remote.is_empty() || !self.shared.returns.is_empty() {
+                self.collect(lists);
+            }
+            let found = lists.slot(caches.slots, slot);
+            if let Some(block) = found.ready.pop() {
                 self.unready(slot, &block);
                 return Some(Found::Ready(block));
             }
-            if !self.shared.remote.is_empty() || !self.shared.returns.is_empty() {
-                self.collect(lists);
-                let found = lists.slot(&caches.classes, device, class).ready.pop();
-                if let Some(block) = found {
-                    self.unready(slot, &block);
-                    return Some(Found::Ready(block));
-                }
-            }
-            let block = lists
-                .slot(&caches.classes, device, class)
-                .deferred
-                .pop_front()?;
+            let block = found.deferred.pop_front()?;
             lists.deferred -= 1;
             self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             Some(Found::Deferred(block))
@@ -295,7 +291,10 @@ impl ThreadCache {
         let caches = self.caches();
         let kept = self.as_owner(|lists| {
             lists
-                .slot(&caches.classes, block.device(), block.class())
+                .slot(
+                    caches.slots,
+                    caches.classes.slot(block.device(), block.class()),
+                )
                 .deferred
                 .push_front(block);
             lists.deferred += 1;
@@ -312,7 +311,11 @@ impl ThreadCache {
         let classes = &self.caches().classes;
         for block in self.shared.returns.take_all(classes) {
             let (device, class) = (block.device(), block.class());
-            lists.slot(classes, device, class).deferred.push_back(block);
+            let slot = classes.slot(device, class);
+            lists
+                .slot(self.caches().slots, slot)
+                .deferred
+                .push_back(block);
             lists.deferred += 1;
         }
         self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
@@ -323,8 +326,9 @@ impl ThreadCache {
         let classes = &self.caches().classes;
         for block in blocks {
             let (device, class) = (block.device(), block.class());
-            self.enready(classes.slot(device, class), &block);
-            lists.slot(classes, device, class).ready.push(block);
+            let slot = classes.slot(device, class);
+            self.enready(slot, &block);
+            lists.slot(self.caches().slots, slot).ready.push(block);
         }
     }
 
@@ -340,8 +344,9 @@ impl ThreadCache {
                     self.adopt(lists, other.shared.remote.take_all(&caches.classes));
                 }
             }
-            let block = lists.slot(&caches.classes, device, class).ready.pop()?;
-            self.unready(caches.classes.slot(device, class), &block);
+            let slot = caches.classes.slot(device, class);
+            let block = lists.slot(caches.slots, slot).ready.pop()?;
+            self.unready(slot, &block);
             Some(block)
         })
         .flatten()
@@ -376,10 +381,10 @@ impl ThreadCache {
     /// cache's remote list, or the cleaner. Never blocks, never calls the
     /// backend.
     #[inline]
-    pub(crate) fn give_back(&self, block: Block) {
+    pub(crate) fn give_back(&self, mut block: Block) {
         let caches = self.caches();
-        let keep = self.deferrable(&block);
-        if !caches.is_own(self) {
+        let keep = self.deferrable(&mut block);
+        if !self.is_owned_here() {
             return self.give_back_remote(block, keep);
         }
         let mut held = Some(block);
@@ -393,7 +398,7 @@ impl ThreadCache {
             if keep && lists.deferred < MAX_DEFERRED {
                 let (device, class) = (block.device(), block.class());
                 lists
-                    .slot(&caches.classes, device, class)
+                    .slot(caches.slots, caches.classes.slot(device, class))
                     .deferred
                     .push_back(block);
                 lists.deferred += 1;
@@ -441,15 +446,16 @@ impl ThreadCache {
     /// Whether a dropped buffer may wait for the next taker instead of the
     /// cleaner: small, needing no registration and no device synchronize.
     #[inline]
-    fn deferrable(&self, block: &Block) -> bool {
+    fn deferrable(&self, block: &mut Block) -> bool {
         let needs_registration = self.caches().pins && !block.is_pinned();
-        let needs_device_sync = block.is_pinned() && block.fences().is_empty();
+        let needs_device_sync = block.is_pinned() && block.fences_mut().is_empty();
         block.dirty() <= SELF_CLEAN_BYTES && !needs_registration && !needs_device_sync
     }
 
     /// Counts the completion (ready again, or released) of a buffer whose
     /// drop was counted here in `parity`. The owner counts without a shared
     /// write; others notify waiting flushes.
+    #[inline]
     pub(crate) fn complete(&self, parity: usize, by_owner: bool) {
         if by_owner {
             self.owner.counts.done(parity);
@@ -459,27 +465,21 @@ impl ThreadCache {
         }
     }
 
-    /// Counts a deferred buffer of `bytes` dirty bytes that the taker
-    /// re-zeroed itself.
+    /// Counts a deferred buffer that the taker re-zeroed itself.
     #[inline]
-    pub(crate) fn count_cleaned(&self, bytes: usize) {
+    pub(crate) fn count_cleaned(&self) {
         if self.is_orphan() {
-            // Relaxed: statistics.
-            self.cleaned[0].fetch_add(1, Ordering::Relaxed);
-            self.cleaned[1].fetch_add(bytes as u64, Ordering::Relaxed);
+            // Relaxed: a statistic.
+            self.cleaned.fetch_add(1, Ordering::Relaxed);
         } else {
-            bump(&self.cleaned[0], 1);
-            bump(&self.cleaned[1], bytes as u64);
+            bump(&self.cleaned, 1);
         }
     }
 
-    /// Deferred buffers the takers re-zeroed themselves, and the bytes.
-    pub(crate) fn cleaned(&self) -> (u64, u64) {
-        // Relaxed: statistics.
-        (
-            self.cleaned[0].load(Ordering::Relaxed),
-            self.cleaned[1].load(Ordering::Relaxed),
-        )
+    /// Deferred buffers the takers re-zeroed themselves.
+    pub(crate) fn cleaned(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.cleaned.load(Ordering::Relaxed)
     }
 
     /// Hands a ready buffer to the owner through the remote list (the
@@ -531,17 +531,22 @@ impl ThreadCache {
 
     #[inline]
     fn count(&self, counters: &[AtomicU64], device: usize, class: SizeClass) {
-        let classes = self.caches().classes.count();
+        let slot = self.caches().classes.slot(device, class);
         if self.is_orphan() {
             // Relaxed: statistics.
-            counters[class.index()].fetch_add(1, Ordering::Relaxed);
-            counters[classes + device].fetch_add(1, Ordering::Relaxed);
+            counters[slot].fetch_add(1, Ordering::Relaxed);
             self.shared.taken.fetch_add(1, Ordering::Relaxed);
         } else {
-            bump(&counters[class.index()], 1);
-            bump(&counters[classes + device], 1);
+            bump(&counters[slot], 1);
             bump(&self.owner.taken, 1);
         }
+    }
+
+    /// Whether the calling thread owns this cache.
+    #[inline]
+    pub(crate) fn is_owned_here(&self) -> bool {
+        // Relaxed: see `Caches::local`.
+        self.owner.token.load(Ordering::Relaxed) == per_thread::current_token()
     }
 
     #[inline]
@@ -549,7 +554,7 @@ impl ThreadCache {
         std::ptr::eq(self, &self.caches().orphan)
     }
 
-    /// Hits of `class` (class counters) or device `d` (`classes + d`).
+    /// Hits per slot.
     pub(crate) fn hits(&self) -> &[AtomicU64] {
         &self.hits
     }
@@ -625,6 +630,8 @@ pub(crate) struct Caches {
     /// The pool's statistics counters (written off the fast path).
     pub(crate) counters: Counters,
     devices: usize,
+    /// Devices times classes.
+    slots: usize,
     limit: usize,
     pins: bool,
     sink: crate::sync::OnceLock<SinkRef>,
@@ -681,12 +688,14 @@ impl Caches {
     /// `limit` ready bytes each, on a backend that `pins` or not.
     pub(crate) fn new(classes: Classes, devices: usize, limit: usize, pins: bool) -> Box<Self> {
         let orphan = ThreadCache::new(&classes, devices, NonNull::dangling());
+        let slots = devices * classes.count();
         let mut caches = Box::new(Self {
             map: PerThread::new(),
             orphan,
             flush: Flush::new(),
             classes,
             counters: Counters::default(),
+            slots,
             devices,
             limit,
             pins,
@@ -711,19 +720,26 @@ impl Caches {
         unsafe { sink.0.as_ref() }
     }
 
-    /// The calling thread's cache, or the orphan cache while the thread is
-    /// being torn down.
+    /// The calling thread's cache and whether the thread owns it: its own,
+    /// or the orphan cache (not owned) while the thread is being torn down.
     #[inline]
-    pub(crate) fn local(&self) -> &ThreadCache {
-        self.map
-            .get_or(|| ThreadCache::new(&self.classes, self.devices, NonNull::from(self)))
-            .unwrap_or(&self.orphan)
-    }
-
-    /// Whether `cache` is owned by the calling thread.
-    #[inline]
-    pub(crate) fn is_own(&self, cache: &ThreadCache) -> bool {
-        self.map.get().is_some_and(|own| std::ptr::eq(own, cache))
+    pub(crate) fn local(&self) -> (&ThreadCache, bool) {
+        let cache = self
+            .map
+            .get_or(|| ThreadCache::new(&self.classes, self.devices, NonNull::from(self)));
+        match cache {
+            Some(cache) => {
+                let token = per_thread::owner_token();
+                // Relaxed: written only by the owner; readers compare it
+                // with their own token, and tokens are never reused, so a
+                // stale value matches no other thread.
+                if cache.owner.token.load(Ordering::Relaxed) != token {
+                    cache.owner.token.store(token, Ordering::Relaxed);
+                }
+                (cache, true)
+            }
+            None => (&self.orphan, false),
+        }
     }
 
     /// Every cache, the orphan's included.
@@ -796,9 +812,9 @@ impl Lists {
         device: usize,
         class: SizeClass,
     ) -> Option<Block> {
-        let classes = &cache.caches().classes;
-        let block = self.slot(classes, device, class).ready.pop()?;
-        cache.unready(classes.slot(device, class), &block);
+        let slot = cache.caches().classes.slot(device, class);
+        let block = self.slot(cache.caches().slots, slot).ready.pop()?;
+        cache.unready(slot, &block);
         Some(block)
     }
 
@@ -807,8 +823,9 @@ impl Lists {
     pub(crate) fn take_ready(&mut self, cache: &ThreadCache, class: Option<usize>) -> Vec<Block> {
         let classes = &cache.caches().classes;
         let mut out = Vec::new();
-        for (_, c, slot) in self.slots() {
-            if class.is_some_and(|want| want != c) {
+        let count = classes.count();
+        for (i, slot) in self.slots() {
+            if class.is_some_and(|want| want != i % count) {
                 continue;
             }
             for block in slot.ready.drain(..) {
@@ -822,7 +839,7 @@ impl Lists {
     /// Takes every deferred buffer of a locked-out cache.
     pub(crate) fn take_deferred(&mut self, cache: &ThreadCache) -> Vec<Block> {
         let mut out = Vec::with_capacity(self.deferred);
-        for (_, _, slot) in self.slots() {
+        for (_, slot) in self.slots() {
             out.extend(slot.deferred.drain(..));
         }
         self.deferred = 0;
@@ -838,7 +855,10 @@ impl Lists {
         class: SizeClass,
     ) -> Option<Block> {
         let block = self
-            .slot(&cache.caches().classes, device, class)
+            .slot(
+                cache.caches().slots,
+                cache.caches().classes.slot(device, class),
+            )
             .deferred
             .pop_front()?;
         self.deferred -= 1;

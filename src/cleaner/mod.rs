@@ -125,7 +125,7 @@ impl Drop for Returned {
         let parity = usize::from(meta.parity);
         if self.quiet && !block.is_pinned() {
             tracing::error!("pinpool: a cleaner job failed part-way; freeing its buffer");
-            block.meta_mut().fences.release();
+            block.fences_mut().release();
             Counters::add(&counters.released, 1);
             drop(block);
         } else {
@@ -134,7 +134,7 @@ impl Drop for Returned {
                 "pinpool: a cleaner job failed part-way; leaking its buffer"
             );
             Counters::add(&counters.leaked_bytes, block.footprint() as u64);
-            block.meta_mut().fences.abandon();
+            block.fences_mut().abandon();
             block.leak();
         }
         self.home().complete(parity, false);
@@ -301,15 +301,15 @@ impl Cleaner {
             let meta = block.meta_mut();
             meta.returned = false;
             let parity = usize::from(meta.parity);
-            meta.fences.release();
+            block.fences_mut().release();
             Counters::add(&home.caches().counters.released, 1);
             drop(block);
-            home.complete(parity, home.caches().is_own(home));
+            home.complete(parity, home.is_owned_here());
             return;
         }
         self.zero_queued.fetch_add(dirty, Ordering::Relaxed);
         let block = returned.block_mut();
-        if block.is_pinned() && block.fences().is_empty() {
+        if block.is_pinned() && block.fences_mut().is_empty() {
             let note = self.syncs.started(block.device());
             block.meta_mut().sync_gen = note;
         }
@@ -400,8 +400,8 @@ impl Cleaner {
     /// synchronize that started after its drop has completed.
     fn quiescent(&self, env: Env<'_>, returned: &mut Returned) -> Result<bool, Error> {
         let block = returned.block_mut();
-        if !block.fences().is_empty() {
-            return block.meta_mut().fences.poll();
+        if !block.fences_mut().is_empty() {
+            return block.fences_mut().poll();
         }
         if block.is_pinned() {
             let (device, note) = (block.device(), block.meta_mut().sync_gen);
@@ -426,21 +426,20 @@ impl Cleaner {
         );
         let meta = block.meta_mut();
         meta.returned = false;
-        meta.fences.abandon();
         let parity = usize::from(meta.parity);
+        block.fences_mut().abandon();
         block.leak();
         returned.home().complete(parity, false);
     }
 
     fn poll_parked(&self, env: Env<'_>) {
-        let done =
-            self.parking.poll(
-                |returned| match returned.block_mut().meta_mut().fences.poll() {
-                    Ok(true) => Some(Ok(())),
-                    Ok(false) => None,
-                    Err(e) => Some(Err(e)),
-                },
-            );
+        let done = self
+            .parking
+            .poll(|returned| match returned.block_mut().fences_mut().poll() {
+                Ok(true) => Some(Ok(())),
+                Ok(false) => None,
+                Err(e) => Some(Err(e)),
+            });
         for (mut returned, outcome) in done {
             match outcome {
                 Ok(()) if returned.release => self.release_returned(env, returned),
@@ -628,7 +627,7 @@ impl Cleaner {
 /// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
 /// fails is leaked (unmapping registered memory would be worse).
 pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
-    block.meta_mut().fences.release();
+    block.fences_mut().release();
     Counters::add(&counters.released, 1);
     if block.is_pinned() {
         // SAFETY: the block was registered by this backend, and every caller

@@ -5,16 +5,22 @@
 //! dropped, and a new thread may inherit it), so every thread cache stays
 //! reachable for steals, eviction, `clear` and `shutdown`.
 //!
+//! Each thread that owns a value also gets an *owner token*, a number never
+//! reused, so that "does the calling thread own this value" is one
+//! thread-local read and a compare ([`current_token`]); the owner stores
+//! its token in the value.
+//!
 //! A thread that is being torn down (its thread-local destructors running)
 //! must still be able to take and drop buffers, but the crate's `get_or`
-//! panics once the crate's own per-thread guard is destroyed. [`get_or`]
-//! therefore returns `None` for such a thread, and callers bypass the
-//! cache. It knows because this module keeps a guard of its own, created
-//! right after the thread's first `get_or`: thread-local destructors run in
-//! the reverse order of their creation (glibc's `__call_tls_dtors`, and
-//! std's own list), so this guard dies before the crate's, and a thread
-//! whose guard is gone gets `None`. A thread whose very first `get_or`
-//! happens during its teardown is caught by `catch_unwind`.
+//! panics once the crate's own per-thread guard is destroyed, after which
+//! another thread may inherit the dying thread's value. So this module
+//! keeps a guard of its own, created right after the thread's first
+//! `get_or`: thread-local destructors run in the reverse order of their
+//! creation (glibc's `__call_tls_dtors`, and std's own list), so this guard
+//! dies before the crate's, retiring the token and making [`get_or`] return
+//! `None` (callers then bypass the cache) before the value can change
+//! hands. A thread whose very first `get_or` happens during its teardown is
+//! caught by `catch_unwind`.
 //!
 //! Loom runs every model thread on one OS thread, so the loom build keys
 //! entries by loom thread instead: one slot per loom thread, installed by a
@@ -27,24 +33,56 @@
 #[cfg(not(all(loom, feature = "loom")))]
 mod imp {
     use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    const FRESH: u8 = 0;
-    const ALIVE: u8 = 1;
-    const DYING: u8 = 2;
+    use super::{DEAD, NONE};
 
     thread_local! {
-        static STATE: Cell<u8> = const { Cell::new(FRESH) };
+        /// This thread's owner token: `NONE` until it owns a value, `DEAD`
+        /// once its teardown reached the guard.
+        static TOKEN: Cell<u64> = const { Cell::new(NONE) };
         static GUARD: Guard = const { Guard };
     }
+
+    /// Tokens are never reused, so a token can name at most one thread.
+    static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
     /// Marks the thread as dying when its destructors reach this guard.
     struct Guard;
 
     impl Drop for Guard {
         fn drop(&mut self) {
-            // `STATE` has no destructor, so it outlives every guard.
-            STATE.with(|s| s.set(DYING));
+            // `TOKEN` has no destructor, so it outlives every guard.
+            TOKEN.with(|t| t.set(DEAD));
         }
+    }
+
+    /// The calling thread's token, as [`owner_token`] left it (never
+    /// assigns one).
+    #[inline]
+    pub(crate) fn current_token() -> u64 {
+        TOKEN.with(Cell::get)
+    }
+
+    /// The calling thread's token, assigned on first use; call only after
+    /// the thread got a value from [`PerThread::get_or`], so that the
+    /// guard that retires the token is created after the crate's own
+    /// per-thread guard, and destroyed before it.
+    #[inline]
+    pub(crate) fn owner_token() -> u64 {
+        match current_token() {
+            NONE => assign(),
+            token => token,
+        }
+    }
+
+    #[cold]
+    fn assign() -> u64 {
+        // Relaxed: only uniqueness matters.
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        GUARD.with(|_| ());
+        TOKEN.with(|t| t.set(token));
+        token
     }
 
     /// See the module docs.
@@ -53,13 +91,6 @@ mod imp {
     impl<T: Send> PerThread<T> {
         pub(crate) fn new() -> Self {
             Self(thread_local::ThreadLocal::new())
-        }
-
-        /// The calling thread's value, if it has one. Never panics, also
-        /// during thread teardown.
-        #[inline]
-        pub(crate) fn get(&self) -> Option<&T> {
-            self.0.get()
         }
 
         /// The calling thread's value, created by `create` on first use;
@@ -74,18 +105,19 @@ mod imp {
 
         #[cold]
         fn insert(&self, create: impl FnOnce() -> T) -> Option<&T> {
-            match STATE.with(Cell::get) {
-                DYING => None,
-                ALIVE => Some(self.0.get_or(create)),
-                _ => {
+            match current_token() {
+                DEAD => None,
+                NONE => {
+                    // Maybe the thread's first `get_or` of any map, maybe
+                    // during its teardown (then the crate panics).
                     let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         self.0.get_or(create)
                     }))
                     .ok()?;
-                    GUARD.with(|_| ());
-                    STATE.with(|s| s.set(ALIVE));
+                    owner_token();
                     Some(value)
                 }
+                _ => Some(self.0.get_or(create)),
             }
         }
 
@@ -112,6 +144,17 @@ mod imp {
         static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Loom threads are never reused within an execution: the slot index
+    /// names the thread.
+    pub(crate) fn current_token() -> u64 {
+        INDEX.with(|i| *i as u64 + 1)
+    }
+
+    /// See `current_token`.
+    pub(crate) fn owner_token() -> u64 {
+        current_token()
+    }
+
     /// See the module docs.
     pub(crate) struct PerThread<T: Send> {
         slots: [AtomicPtr<T>; SLOTS],
@@ -128,7 +171,7 @@ mod imp {
             &self.slots[INDEX.with(|i| *i)]
         }
 
-        pub(crate) fn get(&self) -> Option<&T> {
+        fn get(&self) -> Option<&T> {
             // Acquire pairs with the Release store in `get_or`.
             let ptr = self.slot().load(Ordering::Acquire);
             // SAFETY: non-null slots hold boxes that live until `self` drops.
@@ -181,7 +224,15 @@ mod imp {
     }
 }
 
-pub(crate) use imp::PerThread;
+pub(crate) use imp::{current_token, owner_token, PerThread};
+
+/// No thread has this token (a cache nobody has owned yet).
+pub(crate) const NOBODY: u64 = u64::MAX - 1;
+/// A thread without a token yet.
+const NONE: u64 = 0;
+/// A thread whose teardown has begun.
+#[cfg_attr(all(loom, feature = "loom"), allow(dead_code))]
+const DEAD: u64 = u64::MAX;
 
 impl<T: Send> std::fmt::Debug for PerThread<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
