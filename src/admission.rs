@@ -65,11 +65,16 @@ impl Admission {
         self.cap.load(Ordering::Relaxed)
     }
 
-    /// Puts a ready `block` (taken through `home`) back, in `home`'s cache
-    /// if it has room, else in its device's shard, keeping the pooled bytes
-    /// under the cap. Returns the buffers to release: evicted ones, and
-    /// `block` itself if it does not fit.
-    pub(crate) fn admit(&self, at: Places<'_>, block: Block, home: &ThreadCache) -> Vec<Block> {
+    /// Puts a ready `block` back, in `home`'s cache (the cache it was taken
+    /// through) if given and it has room, else in its device's shard,
+    /// keeping the pooled bytes under the cap. Returns the buffers to
+    /// release: evicted ones, and `block` itself if it does not fit.
+    pub(crate) fn admit(
+        &self,
+        at: Places<'_>,
+        block: Block,
+        home: Option<&ThreadCache>,
+    ) -> Vec<Block> {
         let footprint = block.footprint();
         let cap = self.cap();
         // Relaxed: the estimate guards a count, not data; its RMWs are
@@ -105,12 +110,14 @@ impl Admission {
 
     /// Offers `block` to `home`, else its shard; hands it back if both are
     /// full.
-    fn place(at: Places<'_>, block: Block, home: &ThreadCache) -> Result<(), Block> {
-        if home.has_room(block.footprint()) {
-            home.push_ready(block);
-            return Ok(());
+    fn place(at: Places<'_>, block: Block, home: Option<&ThreadCache>) -> Result<(), Block> {
+        match home {
+            Some(home) if home.has_room(block.footprint()) => {
+                home.push_ready(block);
+                Ok(())
+            }
+            _ => at.shards[block.device()].push(block),
         }
-        at.shards[block.device()].push(block)
     }
 
     /// Subtracts every cache's unfolded takes from the estimate.
@@ -274,6 +281,18 @@ impl Admission {
                 }
             }
         });
+        // A sweep may have moved buffers from a cache's lists to a shard
+        // after the shards were looked at; with every cache locked, no more
+        // can move.
+        for shard in at.shards {
+            while over(self) {
+                match shard.pop(class) {
+                    Some(block) => take(block, evicted),
+                    None => break,
+                }
+            }
+        }
+        drop(locked);
     }
 
     /// Takes every pooled buffer out (shards, caches' ready and remote
@@ -290,6 +309,10 @@ impl Admission {
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
         locked.each(|cache, lists| out.extend(lists.take_ready(cache, None)));
+        // As in `evict_class`: what a sweep moved to a shard meanwhile.
+        for shard in at.shards {
+            out.extend(shard.drain());
+        }
         drop(locked);
         let bytes: usize = out.iter().map(Block::footprint).sum();
         self.estimate.fetch_sub(bytes, Ordering::Relaxed);

@@ -21,8 +21,10 @@ use crate::reaper::{self, Message, Retire};
 use crate::shard::Shard;
 use crate::size_class::{Classes, SizeClass};
 use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
-use crate::sync::{barrier, thread, Arc, AtomicBool, Ordering};
+use crate::sync::tune::{SELF_WAIT, STEAL_EVERY};
+use crate::sync::{barrier, spin, thread, Arc, AtomicBool, Ordering};
 use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
+use std::time::Instant;
 
 /// Everything a pool shares between its handles, its threads and its
 /// cleaner workers.
@@ -37,6 +39,8 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// Whether every thread's current device is 0 (no CUDA contexts).
     device_zero: bool,
+    /// When the pool was built (the steal rate limit's clock).
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Shared {
@@ -110,7 +114,7 @@ impl Shared {
                 cache.count_hit(device, class, block.footprint());
                 Some(block)
             }
-            Some(Found::Deferred(block)) => this.reuse(cache, cache, block),
+            Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
             None => None,
         };
         let (block, pooled) = match block {
@@ -118,6 +122,24 @@ impl Shared {
             None => Self::take_slow(this, cache, device, class)?,
         };
         Ok(PinnedBuffer::new(block, cache, pooled))
+    }
+
+    /// The owner's reuse of its own oldest deferred buffer: if its copies
+    /// are still running and more of the class are in flight behind it,
+    /// waits for it a little (see [`SELF_WAIT`]) rather than miss.
+    ///
+    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
+    #[inline]
+    fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
+        if behind > 0 && !matches!(block.fences_mut().poll(), Ok(true) | Err(_)) {
+            let deadline = Instant::now() + SELF_WAIT;
+            let mut round = 0;
+            while matches!(block.fences_mut().poll(), Ok(false)) && Instant::now() < deadline {
+                spin(round);
+                round += 1;
+            }
+        }
+        self.reuse(cache, cache, block)
     }
 
     /// Re-zeroes a deferred buffer of `home` for `taker` if its fences have
@@ -192,6 +214,13 @@ impl Shared {
                 return Some(block);
             }
         }
+        // Locking owners out interrupts every running thread: at most once
+        // per `STEAL_EVERY` per thread. Idle caches are swept to the shards
+        // by the cleaner meanwhile.
+        let now = self.epoch.elapsed().as_micros() as u64;
+        if !taker.may_steal(now, STEAL_EVERY.as_micros() as u64) {
+            return None;
+        }
         let candidates = others().filter(|c| c.ready_in(slot) > 0 || c.has_waiting());
         let mut locked = self.caches.lock_out(candidates);
         let mut ready = None;
@@ -229,7 +258,7 @@ impl Shared {
             || this.caches.counts(),
             || {
                 this.cleaner
-                    .move_waiting(&this.caches, this.admission.cap(), false);
+                    .move_waiting(this.places(), this.admission.cap(), false);
                 if !this.cleaner.is_running() {
                     Self::start_cleaner(this);
                 }
@@ -469,6 +498,7 @@ impl Pool {
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
             closed: AtomicBool::new(false),
             device_zero: backend.kind() == BackendKind::Host,
+            epoch: Instant::now(),
             config: crate::sync::Mutex::new(config),
             backend,
         });

@@ -75,8 +75,9 @@ pub(crate) enum Found {
     /// A ready buffer (it was pooled: tally its footprint).
     Ready(Block),
     /// A buffer the owner dropped earlier: reusable once its fences are
-    /// done and its dirty prefix re-zeroed.
-    Deferred(Block),
+    /// done and its dirty prefix re-zeroed; with the number of other
+    /// buffers of its slot still deferred (in flight behind it).
+    Deferred(Block, usize),
 }
 
 /// Ready and deferred buffers of one slot.
@@ -134,6 +135,10 @@ struct OwnerPart {
     deferred: AtomicUsize,
     /// Footprint bytes in the ready lists.
     ready_bytes: AtomicUsize,
+    /// When this owner last locked other owners out to steal (microseconds
+    /// since the pool was built): steals that interrupt every thread are
+    /// rate-limited.
+    last_steal: AtomicU64,
 }
 
 /// State other threads write.
@@ -199,6 +204,7 @@ impl ThreadCache {
                 taken_bytes: AtomicU64::new(0),
                 deferred: AtomicUsize::new(0),
                 ready_bytes: AtomicUsize::new(0),
+                last_steal: AtomicU64::new(0),
             }),
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
@@ -279,9 +285,10 @@ impl ThreadCache {
                 return Some(Found::Ready(block));
             }
             let block = found.deferred.pop_front()?;
+            let behind = found.deferred.len();
             lists.deferred -= 1;
             self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
-            Some(Found::Deferred(block))
+            Some(Found::Deferred(block, behind))
         })
         .flatten()
     }
@@ -542,6 +549,18 @@ impl ThreadCache {
         }
     }
 
+    /// Whether this owner may lock others out to steal now (at `now_us`):
+    /// at most once per `every_us`. Owner-only, so a load and a store.
+    pub(crate) fn may_steal(&self, now_us: u64, every_us: u64) -> bool {
+        let last = &self.owner.last_steal;
+        // Relaxed: owner-only state.
+        if now_us.saturating_sub(last.load(Ordering::Relaxed)) < every_us {
+            return false;
+        }
+        last.store(now_us, Ordering::Relaxed);
+        true
+    }
+
     /// Whether the calling thread owns this cache.
     #[inline]
     pub(crate) fn is_owned_here(&self) -> bool {
@@ -590,6 +609,12 @@ impl ThreadCache {
     /// flush loops until its parity balances).
     pub(crate) fn has_waiting(&self) -> bool {
         self.owner.deferred.load(Ordering::Relaxed) > 0 || !self.shared.returns.is_empty()
+    }
+
+    /// Whether ready buffers sit in this cache's lists (a hint: Relaxed; a
+    /// stale answer moves a sweep to its next round).
+    pub(crate) fn has_ready(&self) -> bool {
+        self.owner.ready_bytes.load(Ordering::Relaxed) > 0
     }
 
     /// A count that changes whenever the owner takes or drops (sweeps leave
@@ -834,6 +859,13 @@ impl Lists {
             }
         }
         out
+    }
+
+    /// Puts a ready buffer back into a locked-out cache's lists.
+    pub(crate) fn put_ready(&mut self, cache: &ThreadCache, block: Block) {
+        let slot = cache.caches().classes.slot(block.device(), block.class());
+        cache.enready(slot, &block);
+        self.slot(cache.caches().slots, slot).ready.push(block);
     }
 
     /// Takes every deferred buffer of a locked-out cache.

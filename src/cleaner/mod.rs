@@ -42,7 +42,7 @@ use crate::sync::tune::{
     CHUNK, POLL, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG, ZERO_BACKLOG_MIN,
 };
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
-use crate::thread_cache::{Caches, ThreadCache};
+use crate::thread_cache::ThreadCache;
 
 use device_sync::DeviceSyncs;
 use parking::Parking;
@@ -74,6 +74,9 @@ pub(crate) struct Returned {
     release: bool,
     /// Its copies are known to have finished.
     quiet: bool,
+    /// Goes to its device's shard, not back to its home cache (whose owner
+    /// went idle).
+    to_shard: bool,
 }
 
 // SAFETY: a returned buffer owns its block; `home` points into the pool's
@@ -87,6 +90,7 @@ impl Returned {
             home: NonNull::from(home),
             release: false,
             quiet: false,
+            to_shard: false,
         }
     }
 
@@ -264,11 +268,18 @@ impl Cleaner {
     /// atomics and a channel send only (it runs inside the dropping
     /// thread's active window, where taking a lock could deadlock with a
     /// thief).
-    pub(crate) fn submit(&self, home: &ThreadCache, mut block: Block, cap: usize) {
+    pub(crate) fn submit(&self, home: &ThreadCache, block: Block, cap: usize) {
+        self.submit_to(home, block, cap, false);
+    }
+
+    /// As [`submit`](Self::submit); the buffer goes to its shard once ready
+    /// if `to_shard`.
+    fn submit_to(&self, home: &ThreadCache, mut block: Block, cap: usize, to_shard: bool) {
         let register = self.pins && !block.is_pinned();
         let meta = block.meta_mut();
         meta.dropped_at = Some(Instant::now());
         let mut returned = Returned::new(block, home);
+        returned.to_shard = to_shard;
         if register {
             // Relaxed: a bound on a queue length, publishing nothing.
             if self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
@@ -551,11 +562,13 @@ impl Cleaner {
         let meta = block.meta_mut();
         meta.returned = false;
         let parity = usize::from(meta.parity);
-        let home = returned.home;
+        let (home, to_shard) = (returned.home, returned.to_shard);
         let block = returned.into_block();
         // SAFETY: see `Returned`'s `Send` impl.
         let home = unsafe { home.as_ref() };
-        let evicted = env.admission.admit(env.places, block, home);
+        let evicted = env
+            .admission
+            .admit(env.places, block, (!to_shard).then_some(home));
         release_all(env, evicted);
         home.complete(parity, false);
     }
@@ -573,32 +586,47 @@ impl Cleaner {
 
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
     /// all of them (`flush`), or only those of caches whose owner has been
-    /// idle since the last sweep.
-    pub(crate) fn move_waiting(&self, caches: &Caches, cap: usize, only_idle: bool) -> usize {
+    /// idle since the last sweep, whose ready buffers also go to the shards
+    /// (where any thread finds them without locking an owner out) and whose
+    /// dropped buffers go there once clean.
+    pub(crate) fn move_waiting(&self, at: Places<'_>, cap: usize, only_idle: bool) -> usize {
+        let caches = at.caches;
         let mut sweep = self.sweep.lock();
         let candidates: Vec<&ThreadCache> = caches
             .iter()
-            .filter(|c| c.has_waiting())
             .filter(|c| {
                 let activity = c.activity();
                 let key = *c as *const ThreadCache as usize;
                 let last = sweep.seen.insert(key, activity);
-                !only_idle || last == Some(activity)
+                if only_idle {
+                    last == Some(activity) && (c.has_waiting() || c.has_ready())
+                } else {
+                    c.has_waiting()
+                }
             })
             .collect();
         drop(sweep);
         let mut moved = 0;
         for cache in &candidates {
             for block in cache.returns().take_all(&caches.classes) {
-                self.submit(cache, block, cap);
+                self.submit_to(cache, block, cap, only_idle);
                 moved += 1;
             }
         }
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             for block in lists.take_deferred(cache) {
-                self.submit(cache, block, cap);
+                self.submit_to(cache, block, cap, only_idle);
                 moved += 1;
+            }
+            if only_idle {
+                for block in lists.take_ready(cache, None) {
+                    moved += 1;
+                    if let Err(block) = at.shards[block.device()].push(block) {
+                        // The shard's class is full (2^32 buffers): keep it.
+                        lists.put_ready(cache, block);
+                    }
+                }
             }
         });
         moved
@@ -613,7 +641,7 @@ impl Cleaner {
                 return;
             }
         }
-        let moved = self.move_waiting(env.places.caches, env.admission.cap(), true);
+        let moved = self.move_waiting(env.places, env.admission.cap(), true);
         let mut sweep = self.sweep.lock();
         sweep.wait = if moved > 0 {
             SWEEP_MIN

@@ -36,6 +36,26 @@ pub(crate) const MAX_DEFERRED: usize = 64;
 #[cfg(all(loom, feature = "loom"))]
 pub(crate) const MAX_DEFERRED: usize = 2;
 
+/// How long a take waits for its own oldest dropped buffer of the class to
+/// be released by its copy, when more of the class are in flight behind it
+/// (the double-buffering a hand-written loop does), before it looks
+/// elsewhere and, at worst, allocates a pageable buffer.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const SELF_WAIT: Duration = Duration::from_micros(200);
+/// Loom has no clock: no waiting (a model's control flow must not depend
+/// on time).
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const SELF_WAIT: Duration = Duration::ZERO;
+
+/// A thread locks other threads' caches out to steal from them at most this
+/// often (it interrupts every running thread of the process); misses in
+/// between allocate.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const STEAL_EVERY: Duration = Duration::from_millis(1);
+/// Loom: every miss may steal (no clock, see `SELF_WAIT`).
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const STEAL_EVERY: Duration = Duration::ZERO;
+
 /// How often an idle worker re-polls buffers whose copies were still
 /// running.
 pub(crate) const POLL: Duration = Duration::from_micros(100);
