@@ -2,8 +2,9 @@
 //! pinpool against the seed design and a fresh allocation per take, with
 //! take and drop latency on one thread.
 //!
-//! Each thread loops take / write 64 bytes / drop. Throughput is reported
-//! as operations per second over all threads.
+//! Each thread loops take / write 64 bytes / drop. Threads live for the
+//! whole benchmark (see `Crew`), as a prover's threads do. Throughput is
+//! reported as operations per second over all threads.
 //!
 //! The loop records no events, so on the CUDA backend every recycled
 //! buffer waits for a device synchronize (the documented fallback) and the
@@ -12,7 +13,7 @@
 //! registers its buffers too).
 
 use std::hint::black_box;
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -39,29 +40,63 @@ fn pool() -> Pool {
         .expect("build the pool")
 }
 
-/// Runs `op` `iters` times on each of `threads` threads; returns the wall
-/// time from a common start to the last thread's end.
-fn on_threads(threads: usize, iters: u64, op: impl Fn() + Sync) -> Duration {
-    let start = Barrier::new(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
+/// Threads that live for a whole benchmark, as provers' threads do (a
+/// thread's first takes, which set up its cache, are not what is measured).
+/// Each run makes every thread do `iters` operations from a common start;
+/// it returns the slowest thread's time.
+struct Crew {
+    commands: Vec<std::sync::mpsc::Sender<u64>>,
+    done: std::sync::mpsc::Receiver<Duration>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Crew {
+    fn new(threads: usize, op: Arc<dyn Fn() + Send + Sync>) -> Self {
+        let start = Arc::new(Barrier::new(threads));
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let mut commands = Vec::new();
+        let handles = (0..threads)
             .map(|_| {
-                scope.spawn(|| {
-                    start.wait();
-                    let t0 = Instant::now();
-                    for _ in 0..iters {
-                        op();
+                let (tx, rx) = std::sync::mpsc::channel::<u64>();
+                commands.push(tx);
+                let (op, start, done) = (op.clone(), start.clone(), done_tx.clone());
+                std::thread::spawn(move || {
+                    while let Ok(iters) = rx.recv() {
+                        start.wait();
+                        let t0 = Instant::now();
+                        for _ in 0..iters {
+                            op();
+                        }
+                        let _ = done.send(t0.elapsed());
                     }
-                    t0.elapsed()
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
+        Self {
+            commands,
+            done,
+            handles,
+        }
+    }
+
+    fn run(&self, iters: u64) -> Duration {
+        for tx in &self.commands {
+            tx.send(iters).unwrap();
+        }
+        (0..self.commands.len())
+            .map(|_| self.done.recv().unwrap())
             .max()
             .unwrap()
-    })
+    }
+}
+
+impl Drop for Crew {
+    fn drop(&mut self) {
+        self.commands.clear();
+        for handle in self.handles.drain(..) {
+            let _ = handle.join();
+        }
+    }
 }
 
 fn take_drop(c: &mut Criterion) {
@@ -72,46 +107,54 @@ fn take_drop(c: &mut Criterion) {
 /// The take / write 64 bytes / drop loop on `size`-byte buffers.
 fn take_drop_sized(c: &mut Criterion, size: usize, label: &str, thread_counts: &[usize]) {
     let pinpool = pool();
-    let seed = SeedPool::new(if cuda() {
+    let seed = Arc::new(SeedPool::new(if cuda() {
         pinpool_sim::gpu::detect()
     } else {
         None
-    });
+    }));
     let mut group = c.benchmark_group(format!("hot_path/take_drop_{label}"));
     for &threads in thread_counts {
         group.throughput(Throughput::Elements(threads as u64));
-        group.bench_with_input(BenchmarkId::new("pinpool", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                on_threads(t, iters, || {
-                    let mut buf = pinpool.take(size);
-                    buf[..64].fill(1);
-                    buf.set_dirty_len(64);
-                    drop(black_box(buf));
-                })
-            })
+        let pool = pinpool.clone();
+        let crew = Crew::new(
+            threads,
+            Arc::new(move || {
+                let mut buf = pool.take(size);
+                buf[..64].fill(1);
+                buf.set_dirty_len(64);
+                drop(black_box(buf));
+            }),
+        );
+        group.bench_with_input(BenchmarkId::new("pinpool", threads), &threads, |b, _| {
+            b.iter_custom(|iters| crew.run(iters))
         });
-        group.bench_with_input(BenchmarkId::new("seed", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                on_threads(t, iters, || {
-                    let mut buf = seed.take(0, size);
-                    buf.bytes()[..64].fill(1);
-                    buf.set_dirty_len(64);
-                    drop(black_box(buf));
-                })
-            })
+        drop(crew);
+        let seed_pool = seed.clone();
+        let crew = Crew::new(
+            threads,
+            Arc::new(move || {
+                let mut buf = seed_pool.take(0, size);
+                buf.bytes()[..64].fill(1);
+                buf.set_dirty_len(64);
+                drop(black_box(buf));
+            }),
+        );
+        group.bench_with_input(BenchmarkId::new("seed", threads), &threads, |b, _| {
+            b.iter_custom(|iters| crew.run(iters))
         });
+        drop(crew);
+        let crew = Crew::new(
+            threads,
+            Arc::new(move || {
+                let mut buf = vec![0u8; size];
+                buf[..64].fill(1);
+                drop(black_box(buf));
+            }),
+        );
         group.bench_with_input(
             BenchmarkId::new("fresh_alloc", threads),
             &threads,
-            |b, &t| {
-                b.iter_custom(|iters| {
-                    on_threads(t, iters, || {
-                        let mut buf = vec![0u8; size];
-                        buf[..64].fill(1);
-                        drop(black_box(buf));
-                    })
-                })
-            },
+            |b, _| b.iter_custom(|iters| crew.run(iters)),
         );
     }
     group.finish();

@@ -54,8 +54,12 @@ pub(crate) fn huge_page_size() -> usize {
     })
 }
 
-/// A buffer's side-table entry.
+/// A buffer's side-table entry. Its owner writes it on every take and drop,
+/// so it gets cache lines of its own (128 bytes: two lines, as adjacent
+/// lines are fetched in pairs): metadata of buffers used by different
+/// threads must not share a line.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct Meta {
     ptr: NonNull<u8>,
     len: usize,

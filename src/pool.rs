@@ -21,8 +21,8 @@ use crate::reaper::{self, Message, Retire};
 use crate::shard::Shard;
 use crate::size_class::{Classes, SizeClass};
 use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
-use crate::sync::tune::{SELF_WAIT, STEAL_EVERY};
-use crate::sync::{barrier, spin, thread, Arc, AtomicBool, Ordering};
+use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
+use crate::sync::{barrier, thread, Arc, AtomicBool, Ordering};
 use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
 use std::time::Instant;
 
@@ -131,15 +131,29 @@ impl Shared {
     /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
     #[inline]
     fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
-        if behind > 0 && !matches!(block.fences_mut().poll(), Ok(true) | Err(_)) {
-            let deadline = Instant::now() + SELF_WAIT;
-            let mut round = 0;
-            while matches!(block.fences_mut().poll(), Ok(false)) && Instant::now() < deadline {
-                spin(round);
-                round += 1;
-            }
+        if behind >= SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
+            Self::wait_briefly(&mut block);
         }
         self.reuse(cache, cache, block)
+    }
+
+    /// Polls `block`'s fences with growing pauses (so that many threads do
+    /// not hammer the driver), for at most [`SELF_WAIT`].
+    ///
+    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
+    #[cold]
+    fn wait_briefly(block: &mut Block) {
+        let deadline = Instant::now() + SELF_WAIT;
+        let mut pause = 64u32;
+        while Instant::now() < deadline {
+            for _ in 0..pause {
+                std::hint::spin_loop();
+            }
+            pause = (pause * 2).min(4096);
+            if !matches!(block.fences_mut().poll(), Ok(false)) {
+                return;
+            }
+        }
     }
 
     /// Re-zeroes a deferred buffer of `home` for `taker` if its fences have

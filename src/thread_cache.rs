@@ -87,6 +87,29 @@ struct Slot {
     deferred: VecDeque<Block>,
 }
 
+/// Room reserved in a slot's lists on first use: 16 entries (128 bytes), of
+/// which a tight loop uses the first few, so the entries the owner writes
+/// never share a cache line with another thread's allocation.
+const SLOT_ROOM: usize = 16;
+
+impl Slot {
+    #[inline]
+    fn push_ready(&mut self, block: Block) {
+        if self.ready.capacity() == 0 {
+            self.ready.reserve(SLOT_ROOM);
+        }
+        self.ready.push(block);
+    }
+
+    #[inline]
+    fn defer(&mut self, block: Block) {
+        if self.deferred.capacity() == 0 {
+            self.deferred.reserve(SLOT_ROOM);
+        }
+        self.deferred.push_back(block);
+    }
+}
+
 /// A cache's lists: only its owner inside an operation, or a thief that has
 /// locked the owner out, touches them.
 #[derive(Debug, Default)]
@@ -319,10 +342,7 @@ impl ThreadCache {
         for block in self.shared.returns.take_all(classes) {
             let (device, class) = (block.device(), block.class());
             let slot = classes.slot(device, class);
-            lists
-                .slot(self.caches().slots, slot)
-                .deferred
-                .push_back(block);
+            lists.slot(self.caches().slots, slot).defer(block);
             lists.deferred += 1;
         }
         self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
@@ -335,7 +355,7 @@ impl ThreadCache {
             let (device, class) = (block.device(), block.class());
             let slot = classes.slot(device, class);
             self.enready(slot, &block);
-            lists.slot(self.caches().slots, slot).ready.push(block);
+            lists.slot(self.caches().slots, slot).push_ready(block);
         }
     }
 
@@ -406,8 +426,7 @@ impl ThreadCache {
                 let (device, class) = (block.device(), block.class());
                 lists
                     .slot(caches.slots, caches.classes.slot(device, class))
-                    .deferred
-                    .push_back(block);
+                    .defer(block);
                 lists.deferred += 1;
                 self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             } else {
@@ -865,7 +884,7 @@ impl Lists {
     pub(crate) fn put_ready(&mut self, cache: &ThreadCache, block: Block) {
         let slot = cache.caches().classes.slot(block.device(), block.class());
         cache.enready(slot, &block);
-        self.slot(cache.caches().slots, slot).ready.push(block);
+        self.slot(cache.caches().slots, slot).push_ready(block);
     }
 
     /// Takes every deferred buffer of a locked-out cache.
