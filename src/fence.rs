@@ -146,7 +146,7 @@ pub(crate) enum Fence {
     Context(StdArc<CudaContext>),
     /// Flags set by a test when the "copy" is done or has failed (loom
     /// models and the `testing` feature).
-    #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+    #[cfg(feature = "testing")]
     Flag(TestFence),
 }
 
@@ -162,7 +162,7 @@ impl Fence {
                     .map_err(|source| Error::cuda("cuCtxSynchronize", source))?;
                 Ok(true)
             }
-            #[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+            #[cfg(feature = "testing")]
             Fence::Flag(flag) => flag.state(),
         }
     }
@@ -315,14 +315,14 @@ pub(crate) fn must_sync(stream: &CudaStream) -> bool {
 /// assert_eq!(pool.stats().pooled_buffers, 1);
 /// # Ok::<(), pinpool::Error>(())
 /// ```
-#[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone)]
 pub struct TestFence {
     done: crate::sync::Arc<crate::sync::AtomicBool>,
     failed: crate::sync::Arc<crate::sync::AtomicBool>,
 }
 
-#[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+#[cfg(feature = "testing")]
 impl Default for TestFence {
     fn default() -> Self {
         Self {
@@ -332,7 +332,7 @@ impl Default for TestFence {
     }
 }
 
-#[cfg(any(all(loom, feature = "loom"), feature = "testing"))]
+#[cfg(feature = "testing")]
 impl TestFence {
     /// Makes `buf` wait for this fence before it is reused.
     pub fn record(&self, buf: &mut crate::PinnedBuffer) {

@@ -48,7 +48,6 @@ mod config;
 mod error;
 mod fence;
 mod flush;
-#[cfg(not(all(loom, feature = "loom")))]
 mod global;
 mod pool;
 mod reaper;
@@ -65,7 +64,6 @@ pub use backend::BackendKind;
 pub use buffer::PinnedBuffer;
 pub use config::{Config, PoolBuilder, DEFAULT_MAX_POOLED_BYTES, DEFAULT_THREAD_CACHE_BYTES};
 pub use error::Error;
-#[cfg(not(all(loom, feature = "loom")))]
 pub use global::{clear, register_region, set_max_pooled_bytes, shutdown, take, unregister_region};
 pub use pool::Pool;
 pub use size_class::{SizeClasses, MAX_CLASS_SIZE};

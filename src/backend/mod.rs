@@ -14,7 +14,7 @@ use std::fmt;
 use crate::error::Error;
 
 pub(crate) mod cuda;
-#[cfg(any(feature = "testing", all(loom, feature = "loom")))]
+#[cfg(feature = "testing")]
 pub(crate) mod fault;
 pub(crate) mod host;
 

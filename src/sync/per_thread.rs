@@ -229,6 +229,7 @@ pub(crate) use imp::{current_token, owner_token, PerThread};
 /// No thread has this token (a cache nobody has owned yet).
 pub(crate) const NOBODY: u64 = u64::MAX - 1;
 /// A thread without a token yet.
+#[cfg_attr(all(loom, feature = "loom"), allow(dead_code))]
 const NONE: u64 = 0;
 /// A thread whose teardown has begun.
 #[cfg_attr(all(loom, feature = "loom"), allow(dead_code))]

@@ -37,20 +37,20 @@ pub(crate) const MAX_DEFERRED: usize = 64;
 pub(crate) const MAX_DEFERRED: usize = 2;
 
 /// How long a take waits for its own oldest dropped buffer of the class to
-/// be released by its copy, when more of the class are in flight behind it
-/// (see [`SELF_WAIT_BEHIND`]), before it looks elsewhere and, at worst,
-/// allocates a pageable buffer.
+/// be released by its copy, when at least [`SELF_WAIT_BEHIND`] more of the
+/// class are in flight behind it, before it looks elsewhere and, at worst,
+/// allocates a pageable buffer. A thread so keeps a few buffers of a class
+/// in circulation (one more than a hand-written double-buffered loop) and,
+/// once its copies queue up behind each other, waits for them as such a
+/// loop does instead of deepening the queue with more buffers.
 #[cfg(not(all(loom, feature = "loom")))]
-pub(crate) const SELF_WAIT: Duration = Duration::from_micros(200);
+pub(crate) const SELF_WAIT: Duration = Duration::from_millis(20);
 /// Loom has no clock: no waiting (a model's control flow must not depend
 /// on time).
 #[cfg(all(loom, feature = "loom"))]
 pub(crate) const SELF_WAIT: Duration = Duration::ZERO;
 
-/// A take waits (see [`SELF_WAIT`]) only when at least this many more
-/// buffers of the class are in flight behind the oldest: a thread keeps
-/// that many plus two buffers of a class in circulation, one more than a
-/// hand-written double-buffered loop, so that waiting is rare.
+/// See [`SELF_WAIT`].
 pub(crate) const SELF_WAIT_BEHIND: usize = 2;
 
 /// A thread locks other threads' caches out to steal from them at most this
