@@ -49,14 +49,15 @@ fn flushed_buffer_is_zeroed_and_ready() {
 /// A buffer taken on one thread and dropped on another (onto the owner's
 /// remote list) while the owner keeps taking (collecting that list).
 ///
-/// Catches: a buffer visible to `take` twice, or lost between the remote
-/// push and the owner's swap (a push that does not publish with Release, a
-/// swap without Acquire: loom reports the race on the buffer's bytes).
+/// Catches: a buffer visible to `take` twice, lost between the remote push
+/// and the owner's swap, or handed out without being re-zeroed (a dropped
+/// buffer on the returns list taken as ready).
 #[test]
 fn cross_thread_drop_returns_exactly_once() {
     model(|| {
         let pool = pool(1);
-        let buf = pool.take(8);
+        let mut buf = pool.take(8);
+        buf.fill(2);
         let first = buf.as_ptr() as usize;
         let dropper = thread::spawn(move || drop(buf));
         let mut other = pool.take(8);
