@@ -170,6 +170,12 @@ impl Admission {
         self.peak.load(Ordering::Relaxed)
     }
 
+    /// Restarts the peak from the pooled bytes now.
+    pub(crate) fn reset_peak(&self, at: Places<'_>) {
+        // Relaxed: a statistic.
+        self.peak.store(self.pooled_bytes(at), Ordering::Relaxed);
+    }
+
     /// Buffers evicted so far.
     pub(crate) fn evictions(&self) -> usize {
         self.evictions.load(Ordering::Relaxed)

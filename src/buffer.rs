@@ -187,11 +187,67 @@ impl PinnedBuffer {
     /// # Ok(()) }
     /// ```
     pub fn record_last_use(&mut self, stream: &CudaStream) -> Result<(), Error> {
+        let ctx = stream.context().clone();
+        // SAFETY: `stream` is a live stream of `ctx`, alive for this call.
+        unsafe { self.record_on(&ctx, stream.cu_stream()) }
+    }
+
+    /// Like [`record_last_use`](Self::record_last_use), for a stream known
+    /// only by its raw handle (openvm's own stream type, cust, or another
+    /// library's): records a pooled event of the buffer's device's primary
+    /// context on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream (not yet destroyed) of the *primary
+    /// context* of the buffer's [`device`](Self::device) (the context
+    /// `cuDevicePrimaryCtxRetain` returns, which cudarc's
+    /// `CudaContext::new` and the runtime API use), and the copies it should
+    /// cover were enqueued on it before this call.
+    ///
+    /// # Errors
+    ///
+    /// If the pool does not run on the CUDA backend, or the event cannot be
+    /// created or recorded.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(pool: &pinpool::Pool, raw: cudarc::driver::sys::CUstream) -> Result<(), pinpool::Error> {
+    /// let mut buf = pool.take(1 << 20);
+    /// // ... enqueue the copies out of `buf` on `raw` (device 0's primary context), then:
+    /// // SAFETY: `raw` is a live stream of device 0's primary context.
+    /// unsafe { buf.record_last_use_raw(raw) }?;
+    /// drop(buf);
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn record_last_use_raw(&mut self, stream: sys::CUstream) -> Result<(), Error> {
+        let Some(ctx) = self.home().caches().contexts.get(self.device()).cloned() else {
+            return Err(Error::BackendUnavailable(
+                "record_last_use_raw needs a pool on the CUDA backend".into(),
+            ));
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.record_on(&ctx, stream) }
+    }
+
+    /// Records a pooled event of `ctx` on `stream`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `ctx`.
+    unsafe fn record_on(
+        &mut self,
+        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<(), Error> {
         let fences = self.block.fences_mut();
-        let event = fences.event(stream.context())?;
+        let event = fences.event(ctx)?;
         // SAFETY: `stream` is a live stream of the event's context (the
-        // event was taken for that context).
-        unsafe { event.record(stream.cu_stream()) }?;
+        // caller's promise; the event was taken for `ctx`).
+        if let Err(e) = unsafe { event.record(stream) } {
+            fences.spare(event);
+            return Err(e);
+        }
         fences.push(Fence::Event(event));
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! Building a pool: [`PoolBuilder`] and the effective [`Config`].
 
+use std::time::Duration;
+
 use crate::backend::BackendKind;
 use crate::error::Error;
 use crate::pool::Pool;
@@ -13,6 +15,12 @@ pub const DEFAULT_THREAD_CACHE_BYTES: usize = 64 << 20;
 
 /// Most cleaner workers a pool may run.
 const MAX_CLEANER_THREADS: usize = 256;
+
+/// Default idle time after which ready buffers are trimmed: 30 s.
+pub const DEFAULT_IDLE_TRIM: Duration = Duration::from_secs(30);
+
+/// Default borrowing slack: a buffer up to 25% longer than its class.
+pub const DEFAULT_BORROW_SLACK: u32 = 25;
 
 /// The settings a pool runs with.
 ///
@@ -38,6 +46,19 @@ pub struct Config {
     pub thread_cache_bytes: usize,
     /// How requested sizes round up to buffer lengths.
     pub size_classes: SizeClasses,
+    /// Ready buffers idle longer than this go back to the OS (largest
+    /// first, keeping what recent demand needs); `None`: never.
+    pub idle_trim: Option<Duration>,
+    /// Whether the cleaner keeps, per class, as many pinned buffers ready
+    /// as recent demand has needed (see [`Pool::reserve`] for explicit
+    /// provisioning).
+    ///
+    /// [`Pool::reserve`]: crate::Pool::reserve
+    pub provision: bool,
+    /// How much longer than its class a buffer may be when a take whose
+    /// class is empty borrows an idle pinned buffer of a larger class, in
+    /// percent of the class size (0: never borrow).
+    pub borrow_slack: u32,
 }
 
 impl Default for Config {
@@ -50,6 +71,9 @@ impl Default for Config {
             max_pooled_bytes: DEFAULT_MAX_POOLED_BYTES,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
             size_classes: SizeClasses::default(),
+            idle_trim: Some(DEFAULT_IDLE_TRIM),
+            provision: true,
+            borrow_slack: DEFAULT_BORROW_SLACK,
         }
     }
 }
@@ -68,6 +92,17 @@ impl Config {
                 "max_pooled_bytes must hold at least one buffer ({page} bytes), got {}; \
                  to turn pooling off later, use Pool::set_max_pooled_bytes(0)",
                 self.max_pooled_bytes
+            )));
+        }
+        if self.idle_trim == Some(Duration::ZERO) {
+            return Err(Error::InvalidConfig(
+                "idle_trim must be positive (use `off`, or PoolBuilder::no_idle_trim, to disable it)".into(),
+            ));
+        }
+        if self.borrow_slack > 100 {
+            return Err(Error::InvalidConfig(format!(
+                "borrow_slack must be at most 100 (percent), got {}",
+                self.borrow_slack
             )));
         }
         if let Some(devices) = self.devices {
@@ -200,34 +235,147 @@ impl PoolBuilder {
         self
     }
 
+    /// Ready buffers idle longer than `after` go back to the OS, largest
+    /// first, keeping what recent demand needs (default 30 s). Zero is an
+    /// error from [`build`](Self::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let pool = pinpool::Pool::builder()
+    ///     .backend(pinpool::BackendKind::Host)
+    ///     .idle_trim(Duration::from_secs(5))
+    ///     .build()?;
+    /// assert_eq!(pool.config().idle_trim, Some(Duration::from_secs(5)));
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn idle_trim(mut self, after: Duration) -> Self {
+        self.config.idle_trim = Some(after);
+        self
+    }
+
+    /// Never trims idle buffers ([`Pool::trim`](crate::Pool::trim) still
+    /// does on demand).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).no_idle_trim().build()?;
+    /// assert_eq!(pool.config().idle_trim, None);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn no_idle_trim(mut self) -> Self {
+        self.config.idle_trim = None;
+        self
+    }
+
+    /// Whether the cleaner provisions pinned buffers ahead of demand
+    /// (default on; see [`Config::provision`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).provision(false).build()?;
+    /// assert!(!pool.config().provision);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn provision(mut self, on: bool) -> Self {
+        self.config.provision = on;
+        self
+    }
+
+    /// How much longer than its class (in percent, at most 100) a borrowed
+    /// buffer may be (default 25; 0 turns borrowing off; see
+    /// [`Config::borrow_slack`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).borrow_slack(0).build()?;
+    /// assert_eq!(pool.config().borrow_slack, 0);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn borrow_slack(mut self, percent: u32) -> Self {
+        self.config.borrow_slack = percent;
+        self
+    }
+
     /// Applies settings written as comma-separated `key=value` pairs, the
-    /// format of the `PINPOOL_CONF` environment variable: `cleaner_threads`,
-    /// `max_pooled_bytes`, `thread_cache_bytes`, `devices` and `backend`
-    /// (`auto`, `cuda` or `host`). Sizes take an optional `KiB`, `MiB` or
-    /// `GiB` suffix. An invalid pair is reported through tracing, with its
-    /// text, and skipped; the other pairs still apply.
+    /// format of the `PINPOOL_CONF` environment variable; see
+    /// [`try_conf`](Self::try_conf) for the keys. This lenient form skips
+    /// a bad pair (malformed, unknown key, out-of-range value) and keeps
+    /// the others, reporting each skipped pair through `tracing` at warn
+    /// level.
     ///
     /// # Examples
     ///
     /// ```
     /// let pool = pinpool::Pool::builder()
-    ///     .conf("backend=host, cleaner_threads=3, max_pooled_bytes=512MiB, bogus=1")
+    ///     .conf("backend=host, cleaner_threads=0, max_pooled_bytes=512MiB, bogus=1")
     ///     .build()?;
-    /// assert_eq!(pool.config().cleaner_threads, 3);
+    /// assert_eq!(pool.config().cleaner_threads, pinpool::Config::default().cleaner_threads);
     /// assert_eq!(pool.config().max_pooled_bytes, 512 << 20);
     /// # Ok::<(), pinpool::Error>(())
     /// ```
-    pub fn conf(mut self, text: &str) -> Self {
-        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    pub fn conf(self, text: &str) -> Self {
+        self.conf_reporting(text, |pair, why| {
+            tracing::warn!(setting = pair, "pinpool: ignoring a setting: {why}");
+        })
+    }
+
+    /// Applies `key=value` pairs strictly: the first bad pair (malformed,
+    /// unknown key, out-of-range value) is an [`Error::Setting`] naming
+    /// it, and nothing is applied.
+    ///
+    /// Keys (sizes take an optional `KiB`, `MiB`, `GiB` or `TiB` suffix;
+    /// durations `ms`, `s`, `m`):
+    ///
+    /// | key | values |
+    /// | --- | --- |
+    /// | `backend` | `auto`, `cuda`, `host` |
+    /// | `devices` | 1 to 65535 |
+    /// | `cleaner_threads` | 1 to 256 |
+    /// | `max_pooled_bytes` | a size, at least one page |
+    /// | `thread_cache_bytes` | a size |
+    /// | `size_classes` | `fine`, `pow2` |
+    /// | `idle_trim` | a positive duration, or `off` |
+    /// | `provision` | `on`, `off` |
+    /// | `borrow` | a percent, 0 to 100 (`25` or `25%`) |
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let built = pinpool::Pool::builder().try_conf("cleaner_threads=0,max_pooled_bytes=32GiB");
+    /// assert!(matches!(built, Err(pinpool::Error::Setting { .. })));
+    /// let pool = pinpool::Pool::builder().try_conf("backend=host,idle_trim=10s,borrow=10%")?.build()?;
+    /// assert_eq!(pool.config().borrow_slack, 10);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn try_conf(mut self, text: &str) -> Result<Self, Error> {
+        for pair in pairs(text) {
+            apply(&mut self.config, pair).map_err(|reason| Error::Setting {
+                pair: pair.to_string(),
+                reason,
+            })?;
+        }
+        Ok(self)
+    }
+
+    fn conf_reporting(mut self, text: &str, mut report: impl FnMut(&str, &str)) -> Self {
+        for pair in pairs(text) {
             if let Err(why) = apply(&mut self.config, pair) {
-                tracing::warn!(setting = pair, "pinpool: ignoring a setting: {why}");
+                report(pair, &why);
             }
         }
         self
     }
 
-    /// Applies the `PINPOOL_CONF` environment variable, if set (see
-    /// [`conf`](Self::conf)). The global pool is built this way.
+    /// Applies the `PINPOOL_CONF` environment variable, if set, leniently
+    /// (see [`conf`](Self::conf)): each skipped pair is reported once on
+    /// standard error as well as through `tracing`. The global pool is built
+    /// this way (see [`Pool::global`](crate::Pool::global)).
     ///
     /// # Examples
     ///
@@ -239,8 +387,36 @@ impl PoolBuilder {
     /// ```
     pub fn from_env(self) -> Self {
         match std::env::var("PINPOOL_CONF") {
-            Ok(text) => self.conf(&text),
+            Ok(text) => self.conf_reporting(&text, |pair, why| {
+                tracing::warn!(
+                    setting = pair,
+                    "pinpool: ignoring a PINPOOL_CONF setting: {why}"
+                );
+                eprintln!("pinpool: ignoring the PINPOOL_CONF setting `{pair}`: {why}");
+            }),
             Err(_) => self,
+        }
+    }
+
+    /// Applies the `PINPOOL_CONF` environment variable strictly (see
+    /// [`try_conf`](Self::try_conf)). A variable that is not valid UTF-8 is
+    /// an error too; an unset one changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).try_from_env()?.build()?;
+    /// # drop(pool);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn try_from_env(self) -> Result<Self, Error> {
+        match std::env::var("PINPOOL_CONF") {
+            Ok(text) => self.try_conf(&text),
+            Err(std::env::VarError::NotPresent) => Ok(self),
+            Err(std::env::VarError::NotUnicode(_)) => Err(Error::Setting {
+                pair: "PINPOOL_CONF".into(),
+                reason: "not valid UTF-8".into(),
+            }),
         }
     }
 
@@ -276,14 +452,28 @@ impl PoolBuilder {
     }
 }
 
-/// Applies one `key=value` pair to `config`.
+/// The non-empty pairs of a `key=value,...` text.
+fn pairs(text: &str) -> impl Iterator<Item = &str> {
+    text.split(',').map(str::trim).filter(|p| !p.is_empty())
+}
+
+/// Applies one `key=value` pair to `config`, checking its range.
 fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
     let (key, value) = pair.split_once('=').ok_or("expected key=value")?;
     let (key, value) = (key.trim(), value.trim());
     match key {
-        "cleaner_threads" => config.cleaner_threads = parse_count(value)?,
-        "devices" => config.devices = Some(parse_count(value)?),
-        "max_pooled_bytes" => config.max_pooled_bytes = parse_size(value)?,
+        "cleaner_threads" => {
+            config.cleaner_threads = parse_in(value, 1, MAX_CLEANER_THREADS)?;
+        }
+        "devices" => config.devices = Some(parse_in(value, 1, usize::from(u16::MAX))?),
+        "max_pooled_bytes" => {
+            let bytes = parse_size(value)?;
+            let page = crate::alloc::page_size();
+            if bytes < page {
+                return Err(format!("must hold at least one buffer ({page} bytes)"));
+            }
+            config.max_pooled_bytes = bytes;
+        }
         "thread_cache_bytes" => config.thread_cache_bytes = parse_size(value)?,
         "size_classes" => {
             config.size_classes = match value.to_ascii_lowercase().as_str() {
@@ -291,6 +481,20 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
                 "pow2" => SizeClasses::PowersOfTwo,
                 _ => return Err("size_classes must be fine or pow2".into()),
             }
+        }
+        "idle_trim" => {
+            config.idle_trim = match value.to_ascii_lowercase().as_str() {
+                "off" => None,
+                _ => match parse_duration(value)? {
+                    d if d.is_zero() => return Err("must be positive, or off".into()),
+                    d => Some(d),
+                },
+            }
+        }
+        "provision" => config.provision = parse_switch(value)?,
+        "borrow" => {
+            let digits = value.strip_suffix('%').unwrap_or(value).trim();
+            config.borrow_slack = parse_in(digits, 0, 100)? as u32;
         }
         "backend" => {
             config.backend = match value.to_ascii_lowercase().as_str() {
@@ -305,15 +509,29 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_count(value: &str) -> Result<usize, String> {
-    value
+/// A count in `[lo, hi]`.
+fn parse_in(value: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    let n: usize = value
         .parse()
-        .map_err(|_| format!("`{value}` is not a count"))
+        .map_err(|_| format!("`{value}` is not a count"))?;
+    if n < lo || n > hi {
+        return Err(format!("{n} is out of range ({lo} to {hi})"));
+    }
+    Ok(n)
 }
 
-/// A byte count with an optional `KiB`, `MiB` or `GiB` suffix.
+/// `on` or `off`.
+fn parse_switch(value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("`{value}` is not on or off")),
+    }
+}
+
+/// A byte count with an optional `KiB`, `MiB`, `GiB` or `TiB` suffix.
 fn parse_size(value: &str) -> Result<usize, String> {
-    let (digits, shift) = [("KiB", 10), ("MiB", 20), ("GiB", 30)]
+    let (digits, shift) = [("KiB", 10), ("MiB", 20), ("GiB", 30), ("TiB", 40)]
         .iter()
         .find_map(|(suffix, shift)| value.strip_suffix(suffix).map(|d| (d.trim(), *shift)))
         .unwrap_or((value, 0));
@@ -322,4 +540,60 @@ fn parse_size(value: &str) -> Result<usize, String> {
         .map_err(|_| format!("`{value}` is not a size"))?;
     n.checked_mul(1 << shift)
         .ok_or_else(|| format!("`{value}` is too large"))
+}
+
+/// A duration with a `ms`, `s` or `m` suffix.
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    let v = value.trim();
+    let (digits, unit) = if let Some(d) = v.strip_suffix("ms") {
+        (d, 1e-3)
+    } else if let Some(d) = v.strip_suffix('s') {
+        (d, 1.0)
+    } else if let Some(d) = v.strip_suffix('m') {
+        (d, 60.0)
+    } else {
+        return Err(format!("`{value}` needs a unit: ms, s or m"));
+    };
+    let n: f64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{value}` is not a duration"))?;
+    if !n.is_finite() || n < 0.0 || n * unit > 1e9 {
+        return Err(format!("`{value}` is out of range"));
+    }
+    Ok(Duration::from_secs_f64(n * unit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_parse_and_ranges_hold() {
+        assert_eq!(parse_size("3GiB"), Ok(3 << 30));
+        assert_eq!(parse_size("1 TiB"), Ok(1 << 40));
+        assert!(parse_size("x").is_err());
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_in("0", 1, 8).is_err());
+        assert_eq!(parse_switch("off"), Ok(false));
+    }
+
+    #[test]
+    fn lenient_conf_keeps_the_good_pairs() {
+        let mut skipped = Vec::new();
+        let b = PoolBuilder::default().conf_reporting(
+            "cleaner_threads=0,max_pooled_bytes=32GiB,idle_trim=0s,borrow=200%,size_classes=pow2",
+            |pair, _| skipped.push(pair.to_string()),
+        );
+        assert_eq!(b.config.max_pooled_bytes, 32 << 30);
+        assert_eq!(b.config.size_classes, SizeClasses::PowersOfTwo);
+        assert_eq!(b.config.cleaner_threads, Config::default().cleaner_threads);
+        assert_eq!(
+            skipped,
+            ["cleaner_threads=0", "idle_trim=0s", "borrow=200%"]
+        );
+    }
 }

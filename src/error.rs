@@ -33,6 +33,15 @@ pub enum Error {
     },
     /// A builder value is out of range.
     InvalidConfig(String),
+    /// A `key=value` setting (from `PINPOOL_CONF` or
+    /// [`PoolBuilder::try_conf`](crate::PoolBuilder::try_conf)) is malformed,
+    /// unknown or out of range.
+    Setting {
+        /// The pair as written.
+        pair: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The CUDA backend was asked for but cannot be used here.
     BackendUnavailable(String),
     /// The operating system could not provide the memory.
@@ -70,6 +79,7 @@ impl fmt::Display for Error {
                 "device {device} is not served by this pool (it serves {devices} device(s))"
             ),
             Error::InvalidConfig(why) => write!(f, "invalid pool configuration: {why}"),
+            Error::Setting { pair, reason } => write!(f, "invalid setting `{pair}`: {reason}"),
             Error::BackendUnavailable(why) => write!(f, "CUDA backend unavailable: {why}"),
             Error::AllocationFailed { bytes, source } => {
                 write!(f, "could not allocate {bytes} bytes: {source}")

@@ -203,6 +203,11 @@ impl Fences {
         }
     }
 
+    /// Keeps an event that could not be used as a spare.
+    pub(crate) fn spare(&mut self, event: Box<Event>) {
+        self.spares.push(event);
+    }
+
     /// Adds the event of a copy made through cudarc, returning the borrow
     /// cudarc records it through.
     pub(crate) fn push_copy(&mut self, event: Box<Event>) -> &CudaEvent {

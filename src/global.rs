@@ -4,13 +4,28 @@
 use crate::buffer::PinnedBuffer;
 use crate::pool::Pool;
 
+use crate::backend::BackendKind;
+use crate::error::Error;
+use crate::sync::{OnceLock, StaticMutex};
+use std::sync::PoisonError;
+
+static GLOBAL: OnceLock<Pool> = OnceLock::new();
+/// Serialises the global pool's first build (lenient or strict).
+static BUILDING: StaticMutex<()> = StaticMutex::new(());
+
 impl Pool {
     /// The process-wide pool behind the free functions, built on first use
     /// with the default settings ([`BackendKind::Auto`]) and those of the
-    /// `PINPOOL_CONF` environment variable (see [`PoolBuilder::conf`]).
+    /// `PINPOOL_CONF` environment variable, leniently: a bad pair is
+    /// skipped (and reported on standard error), and if the CUDA backend
+    /// was asked for and cannot be used, the pool falls back to the host
+    /// backend and says so on standard error. [`try_global`] fails instead.
     ///
-    /// [`BackendKind::Auto`]: crate::BackendKind::Auto
-    /// [`PoolBuilder::conf`]: crate::PoolBuilder::conf
+    /// [`try_global`]: Pool::try_global
+    ///
+    /// # Panics
+    ///
+    /// Only if no pool can be built at all, not even on the host backend.
     ///
     /// # Examples
     ///
@@ -20,15 +35,55 @@ impl Pool {
     /// assert_eq!(buf.len(), 4096);
     /// ```
     pub fn global() -> &'static Pool {
-        static GLOBAL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
+        if let Some(pool) = GLOBAL.get() {
+            return pool;
+        }
+        let _building = BUILDING.lock().unwrap_or_else(PoisonError::into_inner);
         GLOBAL.get_or_init(|| {
-            Pool::builder().from_env().build().unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "pinpool: PINPOOL_CONF rejected; using the defaults");
-                Pool::builder()
-                    .build()
-                    .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
-            })
+            let builder = Pool::builder().from_env();
+            match builder.clone().build() {
+                Ok(pool) => pool,
+                Err(e) => {
+                    tracing::warn!(error = %e, "pinpool: the global pool falls back to the host backend");
+                    eprintln!("pinpool: {e}; the global pool falls back to the host backend (buffers are not page-locked)");
+                    builder
+                        .backend(BackendKind::Host)
+                        .build()
+                        .or_else(|_| Pool::builder().backend(BackendKind::Host).build())
+                        .unwrap_or_else(|e| panic!("pinpool: building the global pool failed: {e}"))
+                }
+            }
         })
+    }
+
+    /// The process-wide pool, built on first use strictly: a bad
+    /// `PINPOOL_CONF` pair, or a backend that cannot be used, is an error
+    /// (and the pool stays unbuilt, so a later call may try again). Once
+    /// built (by either call), it is returned as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Setting`] for a bad pair; the build's error otherwise (for
+    /// example [`Error::BackendUnavailable`] for `backend=cuda` without a
+    /// driver).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::try_global()?;
+    /// drop(pool.take(4096));
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn try_global() -> Result<&'static Pool, Error> {
+        if let Some(pool) = GLOBAL.get() {
+            return Ok(pool);
+        }
+        let _building = BUILDING.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pool) = GLOBAL.get() {
+            return Ok(pool);
+        }
+        let pool = Pool::builder().try_from_env()?.build()?;
+        Ok(GLOBAL.get_or_init(|| pool))
     }
 }
 
@@ -43,6 +98,24 @@ impl Pool {
 #[track_caller]
 pub fn take(min_size: usize) -> PinnedBuffer {
     Pool::global().take(min_size)
+}
+
+/// Takes a buffer of the global pool from the shard of `device`; see
+/// [`Pool::take_on`].
+///
+/// # Errors
+///
+/// As [`Pool::take_on`].
+///
+/// # Examples
+///
+/// ```
+/// let buf = pinpool::take_on(0, 100)?;
+/// assert_eq!(buf.device(), 0);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
+pub fn take_on(device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
+    Pool::global().take_on(device, min_size)
 }
 
 /// Sets the global pool's cap; see [`Pool::set_max_pooled_bytes`].

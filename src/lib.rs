@@ -62,9 +62,14 @@ mod views;
 
 pub use backend::BackendKind;
 pub use buffer::PinnedBuffer;
-pub use config::{Config, PoolBuilder, DEFAULT_MAX_POOLED_BYTES, DEFAULT_THREAD_CACHE_BYTES};
+pub use config::{
+    Config, PoolBuilder, DEFAULT_BORROW_SLACK, DEFAULT_IDLE_TRIM, DEFAULT_MAX_POOLED_BYTES,
+    DEFAULT_THREAD_CACHE_BYTES,
+};
 pub use error::Error;
-pub use global::{clear, register_region, set_max_pooled_bytes, shutdown, take, unregister_region};
+pub use global::{
+    clear, register_region, set_max_pooled_bytes, shutdown, take, take_on, unregister_region,
+};
 pub use pool::Pool;
 pub use size_class::{SizeClasses, MAX_CLASS_SIZE};
 pub use stats::{ClassStats, DeviceStats, Stats};

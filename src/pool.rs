@@ -372,6 +372,11 @@ impl Shared {
         }
         stats.hits = hits.iter().sum();
         stats.misses = misses.iter().sum();
+        stats.taken_bytes = (0..devices * count)
+            .map(|slot| {
+                (hits[slot] + misses[slot]) * classes.size(SizeClass::at(slot % count)) as u64
+            })
+            .sum();
         let by_device = |v: &[u64], d: usize| v[d * count..(d + 1) * count].iter().sum::<u64>();
         let by_class =
             |v: &[u64], c: SizeClass| (0..devices).map(|d| v[classes.slot(d, c)]).sum::<u64>();
@@ -506,7 +511,13 @@ impl Pool {
         let count = classes.count();
         let pins = backend.pins();
         let shared = Arc::new(Shared {
-            caches: Caches::new(classes, devices, config.thread_cache_bytes, pins),
+            caches: Caches::new(
+                classes,
+                devices,
+                config.thread_cache_bytes,
+                pins,
+                backend.contexts(),
+            ),
             shards: (0..devices).map(|_| Shard::new(count)).collect(),
             admission: Admission::new(config.max_pooled_bytes),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
@@ -686,6 +697,26 @@ impl Pool {
     /// ```
     pub fn stats(&self) -> Stats {
         self.shared().stats()
+    }
+
+    /// Restarts the peaks of [`Stats`] (`peak_pooled_bytes`,
+    /// `peak_pinned_bytes`) from the levels now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(1 << 20));
+    /// pool.flush();
+    /// pool.clear();
+    /// pool.reset_peaks();
+    /// assert_eq!(pool.stats().peak_pooled_bytes, 0);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn reset_peaks(&self) {
+        let shared = self.shared();
+        shared.admission.reset_peak(shared.places());
+        shared.counters().reset_peak_pinned();
     }
 
     /// The settings the pool runs with (the cap as last set).

@@ -118,9 +118,9 @@ impl Reaper {
 #[cfg(not(all(loom, feature = "loom")))]
 mod imp {
     use super::{Message, Reaper};
+    use crate::sync::channel::{unbounded, Receiver, RecvTimeoutError, Sender};
     use crate::sync::tune::POLL;
-    use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
-    use std::sync::OnceLock;
+    use crate::sync::OnceLock;
 
     static REAPER: OnceLock<Sender<Message>> = OnceLock::new();
 
@@ -129,7 +129,7 @@ mod imp {
     pub(crate) fn start() {
         REAPER.get_or_init(|| {
             let (tx, rx) = unbounded();
-            let spawned = std::thread::Builder::new()
+            let spawned = crate::sync::thread::Builder::new()
                 .name("pinpool-reaper".into())
                 .spawn(move || run(rx));
             if let Err(e) = spawned {

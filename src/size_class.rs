@@ -63,6 +63,11 @@ impl std::fmt::Display for SizeClasses {
 pub(crate) struct SizeClass(u16);
 
 impl SizeClass {
+    /// The class at `index` of its table.
+    pub(crate) fn at(index: usize) -> Self {
+        Self(index as u16)
+    }
+
     /// The index of the class in its table.
     #[inline]
     pub(crate) fn index(self) -> usize {

@@ -32,6 +32,9 @@ pub(crate) struct Counters {
     pub(crate) worker_panics: AtomicU64,
     pub(crate) bytes_zeroed: AtomicU64,
     pub(crate) device_syncs: AtomicU64,
+    pub(crate) trimmed_bytes: AtomicU64,
+    /// The most bytes registered at once.
+    peak_pinned: AtomicU64,
     ready_latency: [AtomicU64; BUCKETS],
 }
 
@@ -41,6 +44,30 @@ impl Counters {
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         // Relaxed: statistics publish nothing.
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes registered now.
+    pub(crate) fn pinned(&self) -> u64 {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        load(&self.registered_bytes).saturating_sub(load(&self.unregistered_bytes))
+    }
+
+    /// Counts a registration of `bytes` and notes the pinned peak.
+    pub(crate) fn registered(&self, bytes: u64) {
+        Self::add(&self.registrations, 1);
+        Self::add(&self.registered_bytes, bytes);
+        self.peak_pinned.fetch_max(self.pinned(), Ordering::Relaxed);
+    }
+
+    /// The most bytes registered at once since the pool was built (or its
+    /// peaks reset).
+    pub(crate) fn peak_pinned(&self) -> u64 {
+        self.peak_pinned.load(Ordering::Relaxed).max(self.pinned())
+    }
+
+    /// Restarts the pinned peak from the bytes pinned now.
+    pub(crate) fn reset_peak_pinned(&self) {
+        self.peak_pinned.store(self.pinned(), Ordering::Relaxed);
     }
 
     /// Records how long a buffer took from its drop to being ready again.
@@ -88,6 +115,7 @@ impl Counters {
 /// # Ok::<(), pinpool::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Stats {
     /// The backend in use.
@@ -98,6 +126,9 @@ pub struct Stats {
     pub hits: u64,
     /// Takes that allocated a fresh (pageable) buffer.
     pub misses: u64,
+    /// Bytes handed out by all takes (the buffers' lengths, which round the
+    /// requests up to their size classes).
+    pub taken_bytes: u64,
     /// Bytes of ready buffers (footprints: at least a page each), thread
     /// caches included.
     pub pooled_bytes: usize,
@@ -123,6 +154,13 @@ pub struct Stats {
     /// Bytes page-locked now: registered and not yet unregistered, wherever
     /// the buffers are (pooled, taken, or in the cleaner).
     pub pinned_bytes: u64,
+    /// The most bytes page-locked at once (see [`Pool::reset_peaks`]).
+    ///
+    /// [`Pool::reset_peaks`]: crate::Pool::reset_peaks
+    pub peak_pinned_bytes: u64,
+    /// Bytes of idle buffers given back to the OS by idle trimming or
+    /// [`Pool::trim`](crate::Pool::trim).
+    pub trimmed_bytes: u64,
     /// Time spent in those registrations.
     pub registration_time: Duration,
     /// Registrations that failed (the buffer was freed instead of pooled).
@@ -177,6 +215,7 @@ pub struct Stats {
 /// # Ok::<(), pinpool::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct DeviceStats {
     /// The device.
@@ -204,6 +243,7 @@ pub struct DeviceStats {
 /// # Ok::<(), pinpool::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ClassStats {
     /// The class's buffer size in bytes.
@@ -243,7 +283,9 @@ impl Stats {
         self.recycled += load(&c.recycled);
         self.registrations = load(&c.registrations);
         self.registered_bytes = load(&c.registered_bytes);
-        self.pinned_bytes = load(&c.registered_bytes).saturating_sub(load(&c.unregistered_bytes));
+        self.pinned_bytes = c.pinned();
+        self.peak_pinned_bytes = c.peak_pinned();
+        self.trimmed_bytes = load(&c.trimmed_bytes);
         self.registration_time = Duration::from_nanos(load(&c.registration_nanos));
         self.registration_failures = load(&c.registration_failures);
         self.fence_failures = load(&c.fence_failures);
@@ -260,16 +302,62 @@ impl Stats {
     }
 }
 
-impl std::fmt::Display for Stats {
-    /// A readable table of the snapshot.
+/// Bytes in binary units (`1.5 GiB`).
+pub(crate) struct Bytes(pub(crate) u64);
+
+impl std::fmt::Display for Bytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: u64| b as f64 / 1048576.0;
-        let ms = |d: Option<Duration>| {
-            d.map_or_else(
-                || "-".to_string(),
-                |d| format!("{:.3} ms", d.as_secs_f64() * 1e3),
-            )
-        };
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut value = self.0 as f64;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            write!(f, "{} B", self.0)
+        } else {
+            write!(f, "{value:.1} {}", UNITS[unit])
+        }
+    }
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or_else(
+        || "-".to_string(),
+        |d| format!("{:.3} ms", d.as_secs_f64() * 1e3),
+    )
+}
+
+impl std::fmt::Display for Stats {
+    /// One line with `{}`; a table with `{:#}`.
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(4096));
+    /// pool.flush();
+    /// let line = format!("{}", pool.stats());
+    /// assert!(line.contains("1 misses") && !line.contains('\n'));
+    /// assert!(format!("{:#}", pool.stats()).lines().count() > 5);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !f.alternate() {
+            return write!(
+                f,
+                "pinpool ({}, {} device(s)): {} hits, {} misses ({:.2}% hits), {} pooled of {}, {} pinned, {} in the cleaner, drop-to-ready p99 {}",
+                self.backend,
+                self.devices,
+                self.hits,
+                self.misses,
+                self.hit_rate() * 100.0,
+                Bytes(self.pooled_bytes as u64),
+                Bytes(self.max_pooled_bytes as u64),
+                Bytes(self.pinned_bytes),
+                self.in_cleaner,
+                ms(self.drop_to_ready_p99),
+            );
+        }
         writeln!(
             f,
             "pinpool ({} backend, {} device(s))",
@@ -277,33 +365,37 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  takes          {:>12} hits {:>12} misses  ({:.2}% hits)",
+            "  takes          {:>12} hits {:>12} misses  ({:.2}% hits), {} handed out",
             self.hits,
             self.misses,
-            self.hit_rate() * 100.0
+            self.hit_rate() * 100.0,
+            Bytes(self.taken_bytes)
         )?;
         writeln!(
             f,
-            "  pooled         {:>12} buffers {:>9.1} MiB of {:.1} MiB",
+            "  pooled         {:>12} buffers, {} of {} (peak {})",
             self.pooled_buffers,
-            mib(self.pooled_bytes as u64),
-            mib(self.max_pooled_bytes as u64)
+            Bytes(self.pooled_bytes as u64),
+            Bytes(self.max_pooled_bytes as u64),
+            Bytes(self.peak_pooled_bytes as u64)
         )?;
         writeln!(f, "  in cleaner     {:>12}", self.in_cleaner)?;
         writeln!(
             f,
-            "  recycled       {:>12} ({} by takers), {:.1} MiB zeroed",
+            "  recycled       {:>12} ({} by takers), {} zeroed by the cleaner",
             self.recycled,
             self.cleaned_by_takers,
-            mib(self.bytes_zeroed)
+            Bytes(self.bytes_zeroed)
         )?;
         writeln!(
             f,
-            "  registrations  {:>12} ({:.1} MiB, {:.3} s), {:.1} MiB pinned now",
+            "  registrations  {:>12} ({}, {:.3} s), {} pinned now (peak {}), {} trimmed",
             self.registrations,
-            mib(self.registered_bytes),
+            Bytes(self.registered_bytes),
             self.registration_time.as_secs_f64(),
-            mib(self.pinned_bytes)
+            Bytes(self.pinned_bytes),
+            Bytes(self.peak_pinned_bytes),
+            Bytes(self.trimmed_bytes)
         )?;
         writeln!(
             f,
@@ -313,34 +405,91 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  released       {:>12} ({} evictions)",
-            self.released, self.evictions
+            "  released       {:>12} ({} evictions, {} device synchronizes)",
+            self.released, self.evictions, self.device_syncs
         )?;
         for d in &self.per_device {
             writeln!(
                 f,
-                "  device {:<7} {:>12} buffers {:>9.1} MiB",
+                "  device {:<7} {:>12} buffers, {}, {} hits, {} misses",
                 d.device,
                 d.pooled_buffers,
-                mib(d.pooled_bytes as u64)
+                Bytes(d.pooled_bytes as u64),
+                d.hits,
+                d.misses
             )?;
         }
         for c in &self.per_class {
             writeln!(
                 f,
-                "  class {:>10} B {:>8} pooled {:>10} misses",
-                c.size, c.pooled_buffers, c.misses
+                "  class {:>10} {:>8} pooled {:>10} hits {:>8} misses",
+                Bytes(c.size as u64).to_string(),
+                c.pooled_buffers,
+                c.hits,
+                c.misses
             )?;
         }
         write!(
             f,
-            "  failures       registration {} skipped {} fence {} unregister {} panics {}, {:.1} MiB leaked",
+            "  failures       registration {} skipped {} zeroing skipped {} fence {} unregister {} panics {}, {} leaked",
             self.registration_failures,
             self.registrations_skipped,
+            self.zeroing_skipped,
             self.fence_failures,
             self.unregister_failures,
             self.worker_panics,
-            mib(self.leaked_bytes)
+            Bytes(self.leaked_bytes)
         )
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Stats {
+    /// Reports the snapshot through the `metrics` crate's facade (the
+    /// `metrics` feature): counters for the running totals and gauges for
+    /// the levels, named `pinpool_*`, labelled with the backend. Call it
+    /// periodically (or from a scrape hook) with a fresh [`Pool::stats`].
+    ///
+    /// [`Pool::stats`]: crate::Pool::stats
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// pool.stats().record_metrics(); // a no-op without an installed recorder
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn record_metrics(&self) {
+        let backend = self.backend.to_string();
+        let counters: [(&'static str, u64); 10] = [
+            ("pinpool_hits_total", self.hits),
+            ("pinpool_misses_total", self.misses),
+            ("pinpool_taken_bytes_total", self.taken_bytes),
+            ("pinpool_recycled_total", self.recycled),
+            ("pinpool_registrations_total", self.registrations),
+            ("pinpool_registered_bytes_total", self.registered_bytes),
+            ("pinpool_evictions_total", self.evictions),
+            ("pinpool_trimmed_bytes_total", self.trimmed_bytes),
+            ("pinpool_leaked_bytes_total", self.leaked_bytes),
+            ("pinpool_fence_failures_total", self.fence_failures),
+        ];
+        for (name, value) in counters {
+            metrics::counter!(name, "backend" => backend.clone()).absolute(value);
+        }
+        let gauges: [(&'static str, f64); 6] = [
+            ("pinpool_pooled_bytes", self.pooled_bytes as f64),
+            ("pinpool_pooled_buffers", self.pooled_buffers as f64),
+            ("pinpool_max_pooled_bytes", self.max_pooled_bytes as f64),
+            ("pinpool_pinned_bytes", self.pinned_bytes as f64),
+            ("pinpool_peak_pinned_bytes", self.peak_pinned_bytes as f64),
+            ("pinpool_in_cleaner", self.in_cleaner as f64),
+        ];
+        for (name, value) in gauges {
+            metrics::gauge!(name, "backend" => backend.clone()).set(value);
+        }
+        if let Some(p99) = self.drop_to_ready_p99 {
+            metrics::gauge!("pinpool_drop_to_ready_p99_seconds", "backend" => backend)
+                .set(p99.as_secs_f64());
+        }
     }
 }

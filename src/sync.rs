@@ -112,6 +112,15 @@ pub(crate) mod tune;
 /// not see it.
 pub(crate) use std::sync::OnceLock;
 
+/// For process-wide statics (the global pool's first build), which loom
+/// models never reach: std's, whose constructor is `const`.
+pub(crate) use std::sync::Mutex as StaticMutex;
+
+/// Channels to the process-wide reaper thread, which loom models replace
+/// (see `reaper`).
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) use crossbeam_channel as channel;
+
 /// A statistics counter: compiled in everywhere, loom models included
 /// (they read and check its values), but a std atomic in every build.
 /// Counters decide nothing and publish nothing (Relaxed throughout), so

@@ -673,6 +673,8 @@ pub(crate) struct Caches {
     pub(crate) classes: Classes,
     /// The pool's statistics counters (written off the fast path).
     pub(crate) counters: Counters,
+    /// The devices' primary contexts (CUDA backend), for raw-stream fences.
+    pub(crate) contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
     devices: usize,
     /// Devices times classes.
     slots: usize,
@@ -730,7 +732,13 @@ impl Drop for LockedOut<'_> {
 impl Caches {
     /// Caches for a pool of `devices` devices with `classes`, at most
     /// `limit` ready bytes each, on a backend that `pins` or not.
-    pub(crate) fn new(classes: Classes, devices: usize, limit: usize, pins: bool) -> Box<Self> {
+    pub(crate) fn new(
+        classes: Classes,
+        devices: usize,
+        limit: usize,
+        pins: bool,
+        contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
+    ) -> Box<Self> {
         let orphan = ThreadCache::new(&classes, devices, NonNull::dangling());
         let slots = devices * classes.count();
         let mut caches = Box::new(Self {
@@ -739,6 +747,7 @@ impl Caches {
             flush: Flush::new(),
             classes,
             counters: Counters::default(),
+            contexts,
             slots,
             devices,
             limit,

@@ -61,9 +61,29 @@ fn clones_share_one_pool() {
 }
 
 #[test]
+fn strict_conf_names_the_bad_pair_and_applies_nothing() {
+    for bad in [
+        "cleaner_threads=0,max_pooled_bytes=32GiB",
+        "max_pooled_bytes=32GiB,nope=1",
+        "backend=gpu",
+        "idle_trim=0s",
+        "borrow=101",
+        "devices",
+    ] {
+        match pinpool::Pool::builder().try_conf(bad) {
+            Err(pinpool::Error::Setting { pair, .. }) => {
+                assert!(bad.contains(&pair), "{pair} not in {bad}")
+            }
+            Err(other) => panic!("{bad}: {other}"),
+            Ok(_) => panic!("{bad}: accepted"),
+        }
+    }
+}
+
+#[test]
 fn conf_text_sets_values_and_skips_bad_pairs() {
     let pool = pinpool::Pool::builder()
-        .conf("backend=host,devices=2, thread_cache_bytes=1MiB, max_pooled_bytes=3GiB, cleaner_threads=x, nope=1")
+        .conf("backend=host,devices=2, thread_cache_bytes=1MiB, cleaner_threads=0, max_pooled_bytes=3GiB, nope=1")
         .build()
         .unwrap();
     let config = pool.config();
@@ -83,9 +103,12 @@ fn stats_display_is_a_readable_table() {
     let pool = host_pool(1);
     drop(pool.take(4096));
     pool.flush();
-    let text = pool.stats().to_string();
+    let line = pool.stats().to_string();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(line.contains("1 misses"), "{line}");
+    let text = format!("{:#}", pool.stats());
     assert!(text.contains("host backend"), "{text}");
-    assert!(text.contains("1 misses"), "{text}");
+    assert!(text.contains("4.0 KiB"), "sizes in human units: {text}");
     assert!(text.lines().count() >= 8, "{text}");
 }
 

@@ -162,4 +162,8 @@ impl Backend for CudaBackend {
         let _bound = self.bind(device)?;
         result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))
     }
+
+    fn contexts(&self) -> Vec<Arc<CudaContext>> {
+        self.contexts.clone()
+    }
 }

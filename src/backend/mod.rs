@@ -28,6 +28,8 @@ pub(crate) mod host;
 /// # Ok::<(), pinpool::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 #[non_exhaustive]
 pub enum BackendKind {
     /// CUDA when the driver loads and reports a device, otherwise host.
@@ -72,6 +74,10 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     unsafe fn unregister(&self, device: usize, ptr: *mut u8) -> Result<(), Error>;
     /// Waits for all work in `device`'s primary context.
     fn synchronize(&self, device: usize) -> Result<(), Error>;
+    /// The primary contexts of the devices served (CUDA only).
+    fn contexts(&self) -> Vec<std::sync::Arc<cudarc::driver::CudaContext>> {
+        Vec::new()
+    }
 }
 
 /// Picks the backend for `kind`, logging the choice.

@@ -538,8 +538,7 @@ impl Cleaner {
                 Ok(()) => {
                     block.set_pinned(true);
                     let took = started.elapsed();
-                    Counters::add(&counters.registrations, 1);
-                    Counters::add(&counters.registered_bytes, block.footprint() as u64);
+                    counters.registered(block.footprint() as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(
                         bytes = block.footprint(),
