@@ -19,6 +19,10 @@ use loom::thread;
 fn steal_races_owner_take() {
     model(|| {
         let (pool, cached) = pool_with_cached_buffer();
+        // A take of another class collects the cached buffer from the
+        // remote list into the owner's own ready list, where a thief must
+        // lock the owner out to reach it.
+        drop(pool.take(4));
         let thief = {
             let pool = pool.clone();
             thread::spawn(move || {
