@@ -21,6 +21,7 @@
 //! sees the placed buffer.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
@@ -299,6 +300,62 @@ impl Admission {
             }
         }
         drop(locked);
+    }
+
+    /// Takes out, for the caller to release, pooled buffers that became
+    /// ready before `cutoff`, largest class first, except reserved ones and
+    /// the `keep(slot)` most recent of each slot.
+    pub(crate) fn trim(
+        &self,
+        at: Places<'_>,
+        cutoff: Instant,
+        keep: &dyn Fn(usize) -> usize,
+    ) -> Vec<Block> {
+        let _folded = self.folded.lock();
+        let classes = &at.caches.classes;
+        // Every pooled buffer, gathered per slot (under the admission lock
+        // and with every owner locked out, as `clear` does, nothing moves
+        // meanwhile but takes and admissions).
+        let mut by_slot: Vec<Vec<Block>> = (0..at.caches.slots()).map(|_| Vec::new()).collect();
+        let mut gather =
+            |block: Block| by_slot[classes.slot(block.device(), block.class())].push(block);
+        for shard in at.shards {
+            shard.drain().into_iter().for_each(&mut gather);
+        }
+        for cache in at.caches.iter() {
+            cache.remote().take_all(classes).for_each(&mut gather);
+        }
+        let mut locked = at.caches.lock_out(at.caches.iter());
+        let mut from_lists = Vec::new();
+        locked.each(|cache, lists| from_lists.extend(lists.take_ready(cache, None)));
+        for shard in at.shards {
+            from_lists.extend(shard.drain());
+        }
+        drop(locked);
+        from_lists.into_iter().for_each(&mut gather);
+        let mut out = Vec::new();
+        for (slot, mut blocks) in by_slot.into_iter().enumerate().rev() {
+            // Most recently ready last: keep those.
+            blocks.sort_by_key(|b| b.ready_since());
+            let mut keep = keep(slot);
+            while let Some(block) = blocks.pop() {
+                let idle = block.ready_since().is_none_or(|t| t < cutoff);
+                if !idle || block.is_reserved() || keep > 0 {
+                    keep = keep.saturating_sub(1);
+                    if let Err(block) = at.shards[block.device()].push(block) {
+                        out.push(block);
+                    }
+                } else {
+                    out.push(block);
+                }
+            }
+        }
+        let bytes: usize = out.iter().map(Block::footprint).sum();
+        self.estimate.fetch_sub(bytes, Ordering::Relaxed);
+        if !out.is_empty() {
+            tracing::debug!(buffers = out.len(), bytes, "pinpool: trimmed idle buffers");
+        }
+        out
     }
 
     /// Takes every pooled buffer out (shards, caches' ready and remote

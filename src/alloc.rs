@@ -83,6 +83,11 @@ pub(crate) struct Meta {
     pub(crate) sync_gen: u64,
     /// When a buffer on its way to the cleaner was dropped.
     pub(crate) dropped_at: Option<Instant>,
+    /// Pinned on request ([`Pool::reserve`](crate::Pool::reserve)): idle
+    /// trimming keeps it.
+    pub(crate) reserved: bool,
+    /// When the buffer last became ready (admission), for idle trimming.
+    pub(crate) ready_since: Option<Instant>,
     /// The next entry of the remote list this block is on.
     pub(crate) next: *mut Meta,
     contents: Contents,
@@ -146,6 +151,8 @@ impl Block {
             parity: 0,
             sync_gen: 0,
             dropped_at: None,
+            reserved: false,
+            ready_since: None,
             next: std::ptr::null_mut(),
             contents: Contents::new(len.div_ceil(CHUNK)),
             _track: Track::new(),
@@ -205,6 +212,16 @@ impl Block {
     #[inline]
     pub(crate) fn dirty(&self) -> usize {
         self.meta().dirty.min(self.len())
+    }
+
+    /// When the block last became ready.
+    pub(crate) fn ready_since(&self) -> Option<Instant> {
+        self.meta().ready_since
+    }
+
+    /// Whether the block was pinned on request.
+    pub(crate) fn is_reserved(&self) -> bool {
+        self.meta().reserved
     }
 
     /// The block's fences, through exclusive access (no locking).

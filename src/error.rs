@@ -33,6 +33,14 @@ pub enum Error {
     },
     /// A builder value is out of range.
     InvalidConfig(String),
+    /// [`Pool::reserve`](crate::Pool::reserve) asked for more bytes than the
+    /// cap allows.
+    ReserveTooLarge {
+        /// The footprint bytes asked for.
+        bytes: usize,
+        /// The cap.
+        cap: usize,
+    },
     /// A `key=value` setting (from `PINPOOL_CONF` or
     /// [`PoolBuilder::try_conf`](crate::PoolBuilder::try_conf)) is malformed,
     /// unknown or out of range.
@@ -80,6 +88,10 @@ impl fmt::Display for Error {
             ),
             Error::InvalidConfig(why) => write!(f, "invalid pool configuration: {why}"),
             Error::Setting { pair, reason } => write!(f, "invalid setting `{pair}`: {reason}"),
+            Error::ReserveTooLarge { bytes, cap } => write!(
+                f,
+                "cannot reserve {bytes} bytes: more than the cap on pooled bytes ({cap})"
+            ),
             Error::BackendUnavailable(why) => write!(f, "CUDA backend unavailable: {why}"),
             Error::AllocationFailed { bytes, source } => {
                 write!(f, "could not allocate {bytes} bytes: {source}")

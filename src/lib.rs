@@ -50,6 +50,7 @@ mod fence;
 mod flush;
 mod global;
 mod pool;
+mod provision;
 mod reaper;
 mod remote;
 mod shard;

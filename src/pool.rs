@@ -17,6 +17,7 @@ use crate::buffer::PinnedBuffer;
 use crate::cleaner::{self, Cleaner, Env, Returned};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
+use crate::provision::Provisioner;
 use crate::reaper::{self, Message, Retire};
 use crate::shard::Shard;
 use crate::size_class::{Classes, SizeClass};
@@ -35,12 +36,15 @@ pub(crate) struct Shared {
     pub(crate) shards: Box<[Shard]>,
     pub(crate) admission: Admission,
     pub(crate) cleaner: Cleaner,
+    pub(crate) provisioner: Provisioner,
     /// Set once the last handle is gone: no worker starts again.
     closed: AtomicBool,
     /// Whether every thread's current device is 0 (no CUDA contexts).
     device_zero: bool,
     /// When the pool was built (the steal rate limit's clock).
     epoch: Instant,
+    /// See [`Config::borrow_slack`].
+    borrow_slack: u32,
 }
 
 impl std::fmt::Debug for Shared {
@@ -67,6 +71,7 @@ impl Shared {
             backend: &*self.backend,
             admission: &self.admission,
             places: self.places(),
+            provisioner: &self.provisioner,
         }
     }
 
@@ -201,6 +206,12 @@ impl Shared {
             cache.count_hit(device, class, block.footprint());
             return Ok((block, true));
         }
+        if let Some(block) = this.borrow(cache, device, class) {
+            // Counted in the class served, so taken bytes stay exact.
+            cache.count_hit(device, block.class(), block.footprint());
+            cache.count_borrowed();
+            return Ok((block, true));
+        }
         if let Some(block) = this.steal(cache, device, class) {
             return Ok((block, true));
         }
@@ -212,6 +223,25 @@ impl Shared {
             "pinpool: pool miss, allocated a pageable buffer"
         );
         Ok((block, false))
+    }
+
+    /// An idle ready buffer of a larger class within the borrowing slack:
+    /// from the taker's own lists, then the shard. It keeps its class, and
+    /// goes back to it when dropped.
+    fn borrow(&self, taker: &ThreadCache, device: usize, class: SizeClass) -> Option<Block> {
+        let slack = self.borrow_slack;
+        if slack == 0 {
+            return None;
+        }
+        let classes = self.classes();
+        if taker.is_owned_here() {
+            if let Some(block) = taker.borrow_ready(device, classes.borrowable(class, slack)) {
+                return Some(block);
+            }
+        }
+        classes
+            .borrowable(class, slack)
+            .find_map(|larger| self.shards[device].pop(larger))
     }
 
     /// Takes a buffer of (`device`, `class`) from another thread's cache:
@@ -262,6 +292,49 @@ impl Shared {
         let (block, home) = deferred?;
         // SAFETY: caches live as long as the pool.
         self.reuse(taker, unsafe { &*home }, block)
+    }
+
+    /// Pins buffers ahead of demand; see [`Pool::reserve`].
+    fn reserve(this: &Arc<Self>, device: usize, wanted: &[(usize, usize)]) -> Result<(), Error> {
+        if device >= this.shards.len() {
+            return Err(Error::UnknownDevice {
+                device,
+                devices: this.shards.len(),
+            });
+        }
+        let classes = this.classes();
+        let mut plan = Vec::with_capacity(wanted.len());
+        let mut bytes = 0usize;
+        for &(size, count) in wanted {
+            let class = classes.class_for(size)?;
+            bytes = classes
+                .footprint(class)
+                .checked_mul(count)
+                .and_then(|b| b.checked_add(bytes))
+                .unwrap_or(usize::MAX);
+            plan.push((class, count));
+        }
+        let cap = this.admission.cap();
+        if bytes > cap {
+            return Err(Error::ReserveTooLarge { bytes, cap });
+        }
+        let mut blocks = Vec::new();
+        for (class, count) in plan {
+            for _ in 0..count {
+                let mut block = Block::allocate(classes, class, device)?;
+                let meta = block.meta_mut();
+                meta.dirty = 0;
+                meta.reserved = true;
+                blocks.push(block);
+            }
+        }
+        Self::start_cleaner(this);
+        let orphan = this.caches.local().0.orphan();
+        for mut block in blocks {
+            orphan.count_returned(&mut block);
+            this.cleaner.submit_reserved(orphan, block, cap);
+        }
+        Ok(())
     }
 
     /// Blocks until every buffer dropped before the call is ready again or
@@ -364,6 +437,7 @@ impl Shared {
                 misses[i] += load(m);
             }
             stats.cleaned_by_takers += cache.cleaned();
+            stats.borrowed += cache.borrowed();
         }
         for (device, shard) in self.shards.iter().enumerate() {
             for class in classes.all() {
@@ -521,9 +595,11 @@ impl Pool {
             shards: (0..devices).map(|_| Shard::new(count)).collect(),
             admission: Admission::new(config.max_pooled_bytes),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
+            provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
             closed: AtomicBool::new(false),
             device_zero: backend.kind() == BackendKind::Host,
             epoch: Instant::now(),
+            borrow_slack: config.borrow_slack,
             config: crate::sync::Mutex::new(config),
             backend,
         });
@@ -612,6 +688,34 @@ impl Pool {
         Shared::take(self.shared(), device, min_size)
     }
 
+    /// Pins buffers ahead of demand, off the caller's path: `count` buffers
+    /// of each `(size, count)` for `device`, registered (on the CUDA
+    /// backend), pre-faulted and pooled by the cleaner; `flush` waits for
+    /// them. Reserved buffers count against the cap like any other (and may
+    /// be evicted by it), but idle trimming keeps them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownDevice`], [`Error::SizeTooLarge`] for a size above
+    /// the largest class, [`Error::ReserveTooLarge`] if the buffers' bytes
+    /// exceed the cap, or [`Error::AllocationFailed`]; nothing is reserved
+    /// then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// pool.reserve(0, &[(8 << 20, 2), (64 << 10, 16)])?;
+    /// pool.flush();
+    /// assert_eq!(pool.stats().pooled_buffers, 18);
+    /// assert!(pool.take(8 << 20).was_pooled());
+    /// assert!(pool.reserve(0, &[(1 << 30, 8)]).is_err()); // 8 GiB > the 4 GiB cap
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn reserve(&self, device: usize, sizes: &[(usize, usize)]) -> Result<(), Error> {
+        Shared::reserve(self.shared(), device, sizes)
+    }
+
     /// Sets the cap on pooled bytes (thread caches included). Lowering it
     /// evicts at once, largest buffers first; 0 turns pooling off.
     ///
@@ -697,6 +801,29 @@ impl Pool {
     /// ```
     pub fn stats(&self) -> Stats {
         self.shared().stats()
+    }
+
+    /// Gives idle pooled buffers back to the OS now, largest first, keeping
+    /// those [`reserve`](Self::reserve) pinned and, with provisioning on,
+    /// those that recent demand needs (the buffers in use at the recent
+    /// peak of each class). The cleaner does the same on its own for
+    /// buffers idle longer than [`Config::idle_trim`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).provision(false).build()?;
+    /// drop(pool.take(1 << 20));
+    /// pool.flush();
+    /// pool.trim();
+    /// let stats = pool.stats();
+    /// assert_eq!(stats.pooled_buffers, 0);
+    /// assert_eq!(stats.trimmed_bytes, 1 << 20);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn trim(&self) {
+        let shared = self.shared();
+        shared.cleaner.provision(shared.env(), true);
     }
 
     /// Restarts the peaks of [`Stats`] (`peak_pooled_bytes`,

@@ -175,6 +175,19 @@ impl Classes {
         self.footprints[class.index()]
     }
 
+    /// The larger classes a take of `class` may borrow from: those at most
+    /// `slack` percent longer, nearest first.
+    pub(crate) fn borrowable(
+        &self,
+        class: SizeClass,
+        slack: u32,
+    ) -> impl Iterator<Item = SizeClass> + '_ {
+        let limit = self.size(class) as u128 * (100 + u128::from(slack)) / 100;
+        (class.index() + 1..self.count())
+            .take_while(move |&i| self.sizes[i] as u128 <= limit)
+            .map(|i| SizeClass(i as u16))
+    }
+
     /// The slot of (`device`, `class`) among all devices' classes.
     #[inline]
     pub(crate) fn slot(&self, device: usize, class: SizeClass) -> usize {
@@ -217,6 +230,17 @@ mod tests {
             assert_eq!(c.size(c.class_for(min).unwrap()), len, "class_for({min})");
         }
         assert_eq!(c.size(c.class_for(MAX_CLASS_SIZE).unwrap()), MAX_CLASS_SIZE);
+    }
+
+    #[test]
+    fn borrowing_stays_within_the_slack() {
+        let c = fine();
+        let k = c.class_for(8 << 20).unwrap();
+        let sizes: Vec<usize> = c.borrowable(k, 25).map(|b| c.size(b)).collect();
+        assert_eq!(sizes, [9 << 20, 10 << 20]);
+        assert_eq!(c.borrowable(k, 0).count(), 0);
+        let last = c.class_for(MAX_CLASS_SIZE).unwrap();
+        assert_eq!(c.borrowable(last, 100).count(), 0);
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub struct Stats {
     /// Bytes handed out by all takes (the buffers' lengths, which round the
     /// requests up to their size classes).
     pub taken_bytes: u64,
+    /// Of `hits`, takes served by an idle buffer of a larger class (see
+    /// [`PoolBuilder::borrow_slack`](crate::PoolBuilder::borrow_slack)).
+    pub borrowed: u64,
     /// Bytes of ready buffers (footprints: at least a page each), thread
     /// caches included.
     pub pooled_bytes: usize,

@@ -190,10 +190,17 @@ pub(crate) struct ThreadCache {
     /// adds with `fetch_add`); per-class and per-device figures are sums.
     hits: Box<[AtomicU64]>,
     misses: Box<[AtomicU64]>,
+    /// Drops per slot of buffers taken through this cache: by the owner
+    /// (a load and a store) and by other threads (`fetch_add`), for the
+    /// buffers in use per class (takes minus drops).
+    owner_drops: Box<[AtomicU64]>,
+    shared_drops: Box<[AtomicU64]>,
     /// Ready buffers per slot (owner-written; hints for thieves, stats).
     ready: Box<[AtomicU32]>,
     /// Deferred buffers this cache's owner re-zeroed itself.
     cleaned: AtomicU64,
+    /// Takes served by a buffer of a larger class.
+    borrowed: AtomicU64,
     caches: NonNull<Caches>,
 }
 
@@ -241,10 +248,13 @@ impl ThreadCache {
             }),
             hits: atomics(counters),
             misses: atomics(counters),
+            owner_drops: atomics(counters),
+            shared_drops: atomics(counters),
             ready: (0..classes.count() * devices)
                 .map(|_| AtomicU32::new(0))
                 .collect(),
             cleaned: AtomicU64::new(0),
+            borrowed: AtomicU64::new(0),
             caches,
         }
     }
@@ -312,6 +322,27 @@ impl ThreadCache {
             lists.deferred -= 1;
             self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             Some(Found::Deferred(block, behind))
+        })
+        .flatten()
+    }
+
+    /// The owner's borrow: a ready buffer of one of `classes` (larger than
+    /// the one asked for) from its own lists.
+    pub(crate) fn borrow_ready(
+        &self,
+        device: usize,
+        classes: impl Iterator<Item = SizeClass>,
+    ) -> Option<Block> {
+        let caches = self.caches();
+        self.as_owner(|lists| {
+            for class in classes {
+                let slot = caches.classes.slot(device, class);
+                if let Some(block) = lists.slot(caches.slots, slot).ready.pop() {
+                    self.unready(slot, &block);
+                    return Some(block);
+                }
+            }
+            None
         })
         .flatten()
     }
@@ -422,6 +453,10 @@ impl ThreadCache {
             meta.parity = parity as u8;
             meta.returned = true;
             self.owner.counts.dropped(parity);
+            bump(
+                &self.owner_drops[caches.classes.slot(block.device(), block.class())],
+                1,
+            );
             if keep && lists.deferred < MAX_DEFERRED {
                 let (device, class) = (block.device(), block.class());
                 lists
@@ -460,6 +495,9 @@ impl ThreadCache {
         meta.parity = parity as u8;
         meta.returned = true;
         shared.counts.dropped(parity);
+        let slot = caches.classes.slot(block.device(), block.class());
+        // Relaxed: a statistic.
+        self.shared_drops[slot].fetch_add(1, Ordering::Relaxed);
         if keep {
             shared.returns.push(block, &caches.classes);
         } else {
@@ -467,6 +505,22 @@ impl ThreadCache {
         }
         // Release: the close's Acquire read of `busy` sees the push.
         shared.busy.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Counts `block` as dropped through this cache by a thread that does
+    /// not own it (a buffer pinned ahead of demand enters the cleaner this
+    /// way, through the orphan cache), so that `flush` waits for it.
+    pub(crate) fn count_returned(&self, block: &mut Block) {
+        let parity = self.caches().flush.parity();
+        let meta = block.meta_mut();
+        meta.parity = parity as u8;
+        meta.returned = true;
+        self.shared.counts.dropped(parity);
+    }
+
+    /// The orphan cache (no owner), home of buffers pinned ahead of demand.
+    pub(crate) fn orphan(&self) -> &ThreadCache {
+        &self.caches().orphan
     }
 
     /// Whether a dropped buffer may wait for the next taker instead of the
@@ -489,6 +543,23 @@ impl ThreadCache {
             self.shared.counts.done(parity);
             self.caches().flush.notify();
         }
+    }
+
+    /// Counts a take served by a buffer of a larger class.
+    #[inline]
+    pub(crate) fn count_borrowed(&self) {
+        if self.is_orphan() {
+            // Relaxed: a statistic.
+            self.borrowed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            bump(&self.borrowed, 1);
+        }
+    }
+
+    /// Takes served by a buffer of a larger class.
+    pub(crate) fn borrowed(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.borrowed.load(Ordering::Relaxed)
     }
 
     /// Counts a deferred buffer that the taker re-zeroed itself.
@@ -590,6 +661,15 @@ impl ThreadCache {
     #[inline]
     fn is_orphan(&self) -> bool {
         std::ptr::eq(self, &self.caches().orphan)
+    }
+
+    /// Buffers of `slot` taken through this cache and not yet dropped (a
+    /// racing read may be off by the takes and drops under way).
+    pub(crate) fn in_use(&self, slot: usize) -> u64 {
+        // Relaxed: a statistic and a provisioning hint.
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (load(&self.hits[slot]) + load(&self.misses[slot]))
+            .saturating_sub(load(&self.owner_drops[slot]) + load(&self.shared_drops[slot]))
     }
 
     /// Hits per slot.
@@ -798,6 +878,11 @@ impl Caches {
     /// Every cache, the orphan's included.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
         self.map.iter().chain(std::iter::once(&self.orphan))
+    }
+
+    /// Devices times classes.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots
     }
 
     /// Every cache's flush counters.

@@ -68,7 +68,7 @@ fn check<T>(buf: &PinnedBuffer, count: usize) {
     let size = std::mem::size_of::<T>();
     assert!(size > 0, "pinpool: views need a sized element type");
     assert!(
-        (buf.raw_bytes().as_ptr() as usize) % std::mem::align_of::<T>() == 0,
+        (buf.raw_bytes().as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
         "pinpool: the buffer is not aligned for a {}-byte-aligned element",
         std::mem::align_of::<T>()
     );

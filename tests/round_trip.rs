@@ -132,3 +132,36 @@ fn typed_views_cover_whole_elements() {
     );
     assert!(buf[..8].iter().all(|&b| b == 0) && buf[8..].iter().all(|&b| b == 0xFF));
 }
+
+#[test]
+fn an_empty_class_borrows_an_idle_buffer_of_a_slightly_larger_one() {
+    let pool = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .build()
+        .unwrap();
+    // A 9 MiB buffer pooled; an 8 MiB take may borrow it (12.5% larger).
+    drop(pool.take(9 << 20));
+    pool.flush();
+    let buf = pool.take(8 << 20);
+    assert!(buf.was_pooled());
+    assert_eq!(buf.len(), 9 << 20, "the buffer keeps its class");
+    drop(buf);
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.borrowed, 1);
+    assert!(
+        pool.take(9 << 20).was_pooled(),
+        "it went back to its own class"
+    );
+    // Beyond the slack: a 4 MiB take does not borrow the 9 MiB buffer.
+    pool.flush();
+    assert!(!pool.take(4 << 20).was_pooled());
+    let strict = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .borrow_slack(0)
+        .build()
+        .unwrap();
+    drop(strict.take(9 << 20));
+    strict.flush();
+    assert!(!strict.take(8 << 20).was_pooled(), "borrowing off");
+}

@@ -61,7 +61,10 @@ fn cross_thread_drop_returns_exactly_once() {
         let first = buf.as_ptr() as usize;
         let dropper = thread::spawn(move || drop(buf));
         let mut other = pool.take(8);
-        assert!(other.iter().all(|&b| b == 0), "handed out before re-zeroing");
+        assert!(
+            other.iter().all(|&b| b == 0),
+            "handed out before re-zeroing"
+        );
         other.fill(1);
         let second = other.as_ptr() as usize;
         dropper.join().unwrap();

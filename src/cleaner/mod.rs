@@ -35,6 +35,7 @@ use crate::admission::{Admission, Places};
 use crate::alloc::{clean_range, Block};
 use crate::backend::Backend;
 use crate::error::Error;
+use crate::provision::Provisioner;
 use crate::stats::Counters;
 use crate::sync::lanes::{Lane, Lanes, Popped};
 use crate::sync::track::Contents;
@@ -53,6 +54,7 @@ pub(crate) struct Env<'a> {
     pub(crate) backend: &'a dyn Backend,
     pub(crate) admission: &'a Admission,
     pub(crate) places: Places<'a>,
+    pub(crate) provisioner: &'a Provisioner,
 }
 
 impl Env<'_> {
@@ -272,17 +274,25 @@ impl Cleaner {
         self.submit_to(home, block, cap, false);
     }
 
+    /// Takes a fresh buffer to pin and pool ahead of demand (`reserve`, or
+    /// provisioning), counted in `home` (the orphan cache): it goes to its
+    /// shard, and is registered whatever the registration backlog.
+    pub(crate) fn submit_reserved(&self, home: &ThreadCache, block: Block, cap: usize) {
+        self.submit_to(home, block, cap, true);
+    }
+
     /// As [`submit`](Self::submit); the buffer goes to its shard once ready
     /// if `to_shard`.
     fn submit_to(&self, home: &ThreadCache, mut block: Block, cap: usize, to_shard: bool) {
         let register = self.pins && !block.is_pinned();
         let meta = block.meta_mut();
         meta.dropped_at = Some(Instant::now());
+        let reserved = meta.reserved;
         let mut returned = Returned::new(block, home);
         returned.to_shard = to_shard;
         if register {
             // Relaxed: a bound on a queue length, publishing nothing.
-            if self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
+            if !reserved && self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
                 // Registrations are backed up: free this miss buffer rather
                 // than let misses breed an ever longer queue.
                 Counters::add(&home.caches().counters.registrations_skipped, 1);
@@ -354,6 +364,7 @@ impl Cleaner {
                 self.poll_parked(env);
                 if index == 0 && SWEEPS {
                     self.sweep_if_due(env);
+                    self.provision(env, false);
                 }
             }));
             if ran.is_err() {
@@ -648,6 +659,35 @@ impl Cleaner {
             (sweep.wait * 2).min(SWEEP_MAX)
         };
         sweep.due = Instant::now() + sweep.wait;
+    }
+}
+
+impl Cleaner {
+    /// Runs a provisioning tick (see [`Provisioner`]): releases what it
+    /// trimmed and pins what it provisions. `force` trims now
+    /// (`Pool::trim`).
+    pub(crate) fn provision(&self, env: Env<'_>, force: bool) {
+        let quiet = crate::flush::in_flight(env.places.caches.counts()) == 0;
+        let plan = env
+            .provisioner
+            .tick(env.places, env.admission, quiet, force);
+        let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
+        Counters::add(&env.counters().trimmed_bytes, trimmed);
+        release_all(env, plan.trimmed);
+        if plan.provision.is_empty() {
+            return;
+        }
+        let orphan = &env
+            .places
+            .caches
+            .iter()
+            .last()
+            .expect("the orphan cache is last");
+        let cap = env.admission.cap();
+        for mut block in plan.provision {
+            orphan.count_returned(&mut block);
+            self.submit_reserved(orphan, block, cap);
+        }
     }
 }
 

@@ -1,0 +1,193 @@
+//! Pinned memory spent well over time: provisioning ahead of demand and
+//! trimming what sits idle.
+//!
+//! The cleaner's worker 0 ticks this every few milliseconds while the pool
+//! is in use. Each tick reads, per slot (device and class), the buffers in
+//! use (takes minus drops, summed over the thread caches) and keeps a
+//! *high-water mark*: the most in use at once, remembered until that many
+//! have not been in use for a whole window (the idle-trim time, or 30 s).
+//!
+//! - **Provisioning** (on by default): when the cleaner has nothing in
+//!   flight, a slot whose buffers in use plus ready fall short of its mark
+//!   (after evictions, trims, or registrations skipped under load) gets the
+//!   difference pinned in the background, within the cap (never evicting
+//!   for it).
+//! - **Idle trim**: ready buffers that became ready longer than the idle-trim
+//!   time ago go back to the OS, largest first, except those
+//!   [`Pool::reserve`](crate::Pool::reserve) pinned and, with provisioning
+//!   on, the ones the mark still needs.
+//!   Once a workload ends and the window passes, the marks fall to zero and
+//!   pinned memory falls to what was reserved.
+
+use std::time::{Duration, Instant};
+
+use crate::admission::{Admission, Places};
+use crate::alloc::Block;
+use crate::size_class::SizeClass;
+use crate::sync::Mutex;
+
+/// How often a tick does its work, at most.
+const TICK: Duration = Duration::from_millis(10);
+
+/// The window of a high-water mark when idle trimming is off.
+const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
+
+/// A slot's high-water mark.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    peak: u64,
+    /// When the slot last had `peak` in use.
+    at: Instant,
+}
+
+#[derive(Debug)]
+struct State {
+    marks: Vec<Option<Mark>>,
+    last: Instant,
+    last_trim: Instant,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Provisioner {
+    state: Mutex<State>,
+    provision: bool,
+    idle_trim: Option<Duration>,
+}
+
+/// What a tick found to do.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    /// Fresh buffers to pin and pool (for the cleaner).
+    pub(crate) provision: Vec<Block>,
+    /// Idle buffers to release.
+    pub(crate) trimmed: Vec<Block>,
+}
+
+impl Provisioner {
+    pub(crate) fn new(slots: usize, provision: bool, idle_trim: Option<Duration>) -> Self {
+        Self {
+            state: Mutex::new(State {
+                marks: vec![None; slots],
+                last: Instant::now(),
+                last_trim: Instant::now(),
+            }),
+            provision,
+            idle_trim,
+        }
+    }
+
+    /// One tick: updates the marks and plans provisioning (if `quiet`: the
+    /// cleaner has nothing in flight) and idle trimming. `force` trims now,
+    /// whatever the buffers' idle time (`Pool::trim`).
+    pub(crate) fn tick(
+        &self,
+        at: Places<'_>,
+        admission: &Admission,
+        quiet: bool,
+        force: bool,
+    ) -> Plan {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if !force && now.duration_since(state.last) < TICK {
+            return Plan::default();
+        }
+        state.last = now;
+        let window = self.idle_trim.unwrap_or(DEFAULT_WINDOW);
+        let classes = &at.caches.classes;
+        let count = classes.count();
+        let mut in_use = vec![0u64; state.marks.len()];
+        for cache in at.caches.iter() {
+            for (slot, n) in in_use.iter_mut().enumerate() {
+                *n += cache.in_use(slot);
+            }
+        }
+        for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
+            match mark {
+                Some(m) if now_in_use >= m.peak => {
+                    *m = Mark {
+                        peak: now_in_use,
+                        at: now,
+                    }
+                }
+                Some(m) if now.duration_since(m.at) > window => {
+                    *m = Mark {
+                        peak: now_in_use,
+                        at: now,
+                    }
+                }
+                Some(_) => {}
+                None if now_in_use > 0 => {
+                    *mark = Some(Mark {
+                        peak: now_in_use,
+                        at: now,
+                    })
+                }
+                None => {}
+            }
+        }
+        let marks = state.marks.clone();
+        // With provisioning off, nothing is kept for recent demand.
+        let keep = |slot: usize| {
+            if !self.provision {
+                return 0;
+            }
+            marks[slot].map_or(0, |m| m.peak.saturating_sub(in_use[slot])) as usize
+        };
+        let mut plan = Plan::default();
+        // Trimming locks every owner out: a quarter of the idle time apart
+        // (at least a second), or now when forced.
+        let idle = if force {
+            Some(Duration::ZERO)
+        } else {
+            self.idle_trim
+        };
+        if let Some(idle) = idle {
+            let due = force
+                || now.duration_since(state.last_trim) >= (idle / 4).max(Duration::from_secs(1));
+            if let (true, Some(cutoff)) = (due, now.checked_sub(idle)) {
+                state.last_trim = now;
+                plan.trimmed = admission.trim(at, cutoff, &keep);
+            }
+        }
+        if self.provision && quiet && !force {
+            let mut room = admission.cap().saturating_sub(admission.pooled_bytes(at));
+            for slot in (0..marks.len()).rev() {
+                let Some(mark) = marks[slot] else {
+                    continue;
+                };
+                let (device, class) = (slot / count, SizeClass::at(slot % count));
+                let ready: u64 = at.shards[device].len(class) as u64
+                    + at.caches
+                        .iter()
+                        .map(|c| u64::from(c.ready_in(slot)))
+                        .sum::<u64>();
+                let short = mark.peak.saturating_sub(in_use[slot] + ready);
+                let footprint = classes.footprint(class);
+                for _ in 0..short {
+                    if footprint > room {
+                        break;
+                    }
+                    match Block::allocate(classes, class, device) {
+                        Ok(mut block) => {
+                            block.meta_mut().dirty = 0;
+                            room -= footprint;
+                            plan.provision.push(block);
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "pinpool: provisioning could not map a buffer");
+                            break;
+                        }
+                    }
+                }
+            }
+            if !plan.provision.is_empty() {
+                tracing::debug!(
+                    buffers = plan.provision.len(),
+                    "pinpool: provisioning ahead of demand"
+                );
+            }
+        }
+        plan
+    }
+}

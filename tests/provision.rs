@@ -1,0 +1,141 @@
+//! Pinned memory over time: `reserve`, provisioning ahead of demand, idle
+//! trimming.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use pinpool::{BackendKind, Error, Pool};
+
+fn pool(idle_trim: Option<Duration>) -> Pool {
+    let builder = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(2);
+    match idle_trim {
+        Some(after) => builder.idle_trim(after),
+        None => builder.no_idle_trim(),
+    }
+    .build()
+    .unwrap()
+}
+
+/// Waits up to `limit` for `done`.
+fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn reserve_pins_ahead_and_flush_waits_for_it() {
+    let pool = pool(None);
+    pool.reserve(0, &[(1 << 20, 3), (4096, 2)]).unwrap();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.pooled_buffers, 5);
+    assert_eq!(stats.pooled_bytes, 3 * (1 << 20) + 2 * 4096);
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    assert!(bufs.iter().all(|b| b.was_pooled() && common::all_zero(b)));
+    assert_eq!(pool.stats().misses, 0);
+}
+
+#[test]
+fn bad_reservations_are_errors_and_reserve_nothing() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .devices(2)
+        .max_pooled_bytes(16 << 20)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        pool.reserve(2, &[(4096, 1)]),
+        Err(Error::UnknownDevice { .. })
+    ));
+    assert!(matches!(
+        pool.reserve(0, &[(4096, 1), (usize::MAX, 1)]),
+        Err(Error::SizeTooLarge { .. })
+    ));
+    assert!(matches!(
+        pool.reserve(0, &[(4096, 1), (8 << 20, 2)]),
+        Err(Error::ReserveTooLarge { .. })
+    ));
+    assert!(matches!(
+        pool.reserve(0, &[(4096, usize::MAX)]),
+        Err(Error::ReserveTooLarge { .. })
+    ));
+    pool.flush();
+    assert_eq!(
+        pool.stats().pooled_buffers,
+        0,
+        "a failed reserve pinned something"
+    );
+}
+
+#[test]
+fn idle_buffers_are_trimmed_but_reserved_ones_stay() {
+    let pool = pool(Some(Duration::from_millis(100)));
+    pool.reserve(0, &[(1 << 20, 1)]).unwrap();
+    let bufs: Vec<_> = (0..4).map(|_| pool.take(2 << 20)).collect();
+    drop(bufs);
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 5);
+    // Trimming runs a quarter of the idle time apart, at least a second.
+    eventually(Duration::from_secs(10), "idle trim", || {
+        pool.stats().pooled_buffers == 1
+    });
+    let stats = pool.stats();
+    assert_eq!(stats.pooled_bytes, 1 << 20, "the reserved buffer stays");
+    assert_eq!(stats.trimmed_bytes, 4 * (2 << 20));
+}
+
+#[test]
+fn trim_now_frees_idle_buffers() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .provision(false)
+        .build()
+        .unwrap();
+    drop(pool.take(1 << 20));
+    pool.flush();
+    pool.trim();
+    assert_eq!(pool.stats().pooled_buffers, 0);
+    assert_eq!(pool.stats().trimmed_bytes, 1 << 20);
+}
+
+#[test]
+fn provisioning_restores_what_recent_demand_needed() {
+    let pool = pool(None);
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    std::thread::sleep(Duration::from_millis(200)); // a tick sees 3 in use
+    drop(bufs);
+    pool.flush();
+    pool.set_max_pooled_bytes(0); // evicts all three
+    assert_eq!(pool.stats().pooled_buffers, 0);
+    pool.set_max_pooled_bytes(1 << 30);
+    eventually(Duration::from_secs(10), "provisioning", || {
+        pool.flush();
+        pool.stats().pooled_buffers == 3
+    });
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    assert!(bufs.iter().all(|b| b.was_pooled()));
+}
+
+#[test]
+fn provisioning_off_leaves_evicted_classes_empty() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .provision(false)
+        .build()
+        .unwrap();
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(bufs);
+    pool.flush();
+    pool.set_max_pooled_bytes(0);
+    pool.set_max_pooled_bytes(1 << 30);
+    std::thread::sleep(Duration::from_millis(500));
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 0);
+}
