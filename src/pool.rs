@@ -4,7 +4,7 @@
 //! A take looks in the calling thread's cache ([`thread_cache`]), then its
 //! device's [shard](crate::shard), then other threads' caches (a steal),
 //! and on a miss maps a fresh pageable buffer. A drop goes back through the
-//! buffer's cache to the [cleaner](crate::cleaner), which hands ready
+//! buffer's cache to the [cleaner], which hands ready
 //! buffers to [admission](crate::admission). IMPLEMENTATION.md tells the
 //! whole journey.
 //!

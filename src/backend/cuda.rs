@@ -79,6 +79,9 @@ impl CudaBackend {
     /// Loads the driver and retains the primary context of the first
     /// `devices` devices (all of them if `None`).
     pub(crate) fn new(devices: Option<usize>) -> Result<Self, Error> {
+        // Loaded at run time, the driver may be missing; linked, the program
+        // would not have started without it.
+        #[cfg(feature = "dynamic-loading")]
         // SAFETY: only tries to open the driver library, with no side effects.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::BackendUnavailable(

@@ -7,7 +7,7 @@
 //!   to be) or the *register* lane (first registrations, milliseconds each),
 //!   whose backlog is bounded; worker 0 reads only the recycle lane, so a
 //!   burst of registrations never starves recycling;
-//! - [parking](parking): buffers whose fences have not completed wait there,
+//! - [parking]: buffers whose fences have not completed wait there,
 //!   re-polled by idle workers, so one slow copy holds up nothing else;
 //! - [device synchronizes](device_sync) for pinned buffers dropped without
 //!   events, one covering every buffer dropped before it started;
