@@ -1,4 +1,4 @@
-//! The `pinpool sim` proving-workload simulator: the workload, the
+//! The `pinpool-sim sim` proving-workload simulator: the workload, the
 //! strategies it compares (pinpool, the seed design, pageable staging,
 //! `cuMemHostAlloc`), and the measurements.
 

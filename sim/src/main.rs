@@ -1,4 +1,4 @@
-//! `pinpool sim`: runs a proving workload through several staging
+//! `pinpool-sim sim`: runs a proving workload through several staging
 //! strategies side by side and reports how each fared.
 
 use std::io::IsTerminal;
@@ -10,7 +10,7 @@ use pinpool_sim::strategy::Kind;
 use pinpool_sim::workload::Workload;
 
 #[derive(Parser)]
-#[command(name = "pinpool", version, about = "Pinned staging pool tools")]
+#[command(name = "pinpool-sim", version, about = "Pinned staging pool tools")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
