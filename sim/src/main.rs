@@ -1,9 +1,13 @@
 //! `pinpool-sim sim`: runs a proving workload through several staging
 //! strategies side by side and reports how each fared.
 
+mod cli;
+
 use std::io::IsTerminal;
 
-use clap::{Parser, Subcommand};
+use clap::builder::RangedU64ValueParser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
@@ -25,34 +29,40 @@ enum Command {
 #[derive(Parser)]
 struct SimArgs {
     /// Devices (GPUs, or simulated shards without a GPU).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_DEVICES))]
     devices: usize,
-    /// Prover threads per device, each with its own stream on a GPU.
-    #[arg(long, default_value_t = 2)]
+    /// Prover threads per device, each with its own stream on a GPU (at
+    /// most 1024 provers in all).
+    #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_PROVERS_PER_DEVICE))]
     provers_per_device: usize,
     /// Segments per prover.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_SEGMENTS))]
     segments: usize,
     /// Record arenas per segment.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(0..=cli::MAX_BUFFERS))]
     arenas: usize,
-    /// Staging buffers per segment.
-    #[arg(long, default_value_t = 2)]
+    /// Staging buffers per segment (arenas and staging buffers: at least
+    /// one in all).
+    #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(0..=cli::MAX_BUFFERS))]
     staging: usize,
     /// Factor on every buffer size and CPU gap (1 = the real client's
-    /// ~2.1 GiB per segment and 50-300 ms gaps).
-    #[arg(long, default_value_t = 1.0 / 64.0)]
+    /// ~2.1 GiB per segment and 50-300 ms gaps), above 0 and at most 512
+    /// (where the profile's largest buffer, 2 GiB, reaches pinpool's
+    /// largest size class, 1 TiB).
+    #[arg(long, default_value_t = 1.0 / 64.0, value_parser = cli::parse_scale, allow_negative_numbers = true)]
     scale: f64,
     /// Seed of the workload draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// pinpool's cap on pooled bytes, GiB (the seed design keeps its 4 GiB).
-    #[arg(long, default_value_t = 4.0)]
-    max_pooled_gib: f64,
-    /// pinpool's cleaner workers.
-    #[arg(long, default_value_t = 4)]
+    /// pinpool's cap on pooled bytes, GiB: at least one page, at most
+    /// 1 PiB (the seed design keeps its 4 GiB).
+    #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "4", value_parser = cli::parse_cap, allow_negative_numbers = true)]
+    max_pooled_bytes: usize,
+    /// pinpool's cleaner workers, 1 to 256.
+    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_CLEANER_THREADS))]
     cleaner_threads: usize,
-    /// Strategies to run, in order (host-alloc needs a GPU).
+    /// Strategies to run, in order; those that need a GPU are skipped
+    /// without one.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
     strategies: Vec<Kind>,
     /// Run on the host backend even when a GPU is present.
@@ -63,13 +73,50 @@ struct SimArgs {
     json: bool,
 }
 
+/// Reports a bad combination of `sim` arguments as clap does and exits
+/// with its usage status, 2.
+fn usage_error(message: impl std::fmt::Display) -> ! {
+    let mut cli = Cli::command();
+    cli.build();
+    match cli.find_subcommand_mut("sim") {
+        Some(sim) => sim.error(ErrorKind::ValueValidation, message).exit(),
+        None => cli.error(ErrorKind::ValueValidation, message).exit(),
+    }
+}
+
+/// Checks what the value parsers cannot see alone.
+fn validate(args: &SimArgs) {
+    if args.devices * args.provers_per_device > cli::MAX_PROVERS {
+        usage_error(format_args!(
+            "--devices times --provers-per-device must be at most {}, got {} x {}",
+            cli::MAX_PROVERS,
+            args.devices,
+            args.provers_per_device
+        ));
+    }
+    if args.arenas + args.staging == 0 {
+        usage_error("--arenas and --staging are both 0: segments would take no buffers");
+    }
+    if let Some(kind) = args
+        .strategies
+        .iter()
+        .enumerate()
+        .find_map(|(i, k)| args.strategies[..i].contains(k).then_some(k))
+    {
+        usage_error(format_args!("--strategies names {} twice", kind.name()));
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PINPOOL_LOG"))
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Sim(args) => sim(args),
+        Command::Sim(args) => {
+            validate(&args);
+            sim(args)
+        }
     }
 }
 
@@ -80,14 +127,11 @@ fn sim(args: SimArgs) {
         pinpool_sim::gpu::detect()
     };
     let devices = match &gpu {
-        Some(g) if args.devices > g.len() => {
-            eprintln!(
-                "asked for {} devices, but only {} GPU(s) are present",
-                args.devices,
-                g.len()
-            );
-            std::process::exit(2);
-        }
+        Some(g) if args.devices > g.len() => usage_error(format_args!(
+            "--devices {} asks for more devices than the {} GPU(s) present",
+            args.devices,
+            g.len()
+        )),
         _ => args.devices,
     };
     let workload = Workload {
@@ -104,18 +148,32 @@ fn sim(args: SimArgs) {
         Some(g) => format!("CUDA backend, {} of {} GPU(s): {}", devices, g.len(), g[0].name().unwrap_or_default()),
         None => "host backend (no GPU in use: buffers are not page-locked; copies are memcpys into a host buffer standing in for the device)".into(),
     };
-    let strategies: Vec<Kind> = args
+    let (strategies, need_gpu): (Vec<Kind>, Vec<Kind>) = args
         .strategies
         .iter()
-        .copied()
-        .filter(|k| *k != Kind::HostAlloc || gpu.is_some())
-        .collect();
+        .partition(|k| gpu.is_some() || !k.needs_gpu());
+    if !need_gpu.is_empty() {
+        let names: Vec<_> = need_gpu.iter().map(|k| k.name()).collect();
+        let why = if args.host {
+            "--host was given"
+        } else {
+            "no GPU was found"
+        };
+        let names = names.join(", ");
+        let needs = if need_gpu.len() == 1 { "needs" } else { "need" };
+        if strategies.is_empty() {
+            usage_error(format_args!(
+                "--strategies: {names} {needs} a GPU, and {why}"
+            ));
+        }
+        eprintln!("note: skipping {names}: {needs} a GPU, and {why}");
+    }
     if !args.json {
         println!("pinpool sim: {backend}");
         println!(
             "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB",
             workload.devices, workload.provers_per_device, workload.segments, workload.arenas, workload.staging,
-            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_gib
+            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_bytes as f64 / (1u64 << 30) as f64
         );
     }
     let mut results = Vec::new();
@@ -123,7 +181,7 @@ fn sim(args: SimArgs) {
         let bar = progress_bar(&workload, kind, args.json);
         let settings = Settings {
             cleaner_threads: args.cleaner_threads,
-            max_pooled_bytes: (args.max_pooled_gib * (1u64 << 30) as f64) as usize,
+            max_pooled_bytes: args.max_pooled_bytes,
         };
         results.push(run(
             kind,

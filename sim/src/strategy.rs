@@ -34,6 +34,11 @@ impl Kind {
             Kind::HostAlloc => "host-alloc",
         }
     }
+
+    /// Whether the strategy can only run on a GPU.
+    pub fn needs_gpu(self) -> bool {
+        self == Kind::HostAlloc
+    }
 }
 
 /// A strategy ready to serve takes.

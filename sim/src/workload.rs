@@ -3,6 +3,14 @@
 
 use std::time::Duration;
 
+/// The largest buffer in the profile: 2 GiB.
+pub const LARGEST_SIZE: f64 = 2048.0 * 1048576.0;
+
+/// The largest `scale` a workload may have: the profile's largest buffer
+/// then reaches pinpool's [`MAX_CLASS_SIZE`](pinpool::MAX_CLASS_SIZE)
+/// (1 TiB), so no size overflows or exceeds what a pool hands out.
+pub const MAX_SCALE: f64 = pinpool::MAX_CLASS_SIZE as f64 / LARGEST_SIZE;
+
 /// Quantiles of buffer sizes from a real block's profile (bytes); sizes
 /// between two quantiles are drawn log-uniformly.
 const SIZE_QUANTILES: [(f64, f64); 8] = [
@@ -13,7 +21,7 @@ const SIZE_QUANTILES: [(f64, f64); 8] = [
     (0.75, 64.0 * 1048576.0),
     (0.90, 512.0 * 1048576.0),
     (0.99, 1024.0 * 1048576.0),
-    (1.00, 2048.0 * 1048576.0),
+    (1.00, LARGEST_SIZE),
 ];
 
 /// SplitMix64: small, fast, and reproducible from a seed.
@@ -59,7 +67,7 @@ pub struct Workload {
     pub arenas: usize,
     /// Staging buffers per segment.
     pub staging: usize,
-    /// Factor applied to every size and CPU gap.
+    /// Factor applied to every size and CPU gap, in `(0, MAX_SCALE]`.
     pub scale: f64,
     /// CPU work between segments before scaling, in milliseconds.
     pub gap_ms: (f64, f64),
@@ -137,7 +145,9 @@ fn sample_size(rng: &mut Rng) -> f64 {
         .unwrap_or(SIZE_QUANTILES.len() - 2);
     let ((q0, s0), (q1, s1)) = (SIZE_QUANTILES[i], SIZE_QUANTILES[i + 1]);
     let t = (u - q0) / (q1 - q0);
-    (s0.ln() + t * (s1.ln() - s0.ln())).exp()
+    (s0.ln() + t * (s1.ln() - s0.ln()))
+        .exp()
+        .clamp(SIZE_QUANTILES[0].1, LARGEST_SIZE)
 }
 
 #[cfg(test)]
@@ -187,5 +197,20 @@ mod tests {
             .collect();
         assert_eq!(a, b);
         assert_eq!(a.len(), 3 * 18);
+    }
+
+    #[test]
+    fn the_largest_scale_stays_within_the_largest_class() {
+        let w = Workload {
+            devices: 1,
+            provers_per_device: 1,
+            segments: 200,
+            arenas: 16,
+            staging: 2,
+            scale: MAX_SCALE,
+            gap_ms: (50.0, 300.0),
+            seed: 3,
+        };
+        assert!(w.max_size() <= pinpool::MAX_CLASS_SIZE);
     }
 }
