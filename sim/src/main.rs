@@ -9,6 +9,7 @@ use clap::builder::RangedU64ValueParser;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use pinpool::SizeClasses;
 use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
 use pinpool_sim::workload::Workload;
@@ -58,9 +59,13 @@ struct SimArgs {
     /// 1 PiB (the seed design keeps its 4 GiB).
     #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "4", value_parser = cli::parse_cap, allow_negative_numbers = true)]
     max_pooled_bytes: usize,
-    /// pinpool's cleaner workers, 1 to 256.
-    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_CLEANER_THREADS))]
+    /// pinpool's cleaner workers, 1 to 256 (default: pinpool's own, the
+    /// number of cores, at most 8).
+    #[arg(long, default_value_t = pinpool::Config::default().cleaner_threads, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_CLEANER_THREADS))]
     cleaner_threads: usize,
+    /// pinpool's size classes.
+    #[arg(long, value_enum, default_value_t = Classes::Fine)]
+    size_classes: Classes,
     /// Strategies to run, in order; those that need a GPU are skipped
     /// without one.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
@@ -71,6 +76,25 @@ struct SimArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// How pinpool rounds requested sizes (`--size-classes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Classes {
+    /// Eight classes per octave above a page (at most 12.5% over the size
+    /// asked).
+    Fine,
+    /// Powers of two, the seed design's lengths.
+    Pow2,
+}
+
+impl From<Classes> for SizeClasses {
+    fn from(classes: Classes) -> Self {
+        match classes {
+            Classes::Fine => SizeClasses::Fine,
+            Classes::Pow2 => SizeClasses::PowersOfTwo,
+        }
+    }
 }
 
 /// Reports a bad combination of `sim` arguments as clap does and exits
@@ -171,9 +195,10 @@ fn sim(args: SimArgs) {
     if !args.json {
         println!("pinpool sim: {backend}");
         println!(
-            "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB",
+            "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB, {} size classes",
             workload.devices, workload.provers_per_device, workload.segments, workload.arenas, workload.staging,
-            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_bytes as f64 / (1u64 << 30) as f64
+            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_bytes as f64 / (1u64 << 30) as f64,
+            SizeClasses::from(args.size_classes)
         );
     }
     let mut results = Vec::new();
@@ -182,6 +207,7 @@ fn sim(args: SimArgs) {
         let settings = Settings {
             cleaner_threads: args.cleaner_threads,
             max_pooled_bytes: args.max_pooled_bytes,
+            size_classes: args.size_classes.into(),
         };
         results.push(run(
             kind,

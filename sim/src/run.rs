@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
+use pinpool::SizeClasses;
 
 use crate::gpu::Sink;
 use crate::strategy::{Kind, Strategy};
@@ -18,6 +19,8 @@ pub struct Settings {
     pub cleaner_threads: usize,
     /// Cap on pooled bytes.
     pub max_pooled_bytes: usize,
+    /// How requested sizes round up to buffer lengths.
+    pub size_classes: SizeClasses,
 }
 
 /// What one strategy achieved.

@@ -89,6 +89,7 @@ impl Strategy {
                     .devices(devices)
                     .cleaner_threads(settings.cleaner_threads)
                     .max_pooled_bytes(settings.max_pooled_bytes)
+                    .size_classes(settings.size_classes)
                     .build()
                     .expect("build the pool"),
             ),
