@@ -190,7 +190,7 @@ fn sim(args: SimArgs) {
                 "--strategies: {names} {needs} a GPU, and {why}"
             ));
         }
-        eprintln!("note: skipping {names}: {needs} a GPU, and {why}");
+        eprintln!("note: skipping {names} ({needs} a GPU; {why})");
     }
     if !args.json {
         println!("pinpool sim: {backend}");
@@ -280,6 +280,18 @@ fn print_table(results: &[RunResult]) {
         (
             "peak pinned MiB",
             Box::new(|r| format!("{:.1}", r.peak_pinned_bytes as f64 / 1048576.0)),
+        ),
+        (
+            "requested MiB",
+            Box::new(|r| format!("{:.1}", r.bytes_requested as f64 / 1048576.0)),
+        ),
+        (
+            "handed out MiB",
+            Box::new(|r| format!("{:.1}", r.bytes_handed_out as f64 / 1048576.0)),
+        ),
+        (
+            "class overhead",
+            Box::new(|r| format!("{:.3}", r.class_overhead)),
         ),
         (
             "zeroed MiB",

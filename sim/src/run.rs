@@ -55,6 +55,13 @@ pub struct RunResult {
     pub ready_p99_ms: Option<f64>,
     /// Most bytes page-locked at once, sampled every 2 ms.
     pub peak_pinned_bytes: u64,
+    /// Bytes asked of `take`, all takes together.
+    pub bytes_requested: u64,
+    /// Bytes of the buffers handed out (their lengths), all takes together.
+    pub bytes_handed_out: u64,
+    /// `bytes_handed_out / bytes_requested`: what rounding to size classes
+    /// costs.
+    pub class_overhead: f64,
     /// Bytes the strategy re-zeroed.
     pub bytes_zeroed: u64,
 }
@@ -67,6 +74,7 @@ struct Tally {
     hits: [u64; 2],
     bytes: [u64; 2],
     hit_bytes: [u64; 2],
+    requested: u64,
     staged: u64,
 }
 
@@ -80,6 +88,7 @@ impl Tally {
             self.bytes[i] += other.bytes[i];
             self.hit_bytes[i] += other.hit_bytes[i];
         }
+        self.requested += other.requested;
         self.staged += other.staged;
     }
 }
@@ -159,6 +168,7 @@ pub fn run(
     };
     strategy.shutdown();
     let takes = tally.takes[0] + tally.takes[1];
+    let handed_out = tally.bytes[0] + tally.bytes[1];
     RunResult {
         strategy: kind,
         wall_s: wall,
@@ -168,15 +178,15 @@ pub fn run(
         take_p99_us: quantile(&mut tally.take_ns, 0.99) / 1e3,
         drop_p99_us: quantile(&mut tally.drop_ns, 0.99) / 1e3,
         hit_rate: ratio(tally.hits[0] + tally.hits[1], takes),
-        hit_rate_bytes: ratio(
-            tally.hit_bytes[0] + tally.hit_bytes[1],
-            tally.bytes[0] + tally.bytes[1],
-        ),
+        hit_rate_bytes: ratio(tally.hit_bytes[0] + tally.hit_bytes[1], handed_out),
         steady_hit_rate: ratio(tally.hits[1], tally.takes[1]),
         steady_hit_rate_bytes: ratio(tally.hit_bytes[1], tally.bytes[1]),
         ready_p50_ms,
         ready_p99_ms,
         peak_pinned_bytes: peak.load(Ordering::Relaxed),
+        bytes_requested: tally.requested,
+        bytes_handed_out: handed_out,
+        class_overhead: ratio(handed_out, tally.requested),
         bytes_zeroed,
     }
 }
@@ -203,6 +213,7 @@ fn prove(
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
             let len = buf.bytes().len() as u64;
             tally.takes[phase] += 1;
+            tally.requested += plan.size as u64;
             tally.bytes[phase] += len;
             if buf.hit() {
                 tally.hits[phase] += 1;
