@@ -10,9 +10,13 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinpool::SizeClasses;
+use pinpool_sim::ideal::IdealPool;
 use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
 use pinpool_sim::workload::Workload;
+
+/// Bytes in a GiB.
+const GIB: f64 = (1u64 << 30) as f64;
 
 #[derive(Parser)]
 #[command(name = "pinpool-sim", version, about = "Pinned staging pool tools")]
@@ -67,8 +71,9 @@ struct SimArgs {
     #[arg(long, value_enum, default_value_t = Classes::Fine)]
     size_classes: Classes,
     /// Strategies to run, in order; those that need a GPU are skipped
-    /// without one.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
+    /// without one, and ideal is skipped when its buffers would not fit in
+    /// the memory available.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
     strategies: Vec<Kind>,
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
@@ -192,12 +197,13 @@ fn sim(args: SimArgs) {
         }
         eprintln!("note: skipping {names} ({needs} a GPU; {why})");
     }
+    let strategies = fit_ideal(strategies, &workload);
     if !args.json {
         println!("pinpool sim: {backend}");
         println!(
             "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB, {} size classes",
             workload.devices, workload.provers_per_device, workload.segments, workload.arenas, workload.staging,
-            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_bytes as f64 / (1u64 << 30) as f64,
+            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_bytes as f64 / GIB,
             SizeClasses::from(args.size_classes)
         );
     }
@@ -226,6 +232,34 @@ fn sim(args: SimArgs) {
     } else {
         print_table(&results);
     }
+}
+
+/// Leaves out the ideal strategy, with a note, when all its buffers would
+/// not fit in the memory available now; a usage error if nothing is left.
+fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
+    if !strategies.contains(&Kind::Ideal) {
+        return strategies;
+    }
+    let (Some(available), needed) = (
+        pinpool_sim::machine::available_memory(),
+        IdealPool::bytes_needed(workload),
+    ) else {
+        return strategies;
+    };
+    if needed <= available {
+        return strategies;
+    }
+    let why = format!(
+        "its buffers need {:.1} GiB and {:.1} GiB of memory are available",
+        needed as f64 / GIB,
+        available as f64 / GIB
+    );
+    strategies.retain(|k| *k != Kind::Ideal);
+    if strategies.is_empty() {
+        usage_error(format_args!("--strategies: ideal cannot run: {why}"));
+    }
+    eprintln!("note: skipping ideal ({why})");
+    strategies
 }
 
 fn progress_bar(workload: &Workload, kind: Kind, json: bool) -> Option<ProgressBar> {

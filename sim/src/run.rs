@@ -118,7 +118,7 @@ pub fn run(
     gpu: Option<&[Arc<CudaContext>]>,
     progress: Option<&ProgressBar>,
 ) -> RunResult {
-    let strategy = Strategy::new(kind, workload.devices, settings, gpu);
+    let strategy = Strategy::new(kind, workload, settings, gpu);
     let max = workload.max_size();
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
@@ -164,7 +164,8 @@ pub fn run(
             let mut ms = |q| (!ns.is_empty()).then(|| quantile(&mut ns, q) / 1e6);
             (ms(0.5), ms(0.99), s.bytes_zeroed)
         }
-        Strategy::Pageable | Strategy::HostAlloc => (None, None, 0),
+        Strategy::Ideal(pool) => (None, None, pool.bytes_zeroed()),
+        Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
     };
     strategy.shutdown();
     let takes = tally.takes[0] + tally.takes[1];
@@ -209,7 +210,7 @@ fn prove(
         let mut staged = Vec::with_capacity(segment.buffers.len());
         for plan in &segment.buffers {
             let started = Instant::now();
-            let mut buf = strategy.take(device, plan.size);
+            let mut buf = strategy.take(prover, device, plan.size);
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
             let len = buf.bytes().len() as u64;
             tally.takes[phase] += 1;
@@ -225,7 +226,7 @@ fn prove(
         for (buf, written) in staged {
             tally
                 .drop_ns
-                .push(buf.stage(written, &mut sink).as_nanos() as u64);
+                .push(buf.stage(prover, written, &mut sink).as_nanos() as u64);
             tally.staged += written as u64;
         }
         std::thread::sleep(segment.gap);
@@ -234,5 +235,6 @@ fn prove(
         }
     }
     sink.synchronize();
+    strategy.finish(prover);
     tally
 }

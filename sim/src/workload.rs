@@ -1,6 +1,7 @@
 //! The proving workload: segments of record arenas and staging buffers with
 //! sizes drawn from a real block's profile.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// The largest buffer in the profile: 2 GiB.
@@ -134,6 +135,24 @@ impl Workload {
             .max()
             .unwrap_or(1)
     }
+
+    /// For each size prover `prover` asks for, the most buffers of that
+    /// size it holds at once. A prover takes all of a segment's buffers
+    /// before it gives any back, so that is the most of any one segment.
+    pub fn peak_holdings(&self, prover: usize) -> HashMap<usize, usize> {
+        let mut peak = HashMap::new();
+        for segment in self.plan(prover) {
+            let mut held: HashMap<usize, usize> = HashMap::new();
+            for buffer in &segment.buffers {
+                *held.entry(buffer.size).or_default() += 1;
+            }
+            for (size, count) in held {
+                let most = peak.entry(size).or_default();
+                *most = count.max(*most);
+            }
+        }
+        peak
+    }
 }
 
 /// A size in bytes from the profile.
@@ -212,5 +231,36 @@ mod tests {
             seed: 3,
         };
         assert!(w.max_size() <= pinpool::MAX_CLASS_SIZE);
+    }
+
+    #[test]
+    fn peak_holdings_cover_every_segment() {
+        let w = Workload {
+            devices: 1,
+            provers_per_device: 1,
+            segments: 5,
+            arenas: 16,
+            staging: 2,
+            // Sizes of one byte: every buffer has the same size.
+            scale: 1e-12,
+            gap_ms: (50.0, 300.0),
+            seed: 1,
+        };
+        assert_eq!(w.peak_holdings(0), HashMap::from([(1, 18)]));
+        let w = Workload {
+            scale: 1.0 / 64.0,
+            ..w
+        };
+        let peak = w.peak_holdings(0);
+        for segment in w.plan(0) {
+            for buffer in &segment.buffers {
+                let held = segment
+                    .buffers
+                    .iter()
+                    .filter(|b| b.size == buffer.size)
+                    .count();
+                assert!(peak[&buffer.size] >= held);
+            }
+        }
     }
 }

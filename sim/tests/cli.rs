@@ -88,14 +88,14 @@ fn a_tiny_run_works() {
 }
 
 #[test]
-fn gpu_strategies_are_skipped_with_a_note() {
-    let out = sim(&[TINY, &["--strategies", "host-alloc,pageable"]].concat());
+fn the_default_strategies_run_without_a_gpu() {
+    let out = sim(TINY);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("skipping host-alloc"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("pageable") && !stdout.contains("host-alloc"),
-        "{stdout}"
-    );
+    for name in ["pinpool", "ideal", "seed", "pageable"] {
+        assert!(stdout.contains(name), "{name}: {stdout}");
+    }
+    assert!(!stdout.contains("host-alloc"), "{stdout}");
 }
