@@ -14,6 +14,8 @@ pub const MAX_SEGMENTS: u64 = 100_000;
 pub const MAX_BUFFERS: u64 = 1024;
 /// Most cleaner workers (pinpool's own bound).
 pub const MAX_CLEANER_THREADS: u64 = 256;
+/// Most runs of each strategy.
+pub const MAX_REPEAT: i64 = 1000;
 /// The largest cap on pooled bytes, in GiB (1 PiB).
 pub const MAX_POOLED_GIB: f64 = (1u64 << 20) as f64;
 

@@ -5,6 +5,7 @@
 pub mod gpu;
 pub mod ideal;
 pub mod machine;
+pub mod report;
 pub mod run;
 pub mod seed;
 pub mod strategy;

@@ -11,6 +11,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pinpool::SizeClasses;
 use pinpool_sim::ideal::IdealPool;
+use pinpool_sim::report::{Report, FIGURES};
 use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
 use pinpool_sim::workload::Workload;
@@ -78,6 +79,11 @@ struct SimArgs {
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
     host: bool,
+    /// Runs of each strategy, on the same draws, 1 to 1000; with more
+    /// than one the table shows each figure's median (min-max), and the
+    /// JSON every run and the summary.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=cli::MAX_REPEAT))]
+    repeat: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -207,30 +213,40 @@ fn sim(args: SimArgs) {
             SizeClasses::from(args.size_classes)
         );
     }
-    let mut results = Vec::new();
-    for kind in strategies {
-        let bar = progress_bar(&workload, kind, args.json);
-        let settings = Settings {
-            cleaner_threads: args.cleaner_threads,
-            max_pooled_bytes: args.max_pooled_bytes,
-            size_classes: args.size_classes.into(),
-        };
-        results.push(run(
-            kind,
-            &workload,
-            &settings,
-            gpu.as_deref(),
-            bar.as_ref(),
-        ));
-        if let Some(bar) = bar {
-            bar.finish_and_clear();
+    let settings = Settings {
+        cleaner_threads: args.cleaner_threads,
+        max_pooled_bytes: args.max_pooled_bytes,
+        size_classes: args.size_classes.into(),
+    };
+    // Rounds of every strategy in turn, so that drift over time (page
+    // cache, thermal state) spreads over all of them alike.
+    let mut runs: Vec<Vec<RunResult>> = vec![Vec::new(); strategies.len()];
+    for round in 0..args.repeat {
+        for (kind, runs) in strategies.iter().zip(&mut runs) {
+            let bar = progress_bar(&workload, *kind, round, args.repeat, args.json);
+            runs.push(run(
+                *kind,
+                &workload,
+                &settings,
+                gpu.as_deref(),
+                bar.as_ref(),
+            ));
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
         }
     }
+    let reports: Vec<Report> = strategies
+        .iter()
+        .zip(runs)
+        .map(|(kind, runs)| Report::new(*kind, runs))
+        .collect();
     if args.json {
-        let out = serde_json::json!({ "backend": backend, "results": results });
+        let out =
+            serde_json::json!({ "backend": backend, "repeat": args.repeat, "results": reports });
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
     } else {
-        print_table(&results);
+        print_table(&reports);
     }
 }
 
@@ -262,87 +278,63 @@ fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
     strategies
 }
 
-fn progress_bar(workload: &Workload, kind: Kind, json: bool) -> Option<ProgressBar> {
+fn progress_bar(
+    workload: &Workload,
+    kind: Kind,
+    round: u32,
+    repeat: u32,
+    json: bool,
+) -> Option<ProgressBar> {
     if json || !std::io::stderr().is_terminal() {
         return None;
     }
     let bar = ProgressBar::new((workload.provers() * workload.segments) as u64);
     bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} segments")
+        ProgressStyle::with_template("{msg:>16} [{bar:40}] {pos}/{len} segments")
             .expect("template"),
     );
-    bar.set_message(kind.name());
+    if repeat > 1 {
+        bar.set_message(format!("{} {}/{repeat}", kind.name(), round + 1));
+    } else {
+        bar.set_message(kind.name());
+    }
     Some(bar)
 }
 
-/// Formats one metric of a result.
-type Cell = Box<dyn Fn(&RunResult) -> String>;
-
-fn print_table(results: &[RunResult]) {
-    let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
-    let pct = |v: f64| format!("{:.2}%", v * 100.0);
-    let rows: Vec<(&str, Cell)> = vec![
-        (
-            "segments/s",
-            Box::new(|r| format!("{:.1}", r.segments_per_s)),
-        ),
-        (
-            "staged GB/s",
-            Box::new(|r| format!("{:.2}", r.staged_gb_per_s)),
-        ),
-        ("take p50 us", Box::new(|r| format!("{:.1}", r.take_p50_us))),
-        ("take p99 us", Box::new(|r| format!("{:.1}", r.take_p99_us))),
-        ("drop p99 us", Box::new(|r| format!("{:.1}", r.drop_p99_us))),
-        ("hits (count)", Box::new(move |r| pct(r.hit_rate))),
-        ("hits (bytes)", Box::new(move |r| pct(r.hit_rate_bytes))),
-        (
-            "steady hits (count)",
-            Box::new(move |r| pct(r.steady_hit_rate)),
-        ),
-        (
-            "steady hits (bytes)",
-            Box::new(move |r| pct(r.steady_hit_rate_bytes)),
-        ),
-        (
-            "drop-to-ready p50 ms",
-            Box::new(move |r| opt(r.ready_p50_ms)),
-        ),
-        (
-            "drop-to-ready p99 ms",
-            Box::new(move |r| opt(r.ready_p99_ms)),
-        ),
-        (
-            "peak pinned MiB",
-            Box::new(|r| format!("{:.1}", r.peak_pinned_bytes as f64 / 1048576.0)),
-        ),
-        (
-            "requested MiB",
-            Box::new(|r| format!("{:.1}", r.bytes_requested as f64 / 1048576.0)),
-        ),
-        (
-            "handed out MiB",
-            Box::new(|r| format!("{:.1}", r.bytes_handed_out as f64 / 1048576.0)),
-        ),
-        (
-            "class overhead",
-            Box::new(|r| format!("{:.3}", r.class_overhead)),
-        ),
-        (
-            "zeroed MiB",
-            Box::new(|r| format!("{:.1}", r.bytes_zeroed as f64 / 1048576.0)),
-        ),
-    ];
-    print!("\n{:<22}", "");
-    for r in results {
-        print!("{:>14}", r.strategy.name());
+fn print_table(reports: &[Report]) {
+    let label_width = FIGURES.iter().map(|f| f.label.len()).max().unwrap_or(0) + 2;
+    let cells: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| FIGURES.iter().map(|f| r.cell(f)).collect())
+        .collect();
+    let widths: Vec<usize> = reports
+        .iter()
+        .zip(&cells)
+        .map(|(r, cells)| {
+            cells
+                .iter()
+                .map(String::len)
+                .chain([r.strategy.name().len()])
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .collect();
+    print!("\n{:<label_width$}", "");
+    for (r, width) in reports.iter().zip(&widths) {
+        print!("{:>width$}", r.strategy.name());
     }
     println!();
-    for (label, cell) in rows {
-        print!("{label:<22}");
-        for r in results {
-            print!("{:>14}", cell(r));
+    for (row, figure) in FIGURES.iter().enumerate() {
+        print!("{:<label_width$}", figure.label);
+        for (cells, width) in cells.iter().zip(&widths) {
+            print!("{:>width$}", cells[row]);
         }
         println!();
     }
-    println!("\n(steady = after the first quarter of each prover's segments; pinpool's drop-to-ready figures are power-of-two bucket edges)");
+    println!();
+    if let Some(runs) = reports.first().map(|r| r.runs.len()).filter(|&n| n > 1) {
+        println!("(each figure: median (min-max) of {runs} runs on the same draws)");
+    }
+    println!("(steady = after the first quarter of each prover's segments; pinpool's drop-to-ready figures are power-of-two bucket edges)");
 }

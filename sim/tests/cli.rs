@@ -39,6 +39,8 @@ fn counts_out_of_range_are_refused() {
         &["--cleaner-threads", "0"],
         &["--cleaner-threads", "257"],
         &["--devices", "two"],
+        &["--repeat", "0"],
+        &["--repeat", "1001"],
     ]);
 }
 
@@ -98,4 +100,35 @@ fn the_default_strategies_run_without_a_gpu() {
         assert!(stdout.contains(name), "{name}: {stdout}");
     }
     assert!(!stdout.contains("host-alloc"), "{stdout}");
+}
+
+#[test]
+fn repeated_runs_report_every_run_and_their_spread() {
+    let out = sim(&[
+        TINY,
+        &["--strategies", "pageable", "--repeat", "3", "--json"],
+    ]
+    .concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let result = &json["results"][0];
+    assert_eq!(result["strategy"], "pageable");
+    assert_eq!(result["runs"].as_array().map(Vec::len), Some(3));
+    let spread = &result["summary"]["segments_per_s"];
+    let (min, median, max) = (
+        spread["min"].as_f64().unwrap(),
+        spread["median"].as_f64().unwrap(),
+        spread["max"].as_f64().unwrap(),
+    );
+    assert!(min <= median && median <= max, "{spread}");
+    assert!(result["summary"]["ready_p50_ms"].is_null());
+
+    let out = sim(&[TINY, &["--strategies", "pageable", "--repeat", "2"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("segments/s"))
+        .unwrap();
+    assert!(row.contains('(') && row.contains(')'), "{row}");
 }
