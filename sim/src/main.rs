@@ -4,13 +4,16 @@
 mod cli;
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 
 use clap::builder::RangedU64ValueParser;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
+use cudarc::driver::CudaContext;
 use indicatif::{ProgressBar, ProgressStyle};
 use pinpool::SizeClasses;
 use pinpool_sim::ideal::IdealPool;
+use pinpool_sim::machine::Machine;
 use pinpool_sim::report::{Report, FIGURES};
 use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
@@ -161,16 +164,17 @@ fn sim(args: SimArgs) {
     } else {
         pinpool_sim::gpu::detect()
     };
-    let devices = match &gpu {
-        Some(g) if args.devices > g.len() => usage_error(format_args!(
-            "--devices {} asks for more devices than the {} GPU(s) present",
-            args.devices,
-            g.len()
-        )),
-        _ => args.devices,
-    };
+    if let Some(g) = &gpu {
+        if args.devices > g.len() {
+            usage_error(format_args!(
+                "--devices {} asks for more devices than the {} GPU(s) present",
+                args.devices,
+                g.len()
+            ));
+        }
+    }
     let workload = Workload {
-        devices,
+        devices: args.devices,
         provers_per_device: args.provers_per_device,
         segments: args.segments,
         arenas: args.arenas,
@@ -179,22 +183,97 @@ fn sim(args: SimArgs) {
         gap_ms: (50.0, 300.0),
         seed: args.seed,
     };
-    let backend = match &gpu {
-        Some(g) => format!("CUDA backend, {} of {} GPU(s): {}", devices, g.len(), g[0].name().unwrap_or_default()),
-        None => "host backend (no GPU in use: buffers are not page-locked; copies are memcpys into a host buffer standing in for the device)".into(),
+    let settings = Settings {
+        cleaner_threads: args.cleaner_threads,
+        max_pooled_bytes: args.max_pooled_bytes,
+        size_classes: args.size_classes.into(),
     };
-    let (strategies, need_gpu): (Vec<Kind>, Vec<Kind>) = args
-        .strategies
-        .iter()
-        .partition(|k| gpu.is_some() || !k.needs_gpu());
+    let strategies = fit_ideal(usable(&args, gpu.is_some()), &workload);
+    let backend = Backend::new(gpu.as_deref(), &workload, &settings);
+    let machine = Machine::this();
+    if !args.json {
+        print_header(&args, &backend, &machine);
+    }
+    let reports = run_all(&strategies, &args, &workload, &settings, gpu.as_deref());
+    if args.json {
+        let out = serde_json::json!({
+            "workload": workload,
+            "settings": {
+                "cleaner_threads": settings.cleaner_threads,
+                "max_pooled_bytes": settings.max_pooled_bytes,
+                "size_classes": settings.size_classes.to_string(),
+                "repeat": args.repeat,
+                "seed": args.seed,
+                "strategies": strategies,
+            },
+            "machine": machine,
+            "backend": backend,
+            "results": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
+    } else {
+        print_table(&reports);
+        print_legend(&reports, &backend);
+    }
+}
+
+/// What the run stages with.
+#[derive(serde::Serialize)]
+struct Backend {
+    /// `cuda` or `host`.
+    kind: &'static str,
+    /// The names of the GPUs in use.
+    gpus: Vec<String>,
+    /// GPUs present, used or not (0 with `--host`).
+    gpus_present: usize,
+    /// What pinpool's `Pool::backend()` reports with the run's settings.
+    pinpool: String,
+}
+
+impl Backend {
+    /// Describes the backend of `gpu` (host without), building a pinpool
+    /// pool with `settings` to ask it; exits if that pool cannot be built.
+    fn new(gpu: Option<&[Arc<CudaContext>]>, workload: &Workload, settings: &Settings) -> Self {
+        let pool = match pinpool_sim::strategy::pinpool(workload, settings, gpu) {
+            Ok(pool) => pool,
+            Err(e) => {
+                eprintln!("error: cannot build a pinpool pool with these settings: {e}");
+                std::process::exit(1);
+            }
+        };
+        let pinpool = pool.backend().to_string();
+        pool.shutdown();
+        let gpus = gpu.map_or_else(Vec::new, |g| {
+            g[..workload.devices]
+                .iter()
+                .map(|ctx| {
+                    ctx.name()
+                        .unwrap_or_else(|e| format!("(name unknown: {e})"))
+                })
+                .collect()
+        });
+        Self {
+            kind: if gpu.is_some() { "cuda" } else { "host" },
+            gpus,
+            gpus_present: gpu.map_or(0, <[_]>::len),
+            pinpool,
+        }
+    }
+}
+
+/// The strategies of `--strategies` that can run, with a note for those
+/// left out; a usage error if none can.
+fn usable(args: &SimArgs, gpu: bool) -> Vec<Kind> {
+    let (strategies, need_gpu): (Vec<Kind>, Vec<Kind>) =
+        args.strategies.iter().partition(|k| gpu || !k.needs_gpu());
     if !need_gpu.is_empty() {
         let names: Vec<_> = need_gpu.iter().map(|k| k.name()).collect();
+        let names = names.join(", ");
         let why = if args.host {
             "--host was given"
         } else {
             "no GPU was found"
         };
-        let names = names.join(", ");
         let needs = if need_gpu.len() == 1 { "needs" } else { "need" };
         if strategies.is_empty() {
             usage_error(format_args!(
@@ -203,51 +282,7 @@ fn sim(args: SimArgs) {
         }
         eprintln!("note: skipping {names} ({needs} a GPU; {why})");
     }
-    let strategies = fit_ideal(strategies, &workload);
-    if !args.json {
-        println!("pinpool sim: {backend}");
-        println!(
-            "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB, {} size classes",
-            workload.devices, workload.provers_per_device, workload.segments, workload.arenas, workload.staging,
-            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_bytes as f64 / GIB,
-            SizeClasses::from(args.size_classes)
-        );
-    }
-    let settings = Settings {
-        cleaner_threads: args.cleaner_threads,
-        max_pooled_bytes: args.max_pooled_bytes,
-        size_classes: args.size_classes.into(),
-    };
-    // Rounds of every strategy in turn, so that drift over time (page
-    // cache, thermal state) spreads over all of them alike.
-    let mut runs: Vec<Vec<RunResult>> = vec![Vec::new(); strategies.len()];
-    for round in 0..args.repeat {
-        for (kind, runs) in strategies.iter().zip(&mut runs) {
-            let bar = progress_bar(&workload, *kind, round, args.repeat, args.json);
-            runs.push(run(
-                *kind,
-                &workload,
-                &settings,
-                gpu.as_deref(),
-                bar.as_ref(),
-            ));
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-        }
-    }
-    let reports: Vec<Report> = strategies
-        .iter()
-        .zip(runs)
-        .map(|(kind, runs)| Report::new(*kind, runs))
-        .collect();
-    if args.json {
-        let out =
-            serde_json::json!({ "backend": backend, "repeat": args.repeat, "results": reports });
-        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
-    } else {
-        print_table(&reports);
-    }
+    strategies
 }
 
 /// Leaves out the ideal strategy, with a note, when all its buffers would
@@ -276,6 +311,67 @@ fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
     }
     eprintln!("note: skipping ideal ({why})");
     strategies
+}
+
+/// Runs every strategy `args.repeat` times, in rounds of every strategy in
+/// turn, so that drift over time (page cache, clocks) spreads over all of
+/// them alike.
+fn run_all(
+    strategies: &[Kind],
+    args: &SimArgs,
+    workload: &Workload,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+) -> Vec<Report> {
+    let mut runs: Vec<Vec<RunResult>> = vec![Vec::new(); strategies.len()];
+    for round in 0..args.repeat {
+        for (kind, runs) in strategies.iter().zip(&mut runs) {
+            let bar = progress_bar(workload, *kind, round, args.repeat, args.json);
+            runs.push(run(*kind, workload, settings, gpu, bar.as_ref()));
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+        }
+    }
+    strategies
+        .iter()
+        .zip(runs)
+        .map(|(kind, runs)| Report::new(*kind, runs))
+        .collect()
+}
+
+fn print_header(args: &SimArgs, backend: &Backend, machine: &Machine) {
+    match backend.gpus.first() {
+        Some(name) => println!(
+            "backend: CUDA, {} of {} GPU(s), {name} (pinpool: {})",
+            backend.gpus.len(),
+            backend.gpus_present,
+            backend.pinpool
+        ),
+        None => println!(
+            "backend: host, no GPU in use (pinpool: {})",
+            backend.pinpool
+        ),
+    }
+    let memory = machine
+        .total_memory_bytes
+        .map_or_else(String::new, |b| format!(", {:.1} GiB", b as f64 / GIB));
+    println!(
+        "machine: {}, {} CPUs{memory}",
+        machine.hostname.as_deref().unwrap_or("(no hostname)"),
+        machine.cpus
+    );
+    println!(
+        "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}",
+        args.devices, args.provers_per_device, args.segments, args.arenas, args.staging, args.scale, args.seed
+    );
+    println!(
+        "pinpool: {} cleaner threads, cap {} GiB, {} size classes; {} run(s) of each strategy",
+        args.cleaner_threads,
+        args.max_pooled_bytes as f64 / GIB,
+        SizeClasses::from(args.size_classes),
+        args.repeat
+    );
 }
 
 fn progress_bar(
@@ -337,4 +433,22 @@ fn print_table(reports: &[Report]) {
         println!("(each figure: median (min-max) of {runs} runs on the same draws)");
     }
     println!("(steady = after the first quarter of each prover's segments; pinpool's drop-to-ready figures are power-of-two bucket edges)");
+}
+
+fn print_legend(reports: &[Report], backend: &Backend) {
+    println!();
+    let width = reports
+        .iter()
+        .map(|r| r.strategy.name().len())
+        .max()
+        .unwrap_or(0);
+    for r in reports {
+        println!("{:<width$}  {}", r.strategy.name(), r.legend);
+    }
+    if backend.kind == "host" {
+        println!(
+            "\nhost backend: the staging figures say nothing about pinned copies: copies are \
+             memcpys into a host buffer standing in for the device, and nothing is page-locked"
+        );
+    }
 }

@@ -185,6 +185,8 @@ impl Spread {
 pub struct Report {
     /// The strategy.
     pub strategy: Kind,
+    /// What it is ([`Kind::legend`]).
+    pub legend: &'static str,
     /// The runs, in order.
     pub runs: Vec<RunResult>,
     /// Per figure (by its key), its spread over the runs; `None` where
@@ -201,6 +203,7 @@ impl Report {
             .collect();
         Self {
             strategy,
+            legend: strategy.legend(),
             runs,
             summary,
         }

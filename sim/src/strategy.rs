@@ -12,6 +12,26 @@ use crate::run::Settings;
 use crate::seed::{SeedBuffer, SeedPool};
 use crate::workload::Workload;
 
+/// A pinpool pool for `workload` with `settings`, on the CUDA backend when
+/// `gpu` is given, else on the host backend.
+pub fn pinpool(
+    workload: &Workload,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+) -> Result<Pool, pinpool::Error> {
+    Pool::builder()
+        .backend(if gpu.is_some() {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Host
+        })
+        .devices(workload.devices)
+        .cleaner_threads(settings.cleaner_threads)
+        .max_pooled_bytes(settings.max_pooled_bytes)
+        .size_classes(settings.size_classes)
+        .build()
+}
+
 /// Which strategy a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -21,9 +41,10 @@ pub enum Kind {
     /// The upper bound: every buffer prepared (pinned on a GPU) and zeroed
     /// before the run.
     Ideal,
-    /// The design pinpool replaces (global mutex, one batching cleaner).
+    /// The design pinpool replaces (openvm cuda-common 2.0.1: global mutex,
+    /// one cleaner with a 100 ms batching window).
     Seed,
-    /// A fresh pageable allocation per take.
+    /// A fresh pageable Vec per take.
     Pageable,
     /// `cuMemHostAlloc` per take, freed after its copy (GPU only).
     HostAlloc,
@@ -38,6 +59,24 @@ impl Kind {
             Kind::Seed => "seed",
             Kind::Pageable => "pageable",
             Kind::HostAlloc => "host-alloc",
+        }
+    }
+
+    /// What the strategy is, in one line.
+    pub fn legend(self) -> &'static str {
+        match self {
+            Kind::Pinpool => "this crate, with the settings above",
+            Kind::Ideal => {
+                "the upper bound: every buffer each prover needs, pre-faulted (pinned with \
+                 cuMemHostAlloc on a GPU) and zeroed before the run (untimed); takes pop, \
+                 give-backs re-zero inline"
+            }
+            Kind::Seed => {
+                "a faithful re-implementation of openvm cuda-common 2.0.1's pinned.rs (global \
+                 mutex, one cleaner thread with a 100 ms batching window), for comparison"
+            }
+            Kind::Pageable => "a fresh pageable Vec per take",
+            Kind::HostAlloc => "cuMemHostAlloc per take, freed after its copy (GPU only)",
         }
     }
 
@@ -86,20 +125,9 @@ impl Strategy {
         gpu: Option<&[Arc<CudaContext>]>,
     ) -> Self {
         match kind {
-            Kind::Pinpool => Strategy::Pinpool(
-                Pool::builder()
-                    .backend(if gpu.is_some() {
-                        BackendKind::Cuda
-                    } else {
-                        BackendKind::Host
-                    })
-                    .devices(workload.devices)
-                    .cleaner_threads(settings.cleaner_threads)
-                    .max_pooled_bytes(settings.max_pooled_bytes)
-                    .size_classes(settings.size_classes)
-                    .build()
-                    .expect("build the pool"),
-            ),
+            Kind::Pinpool => {
+                Strategy::Pinpool(pinpool(workload, settings, gpu).expect("build the pool"))
+            }
             Kind::Ideal => Strategy::Ideal(IdealPool::new(workload, gpu)),
             Kind::Seed => Strategy::Seed(SeedPool::new(gpu.map(|g| g.to_vec()))),
             Kind::Pageable => Strategy::Pageable,

@@ -56,7 +56,7 @@ impl Rng {
 }
 
 /// The shape of a run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Workload {
     /// Devices (GPUs, or simulated shards on the host).
     pub devices: usize,

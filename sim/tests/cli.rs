@@ -87,6 +87,53 @@ fn a_tiny_run_works() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("segments/s"), "{stdout}");
+    assert!(stdout.contains("class overhead"), "{stdout}");
+    assert!(stdout.contains("pinpool  this crate"), "{stdout}");
+    assert!(
+        stdout.contains("say nothing about pinned copies"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_json_names_the_workload_settings_machine_and_backend() {
+    let args = [TINY, &["--strategies", "pinpool,ideal", "--json"]].concat();
+    let out = sim(&[
+        &args[..],
+        &["--size-classes", "pow2", "--cleaner-threads", "3"],
+    ]
+    .concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    assert_eq!(json["workload"]["segments"], 2);
+    assert_eq!(json["workload"]["scale"], 0.001);
+    assert_eq!(json["workload"]["arenas"], 16);
+    assert_eq!(json["settings"]["cleaner_threads"], 3);
+    assert_eq!(json["settings"]["size_classes"], "pow2");
+    assert_eq!(json["settings"]["repeat"], 1);
+    assert_eq!(json["settings"]["seed"], 1);
+    assert_eq!(json["settings"]["max_pooled_bytes"], 4u64 << 30);
+    assert!(json["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(json["machine"].get("hostname").is_some());
+    assert!(json["machine"].get("total_memory_bytes").is_some());
+    assert_eq!(json["backend"]["kind"], "host");
+    assert_eq!(json["backend"]["pinpool"], "host");
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for result in results {
+        assert!(!result["legend"].as_str().unwrap().is_empty());
+        let run = &result["runs"][0];
+        let (asked, handed) = (
+            run["bytes_requested"].as_f64().unwrap(),
+            run["bytes_handed_out"].as_f64().unwrap(),
+        );
+        assert!(handed >= asked && asked > 0.0, "{run}");
+        assert_eq!(run["class_overhead"].as_f64().unwrap(), handed / asked);
+    }
+    let ideal = &results[1]["runs"][0];
+    assert_eq!(ideal["hit_rate"], 1.0);
+    assert_eq!(ideal["class_overhead"], 1.0);
 }
 
 #[test]
