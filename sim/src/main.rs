@@ -23,7 +23,11 @@ use pinpool_sim::workload::Workload;
 const GIB: f64 = (1u64 << 30) as f64;
 
 #[derive(Parser)]
-#[command(name = "pinpool-sim", version, about = "Pinned staging pool tools")]
+#[command(
+    name = "pinpool-sim",
+    version,
+    about = "pinpool's proving-workload simulator"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,21 +41,21 @@ enum Command {
 
 #[derive(Parser)]
 struct SimArgs {
-    /// Devices (GPUs, or simulated shards without a GPU).
+    /// Devices (GPUs, or simulated shards without a GPU), 1 to 64.
     #[arg(long, default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_DEVICES))]
     devices: usize,
-    /// Prover threads per device, each with its own stream on a GPU (at
-    /// most 1024 provers in all).
+    /// Prover threads per device, each with its own stream on a GPU, 1 to
+    /// 64 (at most 1024 provers in all).
     #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_PROVERS_PER_DEVICE))]
     provers_per_device: usize,
-    /// Segments per prover.
+    /// Segments per prover, 1 to 100000.
     #[arg(long, default_value_t = 24, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_SEGMENTS))]
     segments: usize,
-    /// Record arenas per segment.
+    /// Record arenas per segment, 0 to 1024.
     #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(0..=cli::MAX_BUFFERS))]
     arenas: usize,
-    /// Staging buffers per segment (arenas and staging buffers: at least
-    /// one in all).
+    /// Staging buffers per segment, 0 to 1024 (arenas and staging buffers:
+    /// at least one in all).
     #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(0..=cli::MAX_BUFFERS))]
     staging: usize,
     /// Factor on every buffer size and CPU gap (1 = the real client's
