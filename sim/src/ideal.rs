@@ -214,3 +214,64 @@ impl DerefMut for IdealBuffer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload() -> Workload {
+        Workload {
+            devices: 1,
+            provers_per_device: 2,
+            segments: 3,
+            arenas: 4,
+            staging: 1,
+            scale: 1e-4,
+            gap_ms: (0.0, 0.0),
+            seed: 5,
+        }
+    }
+
+    #[test]
+    fn holds_each_provers_plan_and_gives_back_zeroed() {
+        let workload = workload();
+        let pool = IdealPool::new(&workload, None);
+        assert_eq!(pool.pinned_bytes(), 0);
+        for prover in 0..workload.provers() {
+            for segment in workload.plan(prover) {
+                let mut taken: Vec<_> = segment
+                    .buffers
+                    .iter()
+                    .map(|b| (pool.take(prover, b.size), b.written))
+                    .collect();
+                for (buf, written) in &mut taken {
+                    assert!(buf.iter().all(|&b| b == 0));
+                    buf[..*written].fill(0xA5);
+                }
+                for (buf, written) in taken {
+                    pool.give_back(prover, buf, written, None);
+                }
+            }
+            pool.finish(prover);
+        }
+        let written: usize = (0..workload.provers())
+            .flat_map(|p| workload.plan(p))
+            .flat_map(|s| s.buffers)
+            .map(|b| b.written)
+            .sum();
+        assert_eq!(pool.bytes_zeroed(), written as u64);
+        let held: usize = pool
+            .provers
+            .iter()
+            .map(|l| {
+                l.lock()
+                    .unwrap()
+                    .values()
+                    .flatten()
+                    .map(|b| b.len())
+                    .sum::<usize>()
+            })
+            .sum();
+        assert_eq!(held as u64, IdealPool::bytes_needed(&workload));
+    }
+}
