@@ -1,8 +1,10 @@
 //! The GPU, when there is one: contexts, streams and copy targets.
 
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
 /// Every usable device's primary context, or `None` without a GPU.
 pub fn detect() -> Option<Vec<Arc<CudaContext>>> {
@@ -87,5 +89,72 @@ impl Drop for Sink {
             // SAFETY: allocated in `new`, freed once, no copy in flight.
             let _ = unsafe { result::free_sync(*dst) };
         }
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
+///
+/// Its owner waits for the copies reading it before dropping it.
+#[derive(Debug)]
+pub struct HostAlloc {
+    ptr: NonNull<u8>,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the memory belongs to this value alone, like a `Box<[u8]>`:
+// moving it to another thread moves the only handle, and shared references
+// only read it.
+unsafe impl Send for HostAlloc {}
+// SAFETY: as for `Send`; `&HostAlloc` gives only `&[u8]`.
+unsafe impl Sync for HostAlloc {}
+
+impl HostAlloc {
+    /// `len` bytes of page-locked memory allocated in `ctx` (which this
+    /// binds to the calling thread), page-locked for every context when
+    /// `portable`; not zeroed.
+    pub fn new(ctx: &Arc<CudaContext>, len: usize, portable: bool) -> Result<Self, DriverError> {
+        ctx.bind_to_thread()?;
+        let flags = if portable {
+            sys::CU_MEMHOSTALLOC_PORTABLE
+        } else {
+            0
+        };
+        // SAFETY: a context is bound; the result is checked, and the memory
+        // is freed once, in `drop`.
+        let ptr = unsafe { result::malloc_host(len.max(1), flags) }?;
+        let ptr = NonNull::new(ptr.cast())
+            .ok_or(DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY))?;
+        Ok(Self {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+        })
+    }
+}
+
+impl Deref for HostAlloc {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` holds at least `len` bytes owned by this value.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for HostAlloc {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds at least `len` bytes owned by this value, and
+        // `&mut self` makes this the only reference to them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by `malloc_host` in `new` and freed only here;
+        // the owner has waited for the copies reading it.
+        let _ = unsafe { result::free_host(self.ptr.as_ptr().cast()) };
     }
 }

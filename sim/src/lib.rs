@@ -1,8 +1,11 @@
-//! The `pinpool sim` proving-workload simulator: the workload, the
-//! strategies it compares (pinpool, the seed design, pageable staging,
-//! `cuMemHostAlloc`), and the measurements.
+//! The `pinpool-sim sim` proving-workload simulator: the workload, the
+//! strategies it compares (pinpool, an ideal upper bound, the seed design,
+//! pageable staging, `cuMemHostAlloc`), and the measurements.
 
 pub mod gpu;
+pub mod ideal;
+pub mod machine;
+pub mod report;
 pub mod run;
 pub mod seed;
 pub mod strategy;

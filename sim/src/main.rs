@@ -1,16 +1,33 @@
-//! `pinpool sim`: runs a proving workload through several staging
+//! `pinpool-sim sim`: runs a proving workload through several staging
 //! strategies side by side and reports how each fared.
 
-use std::io::IsTerminal;
+mod cli;
 
-use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+use std::sync::Arc;
+
+use clap::builder::RangedU64ValueParser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
+use cudarc::driver::CudaContext;
 use indicatif::{ProgressBar, ProgressStyle};
+use pinpool::SizeClasses;
+use pinpool_sim::ideal::IdealPool;
+use pinpool_sim::machine::Machine;
+use pinpool_sim::report::{Report, FIGURES};
 use pinpool_sim::run::{run, RunResult, Settings};
 use pinpool_sim::strategy::Kind;
 use pinpool_sim::workload::Workload;
 
+/// Bytes in a GiB.
+const GIB: f64 = (1u64 << 30) as f64;
+
 #[derive(Parser)]
-#[command(name = "pinpool", version, about = "Pinned staging pool tools")]
+#[command(
+    name = "pinpool-sim",
+    version,
+    about = "pinpool's proving-workload simulator"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,43 +41,112 @@ enum Command {
 
 #[derive(Parser)]
 struct SimArgs {
-    /// Devices (GPUs, or simulated shards without a GPU).
-    #[arg(long, default_value_t = 1)]
+    /// Devices (GPUs, or simulated shards without a GPU), 1 to 64.
+    #[arg(long, default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_DEVICES))]
     devices: usize,
-    /// Prover threads per device, each with its own stream on a GPU.
-    #[arg(long, default_value_t = 2)]
+    /// Prover threads per device, each with its own stream on a GPU, 1 to
+    /// 64 (at most 1024 provers in all).
+    #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_PROVERS_PER_DEVICE))]
     provers_per_device: usize,
-    /// Segments per prover.
-    #[arg(long, default_value_t = 24)]
+    /// Segments per prover, 1 to 100000.
+    #[arg(long, default_value_t = 24, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_SEGMENTS))]
     segments: usize,
-    /// Record arenas per segment.
-    #[arg(long, default_value_t = 16)]
+    /// Record arenas per segment, 0 to 1024.
+    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(0..=cli::MAX_BUFFERS))]
     arenas: usize,
-    /// Staging buffers per segment.
-    #[arg(long, default_value_t = 2)]
+    /// Staging buffers per segment, 0 to 1024 (arenas and staging buffers:
+    /// at least one in all).
+    #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(0..=cli::MAX_BUFFERS))]
     staging: usize,
     /// Factor on every buffer size and CPU gap (1 = the real client's
-    /// ~2.1 GiB per segment and 50-300 ms gaps).
-    #[arg(long, default_value_t = 1.0 / 64.0)]
+    /// ~2.1 GiB per segment and 50-300 ms gaps), above 0 and at most 512
+    /// (where the profile's largest buffer, 2 GiB, reaches pinpool's
+    /// largest size class, 1 TiB).
+    #[arg(long, default_value_t = 1.0 / 64.0, value_parser = cli::parse_scale, allow_negative_numbers = true)]
     scale: f64,
     /// Seed of the workload draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// pinpool's cap on pooled bytes, GiB (the seed design keeps its 4 GiB).
-    #[arg(long, default_value_t = 4.0)]
-    max_pooled_gib: f64,
-    /// pinpool's cleaner workers.
-    #[arg(long, default_value_t = 4)]
+    /// pinpool's cap on pooled bytes, GiB: at least one page, at most
+    /// 1 PiB (the seed design keeps its 4 GiB).
+    #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "4", value_parser = cli::parse_cap, allow_negative_numbers = true)]
+    max_pooled_bytes: usize,
+    /// pinpool's cleaner workers, 1 to 256 (default: pinpool's own, the
+    /// number of cores, at most 8).
+    #[arg(long, default_value_t = pinpool::Config::default().cleaner_threads, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_CLEANER_THREADS))]
     cleaner_threads: usize,
-    /// Strategies to run, in order (host-alloc needs a GPU).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
+    /// pinpool's size classes.
+    #[arg(long, value_enum, default_value_t = Classes::Fine)]
+    size_classes: Classes,
+    /// Strategies to run, in order; those that need a GPU are skipped
+    /// without one, and ideal is skipped when its buffers would not fit in
+    /// the memory available.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
     strategies: Vec<Kind>,
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
     host: bool,
+    /// Runs of each strategy, on the same draws, 1 to 1000; with more
+    /// than one the table shows each figure's median (min-max), and the
+    /// JSON every run and the summary.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=cli::MAX_REPEAT))]
+    repeat: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// How pinpool rounds requested sizes (`--size-classes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Classes {
+    /// Eight classes per octave above a page (at most 12.5% over the size
+    /// asked).
+    Fine,
+    /// Powers of two, the seed design's lengths.
+    Pow2,
+}
+
+impl From<Classes> for SizeClasses {
+    fn from(classes: Classes) -> Self {
+        match classes {
+            Classes::Fine => SizeClasses::Fine,
+            Classes::Pow2 => SizeClasses::PowersOfTwo,
+        }
+    }
+}
+
+/// Reports a bad combination of `sim` arguments as clap does and exits
+/// with its usage status, 2.
+fn usage_error(message: impl std::fmt::Display) -> ! {
+    let mut cli = Cli::command();
+    cli.build();
+    match cli.find_subcommand_mut("sim") {
+        Some(sim) => sim.error(ErrorKind::ValueValidation, message).exit(),
+        None => cli.error(ErrorKind::ValueValidation, message).exit(),
+    }
+}
+
+/// Checks what the value parsers cannot see alone.
+fn validate(args: &SimArgs) {
+    if args.devices * args.provers_per_device > cli::MAX_PROVERS {
+        usage_error(format_args!(
+            "--devices times --provers-per-device must be at most {}, got {} x {}",
+            cli::MAX_PROVERS,
+            args.devices,
+            args.provers_per_device
+        ));
+    }
+    if args.arenas + args.staging == 0 {
+        usage_error("--arenas and --staging are both 0: segments would take no buffers");
+    }
+    if let Some(kind) = args
+        .strategies
+        .iter()
+        .enumerate()
+        .find_map(|(i, k)| args.strategies[..i].contains(k).then_some(k))
+    {
+        usage_error(format_args!("--strategies names {} twice", kind.name()));
+    }
 }
 
 fn main() {
@@ -69,7 +155,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Sim(args) => sim(args),
+        Command::Sim(args) => {
+            validate(&args);
+            sim(args)
+        }
     }
 }
 
@@ -79,19 +168,17 @@ fn sim(args: SimArgs) {
     } else {
         pinpool_sim::gpu::detect()
     };
-    let devices = match &gpu {
-        Some(g) if args.devices > g.len() => {
-            eprintln!(
-                "asked for {} devices, but only {} GPU(s) are present",
+    if let Some(g) = &gpu {
+        if args.devices > g.len() {
+            usage_error(format_args!(
+                "--devices {} asks for more devices than the {} GPU(s) present",
                 args.devices,
                 g.len()
-            );
-            std::process::exit(2);
+            ));
         }
-        _ => args.devices,
-    };
+    }
     let workload = Workload {
-        devices,
+        devices: args.devices,
         provers_per_device: args.provers_per_device,
         segments: args.segments,
         arenas: args.arenas,
@@ -100,119 +187,272 @@ fn sim(args: SimArgs) {
         gap_ms: (50.0, 300.0),
         seed: args.seed,
     };
-    let backend = match &gpu {
-        Some(g) => format!("CUDA backend, {} of {} GPU(s): {}", devices, g.len(), g[0].name().unwrap_or_default()),
-        None => "host backend (no GPU in use: buffers are not page-locked; copies are memcpys into a host buffer standing in for the device)".into(),
+    let settings = Settings {
+        cleaner_threads: args.cleaner_threads,
+        max_pooled_bytes: args.max_pooled_bytes,
+        size_classes: args.size_classes.into(),
     };
-    let strategies: Vec<Kind> = args
-        .strategies
-        .iter()
-        .copied()
-        .filter(|k| *k != Kind::HostAlloc || gpu.is_some())
-        .collect();
+    let strategies = fit_ideal(usable(&args, gpu.is_some()), &workload);
+    let backend = Backend::new(gpu.as_deref(), &workload, &settings);
+    let machine = Machine::this();
     if !args.json {
-        println!("pinpool sim: {backend}");
-        println!(
-            "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}; pinpool: {} cleaner threads, cap {} GiB",
-            workload.devices, workload.provers_per_device, workload.segments, workload.arenas, workload.staging,
-            workload.scale, workload.seed, args.cleaner_threads, args.max_pooled_gib
-        );
+        print_header(&args, &backend, &machine);
     }
-    let mut results = Vec::new();
-    for kind in strategies {
-        let bar = progress_bar(&workload, kind, args.json);
-        let settings = Settings {
-            cleaner_threads: args.cleaner_threads,
-            max_pooled_bytes: (args.max_pooled_gib * (1u64 << 30) as f64) as usize,
-        };
-        results.push(run(
-            kind,
-            &workload,
-            &settings,
-            gpu.as_deref(),
-            bar.as_ref(),
-        ));
-        if let Some(bar) = bar {
-            bar.finish_and_clear();
-        }
-    }
+    let reports = run_all(&strategies, &args, &workload, &settings, gpu.as_deref());
     if args.json {
-        let out = serde_json::json!({ "backend": backend, "results": results });
+        let out = serde_json::json!({
+            "workload": workload,
+            "settings": {
+                "cleaner_threads": settings.cleaner_threads,
+                "max_pooled_bytes": settings.max_pooled_bytes,
+                "size_classes": settings.size_classes.to_string(),
+                "repeat": args.repeat,
+                "seed": args.seed,
+                "strategies": strategies,
+            },
+            "machine": machine,
+            "backend": backend,
+            "results": reports,
+        });
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
     } else {
-        print_table(&results);
+        print_table(&reports);
+        print_legend(&reports, &backend);
     }
 }
 
-fn progress_bar(workload: &Workload, kind: Kind, json: bool) -> Option<ProgressBar> {
+/// What the run stages with.
+#[derive(serde::Serialize)]
+struct Backend {
+    /// `cuda` or `host`.
+    kind: &'static str,
+    /// The names of the GPUs in use.
+    gpus: Vec<String>,
+    /// GPUs present, used or not (0 with `--host`).
+    gpus_present: usize,
+    /// What pinpool's `Pool::backend()` reports with the run's settings.
+    pinpool: String,
+}
+
+impl Backend {
+    /// Describes the backend of `gpu` (host without), building a pinpool
+    /// pool with `settings` to ask it; exits if that pool cannot be built.
+    fn new(gpu: Option<&[Arc<CudaContext>]>, workload: &Workload, settings: &Settings) -> Self {
+        let pool = match pinpool_sim::strategy::pinpool(workload, settings, gpu) {
+            Ok(pool) => pool,
+            Err(e) => {
+                eprintln!("error: cannot build a pinpool pool with these settings: {e}");
+                std::process::exit(1);
+            }
+        };
+        let pinpool = pool.backend().to_string();
+        pool.shutdown();
+        let gpus = gpu.map_or_else(Vec::new, |g| {
+            g[..workload.devices]
+                .iter()
+                .map(|ctx| {
+                    ctx.name()
+                        .unwrap_or_else(|e| format!("(name unknown: {e})"))
+                })
+                .collect()
+        });
+        Self {
+            kind: if gpu.is_some() { "cuda" } else { "host" },
+            gpus,
+            gpus_present: gpu.map_or(0, <[_]>::len),
+            pinpool,
+        }
+    }
+}
+
+/// The strategies of `--strategies` that can run, with a note for those
+/// left out; a usage error if none can.
+fn usable(args: &SimArgs, gpu: bool) -> Vec<Kind> {
+    let (strategies, need_gpu): (Vec<Kind>, Vec<Kind>) =
+        args.strategies.iter().partition(|k| gpu || !k.needs_gpu());
+    if !need_gpu.is_empty() {
+        let names: Vec<_> = need_gpu.iter().map(|k| k.name()).collect();
+        let names = names.join(", ");
+        let why = if args.host {
+            "--host was given"
+        } else {
+            "no GPU was found"
+        };
+        let needs = if need_gpu.len() == 1 { "needs" } else { "need" };
+        if strategies.is_empty() {
+            usage_error(format_args!(
+                "--strategies: {names} {needs} a GPU, and {why}"
+            ));
+        }
+        eprintln!("note: skipping {names} ({needs} a GPU; {why})");
+    }
+    strategies
+}
+
+/// Leaves out the ideal strategy, with a note, when all its buffers would
+/// not fit in the memory available now; a usage error if nothing is left.
+fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
+    if !strategies.contains(&Kind::Ideal) {
+        return strategies;
+    }
+    let (Some(available), needed) = (
+        pinpool_sim::machine::available_memory(),
+        IdealPool::bytes_needed(workload),
+    ) else {
+        return strategies;
+    };
+    if needed <= available {
+        return strategies;
+    }
+    let why = format!(
+        "its buffers need {:.1} GiB and {:.1} GiB of memory are available",
+        needed as f64 / GIB,
+        available as f64 / GIB
+    );
+    strategies.retain(|k| *k != Kind::Ideal);
+    if strategies.is_empty() {
+        usage_error(format_args!("--strategies: ideal cannot run: {why}"));
+    }
+    eprintln!("note: skipping ideal ({why})");
+    strategies
+}
+
+/// Runs every strategy `args.repeat` times, in rounds of every strategy in
+/// turn, so that drift over time (page cache, clocks) spreads over all of
+/// them alike.
+fn run_all(
+    strategies: &[Kind],
+    args: &SimArgs,
+    workload: &Workload,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+) -> Vec<Report> {
+    let mut runs: Vec<Vec<RunResult>> = vec![Vec::new(); strategies.len()];
+    for round in 0..args.repeat {
+        for (kind, runs) in strategies.iter().zip(&mut runs) {
+            let bar = progress_bar(workload, *kind, round, args.repeat, args.json);
+            runs.push(run(*kind, workload, settings, gpu, bar.as_ref()));
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+        }
+    }
+    strategies
+        .iter()
+        .zip(runs)
+        .map(|(kind, runs)| Report::new(*kind, runs))
+        .collect()
+}
+
+fn print_header(args: &SimArgs, backend: &Backend, machine: &Machine) {
+    match backend.gpus.first() {
+        Some(name) => println!(
+            "backend: CUDA, {} of {} GPU(s), {name} (pinpool: {})",
+            backend.gpus.len(),
+            backend.gpus_present,
+            backend.pinpool
+        ),
+        None => println!(
+            "backend: host, no GPU in use (pinpool: {})",
+            backend.pinpool
+        ),
+    }
+    let memory = machine
+        .total_memory_bytes
+        .map_or_else(String::new, |b| format!(", {:.1} GiB", b as f64 / GIB));
+    println!(
+        "machine: {}, {} CPUs{memory}",
+        machine.hostname.as_deref().unwrap_or("(no hostname)"),
+        machine.cpus
+    );
+    println!(
+        "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}",
+        args.devices, args.provers_per_device, args.segments, args.arenas, args.staging, args.scale, args.seed
+    );
+    println!(
+        "pinpool: {} cleaner threads, cap {} GiB, {} size classes; {} run(s) of each strategy",
+        args.cleaner_threads,
+        args.max_pooled_bytes as f64 / GIB,
+        SizeClasses::from(args.size_classes),
+        args.repeat
+    );
+}
+
+fn progress_bar(
+    workload: &Workload,
+    kind: Kind,
+    round: u32,
+    repeat: u32,
+    json: bool,
+) -> Option<ProgressBar> {
     if json || !std::io::stderr().is_terminal() {
         return None;
     }
     let bar = ProgressBar::new((workload.provers() * workload.segments) as u64);
     bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} segments")
+        ProgressStyle::with_template("{msg:>16} [{bar:40}] {pos}/{len} segments")
             .expect("template"),
     );
-    bar.set_message(kind.name());
+    if repeat > 1 {
+        bar.set_message(format!("{} {}/{repeat}", kind.name(), round + 1));
+    } else {
+        bar.set_message(kind.name());
+    }
     Some(bar)
 }
 
-/// Formats one metric of a result.
-type Cell = Box<dyn Fn(&RunResult) -> String>;
-
-fn print_table(results: &[RunResult]) {
-    let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
-    let pct = |v: f64| format!("{:.2}%", v * 100.0);
-    let rows: Vec<(&str, Cell)> = vec![
-        (
-            "segments/s",
-            Box::new(|r| format!("{:.1}", r.segments_per_s)),
-        ),
-        (
-            "staged GB/s",
-            Box::new(|r| format!("{:.2}", r.staged_gb_per_s)),
-        ),
-        ("take p50 us", Box::new(|r| format!("{:.1}", r.take_p50_us))),
-        ("take p99 us", Box::new(|r| format!("{:.1}", r.take_p99_us))),
-        ("drop p99 us", Box::new(|r| format!("{:.1}", r.drop_p99_us))),
-        ("hits (count)", Box::new(move |r| pct(r.hit_rate))),
-        ("hits (bytes)", Box::new(move |r| pct(r.hit_rate_bytes))),
-        (
-            "steady hits (count)",
-            Box::new(move |r| pct(r.steady_hit_rate)),
-        ),
-        (
-            "steady hits (bytes)",
-            Box::new(move |r| pct(r.steady_hit_rate_bytes)),
-        ),
-        (
-            "drop-to-ready p50 ms",
-            Box::new(move |r| opt(r.ready_p50_ms)),
-        ),
-        (
-            "drop-to-ready p99 ms",
-            Box::new(move |r| opt(r.ready_p99_ms)),
-        ),
-        (
-            "peak pinned MiB",
-            Box::new(|r| format!("{:.1}", r.peak_pinned_bytes as f64 / 1048576.0)),
-        ),
-        (
-            "zeroed MiB",
-            Box::new(|r| format!("{:.1}", r.bytes_zeroed as f64 / 1048576.0)),
-        ),
-    ];
-    print!("\n{:<22}", "");
-    for r in results {
-        print!("{:>14}", r.strategy.name());
+fn print_table(reports: &[Report]) {
+    let label_width = FIGURES.iter().map(|f| f.label.len()).max().unwrap_or(0) + 2;
+    let cells: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| FIGURES.iter().map(|f| r.cell(f)).collect())
+        .collect();
+    let widths: Vec<usize> = reports
+        .iter()
+        .zip(&cells)
+        .map(|(r, cells)| {
+            cells
+                .iter()
+                .map(String::len)
+                .chain([r.strategy.name().len()])
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .collect();
+    print!("\n{:<label_width$}", "");
+    for (r, width) in reports.iter().zip(&widths) {
+        print!("{:>width$}", r.strategy.name());
     }
     println!();
-    for (label, cell) in rows {
-        print!("{label:<22}");
-        for r in results {
-            print!("{:>14}", cell(r));
+    for (row, figure) in FIGURES.iter().enumerate() {
+        print!("{:<label_width$}", figure.label);
+        for (cells, width) in cells.iter().zip(&widths) {
+            print!("{:>width$}", cells[row]);
         }
         println!();
     }
-    println!("\n(steady = after the first quarter of each prover's segments; pinpool's drop-to-ready figures are power-of-two bucket edges)");
+    println!();
+    if let Some(runs) = reports.first().map(|r| r.runs.len()).filter(|&n| n > 1) {
+        println!("(each figure: median (min-max) of {runs} runs on the same draws)");
+    }
+    println!("(steady = after the first quarter of each prover's segments; pinpool's drop-to-ready figures are power-of-two bucket edges)");
+}
+
+fn print_legend(reports: &[Report], backend: &Backend) {
+    println!();
+    let width = reports
+        .iter()
+        .map(|r| r.strategy.name().len())
+        .max()
+        .unwrap_or(0);
+    for r in reports {
+        println!("{:<width$}  {}", r.strategy.name(), r.legend);
+    }
+    if backend.kind == "host" {
+        println!(
+            "\nhost backend: the staging figures say nothing about pinned copies: copies are \
+             memcpys into a host buffer standing in for the device, and nothing is page-locked"
+        );
+    }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
+use pinpool::SizeClasses;
 
 use crate::gpu::Sink;
 use crate::strategy::{Kind, Strategy};
@@ -18,6 +19,8 @@ pub struct Settings {
     pub cleaner_threads: usize,
     /// Cap on pooled bytes.
     pub max_pooled_bytes: usize,
+    /// How requested sizes round up to buffer lengths.
+    pub size_classes: SizeClasses,
 }
 
 /// What one strategy achieved.
@@ -52,6 +55,13 @@ pub struct RunResult {
     pub ready_p99_ms: Option<f64>,
     /// Most bytes page-locked at once, sampled every 2 ms.
     pub peak_pinned_bytes: u64,
+    /// Bytes asked of `take`, all takes together.
+    pub bytes_requested: u64,
+    /// Bytes of the buffers handed out (their lengths), all takes together.
+    pub bytes_handed_out: u64,
+    /// `bytes_handed_out / bytes_requested`: what rounding to size classes
+    /// costs.
+    pub class_overhead: f64,
     /// Bytes the strategy re-zeroed.
     pub bytes_zeroed: u64,
 }
@@ -64,6 +74,7 @@ struct Tally {
     hits: [u64; 2],
     bytes: [u64; 2],
     hit_bytes: [u64; 2],
+    requested: u64,
     staged: u64,
 }
 
@@ -77,6 +88,7 @@ impl Tally {
             self.bytes[i] += other.bytes[i];
             self.hit_bytes[i] += other.hit_bytes[i];
         }
+        self.requested += other.requested;
         self.staged += other.staged;
     }
 }
@@ -106,7 +118,7 @@ pub fn run(
     gpu: Option<&[Arc<CudaContext>]>,
     progress: Option<&ProgressBar>,
 ) -> RunResult {
-    let strategy = Strategy::new(kind, workload.devices, settings, gpu);
+    let strategy = Strategy::new(kind, workload, settings, gpu);
     let max = workload.max_size();
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
@@ -152,10 +164,12 @@ pub fn run(
             let mut ms = |q| (!ns.is_empty()).then(|| quantile(&mut ns, q) / 1e6);
             (ms(0.5), ms(0.99), s.bytes_zeroed)
         }
-        Strategy::Pageable | Strategy::HostAlloc => (None, None, 0),
+        Strategy::Ideal(pool) => (None, None, pool.bytes_zeroed()),
+        Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
     };
     strategy.shutdown();
     let takes = tally.takes[0] + tally.takes[1];
+    let handed_out = tally.bytes[0] + tally.bytes[1];
     RunResult {
         strategy: kind,
         wall_s: wall,
@@ -165,15 +179,15 @@ pub fn run(
         take_p99_us: quantile(&mut tally.take_ns, 0.99) / 1e3,
         drop_p99_us: quantile(&mut tally.drop_ns, 0.99) / 1e3,
         hit_rate: ratio(tally.hits[0] + tally.hits[1], takes),
-        hit_rate_bytes: ratio(
-            tally.hit_bytes[0] + tally.hit_bytes[1],
-            tally.bytes[0] + tally.bytes[1],
-        ),
+        hit_rate_bytes: ratio(tally.hit_bytes[0] + tally.hit_bytes[1], handed_out),
         steady_hit_rate: ratio(tally.hits[1], tally.takes[1]),
         steady_hit_rate_bytes: ratio(tally.hit_bytes[1], tally.bytes[1]),
         ready_p50_ms,
         ready_p99_ms,
         peak_pinned_bytes: peak.load(Ordering::Relaxed),
+        bytes_requested: tally.requested,
+        bytes_handed_out: handed_out,
+        class_overhead: ratio(handed_out, tally.requested),
         bytes_zeroed,
     }
 }
@@ -196,10 +210,11 @@ fn prove(
         let mut staged = Vec::with_capacity(segment.buffers.len());
         for plan in &segment.buffers {
             let started = Instant::now();
-            let mut buf = strategy.take(device, plan.size);
+            let mut buf = strategy.take(prover, device, plan.size);
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
             let len = buf.bytes().len() as u64;
             tally.takes[phase] += 1;
+            tally.requested += plan.size as u64;
             tally.bytes[phase] += len;
             if buf.hit() {
                 tally.hits[phase] += 1;
@@ -211,7 +226,7 @@ fn prove(
         for (buf, written) in staged {
             tally
                 .drop_ns
-                .push(buf.stage(written, &mut sink).as_nanos() as u64);
+                .push(buf.stage(prover, written, &mut sink).as_nanos() as u64);
             tally.staged += written as u64;
         }
         std::thread::sleep(segment.gap);
@@ -220,5 +235,6 @@ fn prove(
         }
     }
     sink.synchronize();
+    strategy.finish(prover);
     tally
 }

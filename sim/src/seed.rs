@@ -314,7 +314,9 @@ impl Shared {
         let mut evicted = Vec::new();
         {
             let mut pool = self.pool.lock().unwrap();
-            while pool.total_bytes + size > MAX_POOLED_BYTES {
+            // A buffer larger than the whole cap evicts nothing and is
+            // never pooled.
+            while size <= MAX_POOLED_BYTES && pool.total_bytes + size > MAX_POOLED_BYTES {
                 let Some((&class, bufs)) = pool.by_size.iter_mut().next_back() else {
                     break;
                 };

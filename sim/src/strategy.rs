@@ -3,12 +3,34 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, CudaContext};
+use cudarc::driver::CudaContext;
 use pinpool::{BackendKind, PinnedBuffer, Pool};
 
-use crate::gpu::Sink;
+use crate::gpu::{HostAlloc, Sink};
+use crate::ideal::{IdealBuffer, IdealPool};
 use crate::run::Settings;
 use crate::seed::{SeedBuffer, SeedPool};
+use crate::workload::Workload;
+
+/// A pinpool pool for `workload` with `settings`, on the CUDA backend when
+/// `gpu` is given, else on the host backend.
+pub fn pinpool(
+    workload: &Workload,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+) -> Result<Pool, pinpool::Error> {
+    Pool::builder()
+        .backend(if gpu.is_some() {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Host
+        })
+        .devices(workload.devices)
+        .cleaner_threads(settings.cleaner_threads)
+        .max_pooled_bytes(settings.max_pooled_bytes)
+        .size_classes(settings.size_classes)
+        .build()
+}
 
 /// Which strategy a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -16,9 +38,13 @@ use crate::seed::{SeedBuffer, SeedPool};
 pub enum Kind {
     /// This crate.
     Pinpool,
-    /// The design pinpool replaces (global mutex, one batching cleaner).
+    /// The upper bound: every buffer prepared (pinned on a GPU) and zeroed
+    /// before the run.
+    Ideal,
+    /// The design pinpool replaces (openvm cuda-common 2.0.1: global mutex,
+    /// one cleaner with a 100 ms batching window).
     Seed,
-    /// A fresh pageable allocation per take.
+    /// A fresh pageable Vec per take.
     Pageable,
     /// `cuMemHostAlloc` per take, freed after its copy (GPU only).
     HostAlloc,
@@ -29,10 +55,34 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Pinpool => "pinpool",
+            Kind::Ideal => "ideal",
             Kind::Seed => "seed",
             Kind::Pageable => "pageable",
             Kind::HostAlloc => "host-alloc",
         }
+    }
+
+    /// What the strategy is, in one line.
+    pub fn legend(self) -> &'static str {
+        match self {
+            Kind::Pinpool => "this crate, with the settings above",
+            Kind::Ideal => {
+                "the upper bound: every buffer each prover needs, pre-faulted (pinned with \
+                 cuMemHostAlloc on a GPU) and zeroed before the run (untimed); takes pop, \
+                 give-backs re-zero inline"
+            }
+            Kind::Seed => {
+                "a faithful re-implementation of openvm cuda-common 2.0.1's pinned.rs (global \
+                 mutex, one cleaner thread with a 100 ms batching window), for comparison"
+            }
+            Kind::Pageable => "a fresh pageable Vec per take",
+            Kind::HostAlloc => "cuMemHostAlloc per take, freed after its copy (GPU only)",
+        }
+    }
+
+    /// Whether the strategy can only run on a GPU.
+    pub fn needs_gpu(self) -> bool {
+        self == Kind::HostAlloc
     }
 }
 
@@ -40,72 +90,69 @@ impl Kind {
 pub enum Strategy {
     /// This crate.
     Pinpool(Pool),
+    /// Every buffer prepared up front.
+    Ideal(IdealPool),
     /// The seed design.
     Seed(SeedPool),
     /// A fresh `Vec` per take.
     Pageable,
-    /// `cuMemHostAlloc` per take.
-    HostAlloc,
+    /// `cuMemHostAlloc` per take, in the contexts of the devices.
+    HostAlloc(Vec<Arc<CudaContext>>),
 }
 
 /// A buffer taken from a strategy.
-pub enum Staged {
+pub enum Staged<'a> {
     /// From pinpool.
     Pinpool(PinnedBuffer),
+    /// From the ideal strategy's free lists, which it goes back to.
+    Ideal(&'a IdealPool, IdealBuffer),
     /// From the seed design.
     Seed(SeedBuffer),
     /// A fresh allocation.
     Pageable(Vec<u8>),
-    /// `cuMemHostAlloc` memory: pointer and length.
-    HostAlloc(*mut u8, usize),
+    /// Fresh `cuMemHostAlloc` memory.
+    HostAlloc(HostAlloc),
 }
 
-// SAFETY: the `HostAlloc` pointer is owned exclusively by its `Staged`,
-// like a `Box<[u8]>`; the other variants are `Send`.
-unsafe impl Send for Staged {}
-
 impl Strategy {
-    /// A strategy of `kind` for `devices` devices with pinpool's
-    /// `settings`, on the GPU when `gpu` is given.
+    /// A strategy of `kind` for `workload` with pinpool's `settings`, on
+    /// the GPU when `gpu` is given. The ideal strategy prepares all its
+    /// buffers here.
     pub fn new(
         kind: Kind,
-        devices: usize,
+        workload: &Workload,
         settings: &Settings,
         gpu: Option<&[Arc<CudaContext>]>,
     ) -> Self {
         match kind {
-            Kind::Pinpool => Strategy::Pinpool(
-                Pool::builder()
-                    .backend(if gpu.is_some() {
-                        BackendKind::Cuda
-                    } else {
-                        BackendKind::Host
-                    })
-                    .devices(devices)
-                    .cleaner_threads(settings.cleaner_threads)
-                    .max_pooled_bytes(settings.max_pooled_bytes)
-                    .build()
-                    .expect("build the pool"),
-            ),
+            Kind::Pinpool => {
+                Strategy::Pinpool(pinpool(workload, settings, gpu).expect("build the pool"))
+            }
+            Kind::Ideal => Strategy::Ideal(IdealPool::new(workload, gpu)),
             Kind::Seed => Strategy::Seed(SeedPool::new(gpu.map(|g| g.to_vec()))),
             Kind::Pageable => Strategy::Pageable,
-            Kind::HostAlloc => Strategy::HostAlloc,
+            Kind::HostAlloc => Strategy::HostAlloc(gpu.expect("host-alloc runs on a GPU").to_vec()),
         }
     }
 
-    /// Takes a zeroed buffer of at least `size` bytes for `device`.
-    pub fn take(&self, device: usize, size: usize) -> Staged {
+    /// Takes a zeroed buffer of at least `size` bytes for `prover`, which
+    /// runs on `device` (and has its context bound, on a GPU).
+    pub fn take(&self, prover: usize, device: usize, size: usize) -> Staged<'_> {
         match self {
             Strategy::Pinpool(pool) => Staged::Pinpool(pool.take_on(device, size).expect("take")),
+            Strategy::Ideal(pool) => Staged::Ideal(pool, pool.take(prover, size)),
             Strategy::Seed(pool) => Staged::Seed(pool.take(device, size)),
             Strategy::Pageable => Staged::Pageable(vec![0u8; size]),
-            Strategy::HostAlloc => {
-                // SAFETY: the prover thread has its device's context bound;
-                // the result is checked and freed in `stage`.
-                let ptr =
-                    unsafe { result::malloc_host(size, 0) }.expect("cuMemHostAlloc") as *mut u8;
-                Staged::HostAlloc(ptr, size)
-            }
+            Strategy::HostAlloc(contexts) => Staged::HostAlloc(
+                HostAlloc::new(&contexts[device], size, false).expect("cuMemHostAlloc"),
+            ),
+        }
+    }
+
+    /// Ends `prover`'s run, after its last copy has finished.
+    pub fn finish(&self, prover: usize) {
+        if let Strategy::Ideal(pool) = self {
+            pool.finish(prover);
         }
     }
 
@@ -114,7 +161,7 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.flush(),
             Strategy::Seed(pool) => pool.flush(),
-            Strategy::Pageable | Strategy::HostAlloc => {}
+            Strategy::Ideal(_) | Strategy::Pageable | Strategy::HostAlloc(_) => {}
         }
     }
 
@@ -122,8 +169,9 @@ impl Strategy {
     pub fn pinned_bytes(&self) -> u64 {
         match self {
             Strategy::Pinpool(pool) => pool.stats().pinned_bytes,
+            Strategy::Ideal(pool) => pool.pinned_bytes(),
             Strategy::Seed(pool) => pool.stats().pinned_bytes,
-            Strategy::Pageable | Strategy::HostAlloc => 0,
+            Strategy::Pageable | Strategy::HostAlloc(_) => 0,
         }
     }
 
@@ -132,20 +180,20 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.shutdown(),
             Strategy::Seed(pool) => pool.shutdown(),
-            Strategy::Pageable | Strategy::HostAlloc => {}
+            Strategy::Ideal(_) | Strategy::Pageable | Strategy::HostAlloc(_) => {}
         }
     }
 }
 
-impl Staged {
-    /// The buffer's bytes.
+impl Staged<'_> {
+    /// The buffer's bytes: as many as it was handed out with.
     pub fn bytes(&mut self) -> &mut [u8] {
         match self {
             Staged::Pinpool(buf) => buf,
+            Staged::Ideal(_, buf) => buf,
             Staged::Seed(buf) => buf.bytes(),
             Staged::Pageable(buf) => buf,
-            // SAFETY: `ptr` holds `len` bytes owned by this value.
-            Staged::HostAlloc(ptr, len) => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
+            Staged::HostAlloc(buf) => buf,
         }
     }
 
@@ -153,48 +201,50 @@ impl Staged {
     pub fn hit(&self) -> bool {
         match self {
             Staged::Pinpool(buf) => buf.was_pooled(),
+            Staged::Ideal(..) => true,
             Staged::Seed(buf) => buf.hit(),
-            Staged::Pageable(_) | Staged::HostAlloc(..) => false,
+            Staged::Pageable(_) | Staged::HostAlloc(_) => false,
         }
     }
 
     /// Copies the first `written` bytes through `sink` and gives the buffer
-    /// back as the real client does (drop right after enqueueing); returns
-    /// how long the give-back took.
-    pub fn stage(mut self, written: usize, sink: &mut Sink) -> Duration {
+    /// back to `prover`'s strategy as the real client does (right after
+    /// enqueueing the copy); returns how long the give-back took.
+    pub fn stage(mut self, prover: usize, written: usize, sink: &mut Sink) -> Duration {
         sink.copy(&self.bytes()[..written]);
+        let started;
         match self {
             Staged::Pinpool(mut buf) => {
                 buf.set_dirty_len(written);
                 if let Some(stream) = sink.stream() {
                     buf.record_last_use(stream).expect("record last use");
                 }
-                let started = Instant::now();
+                started = Instant::now();
                 drop(buf);
-                started.elapsed()
+            }
+            Staged::Ideal(pool, buf) => {
+                started = Instant::now();
+                pool.give_back(prover, buf, written, sink.stream());
             }
             Staged::Seed(mut buf) => {
                 buf.set_dirty_len(written);
                 if let Some(stream) = sink.stream() {
                     buf.record_last_use(stream);
                 }
-                let started = Instant::now();
+                started = Instant::now();
                 drop(buf);
-                started.elapsed()
             }
             Staged::Pageable(buf) => {
-                let started = Instant::now();
+                started = Instant::now();
                 drop(buf);
-                started.elapsed()
             }
-            Staged::HostAlloc(ptr, _) => {
-                let started = Instant::now();
+            Staged::HostAlloc(buf) => {
+                started = Instant::now();
+                // Its copy has to finish before the memory is freed.
                 sink.synchronize();
-                // SAFETY: allocated by `malloc_host` in `take`; its copy has
-                // finished (the stream was synchronized).
-                unsafe { result::free_host(ptr.cast()) }.expect("cuMemFreeHost");
-                started.elapsed()
+                drop(buf);
             }
         }
+        started.elapsed()
     }
 }

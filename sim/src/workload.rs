@@ -1,7 +1,16 @@
 //! The proving workload: segments of record arenas and staging buffers with
 //! sizes drawn from a real block's profile.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+/// The largest buffer in the profile: 2 GiB.
+pub const LARGEST_SIZE: f64 = 2048.0 * 1048576.0;
+
+/// The largest `scale` a workload may have: the profile's largest buffer
+/// then reaches pinpool's [`MAX_CLASS_SIZE`](pinpool::MAX_CLASS_SIZE)
+/// (1 TiB), so no size overflows or exceeds what a pool hands out.
+pub const MAX_SCALE: f64 = pinpool::MAX_CLASS_SIZE as f64 / LARGEST_SIZE;
 
 /// Quantiles of buffer sizes from a real block's profile (bytes); sizes
 /// between two quantiles are drawn log-uniformly.
@@ -13,7 +22,7 @@ const SIZE_QUANTILES: [(f64, f64); 8] = [
     (0.75, 64.0 * 1048576.0),
     (0.90, 512.0 * 1048576.0),
     (0.99, 1024.0 * 1048576.0),
-    (1.00, 2048.0 * 1048576.0),
+    (1.00, LARGEST_SIZE),
 ];
 
 /// SplitMix64: small, fast, and reproducible from a seed.
@@ -47,7 +56,7 @@ impl Rng {
 }
 
 /// The shape of a run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Workload {
     /// Devices (GPUs, or simulated shards on the host).
     pub devices: usize,
@@ -59,7 +68,7 @@ pub struct Workload {
     pub arenas: usize,
     /// Staging buffers per segment.
     pub staging: usize,
-    /// Factor applied to every size and CPU gap.
+    /// Factor applied to every size and CPU gap, in `(0, MAX_SCALE]`.
     pub scale: f64,
     /// CPU work between segments before scaling, in milliseconds.
     pub gap_ms: (f64, f64),
@@ -126,6 +135,24 @@ impl Workload {
             .max()
             .unwrap_or(1)
     }
+
+    /// For each size prover `prover` asks for, the most buffers of that
+    /// size it holds at once. A prover takes all of a segment's buffers
+    /// before it gives any back, so that is the most of any one segment.
+    pub fn peak_holdings(&self, prover: usize) -> HashMap<usize, usize> {
+        let mut peak = HashMap::new();
+        for segment in self.plan(prover) {
+            let mut held: HashMap<usize, usize> = HashMap::new();
+            for buffer in &segment.buffers {
+                *held.entry(buffer.size).or_default() += 1;
+            }
+            for (size, count) in held {
+                let most = peak.entry(size).or_default();
+                *most = count.max(*most);
+            }
+        }
+        peak
+    }
 }
 
 /// A size in bytes from the profile.
@@ -137,7 +164,9 @@ fn sample_size(rng: &mut Rng) -> f64 {
         .unwrap_or(SIZE_QUANTILES.len() - 2);
     let ((q0, s0), (q1, s1)) = (SIZE_QUANTILES[i], SIZE_QUANTILES[i + 1]);
     let t = (u - q0) / (q1 - q0);
-    (s0.ln() + t * (s1.ln() - s0.ln())).exp()
+    (s0.ln() + t * (s1.ln() - s0.ln()))
+        .exp()
+        .clamp(SIZE_QUANTILES[0].1, LARGEST_SIZE)
 }
 
 #[cfg(test)]
@@ -187,5 +216,51 @@ mod tests {
             .collect();
         assert_eq!(a, b);
         assert_eq!(a.len(), 3 * 18);
+    }
+
+    #[test]
+    fn the_largest_scale_stays_within_the_largest_class() {
+        let w = Workload {
+            devices: 1,
+            provers_per_device: 1,
+            segments: 200,
+            arenas: 16,
+            staging: 2,
+            scale: MAX_SCALE,
+            gap_ms: (50.0, 300.0),
+            seed: 3,
+        };
+        assert!(w.max_size() <= pinpool::MAX_CLASS_SIZE);
+    }
+
+    #[test]
+    fn peak_holdings_cover_every_segment() {
+        let w = Workload {
+            devices: 1,
+            provers_per_device: 1,
+            segments: 5,
+            arenas: 16,
+            staging: 2,
+            // Sizes of one byte: every buffer has the same size.
+            scale: 1e-12,
+            gap_ms: (50.0, 300.0),
+            seed: 1,
+        };
+        assert_eq!(w.peak_holdings(0), HashMap::from([(1, 18)]));
+        let w = Workload {
+            scale: 1.0 / 64.0,
+            ..w
+        };
+        let peak = w.peak_holdings(0);
+        for segment in w.plan(0) {
+            for buffer in &segment.buffers {
+                let held = segment
+                    .buffers
+                    .iter()
+                    .filter(|b| b.size == buffer.size)
+                    .count();
+                assert!(peak[&buffer.size] >= held);
+            }
+        }
     }
 }

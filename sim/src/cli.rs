@@ -1,0 +1,100 @@
+//! Parsers and bounds of the command line's values.
+
+use pinpool_sim::workload::MAX_SCALE;
+
+/// Most devices a run may use.
+pub const MAX_DEVICES: u64 = 64;
+/// Most prover threads per device.
+pub const MAX_PROVERS_PER_DEVICE: u64 = 64;
+/// Most prover threads in all (devices times provers per device).
+pub const MAX_PROVERS: usize = 1024;
+/// Most segments per prover.
+pub const MAX_SEGMENTS: u64 = 100_000;
+/// Most arenas, or staging buffers, per segment.
+pub const MAX_BUFFERS: u64 = 1024;
+/// Most cleaner workers (pinpool's own bound).
+pub const MAX_CLEANER_THREADS: u64 = 256;
+/// Most runs of each strategy.
+pub const MAX_REPEAT: i64 = 1000;
+/// The largest cap on pooled bytes, in GiB (1 PiB).
+pub const MAX_POOLED_GIB: f64 = (1u64 << 20) as f64;
+
+/// A finite number.
+fn parse_finite(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(format!("`{text}` is not a finite number"))
+    }
+}
+
+/// `--scale`: a finite factor in `(0, MAX_SCALE]`.
+pub fn parse_scale(text: &str) -> Result<f64, String> {
+    let scale = parse_finite(text)?;
+    if scale <= 0.0 {
+        return Err(format!("the scale must be above 0, got {scale}"));
+    }
+    if scale > MAX_SCALE {
+        return Err(format!(
+            "the scale must be at most {MAX_SCALE} (the profile's largest buffer, 2 GiB, \
+             then reaches pinpool's largest size class, 1 TiB), got {scale}"
+        ));
+    }
+    Ok(scale)
+}
+
+/// `--max-pooled-gib`: a cap in GiB, returned in bytes; at least one page,
+/// at most [`MAX_POOLED_GIB`].
+pub fn parse_cap(text: &str) -> Result<usize, String> {
+    let gib = parse_finite(text)?;
+    if gib <= 0.0 {
+        return Err(format!("the cap must be above 0 GiB, got {gib}"));
+    }
+    if gib > MAX_POOLED_GIB {
+        return Err(format!(
+            "the cap must be at most {MAX_POOLED_GIB} GiB (1 PiB), got {gib}"
+        ));
+    }
+    let bytes = (gib * (1u64 << 30) as f64) as usize;
+    let page = page_size();
+    if bytes < page {
+        return Err(format!(
+            "the cap must hold at least one page ({page} bytes), got {bytes} bytes"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The size of a memory page.
+fn page_size() -> usize {
+    // SAFETY: `sysconf` only reads a system setting.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales() {
+        assert_eq!(parse_scale("0.5"), Ok(0.5));
+        assert_eq!(parse_scale("512"), Ok(512.0));
+        for bad in ["0", "-1", "NaN", "inf", "-inf", "1e300", "513", "x", ""] {
+            assert!(parse_scale(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn caps() {
+        assert_eq!(parse_cap("4"), Ok(4 << 30));
+        assert_eq!(parse_cap("0.5"), Ok(512 << 20));
+        for bad in ["0", "-4", "NaN", "inf", "1e-9", "2e6", "four"] {
+            assert!(parse_cap(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The workload's upper bound: before the run, each prover gets a private
+//! free list per size it will ask for, holding exactly the most buffers of
+//! that size it ever holds at once, allocated, pre-faulted (page-locked
+//! with `cuMemHostAlloc` on a GPU) and zeroed. A take pops, so it never
+//! misses and never waits for another thread; a give-back re-zeroes the
+//! written prefix on the prover's own thread and pushes.
+//!
+//! On a GPU the copy of a buffer may still be reading it when it is given
+//! back, so there the give-back records an event instead, and the prefix is
+//! re-zeroed, still on the prover's thread, once that copy is known to be
+//! done: when the buffer is next popped, or at the end of the prover's run.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+use crate::gpu::HostAlloc;
+use crate::workload::Workload;
+
+/// The free lists of one prover, by size.
+type Lists = HashMap<usize, Vec<IdealBuffer>>;
+
+/// Every buffer of a run, prepared before it starts.
+#[derive(Debug)]
+pub struct IdealPool {
+    provers: Vec<Mutex<Lists>>,
+    pinned_bytes: u64,
+    bytes_zeroed: AtomicU64,
+}
+
+/// A buffer of an [`IdealPool`].
+#[derive(Debug)]
+pub struct IdealBuffer {
+    memory: Memory,
+    /// The last copy from the buffer and the bytes to re-zero once it is
+    /// done.
+    pending: Option<(CudaEvent, usize)>,
+}
+
+#[derive(Debug)]
+enum Memory {
+    Pageable(Vec<u8>),
+    Pinned(HostAlloc),
+}
+
+impl IdealPool {
+    /// Bytes the pool for `workload` holds.
+    pub fn bytes_needed(workload: &Workload) -> u64 {
+        (0..workload.provers())
+            .flat_map(|p| workload.peak_holdings(p))
+            .map(|(size, count)| (size * count) as u64)
+            .sum()
+    }
+
+    /// Prepares every buffer of `workload`, one thread per prover, pinned
+    /// on `gpu` if given (on the prover's device, usable from every
+    /// context).
+    pub fn new(workload: &Workload, gpu: Option<&[Arc<CudaContext>]>) -> Self {
+        let provers: Vec<Mutex<Lists>> = std::thread::scope(|scope| {
+            let preparing: Vec<_> = (0..workload.provers())
+                .map(|prover| {
+                    let ctx = gpu.map(|g| &g[prover % workload.devices]);
+                    scope.spawn(move || {
+                        workload
+                            .peak_holdings(prover)
+                            .into_iter()
+                            .map(|(size, count)| {
+                                let buffers = (0..count)
+                                    .map(|_| IdealBuffer::prepared(ctx, size))
+                                    .collect();
+                                (size, buffers)
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            preparing
+                .into_iter()
+                .map(|p| Mutex::new(p.join().expect("preparing the ideal strategy's buffers")))
+                .collect()
+        });
+        let pinned_bytes = if gpu.is_some() {
+            Self::bytes_needed(workload)
+        } else {
+            0
+        };
+        Self {
+            provers,
+            pinned_bytes,
+            bytes_zeroed: AtomicU64::new(0),
+        }
+    }
+
+    /// A zeroed buffer of exactly `size` bytes for `prover`.
+    ///
+    /// # Panics
+    ///
+    /// If the prover holds more buffers of `size` than its plan does.
+    pub fn take(&self, prover: usize, size: usize) -> IdealBuffer {
+        let popped = self.provers[prover]
+            .lock()
+            .expect("the prover's free lists")
+            .get_mut(&size)
+            .and_then(Vec::pop);
+        let mut buf =
+            popped.expect("the ideal strategy holds every buffer its prover's plan needs");
+        self.clean(&mut buf);
+        buf
+    }
+
+    /// Gives `buf`, of which the first `written` bytes were written, back
+    /// to `prover`'s free list. Re-zeroes them now without `stream`; with
+    /// it, records an event after the copy enqueued there and re-zeroes
+    /// once the copy is done.
+    pub fn give_back(
+        &self,
+        prover: usize,
+        mut buf: IdealBuffer,
+        written: usize,
+        stream: Option<&Arc<CudaStream>>,
+    ) {
+        match stream {
+            Some(stream) => {
+                let event = stream.record_event(None).expect("record an event");
+                buf.pending = Some((event, written));
+            }
+            None => self.zero(&mut buf, written),
+        }
+        self.provers[prover]
+            .lock()
+            .expect("the prover's free lists")
+            .entry(buf.len())
+            .or_default()
+            .push(buf);
+    }
+
+    /// Re-zeroes every buffer of `prover` still waiting for its copy
+    /// (waiting for it first); the prover calls this at the end of its run.
+    pub fn finish(&self, prover: usize) {
+        let mut lists = self.provers[prover]
+            .lock()
+            .expect("the prover's free lists");
+        for buf in lists.values_mut().flatten() {
+            self.clean(buf);
+        }
+    }
+
+    /// Bytes page-locked (all the pool's, on a GPU).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned_bytes
+    }
+
+    /// Bytes re-zeroed after use (preparation not included).
+    pub fn bytes_zeroed(&self) -> u64 {
+        self.bytes_zeroed.load(Ordering::Relaxed)
+    }
+
+    /// Waits for `buf`'s last copy, if any, and re-zeroes what it wrote.
+    fn clean(&self, buf: &mut IdealBuffer) {
+        if let Some((event, written)) = buf.pending.take() {
+            event.synchronize().expect("wait for a copy");
+            self.zero(buf, written);
+        }
+    }
+
+    fn zero(&self, buf: &mut IdealBuffer, written: usize) {
+        buf[..written].fill(0);
+        self.bytes_zeroed
+            .fetch_add(written as u64, Ordering::Relaxed);
+    }
+}
+
+impl IdealBuffer {
+    /// `size` zeroed bytes with every page faulted in: page-locked in
+    /// `ctx` (and every other context) if given, else pageable.
+    fn prepared(ctx: Option<&Arc<CudaContext>>, size: usize) -> Self {
+        let memory = match ctx {
+            Some(ctx) => Memory::Pinned(
+                HostAlloc::new(ctx, size, true).expect("cuMemHostAlloc for the ideal strategy"),
+            ),
+            None => Memory::Pageable(vec![0; size]),
+        };
+        let mut buf = Self {
+            memory,
+            pending: None,
+        };
+        // Fresh zeroed pages are mapped on first write: writing the zeros
+        // (through `black_box`, so that they are not elided as already
+        // there) faults every page in now, outside the run.
+        std::hint::black_box(&mut buf[..]).fill(0);
+        buf
+    }
+}
+
+impl Deref for IdealBuffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.memory {
+            Memory::Pageable(v) => v,
+            Memory::Pinned(m) => m,
+        }
+    }
+}
+
+impl DerefMut for IdealBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.memory {
+            Memory::Pageable(v) => v,
+            Memory::Pinned(m) => m,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload() -> Workload {
+        Workload {
+            devices: 1,
+            provers_per_device: 2,
+            segments: 3,
+            arenas: 4,
+            staging: 1,
+            scale: 1e-4,
+            gap_ms: (0.0, 0.0),
+            seed: 5,
+        }
+    }
+
+    #[test]
+    fn holds_each_provers_plan_and_gives_back_zeroed() {
+        let workload = workload();
+        let pool = IdealPool::new(&workload, None);
+        assert_eq!(pool.pinned_bytes(), 0);
+        for prover in 0..workload.provers() {
+            for segment in workload.plan(prover) {
+                let mut taken: Vec<_> = segment
+                    .buffers
+                    .iter()
+                    .map(|b| (pool.take(prover, b.size), b.written))
+                    .collect();
+                for (buf, written) in &mut taken {
+                    assert!(buf.iter().all(|&b| b == 0));
+                    buf[..*written].fill(0xA5);
+                }
+                for (buf, written) in taken {
+                    pool.give_back(prover, buf, written, None);
+                }
+            }
+            pool.finish(prover);
+        }
+        let written: usize = (0..workload.provers())
+            .flat_map(|p| workload.plan(p))
+            .flat_map(|s| s.buffers)
+            .map(|b| b.written)
+            .sum();
+        assert_eq!(pool.bytes_zeroed(), written as u64);
+        let held: usize = pool
+            .provers
+            .iter()
+            .map(|l| {
+                l.lock()
+                    .unwrap()
+                    .values()
+                    .flatten()
+                    .map(|b| b.len())
+                    .sum::<usize>()
+            })
+            .sum();
+        assert_eq!(held as u64, IdealPool::bytes_needed(&workload));
+    }
+}

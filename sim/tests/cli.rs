@@ -1,0 +1,181 @@
+//! The command line: bad values are usage errors (exit status 2, no
+//! panic), and a tiny run works.
+
+use std::process::{Command, Output};
+
+/// Runs `pinpool-sim sim` with `args`.
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+        .arg("sim")
+        .args(args)
+        .output()
+        .expect("run pinpool-sim")
+}
+
+/// A workload that finishes in a fraction of a second.
+const TINY: &[&str] = &["--segments", "2", "--scale", "0.001", "--host"];
+
+/// Checks that every one of `cases` is refused as a usage error.
+fn refused(cases: &[&[&str]]) {
+    for args in cases {
+        let out = sim(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(stderr.contains("error"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn counts_out_of_range_are_refused() {
+    refused(&[
+        &["--devices", "0"],
+        &["--devices", "65"],
+        &["--provers-per-device", "0"],
+        &["--devices", "64", "--provers-per-device", "64"],
+        &["--segments", "0"],
+        &["--segments", "-3"],
+        &["--arenas", "0", "--staging", "0"],
+        &["--cleaner-threads", "0"],
+        &["--cleaner-threads", "257"],
+        &["--devices", "two"],
+        &["--repeat", "0"],
+        &["--repeat", "1001"],
+    ]);
+}
+
+#[test]
+fn bad_caps_are_refused() {
+    refused(&[
+        &["--max-pooled-gib", "0"],
+        &["--max-pooled-gib", "-1"],
+        &["--max-pooled-gib=-1"],
+        &["--max-pooled-gib", "NaN"],
+        &["--max-pooled-gib", "inf"],
+        &["--max-pooled-gib", "1e-9"],
+        &["--max-pooled-gib", "1e300"],
+    ]);
+}
+
+#[test]
+fn bad_scales_are_refused() {
+    refused(&[
+        &["--scale", "0"],
+        &["--scale", "-0.5"],
+        &["--scale", "NaN"],
+        &["--scale", "inf"],
+        &["--scale", "-inf"],
+        &["--scale", "1e300"],
+        &["--scale", "513"],
+    ]);
+}
+
+#[test]
+fn bad_strategy_lists_are_refused() {
+    refused(&[
+        &["--strategies", "host-alloc", "--host"],
+        &["--strategies", "pinpool,pinpool"],
+        &["--strategies", "nonesuch"],
+        &["--strategies", ""],
+    ]);
+}
+
+#[test]
+fn a_tiny_run_works() {
+    let out = sim(&[TINY, &["--strategies", "pinpool"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("segments/s"), "{stdout}");
+    assert!(stdout.contains("class overhead"), "{stdout}");
+    assert!(stdout.contains("pinpool  this crate"), "{stdout}");
+    assert!(
+        stdout.contains("say nothing about pinned copies"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_json_names_the_workload_settings_machine_and_backend() {
+    let args = [TINY, &["--strategies", "pinpool,ideal", "--json"]].concat();
+    let out = sim(&[
+        &args[..],
+        &["--size-classes", "pow2", "--cleaner-threads", "3"],
+    ]
+    .concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    assert_eq!(json["workload"]["segments"], 2);
+    assert_eq!(json["workload"]["scale"], 0.001);
+    assert_eq!(json["workload"]["arenas"], 16);
+    assert_eq!(json["settings"]["cleaner_threads"], 3);
+    assert_eq!(json["settings"]["size_classes"], "pow2");
+    assert_eq!(json["settings"]["repeat"], 1);
+    assert_eq!(json["settings"]["seed"], 1);
+    assert_eq!(json["settings"]["max_pooled_bytes"], 4u64 << 30);
+    assert!(json["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(json["machine"].get("hostname").is_some());
+    assert!(json["machine"].get("total_memory_bytes").is_some());
+    assert_eq!(json["backend"]["kind"], "host");
+    assert_eq!(json["backend"]["pinpool"], "host");
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for result in results {
+        assert!(!result["legend"].as_str().unwrap().is_empty());
+        let run = &result["runs"][0];
+        let (asked, handed) = (
+            run["bytes_requested"].as_f64().unwrap(),
+            run["bytes_handed_out"].as_f64().unwrap(),
+        );
+        assert!(handed >= asked && asked > 0.0, "{run}");
+        assert_eq!(run["class_overhead"].as_f64().unwrap(), handed / asked);
+    }
+    let ideal = &results[1]["runs"][0];
+    assert_eq!(ideal["hit_rate"], 1.0);
+    assert_eq!(ideal["class_overhead"], 1.0);
+}
+
+#[test]
+fn the_default_strategies_run_without_a_gpu() {
+    let out = sim(TINY);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("skipping host-alloc"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for name in ["pinpool", "ideal", "seed", "pageable"] {
+        assert!(stdout.contains(name), "{name}: {stdout}");
+    }
+    assert!(!stdout.contains("host-alloc"), "{stdout}");
+}
+
+#[test]
+fn repeated_runs_report_every_run_and_their_spread() {
+    let out = sim(&[
+        TINY,
+        &["--strategies", "pageable", "--repeat", "3", "--json"],
+    ]
+    .concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let result = &json["results"][0];
+    assert_eq!(result["strategy"], "pageable");
+    assert_eq!(result["runs"].as_array().map(Vec::len), Some(3));
+    let spread = &result["summary"]["segments_per_s"];
+    let (min, median, max) = (
+        spread["min"].as_f64().unwrap(),
+        spread["median"].as_f64().unwrap(),
+        spread["max"].as_f64().unwrap(),
+    );
+    assert!(min <= median && median <= max, "{spread}");
+    assert!(result["summary"]["ready_p50_ms"].is_null());
+
+    let out = sim(&[TINY, &["--strategies", "pageable", "--repeat", "2"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("segments/s"))
+        .unwrap();
+    assert!(row.contains('(') && row.contains(')'), "{row}");
+}
