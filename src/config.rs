@@ -476,11 +476,10 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
         }
         "thread_cache_bytes" => config.thread_cache_bytes = parse_size(value)?,
         "size_classes" => {
-            config.size_classes = match value.to_ascii_lowercase().as_str() {
-                "fine" => SizeClasses::Fine,
-                "pow2" => SizeClasses::PowersOfTwo,
-                _ => return Err("size_classes must be fine or pow2".into()),
-            }
+            config.size_classes = value
+                .to_ascii_lowercase()
+                .parse::<SizeClasses>()
+                .map_err(|_| "size_classes must be fine or pow2".to_string())?
         }
         "idle_trim" => {
             config.idle_trim = match value.to_ascii_lowercase().as_str() {

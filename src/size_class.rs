@@ -49,6 +49,43 @@ pub enum SizeClasses {
     PowersOfTwo,
 }
 
+impl SizeClasses {
+    /// The length of the buffer a pool with these classes hands out for a
+    /// take of `size` bytes on this system (its pages decide where the fine
+    /// classes start), or `None` above [`MAX_CLASS_SIZE`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinpool::SizeClasses;
+    ///
+    /// assert_eq!(SizeClasses::PowersOfTwo.len_for(5000), Some(8192));
+    /// assert_eq!(SizeClasses::PowersOfTwo.len_for(0), Some(1));
+    /// assert_eq!(SizeClasses::Fine.len_for(3 << 20), Some(3 << 20));
+    /// assert_eq!(SizeClasses::Fine.len_for(usize::MAX), None);
+    /// ```
+    pub fn len_for(self, size: usize) -> Option<usize> {
+        let classes = Classes::new(self, crate::alloc::page_size());
+        classes.class_for(size).ok().map(|k| classes.size(k))
+    }
+}
+
+impl std::str::FromStr for SizeClasses {
+    type Err = Error;
+
+    /// `fine` or `pow2`, the names [`Display`](std::fmt::Display) writes and
+    /// the `size_classes` configuration key takes.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "fine" => Ok(SizeClasses::Fine),
+            "pow2" => Ok(SizeClasses::PowersOfTwo),
+            other => Err(Error::InvalidConfig(format!(
+                "size classes `{other}`: expected fine or pow2"
+            ))),
+        }
+    }
+}
+
 impl std::fmt::Display for SizeClasses {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

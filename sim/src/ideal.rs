@@ -1,9 +1,14 @@
 //! The workload's upper bound: before the run, each prover gets a private
-//! free list per size it will ask for, holding exactly the most buffers of
-//! that size it ever holds at once, allocated, pre-faulted (page-locked
-//! with `cuMemHostAlloc` on a GPU) and zeroed. A take pops, so it never
-//! misses and never waits for another thread; a give-back re-zeroes the
-//! written prefix on the prover's own thread and pushes.
+//! free list per length it will ask for, holding exactly the most buffers
+//! of that length it ever holds at once, allocated, pre-faulted
+//! (page-locked with `cuMemHostAlloc` on a GPU) and zeroed. A take pops, so
+//! it never misses and never waits for another thread; a give-back
+//! re-zeroes the written prefix on the prover's own thread and pushes.
+//!
+//! Lengths are pinpool's fine size classes ([`SizeClasses::Fine`]), at most
+//! 12.5% over the size asked: sizes are drawn from a continuous profile, so
+//! lists by exact size would hold nearly every buffer of the run (about
+//! 256 GiB at full scale), where lists by class hold a few segments' worth.
 //!
 //! On a GPU the copy of a buffer may still be reading it when it is given
 //! back, so there the give-back records an event instead, and the prefix is
@@ -17,10 +22,12 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
+use pinpool::SizeClasses;
+
 use crate::gpu::HostAlloc;
 use crate::workload::Workload;
 
-/// The free lists of one prover, by size.
+/// The free lists of one prover, by length.
 type Lists = HashMap<usize, Vec<IdealBuffer>>;
 
 /// Every buffer of a run, prepared before it starts.
@@ -50,7 +57,7 @@ impl IdealPool {
     /// Bytes the pool for `workload` holds.
     pub fn bytes_needed(workload: &Workload) -> u64 {
         (0..workload.provers())
-            .flat_map(|p| workload.peak_holdings(p))
+            .flat_map(|p| workload.peak_holdings(p, length))
             .map(|(size, count)| (size * count) as u64)
             .sum()
     }
@@ -65,7 +72,7 @@ impl IdealPool {
                     let ctx = gpu.map(|g| &g[prover % workload.devices]);
                     scope.spawn(move || {
                         workload
-                            .peak_holdings(prover)
+                            .peak_holdings(prover, length)
                             .into_iter()
                             .map(|(size, count)| {
                                 let buffers = (0..count)
@@ -94,16 +101,17 @@ impl IdealPool {
         }
     }
 
-    /// A zeroed buffer of exactly `size` bytes for `prover`.
+    /// A zeroed buffer of at least `size` bytes (its class's length) for
+    /// `prover`.
     ///
     /// # Panics
     ///
-    /// If the prover holds more buffers of `size` than its plan does.
+    /// If the prover holds more buffers of the length than its plan does.
     pub fn take(&self, prover: usize, size: usize) -> IdealBuffer {
         let popped = self.provers[prover]
             .lock()
             .expect("the prover's free lists")
-            .get_mut(&size)
+            .get_mut(&length(size))
             .and_then(Vec::pop);
         let mut buf =
             popped.expect("the ideal strategy holds every buffer its prover's plan needs");
@@ -171,6 +179,14 @@ impl IdealPool {
         self.bytes_zeroed
             .fetch_add(written as u64, Ordering::Relaxed);
     }
+}
+
+/// The length of the buffer the ideal strategy keeps for a take of `size`
+/// bytes: its fine size class.
+fn length(size: usize) -> usize {
+    SizeClasses::Fine
+        .len_for(size)
+        .expect("the simulator's sizes stay within the largest class")
 }
 
 impl IdealBuffer {

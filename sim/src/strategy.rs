@@ -67,9 +67,9 @@ impl Kind {
         match self {
             Kind::Pinpool => "this crate, with the settings above",
             Kind::Ideal => {
-                "the upper bound: every buffer each prover needs, pre-faulted (pinned with \
-                 cuMemHostAlloc on a GPU) and zeroed before the run (untimed); takes pop, \
-                 give-backs re-zero inline"
+                "the upper bound: every buffer each prover needs (in pinpool's fine size \
+                 classes), pre-faulted (pinned with cuMemHostAlloc on a GPU) and zeroed before \
+                 the run (untimed); takes pop, give-backs re-zero on the prover's thread"
             }
             Kind::Seed => {
                 "a faithful re-implementation of openvm cuda-common 2.0.1's pinned.rs (global \

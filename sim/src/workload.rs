@@ -136,15 +136,20 @@ impl Workload {
             .unwrap_or(1)
     }
 
-    /// For each size prover `prover` asks for, the most buffers of that
-    /// size it holds at once. A prover takes all of a segment's buffers
-    /// before it gives any back, so that is the most of any one segment.
-    pub fn peak_holdings(&self, prover: usize) -> HashMap<usize, usize> {
+    /// For each length `length` maps the sizes prover `prover` asks for
+    /// to, the most buffers of that length it holds at once. A prover takes
+    /// all of a segment's buffers before it gives any back, so that is the
+    /// most of any one segment.
+    pub fn peak_holdings(
+        &self,
+        prover: usize,
+        length: impl Fn(usize) -> usize,
+    ) -> HashMap<usize, usize> {
         let mut peak = HashMap::new();
         for segment in self.plan(prover) {
             let mut held: HashMap<usize, usize> = HashMap::new();
             for buffer in &segment.buffers {
-                *held.entry(buffer.size).or_default() += 1;
+                *held.entry(length(buffer.size)).or_default() += 1;
             }
             for (size, count) in held {
                 let most = peak.entry(size).or_default();
@@ -246,12 +251,12 @@ mod tests {
             gap_ms: (50.0, 300.0),
             seed: 1,
         };
-        assert_eq!(w.peak_holdings(0), HashMap::from([(1, 18)]));
+        assert_eq!(w.peak_holdings(0, |size| size), HashMap::from([(1, 18)]));
         let w = Workload {
             scale: 1.0 / 64.0,
             ..w
         };
-        let peak = w.peak_holdings(0);
+        let peak = w.peak_holdings(0, |size| size);
         for segment in w.plan(0) {
             for buffer in &segment.buffers {
                 let held = segment
