@@ -50,6 +50,7 @@ mod fence;
 mod flush;
 #[cfg(not(all(loom, feature = "loom")))]
 mod global;
+mod numa;
 mod pool;
 mod reaper;
 mod remote;
