@@ -28,6 +28,16 @@
 //! unplaced. Missing or malformed data is never an error: the device (or
 //! the machine) falls back to no placement, and [`Placement::choose`]
 //! explains each fallback in exactly one trace line.
+//!
+//! Acting on a placement: [`bind_range`] gives a fresh mapping a preferred
+//! node with `mbind(2)` before any of its pages is touched, so that every
+//! later fault (the caller writing a miss buffer, a cleaner pre-faulting,
+//! the driver pinning) allocates there; [`pin_current_thread`] restricts a
+//! cleaner worker to a node's CPUs with `sched_setaffinity(2)`; and
+//! [`pages_on_node`] counts, with `move_pages(2)`, how many pages of a
+//! range ended up on a node (tests and diagnostics). All three are
+//! Linux-only; elsewhere the first two do nothing and the last reports
+//! that it is unsupported.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -542,12 +552,221 @@ fn parse_hex(digits: &str, max: u32) -> Option<u32> {
         .filter(|&value| value <= max)
 }
 
+// === system calls ===
+
+/// Gives `[ptr, ptr + len)` the memory policy "prefer `node`" (`mbind(2)`
+/// with `MPOL_PREFERRED`): pages faulted in afterwards, by any thread or by
+/// the driver pinning them, are allocated on `node` while it has free
+/// memory. Call it on a fresh mapping before any of its pages is touched:
+/// pages already present stay where they are (no `MPOL_MF_MOVE`). `ptr`
+/// must be page-aligned; the kernel rounds `len` up to whole pages.
+///
+/// `MPOL_PREFERRED`, not `MPOL_BIND`: a bound range whose node runs out of
+/// memory (or is not in the cgroup's `cpuset.mems`) fails its page faults,
+/// and a pool miss's buffer is faulted in by the caller writing to it, so
+/// that would kill the caller (SIGBUS, or the OOM killer) rather than give
+/// it slower memory. With a preference, placement degrades to other nodes
+/// under memory pressure and allocation always succeeds; [`pages_on_node`]
+/// measures how well it held. The policy changes where pages go, never
+/// what they hold, so no caller obligation makes this unsafe.
+///
+/// A no-op returning `Ok` on systems other than Linux. Errors are the
+/// kernel's: `EINVAL` for a misaligned range, or a node without memory or
+/// outside the cgroup's `cpuset.mems`; `EPERM` or `ENOSYS` where a sandbox
+/// forbids the call.
+#[allow(dead_code)] // used once integrated
+pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        linux::bind_range(ptr, len, node)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (ptr, len, node);
+        Ok(())
+    }
+}
+
+/// Restricts the calling thread to `cpus` (`sched_setaffinity(2)`), for a
+/// cleaner worker serving one node. The kernel intersects the set with the
+/// cgroup's `cpuset.cpus` and fails with `EINVAL` if nothing is left. The
+/// thread's previous mask is not consulted: a worker inherits the mask of
+/// the thread that spawned it, which says nothing about where the worker
+/// should run. Empty `cpus` (a node without CPUs) is `InvalidInput`.
+///
+/// A no-op returning `Ok` on systems other than Linux.
+#[allow(dead_code)] // used once integrated
+pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no CPUs to run on",
+        ));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        linux::pin_current_thread(cpus)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Ok(())
+    }
+}
+
+/// How many pages of `[ptr, ptr + len)` are resident on `node`, asked of
+/// the kernel with `move_pages(2)` (which, given no target nodes, moves
+/// nothing and reports each page's node). Pages not yet faulted in count as
+/// on no node. For tests and diagnostics (checking that a shard's pages
+/// sit on its device's node); one system call per 1024 pages, so never on
+/// a hot path.
+///
+/// `Unsupported` on systems other than Linux.
+#[allow(dead_code)] // used once integrated
+pub(crate) fn pages_on_node(ptr: *const u8, len: usize, node: u32) -> io::Result<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        linux::pages_on_node(ptr, len, node)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (ptr, len, node);
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::io;
+
+    use libc::{c_int, c_long, c_ulong, c_void};
+
+    use super::MAX_ID;
+    use crate::alloc::page_size;
+
+    /// Pages asked about per `move_pages` call.
+    const BATCH: usize = 1024;
+
+    /// A kernel bitmap (`unsigned long` words) with the bits `ids` set.
+    fn bitmap(ids: impl IntoIterator<Item = usize>) -> io::Result<Vec<c_ulong>> {
+        let bits = c_ulong::BITS as usize;
+        let mut words = Vec::new();
+        for id in ids {
+            if id >= MAX_ID {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("id {id} out of range"),
+                ));
+            }
+            if words.len() <= id / bits {
+                words.resize(id / bits + 1, 0);
+            }
+            words[id / bits] |= 1 << (id % bits);
+        }
+        Ok(words)
+    }
+
+    /// A system call's `-1` as the thread's `errno`.
+    fn check(rc: c_long) -> io::Result<c_long> {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    }
+
+    pub(super) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mask = bitmap([node as usize])?;
+        // The kernel reads `maxnode - 1` bits of the mask (mbind(2) BUGS:
+        // it decrements `maxnode` first), so one more than the mask holds.
+        let maxnode = (mask.len() * c_ulong::BITS as usize + 1) as c_ulong;
+        // SAFETY:
+        // - mbind reads `mask.len()` words from `mask`, a live vector, and
+        //   writes nothing to user memory;
+        // - it changes only the placement of pages faulted in later, never
+        //   the contents or mapping of `[ptr, ptr + len)`; without
+        //   MPOL_MF_MOVE it moves no page;
+        // - the kernel validates the range (EFAULT/EINVAL on a bad one).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                ptr as *mut c_void,
+                len as c_ulong,
+                libc::MPOL_PREFERRED as c_ulong,
+                mask.as_ptr(),
+                maxnode,
+                0 as c_ulong,
+            )
+        };
+        check(rc).map(drop)
+    }
+
+    pub(super) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+        let mask = bitmap(cpus.iter().copied())?;
+        let bytes = std::mem::size_of_val(mask.as_slice());
+        // SAFETY:
+        // - pid 0 names the calling thread;
+        // - the kernel reads `bytes` bytes from `mask`, a live vector of
+        //   that size; `cpu_set_t` is itself an array of `unsigned long`,
+        //   so the pointer is suitably aligned, and the kernel accepts any
+        //   whole number of words (it zero-extends a short mask);
+        // - it writes nothing to user memory.
+        let rc = unsafe { libc::sched_setaffinity(0, bytes, mask.as_ptr().cast()) };
+        check(c_long::from(rc)).map(drop)
+    }
+
+    pub(super) fn pages_on_node(ptr: *const u8, len: usize, node: u32) -> io::Result<usize> {
+        let page = page_size();
+        let start = ptr as usize / page * page;
+        let end = (ptr as usize).checked_add(len).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "range wraps the address space")
+        })?;
+        let node = c_int::try_from(node)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "node out of range"))?;
+        let mut pages: Vec<*mut c_void> = Vec::with_capacity(BATCH);
+        let mut status: Vec<c_int> = vec![0; BATCH];
+        let mut on_node = 0;
+        let mut addr = start;
+        while addr < end {
+            pages.clear();
+            while addr < end && pages.len() < BATCH {
+                pages.push(addr as *mut c_void);
+                addr += page;
+            }
+            // SAFETY:
+            // - pid 0 is the calling process;
+            // - `pages` holds `pages.len()` addresses, read by the kernel,
+            //   which only looks them up (an unmapped one gets -EFAULT in
+            //   its status entry) and touches no page;
+            // - a null `nodes` asks for each page's node and moves nothing;
+            // - the kernel writes `pages.len() <= BATCH` entries to
+            //   `status`, which holds BATCH.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_move_pages,
+                    0 as c_long,
+                    pages.len() as c_ulong,
+                    pages.as_ptr(),
+                    std::ptr::null::<c_int>(),
+                    status.as_mut_ptr(),
+                    0 as c_int,
+                )
+            };
+            check(rc)?;
+            on_node += status[..pages.len()].iter().filter(|&&s| s == node).count();
+        }
+        Ok(on_node)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
 
     use super::*;
-    use crate::sync::{Arc, Mutex, OnceLock};
+    use crate::sync::{thread, Arc, Mutex, OnceLock};
 
     // === a fake sysfs tree ===
 
@@ -1008,5 +1227,125 @@ mod tests {
         let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
         let cpus = lines.iter().filter(|l| l.contains("CPUs unknown")).count();
         assert_eq!(cpus, 1, "{lines:#?}");
+    }
+
+    // === system calls ===
+
+    /// Whether `e` means the sandbox forbids the call (skip the test).
+    fn forbidden(e: &io::Error) -> bool {
+        matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS))
+    }
+
+    /// A fresh anonymous mapping, unmapped on drop.
+    struct Mapping {
+        ptr: *mut u8,
+        len: usize,
+    }
+
+    impl Mapping {
+        fn new(pages: usize) -> Self {
+            let len = pages * crate::alloc::page_size();
+            // SAFETY: an anonymous private mapping with no address hint
+            // touches no existing memory; the result is checked below.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(ptr, libc::MAP_FAILED, "mmap failed");
+            Self {
+                ptr: ptr.cast(),
+                len,
+            }
+        }
+
+        fn touch(&self) {
+            let page = crate::alloc::page_size();
+            for offset in (0..self.len).step_by(page) {
+                // SAFETY: `offset < len`, inside the live mapping.
+                unsafe { self.ptr.add(offset).write_volatile(1) };
+            }
+        }
+    }
+
+    impl Drop for Mapping {
+        fn drop(&mut self) {
+            // SAFETY: `ptr` is a mapping of `len` bytes made in `new`, used
+            // by nothing else.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn bind_range_places_touched_pages_on_node_zero() {
+        let pages = 16;
+        let mapping = Mapping::new(pages);
+        match bind_range(mapping.ptr, mapping.len, 0) {
+            Err(e) if forbidden(&e) => {
+                eprintln!("skipped: mbind is not permitted here ({e})");
+                return;
+            }
+            result => result.expect("mbind to node 0"),
+        }
+        match pages_on_node(mapping.ptr, mapping.len, 0) {
+            Err(e) if forbidden(&e) => {
+                eprintln!("skipped: move_pages is not permitted here ({e})");
+                return;
+            }
+            result => assert_eq!(result.expect("move_pages"), 0, "untouched pages"),
+        }
+        mapping.touch();
+        let on_node = pages_on_node(mapping.ptr, mapping.len, 0).expect("move_pages");
+        assert_eq!(on_node, pages);
+        assert_eq!(bind_range(mapping.ptr, 0, 0).ok(), Some(()), "empty range");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn bad_binds_are_errors_not_panics() {
+        let mapping = Mapping::new(2);
+        let misaligned = mapping.ptr.wrapping_add(1);
+        for (ptr, node) in [
+            (mapping.ptr, 1000),
+            (misaligned, 0),
+            (mapping.ptr, u32::MAX),
+        ] {
+            assert!(
+                bind_range(ptr, mapping.len - 1, node).is_err(),
+                "node {node}"
+            );
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pinning_restricts_the_thread() {
+        let allowed = || {
+            let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+            let line = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .expect("Cpus_allowed_list")
+                .to_owned();
+            parse_cpulist(&line).expect("kernel cpulist")
+        };
+        let first = allowed()[0];
+        thread::spawn(move || {
+            pin_current_thread(&[first]).expect("pin to an allowed CPU");
+            assert_eq!(allowed(), [first]);
+            let e = pin_current_thread(&[]).expect_err("no CPUs");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(pin_current_thread(&[MAX_ID - 1]).is_err(), "absent CPU");
+            assert!(pin_current_thread(&[MAX_ID]).is_err(), "out of range");
+            assert_eq!(allowed(), [first], "failures leave the mask alone");
+        })
+        .join()
+        .expect("pinning thread");
     }
 }
