@@ -49,6 +49,7 @@ mod error;
 mod fence;
 mod flush;
 mod global;
+mod numa;
 mod pool;
 mod provision;
 mod reaper;

@@ -1,0 +1,1351 @@
+//! NUMA placement: which host node each device's shard lives on, and the
+//! system calls that put memory and cleaner workers there.
+//!
+//! On a machine with several NUMA nodes a copy to a GPU reads host memory
+//! across the socket interconnect unless that memory sits on the node the
+//! GPU's PCIe root hangs off. The pool therefore places each device's
+//! blocks on the device's host node and pre-faults them from cleaner
+//! workers running on that node's CPUs. This module decides the placement
+//! and wraps the system calls; the backend supplies what the driver knows
+//! about each device, and the allocator and the cleaner act on the result.
+//!
+//! A device's node comes from, in order:
+//!
+//! 1. the driver (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`, CUDA 12.2 and later),
+//!    passed in as a [`DeviceHint`];
+//! 2. the `numa_node` file of the device's PCI function in sysfs
+//!    (`bus/pci/devices/<bus id>/numa_node`, `-1` where the firmware does
+//!    not say), found from the bus id the driver reports;
+//! 3. nothing: the kernel's default policy places its memory, as on a
+//!    machine without NUMA.
+//!
+//! The topology is read from sysfs (`devices/system/node/online` and each
+//! node's `cpulist`, both in the kernel's list format; see
+//! `Documentation/ABI/stable/sysfs-devices-node` and
+//! `Documentation/ABI/testing/sysfs-bus-pci` in the kernel tree) under a
+//! root that tests replace with a fake tree. [`NumaMode::Off`], a machine
+//! with one online node, or no readable topology leave every device
+//! unplaced. Missing or malformed data is never an error: the device (or
+//! the machine) falls back to no placement, and [`Placement::choose`]
+//! explains each fallback in exactly one trace line.
+//!
+//! Acting on a placement: [`bind_range`] gives a fresh mapping a preferred
+//! node with `mbind(2)` before any of its pages is touched, so that every
+//! later fault (the caller writing a miss buffer, a cleaner pre-faulting,
+//! the driver pinning) allocates there; [`pin_current_thread`] restricts a
+//! cleaner worker to a node's CPUs with `sched_setaffinity(2)`; and
+//! [`pages_on_node`] counts, with `move_pages(2)`, how many pages of a
+//! range ended up on a node (tests and diagnostics). All three are
+//! Linux-only; elsewhere the first two do nothing and the last reports
+//! that it is unsupported.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// CPU and node ids at or above this are rejected as malformed: kernels
+/// support at most 8192 CPUs and 1024 nodes, and a bound keeps a garbage
+/// range like `0-4294967295` from allocating gigabytes.
+const MAX_ID: usize = 1 << 16;
+
+/// The most bytes read from one sysfs file (sysfs writes at most a page).
+const MAX_FILE_BYTES: u64 = 64 << 10;
+
+/// Malformed text is quoted in trace lines up to this many characters.
+const MAX_QUOTE: usize = 64;
+
+// === impl NumaMode ===
+
+/// Whether a pool places memory by NUMA node (the `numa` setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum NumaMode {
+    /// Place each device's blocks on its host node when the machine has
+    /// more than one node and says which node a device is on.
+    #[default]
+    Auto,
+    /// Place nothing: the kernel's default policy decides, as without NUMA.
+    Off,
+}
+
+impl FromStr for NumaMode {
+    type Err = String;
+
+    /// Parses `auto` or `off`, ignoring case and surrounding whitespace.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(NumaMode::Auto),
+            "off" => Ok(NumaMode::Off),
+            _ => Err("numa must be auto or off".into()),
+        }
+    }
+}
+
+impl fmt::Display for NumaMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NumaMode::Auto => "auto",
+            NumaMode::Off => "off",
+        })
+    }
+}
+
+// === impl Miss ===
+
+/// Why one source of a node (the driver, a sysfs file) gave none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Miss {
+    /// The source had nothing to say: no driver answer, no PCI bus id.
+    Absent,
+    /// The source said it does not know (`-1`).
+    Unknown,
+    /// The source named a node that is not online.
+    Offline(i64),
+    /// A sysfs file could not be read.
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The reason (`NotFound` for a missing file).
+        kind: io::ErrorKind,
+    },
+    /// A value is not in the form the kernel or the driver writes.
+    Malformed {
+        /// What held the value (a path, or a description).
+        what: String,
+        /// The value, shortened to [`MAX_QUOTE`] characters.
+        text: String,
+    },
+}
+
+impl Miss {
+    fn malformed(what: impl fmt::Display, text: &str) -> Self {
+        Miss::Malformed {
+            what: what.to_string(),
+            text: text.chars().take(MAX_QUOTE).collect(),
+        }
+    }
+}
+
+impl fmt::Display for Miss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Miss::Absent => f.write_str("not reported"),
+            Miss::Unknown => f.write_str("unknown (-1)"),
+            Miss::Offline(id) => write!(f, "node {id} is not online"),
+            Miss::Unreadable { path, kind } => write!(f, "{}: {kind}", path.display()),
+            Miss::Malformed { what, text } => write!(f, "{what}: unexpected {text:?}"),
+        }
+    }
+}
+
+// === impl Node ===
+
+/// An online NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Node {
+    /// The kernel's node id.
+    pub(crate) id: u32,
+    /// The node's CPUs, ascending: empty for a node without CPUs (memory
+    /// only), or one whose CPU list could not be used.
+    pub(crate) cpus: Vec<usize>,
+    /// Why the CPU list could not be used, if it could not.
+    cpus_unusable: Option<Miss>,
+}
+
+impl Node {
+    /// Reads node `id`'s CPU list under `root`.
+    fn read(root: &Path, id: u32) -> Self {
+        let path = root.join(format!("devices/system/node/node{id}/cpulist"));
+        let (cpus, cpus_unusable) = match read_list(&path) {
+            Ok(cpus) => (cpus, None),
+            Err(miss) => (Vec::new(), Some(miss)),
+        };
+        Self {
+            id,
+            cpus,
+            cpus_unusable,
+        }
+    }
+}
+
+// === impl Topology ===
+
+/// The machine's NUMA nodes and the way to a PCI device's node, as sysfs
+/// describes them under a root directory.
+#[derive(Debug, Clone)]
+pub(crate) struct Topology {
+    /// The sysfs root (`/sys`, or a fake tree in tests).
+    root: PathBuf,
+    /// The online nodes, ascending by id; never empty when `Ok`.
+    nodes: Result<Vec<Node>, Miss>,
+}
+
+impl Topology {
+    /// The topology of this machine, from `/sys`.
+    #[allow(dead_code)] // used once integrated
+    pub(crate) fn discover() -> Self {
+        Self::from_root("/sys")
+    }
+
+    /// The topology described under `root`, a directory laid out like
+    /// `/sys`. Never fails: what cannot be read is recorded, and
+    /// [`Placement::choose`] falls back on it.
+    pub(crate) fn from_root(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        let online = root.join("devices/system/node/online");
+        let nodes = read_list(&online).and_then(|ids| {
+            if ids.is_empty() {
+                return Err(Miss::malformed(online.display(), ""));
+            }
+            // `read_list` bounds ids by `MAX_ID`, which fits in a u32.
+            Ok(ids
+                .into_iter()
+                .map(|id| Node::read(&root, id as u32))
+                .collect())
+        });
+        Self { root, nodes }
+    }
+
+    /// The online nodes for `mode`, or why no device is placed.
+    fn usable_nodes(&self, mode: NumaMode) -> Result<&[Node], Fallback> {
+        if mode == NumaMode::Off {
+            return Err(Fallback::Off);
+        }
+        match &self.nodes {
+            Err(miss) => Err(Fallback::NoTopology(miss.clone())),
+            Ok(nodes) if nodes.len() == 1 => Err(Fallback::SingleNode),
+            Ok(nodes) => Ok(nodes),
+        }
+    }
+
+    /// A device's node among `nodes`: the driver's, else sysfs's.
+    fn place(&self, nodes: &[Node], hint: &DeviceHint) -> Result<Placed, Fallback> {
+        let driver = match hint.driver_node {
+            None => Miss::Absent,
+            Some(id) => match online(nodes, i64::from(id)) {
+                Ok(node) => {
+                    return Ok(Placed {
+                        node,
+                        source: Source::Driver,
+                    })
+                }
+                Err(miss) => miss,
+            },
+        };
+        let sysfs = match &hint.pci_bus_id {
+            None => Miss::Absent,
+            Some(bus_id) => match self.pci_node(nodes, bus_id) {
+                Ok(node) => {
+                    return Ok(Placed {
+                        node,
+                        source: Source::Sysfs,
+                    })
+                }
+                Err(miss) => miss,
+            },
+        };
+        Err(Fallback::NoNode { driver, sysfs })
+    }
+
+    /// The node of the PCI function `bus_id` (as CUDA writes it) among
+    /// `nodes`, from its `numa_node` file.
+    fn pci_node(&self, nodes: &[Node], bus_id: &str) -> Result<usize, Miss> {
+        let name = sysfs_bus_id(bus_id).ok_or_else(|| Miss::malformed("PCI bus id", bus_id))?;
+        let path = self
+            .root
+            .join("bus/pci/devices")
+            .join(name)
+            .join("numa_node");
+        let text = read_value(&path)?;
+        let id = text
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| Miss::malformed(path.display(), &text))?;
+        online(nodes, id)
+    }
+}
+
+/// The index of node `id` among the online `nodes`, or why it is not one.
+fn online(nodes: &[Node], id: i64) -> Result<usize, Miss> {
+    match id {
+        -1 => Err(Miss::Unknown),
+        id if id < 0 => Err(Miss::malformed("node id", &id.to_string())),
+        id => nodes
+            .iter()
+            .position(|node| i64::from(node.id) == id)
+            .ok_or(Miss::Offline(id)),
+    }
+}
+
+// === impl Placement ===
+
+/// What the driver says about one device, gathered by the backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct DeviceHint {
+    /// `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`, if the driver answered (it
+    /// reports `-1` when it does not know; drivers before CUDA 12.2 reject
+    /// the attribute: pass `None`).
+    pub(crate) driver_node: Option<i32>,
+    /// The bus id from `cuDeviceGetPCIBusId`, e.g. `"0000:3B:00.0"`.
+    pub(crate) pci_bus_id: Option<String>,
+}
+
+/// Where a device's node came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The driver's `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`.
+    Driver,
+    /// The PCI function's `numa_node` in sysfs.
+    Sysfs,
+}
+
+/// A placed device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placed {
+    /// The index of its node in [`Placement::nodes`].
+    node: usize,
+    /// Where the node came from.
+    source: Source,
+}
+
+/// Why a device is not placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fallback {
+    /// The pool was configured with `numa=off`.
+    Off,
+    /// The machine has one online node: there is nothing to choose.
+    SingleNode,
+    /// The online node list could not be used (a kernel without NUMA
+    /// support has none).
+    NoTopology(Miss),
+    /// Neither the driver nor sysfs named an online node for the device.
+    NoNode {
+        /// Why the driver's answer was not used.
+        driver: Miss,
+        /// Why the sysfs `numa_node` was not used.
+        sysfs: Miss,
+    },
+}
+
+impl fmt::Display for Fallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fallback::Off => f.write_str("numa=off"),
+            Fallback::SingleNode => f.write_str("the machine has one NUMA node"),
+            Fallback::NoTopology(miss) => write!(f, "no NUMA topology: {miss}"),
+            Fallback::NoNode { driver, sysfs } => {
+                write!(f, "driver node: {driver}; sysfs numa_node: {sysfs}")
+            }
+        }
+    }
+}
+
+/// The node chosen for each device, if any; see the module docs.
+#[derive(Debug, Clone)]
+pub(crate) struct Placement {
+    /// The online nodes (empty when no device is placed).
+    nodes: Vec<Node>,
+    /// Per device, its node or why it has none.
+    devices: Vec<Result<Placed, Fallback>>,
+}
+
+impl Placement {
+    /// Chooses a node for each device of `hints` (one per device, in device
+    /// order) on `topology` under `mode`. Never fails and never panics: a
+    /// device without a usable node gets none, and each fallback is
+    /// explained by exactly one trace line (one for the whole machine when
+    /// no device can be placed at all, else one per unplaced device). An
+    /// info line lists the devices placed.
+    #[allow(dead_code)] // used once integrated
+    pub(crate) fn choose(mode: NumaMode, topology: &Topology, hints: &[DeviceHint]) -> Self {
+        let nodes = match topology.usable_nodes(mode) {
+            Ok(nodes) => nodes,
+            Err(fallback) => {
+                tracing::debug!(
+                    devices = hints.len(),
+                    reason = %fallback,
+                    "pinpool: no NUMA placement; memory goes where the kernel puts it"
+                );
+                return Self {
+                    nodes: Vec::new(),
+                    devices: vec![Err(fallback); hints.len()],
+                };
+            }
+        };
+        let devices = hints
+            .iter()
+            .enumerate()
+            .map(|(device, hint)| {
+                let choice = topology.place(nodes, hint);
+                if let Err(fallback) = &choice {
+                    tracing::debug!(
+                        device,
+                        reason = %fallback,
+                        "pinpool: no NUMA node for a device; its memory goes where the kernel puts it"
+                    );
+                }
+                choice
+            })
+            .collect();
+        let placement = Self {
+            nodes: nodes.to_vec(),
+            devices,
+        };
+        placement.trace_placed();
+        placement
+    }
+
+    /// The node `device`'s blocks go on, if any.
+    #[allow(dead_code)] // used once integrated
+    pub(crate) fn node(&self, device: usize) -> Option<&Node> {
+        let placed = self.devices.get(device)?.as_ref().ok()?;
+        Some(&self.nodes[placed.node])
+    }
+
+    /// The node cleaner worker `worker` should run on: the nodes that hold
+    /// some device's blocks take workers in turn (ascending by id), so that
+    /// with at least as many workers as such nodes each node has one. None
+    /// if no device is placed.
+    #[allow(dead_code)] // used once integrated
+    pub(crate) fn worker_node(&self, worker: usize) -> Option<&Node> {
+        let used = self.used_nodes();
+        let index = *used.get(worker % used.len().max(1))?;
+        Some(&self.nodes[index])
+    }
+
+    /// Indexes of the nodes holding some device's blocks, ascending.
+    fn used_nodes(&self) -> Vec<usize> {
+        let mut used: Vec<usize> = self
+            .devices
+            .iter()
+            .filter_map(|choice| choice.as_ref().ok().map(|placed| placed.node))
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        used
+    }
+
+    /// Says which device went where, and which used node's workers cannot
+    /// be pinned (its CPU list was unusable).
+    fn trace_placed(&self) {
+        let placed: Vec<String> = self
+            .devices
+            .iter()
+            .enumerate()
+            .filter_map(|(device, choice)| {
+                let placed = choice.as_ref().ok()?;
+                let node = self.nodes[placed.node].id;
+                Some(format!("{device}->{node} ({:?})", placed.source))
+            })
+            .collect();
+        if placed.is_empty() {
+            return;
+        }
+        tracing::info!(devices = %placed.join(", "), "pinpool: NUMA placement");
+        for index in self.used_nodes() {
+            let node = &self.nodes[index];
+            if let Some(miss) = &node.cpus_unusable {
+                tracing::debug!(
+                    node = node.id,
+                    reason = %miss,
+                    "pinpool: NUMA node CPUs unknown; its cleaner workers run unpinned"
+                );
+            }
+        }
+    }
+}
+
+// === parsing ===
+
+/// Reads a small sysfs file as text.
+fn read_value(path: &Path) -> Result<String, Miss> {
+    let unreadable = |e: io::Error| Miss::Unreadable {
+        path: path.to_path_buf(),
+        kind: e.kind(),
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_FILE_BYTES).read_to_string(&mut text))
+        .map_err(unreadable)?;
+    Ok(text)
+}
+
+/// Reads and parses a sysfs list file (`online`, `cpulist`).
+fn read_list(path: &Path) -> Result<Vec<usize>, Miss> {
+    let text = read_value(path)?;
+    parse_cpulist(&text).map_err(|_| Miss::malformed(path.display(), &text))
+}
+
+/// Parses the kernel's list format (`cpulist`, a node's `online`):
+/// comma-separated ids and inclusive ranges such as `0-3,8,10-11`, with
+/// whitespace around items and a trailing newline allowed. An empty list
+/// (a node without CPUs) is valid. Returns the ids ascending without
+/// duplicates; any other text (a stray character, an empty item, a
+/// reversed or open range, an id of [`MAX_ID`] or more) is an error naming
+/// the item.
+fn parse_cpulist(text: &str) -> Result<Vec<usize>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ids = Vec::new();
+    for item in text.split(',').map(str::trim) {
+        let (first, last) = match item.split_once('-') {
+            Some((first, last)) => (parse_id(first, item)?, parse_id(last, item)?),
+            None => {
+                let id = parse_id(item, item)?;
+                (id, id)
+            }
+        };
+        if first > last {
+            return Err(format!("reversed range `{item}`"));
+        }
+        ids.extend(first..=last);
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+/// One id of a list item: decimal digits only, below [`MAX_ID`].
+fn parse_id(digits: &str, item: &str) -> Result<usize, String> {
+    let digits = digits.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("bad item `{item}`"));
+    }
+    digits
+        .parse::<usize>()
+        .ok()
+        .filter(|&id| id < MAX_ID)
+        .ok_or_else(|| format!("id out of range in `{item}`"))
+}
+
+/// The sysfs name of the PCI function CUDA calls `bus_id`, or `None` if
+/// `bus_id` is not a bus id.
+///
+/// CUDA writes `[domain:]bus:device.function` in upper-case hex, with a
+/// four- or (as `nvidia-smi` does) eight-digit domain, e.g. `0000:3B:00.0`
+/// or `00000000:3B:00.0`; sysfs names the function in lower case with at
+/// least four domain digits, `0000:3b:00.0` (five for the `10000` domains
+/// of Intel VMD). Rebuilding the name from the parsed numbers also keeps a
+/// stray `/` or `..` out of the path.
+fn sysfs_bus_id(bus_id: &str) -> Option<String> {
+    let bus_id = bus_id.trim_end_matches('\0').trim();
+    let (rest, function) = bus_id.rsplit_once('.')?;
+    let mut parts = rest.rsplitn(3, ':');
+    let device = parts.next()?;
+    let bus = parts.next()?;
+    let domain = parts.next().unwrap_or("0");
+    let domain = parse_hex(domain, u32::MAX)?;
+    let bus = parse_hex(bus, 0xff)?;
+    let device = parse_hex(device, 0x1f)?;
+    let function = parse_hex(function, 7)?;
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
+}
+
+/// A hex field of a bus id: one to eight hex digits, at most `max`.
+fn parse_hex(digits: &str, max: u32) -> Option<u32> {
+    let valid = (1..=8).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_hexdigit());
+    valid
+        .then(|| u32::from_str_radix(digits, 16).ok())
+        .flatten()
+        .filter(|&value| value <= max)
+}
+
+// === system calls ===
+
+/// Gives `[ptr, ptr + len)` the memory policy "prefer `node`" (`mbind(2)`
+/// with `MPOL_PREFERRED`): pages faulted in afterwards, by any thread or by
+/// the driver pinning them, are allocated on `node` while it has free
+/// memory. Call it on a fresh mapping before any of its pages is touched:
+/// pages already present stay where they are (no `MPOL_MF_MOVE`). `ptr`
+/// must be page-aligned; the kernel rounds `len` up to whole pages.
+///
+/// `MPOL_PREFERRED`, not `MPOL_BIND`: a bound range whose node runs out of
+/// memory (or is not in the cgroup's `cpuset.mems`) fails its page faults,
+/// and a pool miss's buffer is faulted in by the caller writing to it, so
+/// that would kill the caller (SIGBUS, or the OOM killer) rather than give
+/// it slower memory. With a preference, placement degrades to other nodes
+/// under memory pressure and allocation always succeeds; [`pages_on_node`]
+/// measures how well it held. The policy changes where pages go, never
+/// what they hold, so no caller obligation makes this unsafe.
+///
+/// A no-op returning `Ok` on systems other than Linux. Errors are the
+/// kernel's: `EINVAL` for a misaligned range, or a node without memory or
+/// outside the cgroup's `cpuset.mems`; `EPERM` or `ENOSYS` where a sandbox
+/// forbids the call.
+#[allow(dead_code)] // used once integrated
+pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        linux::bind_range(ptr, len, node)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (ptr, len, node);
+        Ok(())
+    }
+}
+
+/// Restricts the calling thread to `cpus` (`sched_setaffinity(2)`), for a
+/// cleaner worker serving one node. The kernel intersects the set with the
+/// cgroup's `cpuset.cpus` and fails with `EINVAL` if nothing is left. The
+/// thread's previous mask is not consulted: a worker inherits the mask of
+/// the thread that spawned it, which says nothing about where the worker
+/// should run. Empty `cpus` (a node without CPUs) is `InvalidInput`.
+///
+/// A no-op returning `Ok` on systems other than Linux.
+#[allow(dead_code)] // used once integrated
+pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no CPUs to run on",
+        ));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        linux::pin_current_thread(cpus)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Ok(())
+    }
+}
+
+/// How many pages of `[ptr, ptr + len)` are resident on `node`, asked of
+/// the kernel with `move_pages(2)` (which, given no target nodes, moves
+/// nothing and reports each page's node). Pages not yet faulted in count as
+/// on no node. For tests and diagnostics (checking that a shard's pages
+/// sit on its device's node); one system call per 1024 pages, so never on
+/// a hot path.
+///
+/// `Unsupported` on systems other than Linux.
+#[allow(dead_code)] // used once integrated
+pub(crate) fn pages_on_node(ptr: *const u8, len: usize, node: u32) -> io::Result<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        linux::pages_on_node(ptr, len, node)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (ptr, len, node);
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::io;
+
+    use libc::{c_int, c_long, c_ulong, c_void};
+
+    use super::MAX_ID;
+    use crate::alloc::page_size;
+
+    /// Pages asked about per `move_pages` call.
+    const BATCH: usize = 1024;
+
+    /// A kernel bitmap (`unsigned long` words) with the bits `ids` set.
+    fn bitmap(ids: impl IntoIterator<Item = usize>) -> io::Result<Vec<c_ulong>> {
+        let bits = c_ulong::BITS as usize;
+        let mut words = Vec::new();
+        for id in ids {
+            if id >= MAX_ID {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("id {id} out of range"),
+                ));
+            }
+            if words.len() <= id / bits {
+                words.resize(id / bits + 1, 0);
+            }
+            words[id / bits] |= 1 << (id % bits);
+        }
+        Ok(words)
+    }
+
+    /// A system call's `-1` as the thread's `errno`.
+    fn check(rc: c_long) -> io::Result<c_long> {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    }
+
+    pub(super) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mask = bitmap([node as usize])?;
+        // The kernel reads `maxnode - 1` bits of the mask (mbind(2) BUGS:
+        // it decrements `maxnode` first), so one more than the mask holds.
+        let maxnode = (mask.len() * c_ulong::BITS as usize + 1) as c_ulong;
+        // SAFETY:
+        // - mbind reads `mask.len()` words from `mask`, a live vector, and
+        //   writes nothing to user memory;
+        // - it changes only the placement of pages faulted in later, never
+        //   the contents or mapping of `[ptr, ptr + len)`; without
+        //   MPOL_MF_MOVE it moves no page;
+        // - the kernel validates the range (EFAULT/EINVAL on a bad one).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                ptr as *mut c_void,
+                len as c_ulong,
+                libc::MPOL_PREFERRED as c_ulong,
+                mask.as_ptr(),
+                maxnode,
+                0 as c_ulong,
+            )
+        };
+        check(rc).map(drop)
+    }
+
+    pub(super) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+        let mask = bitmap(cpus.iter().copied())?;
+        let bytes = std::mem::size_of_val(mask.as_slice());
+        // SAFETY:
+        // - pid 0 names the calling thread;
+        // - the kernel reads `bytes` bytes from `mask`, a live vector of
+        //   that size; `cpu_set_t` is itself an array of `unsigned long`,
+        //   so the pointer is suitably aligned, and the kernel accepts any
+        //   whole number of words (it zero-extends a short mask);
+        // - it writes nothing to user memory.
+        let rc = unsafe { libc::sched_setaffinity(0, bytes, mask.as_ptr().cast()) };
+        check(c_long::from(rc)).map(drop)
+    }
+
+    pub(super) fn pages_on_node(ptr: *const u8, len: usize, node: u32) -> io::Result<usize> {
+        let page = page_size();
+        let start = ptr as usize / page * page;
+        let end = (ptr as usize).checked_add(len).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "range wraps the address space")
+        })?;
+        let node = c_int::try_from(node)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "node out of range"))?;
+        let mut pages: Vec<*mut c_void> = Vec::with_capacity(BATCH);
+        let mut status: Vec<c_int> = vec![0; BATCH];
+        let mut on_node = 0;
+        let mut addr = start;
+        while addr < end {
+            pages.clear();
+            while addr < end && pages.len() < BATCH {
+                pages.push(addr as *mut c_void);
+                addr += page;
+            }
+            // SAFETY:
+            // - pid 0 is the calling process;
+            // - `pages` holds `pages.len()` addresses, read by the kernel,
+            //   which only looks them up (an unmapped one gets -EFAULT in
+            //   its status entry) and touches no page;
+            // - a null `nodes` asks for each page's node and moves nothing;
+            // - the kernel writes `pages.len() <= BATCH` entries to
+            //   `status`, which holds BATCH.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_move_pages,
+                    0 as c_long,
+                    pages.len() as c_ulong,
+                    pages.as_ptr(),
+                    std::ptr::null::<c_int>(),
+                    status.as_mut_ptr(),
+                    0 as c_int,
+                )
+            };
+            check(rc)?;
+            on_node += status[..pages.len()].iter().filter(|&&s| s == node).count();
+        }
+        Ok(on_node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::sync::{thread, Arc, Mutex, OnceLock};
+
+    // === a fake sysfs tree ===
+
+    /// A sysfs-like tree in a directory of its own under the temporary
+    /// directory, removed on drop.
+    struct FakeSysfs {
+        root: PathBuf,
+    }
+
+    impl FakeSysfs {
+        fn new(name: &str) -> Self {
+            let root =
+                std::env::temp_dir().join(format!("pinpool-numa-{}-{name}", std::process::id()));
+            let _ = fs::remove_dir_all(&root);
+            fs::create_dir_all(&root).expect("create the fake sysfs root");
+            Self { root }
+        }
+
+        /// Writes `text` to `path` under the root.
+        fn file(&self, path: &str, text: &str) -> &Self {
+            let path = self.root.join(path);
+            fs::create_dir_all(path.parent().expect("a parent")).expect("create a directory");
+            fs::write(path, text).expect("write a fake sysfs file");
+            self
+        }
+
+        fn online(&self, list: &str) -> &Self {
+            self.file("devices/system/node/online", list)
+        }
+
+        fn cpus(&self, node: u32, list: &str) -> &Self {
+            self.file(&format!("devices/system/node/node{node}/cpulist"), list)
+        }
+
+        fn pci(&self, name: &str, numa_node: &str) -> &Self {
+            self.file(&format!("bus/pci/devices/{name}/numa_node"), numa_node)
+        }
+
+        /// Two nodes of four CPUs each.
+        fn two_nodes(name: &str) -> Self {
+            let fake = Self::new(name);
+            fake.online("0-1\n").cpus(0, "0-3\n").cpus(1, "4-7\n");
+            fake
+        }
+
+        fn topology(&self) -> Topology {
+            Topology::from_root(&self.root)
+        }
+    }
+
+    impl Drop for FakeSysfs {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+
+    fn hint(driver_node: Option<i32>, pci_bus_id: Option<&str>) -> DeviceHint {
+        DeviceHint {
+            driver_node,
+            pci_bus_id: pci_bus_id.map(String::from),
+        }
+    }
+
+    fn node_ids(placement: &Placement, devices: usize) -> Vec<Option<u32>> {
+        (0..devices)
+            .map(|device| placement.node(device).map(|node| node.id))
+            .collect()
+    }
+
+    /// Runs `f` with a subscriber that records every event, and returns
+    /// the recorded lines.
+    ///
+    /// Other tests hit the same callsites at the same time on threads
+    /// without a subscriber. While one scoped dispatcher is the only one
+    /// registered, tracing-core computes a new callsite's interest from
+    /// the registering thread's dispatcher alone (its `has_just_one` fast
+    /// path), so a callsite first hit on such a thread would be disabled
+    /// for every thread, ours included. A second dispatcher, kept alive for
+    /// the whole run, makes it ask every registered dispatcher instead.
+    fn traced(f: impl FnOnce()) -> Vec<String> {
+        static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&buffer);
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || Capture(Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(buffer.lock().clone()).expect("utf-8 log");
+        text.lines().map(String::from).collect()
+    }
+
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Capture {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    // === parsing ===
+
+    #[test]
+    fn cpulist_parses_the_kernel_format() {
+        let cases: &[(&str, &[usize])] = &[
+            ("0", &[0]),
+            ("0-3", &[0, 1, 2, 3]),
+            ("0,2-3", &[0, 2, 3]),
+            ("0-1,4,6-7\n", &[0, 1, 4, 6, 7]),
+            (" 8-9 , 1 \n", &[1, 8, 9]),
+            ("3,0-3,2", &[0, 1, 2, 3]),
+            ("5-5", &[5]),
+            ("", &[]),
+            ("\n", &[]),
+            ("  \t\n", &[]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_cpulist(text).as_deref(), Ok(*want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn cpulist_rejects_garbage() {
+        let garbage = "a|0-|-1|1-0|0,,1|0,|,0|0-1-2|0x1|+1|1 2|0:3|65536|0-4294967295|\
+            99999999999999999999999|0-3:2";
+        for text in garbage.split('|') {
+            assert!(parse_cpulist(text).is_err(), "{text:?} parsed");
+        }
+    }
+
+    #[test]
+    fn bus_ids_are_rewritten_as_sysfs_names() {
+        let cases = [
+            ("0000:3B:00.0", "0000:3b:00.0"),
+            ("00000000:3B:00.0", "0000:3b:00.0"),
+            ("0000:3b:00.0", "0000:3b:00.0"),
+            ("3B:00.0", "0000:3b:00.0"),
+            ("0001:C1:1F.7", "0001:c1:1f.7"),
+            ("10000:01:00.0", "10000:01:00.0"),
+            ("0000:3B:00.0\0\0\0", "0000:3b:00.0"),
+            (" 0000:3B:00.0\n", "0000:3b:00.0"),
+        ];
+        for (cuda, sysfs) in cases {
+            assert_eq!(sysfs_bus_id(cuda).as_deref(), Some(sysfs), "{cuda:?}");
+        }
+        for bad in [
+            "",
+            "garbage",
+            "0000:3G:00.0",
+            "0000:3b:20.0",
+            "0000:3b:00.8",
+            "0000:100:00.0",
+            "0:0000:3b:00.0",
+            "../../../etc:00.0",
+            "0000:3b:00",
+            "0000:+3b:00.0",
+            "123456789:3b:00.0",
+        ] {
+            assert_eq!(sysfs_bus_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn numa_mode_parses_auto_and_off() {
+        assert_eq!("auto".parse(), Ok(NumaMode::Auto));
+        assert_eq!(" OFF \n".parse(), Ok(NumaMode::Off));
+        assert!("on".parse::<NumaMode>().is_err());
+        assert!("".parse::<NumaMode>().is_err());
+        assert_eq!(NumaMode::default(), NumaMode::Auto);
+        for mode in [NumaMode::Auto, NumaMode::Off] {
+            assert_eq!(mode.to_string().parse(), Ok(mode));
+        }
+    }
+
+    // === topology ===
+
+    #[test]
+    fn topology_reads_nodes_and_cpus() {
+        let fake = FakeSysfs::new("read");
+        fake.online("0,2-3\n")
+            .cpus(0, "0-1,8-9\n")
+            .cpus(2, "\n")
+            .cpus(3, "junk");
+        let nodes = fake.topology().nodes.expect("readable topology");
+        let ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
+        assert_eq!(ids, [0, 2, 3]);
+        assert_eq!(nodes[0].cpus, [0, 1, 8, 9]);
+        assert_eq!((nodes[1].cpus.len(), &nodes[1].cpus_unusable), (0, &None));
+        assert!(nodes[2].cpus.is_empty());
+        assert!(matches!(
+            nodes[2].cpus_unusable,
+            Some(Miss::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn discovery_on_this_machine_never_panics() {
+        let topology = Topology::discover();
+        if let Ok(nodes) = &topology.nodes {
+            assert!(!nodes.is_empty());
+        }
+        let placement = Placement::choose(NumaMode::Auto, &topology, &[DeviceHint::default()]);
+        assert_eq!(placement.devices.len(), 1);
+    }
+
+    // === placement ===
+
+    /// Two nodes, and PCI devices whose `numa_node` files hold good and
+    /// bad values.
+    fn devices_tree(name: &str) -> FakeSysfs {
+        let fake = FakeSysfs::two_nodes(name);
+        fake.pci("0000:3b:00.0", "0\n")
+            .pci("0000:86:00.0", "1\n")
+            .pci("0000:af:00.0", "-1\n")
+            .pci("0000:d8:00.0", "garbage\n")
+            .pci("0000:da:00.0", "")
+            .pci("0000:db:00.0", "7\n")
+            .pci("0000:dc:00.0", "-5\n");
+        fake
+    }
+
+    #[test]
+    fn placement_prefers_the_driver_then_sysfs() {
+        let fake = devices_tree("sources");
+        let cases = [
+            // The driver wins over sysfs.
+            (hint(Some(1), Some("0000:3B:00.0")), 1, Source::Driver),
+            // No driver answer: sysfs, found from CUDA's spelling.
+            (hint(None, Some("0000:3B:00.0")), 0, Source::Sysfs),
+            // The driver does not know; nvidia-smi's eight-digit domain.
+            (hint(Some(-1), Some("00000000:86:00.0")), 1, Source::Sysfs),
+            // The driver names an offline node.
+            (hint(Some(9), Some("0000:86:00.0")), 1, Source::Sysfs),
+        ];
+        let hints: Vec<DeviceHint> = cases.iter().map(|(hint, ..)| hint.clone()).collect();
+        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+        for (device, (hint, node, source)) in cases.iter().enumerate() {
+            let placed = placement.devices[device].as_ref().expect("placed");
+            assert_eq!(
+                (placement.nodes[placed.node].id, placed.source),
+                (*node, *source),
+                "{hint:?}"
+            );
+        }
+        assert_eq!(
+            placement.node(0).map(|n| n.cpus.clone()),
+            Some(vec![4, 5, 6, 7])
+        );
+        assert_eq!(
+            placement.node(cases.len()),
+            None,
+            "a device beyond the hints"
+        );
+    }
+
+    #[test]
+    fn bad_device_data_falls_back_to_no_node() {
+        let fake = devices_tree("fallbacks");
+        let topology = fake.topology();
+        let why = |driver_node, pci_bus_id| {
+            let placement =
+                Placement::choose(NumaMode::Auto, &topology, &[hint(driver_node, pci_bus_id)]);
+            assert_eq!(placement.node(0), None);
+            match placement.devices[0].clone() {
+                Err(Fallback::NoNode { driver, sysfs }) => (driver, sysfs),
+                other => panic!("{other:?}"),
+            }
+        };
+        let malformed = |miss: &Miss| match miss {
+            Miss::Malformed { what, text } => (what.clone(), text.clone()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(why(None, None), (Miss::Absent, Miss::Absent));
+        assert_eq!(
+            why(None, Some("0000:AF:00.0")),
+            (Miss::Absent, Miss::Unknown)
+        );
+        assert_eq!(
+            why(Some(5), Some("0000:DB:00.0")),
+            (Miss::Offline(5), Miss::Offline(7))
+        );
+        let (driver, missing) = why(Some(-1), Some("0000:D9:00.0"));
+        assert_eq!(driver, Miss::Unknown);
+        assert!(matches!(
+            missing,
+            Miss::Unreadable {
+                kind: io::ErrorKind::NotFound,
+                ..
+            }
+        ));
+        assert_eq!(malformed(&why(None, Some("0000:D8:00.0")).1).1, "garbage\n");
+        assert_eq!(malformed(&why(None, Some("0000:DA:00.0")).1).1, "");
+        assert_eq!(
+            malformed(&why(None, Some("not-a-bus-id")).1),
+            ("PCI bus id".into(), "not-a-bus-id".into())
+        );
+        let (driver, sysfs) = why(Some(-3), Some("0000:DC:00.0"));
+        assert_eq!(malformed(&driver).1, "-3");
+        assert_eq!(malformed(&sysfs).1, "-5");
+        let long = "x".repeat(1000);
+        assert_eq!(malformed(&why(None, Some(&long)).1).1.len(), MAX_QUOTE);
+    }
+
+    #[test]
+    fn numa_off_places_nothing() {
+        let fake = FakeSysfs::two_nodes("off");
+        fake.pci("0000:3b:00.0", "1\n");
+        let hints = [hint(Some(1), Some("0000:3B:00.0")), hint(Some(0), None)];
+        let placement = Placement::choose(NumaMode::Off, &fake.topology(), &hints);
+        assert_eq!(node_ids(&placement, 2), [None, None]);
+        assert!(placement.devices.iter().all(|d| d == &Err(Fallback::Off)));
+        assert!(placement.worker_node(0).is_none());
+    }
+
+    #[test]
+    fn one_node_places_nothing() {
+        let fake = FakeSysfs::new("single");
+        fake.online("0\n")
+            .cpus(0, "0-7\n")
+            .pci("0000:3b:00.0", "0\n");
+        let hints = [
+            hint(Some(0), Some("0000:3B:00.0")),
+            hint(None, Some("0000:3B:00.0")),
+        ];
+        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+        assert_eq!(node_ids(&placement, 2), [None, None]);
+        assert!(placement
+            .devices
+            .iter()
+            .all(|d| d == &Err(Fallback::SingleNode)));
+    }
+
+    #[test]
+    fn unusable_node_lists_place_nothing() {
+        let hints = [hint(Some(0), None), hint(Some(1), None)];
+        let cases: [(&str, Option<&str>); 4] = [
+            ("missing", None),
+            ("junk", Some("zero-one\n")),
+            ("empty", Some("\n")),
+            ("huge", Some("0-99999999\n")),
+        ];
+        for (name, online) in cases {
+            let fake = FakeSysfs::new(&format!("online-{name}"));
+            if let Some(text) = online {
+                fake.online(text);
+            }
+            let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+            assert_eq!(node_ids(&placement, 2), [None, None], "{name}");
+            assert!(
+                matches!(placement.devices[0], Err(Fallback::NoTopology(_))),
+                "{name}: {:?}",
+                placement.devices[0]
+            );
+        }
+    }
+
+    #[test]
+    fn sparse_node_ids_and_cpuless_nodes() {
+        let fake = FakeSysfs::new("sparse");
+        fake.online("0,2\n")
+            .cpus(0, "0-3\n")
+            .cpus(2, "")
+            .pci("0000:3b:00.0", "2\n")
+            .pci("0000:86:00.0", "1\n");
+        let hints = [
+            hint(None, Some("0000:3b:00.0")),
+            hint(None, Some("0000:86:00.0")),
+        ];
+        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+        assert_eq!(node_ids(&placement, 2), [Some(2), None]);
+        assert!(placement.node(0).is_some_and(|node| node.cpus.is_empty()));
+        assert_eq!(
+            placement.devices[1],
+            Err(Fallback::NoNode {
+                driver: Miss::Absent,
+                sysfs: Miss::Offline(1)
+            })
+        );
+    }
+
+    #[test]
+    fn workers_take_used_nodes_in_turn() {
+        let fake = FakeSysfs::new("workers");
+        fake.online("0-3\n");
+        for node in 0..4 {
+            fake.cpus(node, &format!("{}-{}\n", node * 2, node * 2 + 1));
+        }
+        let hints = [
+            hint(Some(3), None),
+            hint(Some(1), None),
+            hint(Some(3), None),
+        ];
+        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+        let workers: Vec<Option<u32>> = (0..5)
+            .map(|w| placement.worker_node(w).map(|n| n.id))
+            .collect();
+        assert_eq!(workers, [Some(1), Some(3), Some(1), Some(3), Some(1)]);
+        assert_eq!(
+            placement.worker_node(1).map(|n| n.cpus.clone()),
+            Some(vec![6, 7])
+        );
+    }
+
+    // === trace lines ===
+
+    #[test]
+    fn each_fallback_is_traced_once() {
+        let fake = FakeSysfs::two_nodes("trace");
+        fake.pci("0000:3b:00.0", "0\n")
+            .pci("0000:af:00.0", "nonsense\n");
+        let hints = [
+            hint(None, Some("0000:3b:00.0")),
+            hint(None, Some("0000:af:00.0")),
+            hint(None, None),
+        ];
+        let topology = fake.topology();
+        let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
+        let about = |device: usize| {
+            lines
+                .iter()
+                .filter(|l| l.contains("no NUMA node") && l.contains(&format!("device={device}")))
+                .count()
+        };
+        assert_eq!((about(0), about(1), about(2)), (0, 1, 1), "{lines:#?}");
+        assert!(lines.iter().any(|l| l.contains("nonsense")), "{lines:#?}");
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.contains("pinpool: NUMA placement"))
+                .count(),
+            1
+        );
+
+        let lines = traced(|| drop(Placement::choose(NumaMode::Off, &topology, &hints)));
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(lines[0].contains("numa=off"), "{lines:#?}");
+
+        let empty = FakeSysfs::new("trace-empty");
+        let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &empty.topology(), &hints)));
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(lines[0].contains("no NUMA topology"), "{lines:#?}");
+    }
+
+    #[test]
+    fn unknown_cpus_of_a_used_node_are_traced_once() {
+        let fake = FakeSysfs::new("trace-cpus");
+        fake.online("0-1\n").cpus(0, "0-3\n");
+        let hints = [hint(Some(1), None), hint(Some(1), None)];
+        let topology = fake.topology();
+        let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
+        let cpus = lines.iter().filter(|l| l.contains("CPUs unknown")).count();
+        assert_eq!(cpus, 1, "{lines:#?}");
+    }
+
+    // === system calls ===
+
+    /// Whether `e` means the sandbox forbids the call (skip the test).
+    fn forbidden(e: &io::Error) -> bool {
+        matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS))
+    }
+
+    /// A fresh anonymous mapping, unmapped on drop.
+    struct Mapping {
+        ptr: *mut u8,
+        len: usize,
+    }
+
+    impl Mapping {
+        fn new(pages: usize) -> Self {
+            let len = pages * crate::alloc::page_size();
+            // SAFETY: an anonymous private mapping with no address hint
+            // touches no existing memory; the result is checked below.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(ptr, libc::MAP_FAILED, "mmap failed");
+            Self {
+                ptr: ptr.cast(),
+                len,
+            }
+        }
+
+        fn touch(&self) {
+            let page = crate::alloc::page_size();
+            for offset in (0..self.len).step_by(page) {
+                // SAFETY: `offset < len`, inside the live mapping.
+                unsafe { self.ptr.add(offset).write_volatile(1) };
+            }
+        }
+    }
+
+    impl Drop for Mapping {
+        fn drop(&mut self) {
+            // SAFETY: `ptr` is a mapping of `len` bytes made in `new`, used
+            // by nothing else.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn bind_range_places_touched_pages_on_node_zero() {
+        let pages = 16;
+        let mapping = Mapping::new(pages);
+        match bind_range(mapping.ptr, mapping.len, 0) {
+            Err(e) if forbidden(&e) => {
+                eprintln!("skipped: mbind is not permitted here ({e})");
+                return;
+            }
+            result => result.expect("mbind to node 0"),
+        }
+        match pages_on_node(mapping.ptr, mapping.len, 0) {
+            Err(e) if forbidden(&e) => {
+                eprintln!("skipped: move_pages is not permitted here ({e})");
+                return;
+            }
+            result => assert_eq!(result.expect("move_pages"), 0, "untouched pages"),
+        }
+        mapping.touch();
+        let on_node = pages_on_node(mapping.ptr, mapping.len, 0).expect("move_pages");
+        assert_eq!(on_node, pages);
+        assert_eq!(bind_range(mapping.ptr, 0, 0).ok(), Some(()), "empty range");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn bad_binds_are_errors_not_panics() {
+        let mapping = Mapping::new(2);
+        let misaligned = mapping.ptr.wrapping_add(1);
+        for (ptr, node) in [
+            (mapping.ptr, 1000),
+            (misaligned, 0),
+            (mapping.ptr, u32::MAX),
+        ] {
+            assert!(
+                bind_range(ptr, mapping.len - 1, node).is_err(),
+                "node {node}"
+            );
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pinning_restricts_the_thread() {
+        let allowed = || {
+            let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+            let line = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .expect("Cpus_allowed_list")
+                .to_owned();
+            parse_cpulist(&line).expect("kernel cpulist")
+        };
+        let first = allowed()[0];
+        thread::spawn(move || {
+            pin_current_thread(&[first]).expect("pin to an allowed CPU");
+            assert_eq!(allowed(), [first]);
+            let e = pin_current_thread(&[]).expect_err("no CPUs");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(pin_current_thread(&[MAX_ID - 1]).is_err(), "absent CPU");
+            assert!(pin_current_thread(&[MAX_ID]).is_err(), "out of range");
+            assert_eq!(allowed(), [first], "failures leave the mask alone");
+        })
+        .join()
+        .expect("pinning thread");
+    }
+}
