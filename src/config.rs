@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::backend::BackendKind;
 use crate::error::Error;
+use crate::numa::NumaMode;
 use crate::pool::Pool;
 use crate::size_class::SizeClasses;
 
@@ -59,6 +60,8 @@ pub struct Config {
     /// class is empty borrows an idle pinned buffer of a larger class, in
     /// percent of the class size (0: never borrow).
     pub borrow_slack: u32,
+    /// Whether each device's buffers are placed on its host NUMA node.
+    pub numa: NumaMode,
 }
 
 impl Default for Config {
@@ -74,6 +77,7 @@ impl Default for Config {
             idle_trim: Some(DEFAULT_IDLE_TRIM),
             provision: true,
             borrow_slack: DEFAULT_BORROW_SLACK,
+            numa: NumaMode::Auto,
         }
     }
 }
@@ -302,6 +306,23 @@ impl PoolBuilder {
         self
     }
 
+    /// Whether each device's buffers are placed on its host NUMA node
+    /// (default [`NumaMode::Auto`]; see [`Config::numa`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinpool::NumaMode;
+    ///
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).numa(NumaMode::Off).build()?;
+    /// assert_eq!(pool.config().numa, NumaMode::Off);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn numa(mut self, mode: NumaMode) -> Self {
+        self.config.numa = mode;
+        self
+    }
+
     /// Applies settings written as comma-separated `key=value` pairs, the
     /// format of the `PINPOOL_CONF` environment variable; see
     /// [`try_conf`](Self::try_conf) for the keys. This lenient form skips
@@ -343,6 +364,7 @@ impl PoolBuilder {
     /// | `idle_trim` | a positive duration, or `off` |
     /// | `provision` | `on`, `off` |
     /// | `borrow` | a percent, 0 to 100 (`25` or `25%`) |
+    /// | `numa` | `auto`, `off` |
     ///
     /// # Examples
     ///
@@ -491,6 +513,7 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
             }
         }
         "provision" => config.provision = parse_switch(value)?,
+        "numa" => config.numa = value.parse()?,
         "borrow" => {
             let digits = value.strip_suffix('%').unwrap_or(value).trim();
             config.borrow_slack = parse_in(digits, 0, 100)? as u32;
@@ -584,15 +607,22 @@ mod tests {
     fn lenient_conf_keeps_the_good_pairs() {
         let mut skipped = Vec::new();
         let b = PoolBuilder::default().conf_reporting(
-            "cleaner_threads=0,max_pooled_bytes=32GiB,idle_trim=0s,borrow=200%,size_classes=pow2",
+            "cleaner_threads=0,max_pooled_bytes=32GiB,idle_trim=0s,borrow=200%,size_classes=pow2,\
+             numa=off,numa=near",
             |pair, _| skipped.push(pair.to_string()),
         );
         assert_eq!(b.config.max_pooled_bytes, 32 << 30);
+        assert_eq!(b.config.numa, NumaMode::Off);
         assert_eq!(b.config.size_classes, SizeClasses::PowersOfTwo);
         assert_eq!(b.config.cleaner_threads, Config::default().cleaner_threads);
         assert_eq!(
             skipped,
-            ["cleaner_threads=0", "idle_trim=0s", "borrow=200%"]
+            [
+                "cleaner_threads=0",
+                "idle_trim=0s",
+                "borrow=200%",
+                "numa=near"
+            ]
         );
     }
 }

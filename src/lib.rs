@@ -50,6 +50,7 @@ mod fence;
 mod flush;
 mod global;
 mod numa;
+pub use numa::NumaMode;
 mod pool;
 mod provision;
 mod reaper;

@@ -58,8 +58,24 @@ const MAX_QUOTE: usize = 64;
 // === impl NumaMode ===
 
 /// Whether a pool places memory by NUMA node (the `numa` setting).
+///
+/// With [`Auto`](NumaMode::Auto), on a machine with several NUMA nodes, each
+/// device's buffers are bound to the node its PCIe root hangs off, and
+/// cleaner workers pre-fault and zero them from that node's CPUs.
+///
+/// # Examples
+///
+/// ```
+/// use pinpool::{BackendKind, NumaMode, Pool};
+///
+/// let pool = Pool::builder().backend(BackendKind::Host).numa(NumaMode::Off).build()?;
+/// assert_eq!(pool.config().numa, NumaMode::Off);
+/// assert_eq!("auto".parse::<NumaMode>(), Ok(NumaMode::Auto));
+/// # Ok::<(), pinpool::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum NumaMode {
+#[non_exhaustive]
+pub enum NumaMode {
     /// Place each device's blocks on its host node when the machine has
     /// more than one node and says which node a device is on.
     #[default]
@@ -182,7 +198,6 @@ pub(crate) struct Topology {
 
 impl Topology {
     /// The topology of this machine, from `/sys`.
-    #[allow(dead_code)] // used once integrated
     pub(crate) fn discover() -> Self {
         Self::from_root("/sys")
     }
@@ -350,13 +365,21 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
+    /// No device placed, without reading the topology: for backends that
+    /// do not pin, whose memory placement does not matter.
+    pub(crate) fn unplaced(devices: usize) -> Self {
+        Self {
+            nodes: Vec::new(),
+            devices: vec![Err(Fallback::Off); devices],
+        }
+    }
+
     /// Chooses a node for each device of `hints` (one per device, in device
     /// order) on `topology` under `mode`. Never fails and never panics: a
     /// device without a usable node gets none, and each fallback is
     /// explained by exactly one trace line (one for the whole machine when
     /// no device can be placed at all, else one per unplaced device). An
     /// info line lists the devices placed.
-    #[allow(dead_code)] // used once integrated
     pub(crate) fn choose(mode: NumaMode, topology: &Topology, hints: &[DeviceHint]) -> Self {
         let nodes = match topology.usable_nodes(mode) {
             Ok(nodes) => nodes,
@@ -396,7 +419,6 @@ impl Placement {
     }
 
     /// The node `device`'s blocks go on, if any.
-    #[allow(dead_code)] // used once integrated
     pub(crate) fn node(&self, device: usize) -> Option<&Node> {
         let placed = self.devices.get(device)?.as_ref().ok()?;
         Some(&self.nodes[placed.node])
@@ -406,7 +428,6 @@ impl Placement {
     /// some device's blocks take workers in turn (ascending by id), so that
     /// with at least as many workers as such nodes each node has one. None
     /// if no device is placed.
-    #[allow(dead_code)] // used once integrated
     pub(crate) fn worker_node(&self, worker: usize) -> Option<&Node> {
         let used = self.used_nodes();
         let index = *used.get(worker % used.len().max(1))?;
@@ -574,7 +595,6 @@ fn parse_hex(digits: &str, max: u32) -> Option<u32> {
 /// kernel's: `EINVAL` for a misaligned range, or a node without memory or
 /// outside the cgroup's `cpuset.mems`; `EPERM` or `ENOSYS` where a sandbox
 /// forbids the call.
-#[allow(dead_code)] // used once integrated
 pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
@@ -595,7 +615,6 @@ pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> 
 /// should run. Empty `cpus` (a node without CPUs) is `InvalidInput`.
 ///
 /// A no-op returning `Ok` on systems other than Linux.
-#[allow(dead_code)] // used once integrated
 pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
     if cpus.is_empty() {
         return Err(io::Error::new(
@@ -621,7 +640,7 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
 /// a hot path.
 ///
 /// `Unsupported` on systems other than Linux.
-#[allow(dead_code)] // used once integrated
+#[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
 pub(crate) fn pages_on_node(ptr: *const u8, len: usize, node: u32) -> io::Result<usize> {
     #[cfg(target_os = "linux")]
     {
@@ -644,6 +663,7 @@ mod linux {
     use crate::alloc::page_size;
 
     /// Pages asked about per `move_pages` call.
+    #[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
     const BATCH: usize = 1024;
 
     /// A kernel bitmap (`unsigned long` words) with the bits `ids` set.
@@ -717,6 +737,7 @@ mod linux {
         check(c_long::from(rc)).map(drop)
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn pages_on_node(ptr: *const u8, len: usize, node: u32) -> io::Result<usize> {
         let page = page_size();
         let start = ptr as usize / page * page;

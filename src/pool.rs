@@ -17,6 +17,7 @@ use crate::buffer::PinnedBuffer;
 use crate::cleaner::{self, Cleaner, Env, Returned};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
+use crate::numa::{self, Placement, Topology};
 use crate::provision::Provisioner;
 use crate::reaper::{self, Message, Retire};
 use crate::shard::Shard;
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     epoch: Instant,
     /// See [`Config::borrow_slack`].
     borrow_slack: u32,
+    /// Each device's host NUMA node, and the nodes cleaner workers run on.
+    placement: Placement,
 }
 
 impl std::fmt::Debug for Shared {
@@ -94,7 +97,18 @@ impl Shared {
             let shared = Arc::clone(this);
             thread::Builder::new()
                 .name(format!("pinpool-cleaner-{index}"))
-                .spawn(move || shared.cleaner.work(shared.env(), index))
+                .spawn(move || {
+                    // Pre-faulting and zeroing a node's blocks from its own
+                    // CPUs keeps that traffic local; the pages land on the
+                    // node through the blocks' memory policy either way.
+                    if let Some(node) = shared.placement.worker_node(index) {
+                        if let Err(error) = numa::pin_current_thread(&node.cpus) {
+                            tracing::debug!(worker = index, node = node.id, %error,
+                                "pinpool: cleaner worker not pinned to its NUMA node");
+                        }
+                    }
+                    shared.cleaner.work(shared.env(), index)
+                })
         });
     }
 
@@ -215,7 +229,7 @@ impl Shared {
         if let Some(block) = this.steal(cache, device, class) {
             return Ok((block, true));
         }
-        let block = Block::allocate(this.classes(), class, device)?;
+        let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
         cache.count_miss(device, class);
         tracing::trace!(
             bytes = block.len(),
@@ -321,7 +335,8 @@ impl Shared {
         let mut blocks = Vec::new();
         for (class, count) in plan {
             for _ in 0..count {
-                let mut block = Block::allocate(classes, class, device)?;
+                let mut block =
+                    Block::allocate(classes, class, device, this.shards[device].node())?;
                 let meta = block.meta_mut();
                 meta.dirty = 0;
                 meta.reserved = true;
@@ -584,6 +599,13 @@ impl Pool {
         let classes = Classes::new(config.size_classes, crate::alloc::page_size());
         let count = classes.count();
         let pins = backend.pins();
+        // Only pinned memory is worth placing; other backends (the host
+        // one, the loom models) skip reading the topology.
+        let placement = if pins {
+            Placement::choose(config.numa, &Topology::discover(), &backend.numa_hints())
+        } else {
+            Placement::unplaced(devices)
+        };
         let shared = Arc::new(Shared {
             caches: Caches::new(
                 classes,
@@ -592,7 +614,9 @@ impl Pool {
                 pins,
                 backend.contexts(),
             ),
-            shards: (0..devices).map(|_| Shard::new(count)).collect(),
+            shards: (0..devices)
+                .map(|device| Shard::new(count, placement.node(device).map(|n| n.id)))
+                .collect(),
             admission: Admission::new(config.max_pooled_bytes),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
             provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
@@ -600,6 +624,7 @@ impl Pool {
             device_zero: backend.kind() == BackendKind::Host,
             epoch: Instant::now(),
             borrow_slack: config.borrow_slack,
+            placement,
             config: crate::sync::Mutex::new(config),
             backend,
         });

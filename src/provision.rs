@@ -168,7 +168,7 @@ impl Provisioner {
                     if footprint > room {
                         break;
                     }
-                    match Block::allocate(classes, class, device) {
+                    match Block::allocate(classes, class, device, at.shards[device].node()) {
                         Ok(mut block) => {
                             block.meta_mut().dirty = 0;
                             room -= footprint;

@@ -9,15 +9,26 @@ use crate::stack::Stack;
 #[derive(Debug)]
 pub(crate) struct Shard {
     classes: Box<[Stack<Block>]>,
+    /// The host NUMA node the device's blocks are placed on, if any.
+    node: Option<u32>,
 }
 
 // === impl Shard ===
 
 impl Shard {
-    pub(crate) fn new(classes: usize) -> Self {
+    /// A shard of `classes` empty stacks whose blocks go on `node`.
+    pub(crate) fn new(classes: usize, node: Option<u32>) -> Self {
         Self {
             classes: (0..classes).map(|_| Stack::new()).collect(),
+            node,
         }
+    }
+
+    /// The host NUMA node new blocks of this shard are bound to, if any
+    /// (see [`numa`](crate::numa)).
+    #[inline]
+    pub(crate) fn node(&self) -> Option<u32> {
+        self.node
     }
 
     /// Takes a ready buffer of `class`.

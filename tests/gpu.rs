@@ -1,122 +1,17 @@
 //! The CUDA backend on real hardware. Every test is `#[ignore]`d: run them
 //! on a GPU machine with `--ignored` (or `--include-ignored`), one at a
 //! time (`--test-threads=1`) so the bandwidth figures are not disturbed.
-//! Asked to run without a GPU, they fail loudly.
+//! Asked to run without a GPU, they fail loudly. The tests that need two
+//! GPUs are in `multi_gpu.rs`.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use pinpool::{BackendKind, PinnedBuffer, Pool};
+use cudarc::driver::{result, sys, CudaStream};
+use pinpool::{BackendKind, Pool};
 
-/// Device 0's context, bound to this thread; panics without a GPU.
-fn gpu() -> Arc<CudaContext> {
-    // SAFETY: only tries to load the driver library.
-    let present = unsafe { sys::is_culib_present() };
-    assert!(
-        present,
-        "GPU test asked to run, but libcuda cannot be loaded"
-    );
-    CudaContext::new(0).expect("GPU test asked to run, but no CUDA device is usable")
-}
-
-fn cuda_pool() -> Pool {
-    Pool::builder()
-        .backend(BackendKind::Cuda)
-        .cleaner_threads(4)
-        .build()
-        .expect("the CUDA backend builds on a GPU machine")
-}
-
-/// A pinned buffer of `size` bytes from `pool`: a miss, dropped, flushed
-/// (registered by the cleaner), and taken again.
-fn pinned(pool: &Pool, size: usize) -> PinnedBuffer {
-    drop(pool.take(size));
-    pool.flush();
-    let buf = pool.take(size);
-    assert!(
-        buf.is_pinned(),
-        "second take of {size} bytes should be a pinned hit"
-    );
-    buf
-}
-
-/// Device memory freed on drop.
-struct DeviceBytes(sys::CUdeviceptr, usize);
-
-impl DeviceBytes {
-    fn new(len: usize) -> Self {
-        // SAFETY: a context is current (see `gpu`); the result is checked.
-        Self(
-            unsafe { result::malloc_sync(len) }.expect("cuMemAlloc"),
-            len,
-        )
-    }
-
-    fn read(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.1];
-        // SAFETY: `self.0` holds `self.1` bytes; `out` is as long.
-        unsafe { result::memcpy_dtoh_sync(&mut out, self.0) }.expect("cuMemcpyDtoH");
-        out
-    }
-}
-
-impl Drop for DeviceBytes {
-    fn drop(&mut self) {
-        // SAFETY: allocated by `malloc_sync`, freed once.
-        unsafe { result::free_sync(self.0) }.expect("cuMemFree");
-    }
-}
-
-/// Enqueues an async H2D copy of `src` into `dst` on `stream`.
-fn copy_async(stream: &CudaStream, dst: &DeviceBytes, src: &[u8]) {
-    assert!(src.len() <= dst.1);
-    // SAFETY: `dst` holds at least `src.len()` bytes; the callers keep `src`
-    // alive (and unmoved) until the copy is known to have finished.
-    unsafe { result::memcpy_htod_async(dst.0, src, stream.cu_stream()) }
-        .expect("cuMemcpyHtoDAsync");
-}
-
-/// Blocks `stream` until the returned gate is opened.
-struct Gate(Arc<AtomicBool>);
-
-impl Gate {
-    fn close(stream: &CudaStream) -> Self {
-        unsafe extern "C" fn wait(arg: *mut c_void) {
-            // SAFETY: `arg` is the `Arc<AtomicBool>` leaked by `close`; this
-            // callback runs once and takes ownership of that reference.
-            let open = unsafe { Arc::from_raw(arg as *const AtomicBool) };
-            while !open.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        let open = Arc::new(AtomicBool::new(false));
-        let arg = Arc::into_raw(open.clone()) as *mut c_void;
-        // SAFETY: the callback only touches its own `Arc`, and makes no CUDA
-        // calls, as host functions must not.
-        unsafe { result::stream::launch_host_function(stream.cu_stream(), wait, arg) }
-            .expect("cuLaunchHostFunc");
-        Self(open)
-    }
-
-    fn open(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-/// Flushes `pool` on another thread and reports whether that finished
-/// within `within`.
-fn flush_in_background(pool: &Pool) -> std::sync::mpsc::Receiver<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let pool = pool.clone();
-    std::thread::spawn(move || {
-        pool.flush();
-        let _ = tx.send(());
-    });
-    rx
-}
+mod common;
+use common::gpu::*;
 
 #[test]
 #[ignore = "needs a GPU"]
@@ -332,58 +227,6 @@ fn first_pinning_of_a_1_gib_miss() {
     assert!(buf.is_pinned());
     assert!(buf[..SIZE / 4].iter().all(|&b| b == 0));
     drop(buf);
-    pool.shutdown();
-}
-
-#[test]
-#[ignore = "needs two GPUs"]
-fn two_devices_share_portable_buffers_and_keep_their_shards() {
-    let _ctx = gpu();
-    let count = CudaContext::device_count().unwrap();
-    if count < 2 {
-        println!("NOT RUN: this machine has {count} GPU(s); the test needs 2");
-        return;
-    }
-    const SIZE: usize = 4 << 20;
-    let ctx1 = CudaContext::new(1).unwrap();
-    let stream1 = ctx1.new_stream().unwrap();
-    let pool = Pool::builder()
-        .backend(BackendKind::Cuda)
-        .devices(2)
-        .build()
-        .unwrap();
-    drop(pool.take_on(0, SIZE).unwrap());
-    drop(pool.take_on(1, SIZE).unwrap());
-    pool.flush();
-    let mut buf = pool.take_on(0, SIZE).unwrap();
-    assert!(buf.is_pinned());
-    assert_eq!(buf.device(), 0);
-    let ptr = buf.as_ptr() as usize;
-    buf.fill(7);
-    ctx1.bind_to_thread().unwrap();
-    let dst = DeviceBytes::new(SIZE);
-    let gate = Gate::close(&stream1);
-    copy_async(&stream1, &dst, &buf);
-    buf.record_last_use(&stream1).unwrap();
-    drop(buf);
-    let flushed = flush_in_background(&pool);
-    assert!(
-        flushed.recv_timeout(Duration::from_millis(300)).is_err(),
-        "reused before device 1's copy drained"
-    );
-    gate.open();
-    flushed.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert!(dst.read().iter().all(|&b| b == 7));
-    let back = pool.take_on(0, SIZE).unwrap();
-    assert_eq!(
-        back.as_ptr() as usize,
-        ptr,
-        "device 0's buffer returns to device 0's shard"
-    );
-    let other = pool.take_on(1, SIZE).unwrap();
-    assert_ne!(other.as_ptr() as usize, ptr);
-    assert_eq!(other.device(), 1);
-    drop((back, other));
     pool.shutdown();
 }
 

@@ -13,6 +13,7 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 
 use super::{Backend, BackendKind};
 use crate::error::Error;
+use crate::numa::DeviceHint;
 
 /// Binds a context for a scope and puts the thread's previous one back.
 #[derive(Debug)]
@@ -169,4 +170,72 @@ impl Backend for CudaBackend {
     fn contexts(&self) -> Vec<Arc<CudaContext>> {
         self.contexts.clone()
     }
+
+    fn numa_hints(&self) -> Vec<DeviceHint> {
+        self.contexts
+            .iter()
+            .map(|ctx| DeviceHint {
+                driver_node: host_numa_id(ctx),
+                pci_bus_id: pci_bus_id(ctx),
+            })
+            .collect()
+    }
+}
+
+/// The device's host NUMA node as the driver reports it
+/// (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`, `-1` when unknown), or `None` when
+/// the driver rejects the attribute (before CUDA 12.2) or the bindings
+/// chosen predate it.
+fn host_numa_id(ctx: &CudaContext) -> Option<i32> {
+    #[cfg(any(
+        feature = "cuda-12020",
+        feature = "cuda-12030",
+        feature = "cuda-12040",
+        feature = "cuda-12050",
+        feature = "cuda-12060",
+        feature = "cuda-12080",
+        feature = "cuda-12090",
+        feature = "cuda-13000",
+        feature = "cuda-13010",
+        feature = "cuda-13020",
+        feature = "cuda-13030",
+        feature = "cuda-13040",
+    ))]
+    {
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+            .ok()
+    }
+    #[cfg(not(any(
+        feature = "cuda-12020",
+        feature = "cuda-12030",
+        feature = "cuda-12040",
+        feature = "cuda-12050",
+        feature = "cuda-12060",
+        feature = "cuda-12080",
+        feature = "cuda-12090",
+        feature = "cuda-13000",
+        feature = "cuda-13010",
+        feature = "cuda-13020",
+        feature = "cuda-13030",
+        feature = "cuda-13040",
+    )))]
+    {
+        let _ = ctx;
+        None
+    }
+}
+
+/// The device's PCI bus id (`0000:3b:00.0`), for its node in sysfs.
+fn pci_bus_id(ctx: &CudaContext) -> Option<String> {
+    let mut id: [std::ffi::c_char; 64] = [0; 64];
+    // SAFETY: `id` is a writable buffer of the length passed; the driver
+    // writes a NUL-terminated string of at most that many bytes.
+    unsafe { sys::cuDeviceGetPCIBusId(id.as_mut_ptr(), id.len() as i32, ctx.cu_device()) }
+        .result()
+        .ok()?;
+    // SAFETY: `c_char` and `u8` have the same size and alignment, and `id`
+    // lives for the borrow.
+    let bytes = unsafe { std::slice::from_raw_parts(id.as_ptr().cast::<u8>(), id.len()) };
+    let id = std::ffi::CStr::from_bytes_until_nul(bytes).ok()?;
+    Some(id.to_string_lossy().into_owned())
 }

@@ -78,6 +78,11 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn contexts(&self) -> Vec<std::sync::Arc<cudarc::driver::CudaContext>> {
         Vec::new()
     }
+    /// What the driver says about each device's NUMA placement (nothing,
+    /// outside CUDA).
+    fn numa_hints(&self) -> Vec<crate::numa::DeviceHint> {
+        vec![Default::default(); self.device_count()]
+    }
 }
 
 /// Picks the backend for `kind`, logging the choice.

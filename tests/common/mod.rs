@@ -27,3 +27,5 @@ pub fn host_pool_with(devices: usize, workers: usize) -> Pool {
         .build()
         .expect("a host pool always builds")
 }
+
+pub mod gpu;

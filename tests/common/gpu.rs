@@ -1,0 +1,116 @@
+//! Helpers for the tests that run on GPUs.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use pinpool::{BackendKind, PinnedBuffer, Pool};
+
+/// Device 0's context, bound to this thread; panics without a GPU.
+pub fn gpu() -> Arc<CudaContext> {
+    // SAFETY: only tries to load the driver library.
+    let present = unsafe { sys::is_culib_present() };
+    assert!(
+        present,
+        "GPU test asked to run, but libcuda cannot be loaded"
+    );
+    CudaContext::new(0).expect("GPU test asked to run, but no CUDA device is usable")
+}
+
+pub fn cuda_pool() -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Cuda)
+        .cleaner_threads(4)
+        .build()
+        .expect("the CUDA backend builds on a GPU machine")
+}
+
+/// A pinned buffer of `size` bytes from `pool`: a miss, dropped, flushed
+/// (registered by the cleaner), and taken again.
+pub fn pinned(pool: &Pool, size: usize) -> PinnedBuffer {
+    drop(pool.take(size));
+    pool.flush();
+    let buf = pool.take(size);
+    assert!(
+        buf.is_pinned(),
+        "second take of {size} bytes should be a pinned hit"
+    );
+    buf
+}
+
+/// Device memory freed on drop.
+pub struct DeviceBytes(pub sys::CUdeviceptr, pub usize);
+
+impl DeviceBytes {
+    pub fn new(len: usize) -> Self {
+        // SAFETY: a context is current (see `gpu`); the result is checked.
+        Self(
+            unsafe { result::malloc_sync(len) }.expect("cuMemAlloc"),
+            len,
+        )
+    }
+
+    pub fn read(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.1];
+        // SAFETY: `self.0` holds `self.1` bytes; `out` is as long.
+        unsafe { result::memcpy_dtoh_sync(&mut out, self.0) }.expect("cuMemcpyDtoH");
+        out
+    }
+}
+
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_sync`, freed once.
+        unsafe { result::free_sync(self.0) }.expect("cuMemFree");
+    }
+}
+
+/// Enqueues an async H2D copy of `src` into `dst` on `stream`.
+pub fn copy_async(stream: &CudaStream, dst: &DeviceBytes, src: &[u8]) {
+    assert!(src.len() <= dst.1);
+    // SAFETY: `dst` holds at least `src.len()` bytes; the callers keep `src`
+    // alive (and unmoved) until the copy is known to have finished.
+    unsafe { result::memcpy_htod_async(dst.0, src, stream.cu_stream()) }
+        .expect("cuMemcpyHtoDAsync");
+}
+
+/// Blocks `stream` until the returned gate is opened.
+pub struct Gate(Arc<AtomicBool>);
+
+impl Gate {
+    pub fn close(stream: &CudaStream) -> Self {
+        unsafe extern "C" fn wait(arg: *mut c_void) {
+            // SAFETY: `arg` is the `Arc<AtomicBool>` leaked by `close`; this
+            // callback runs once and takes ownership of that reference.
+            let open = unsafe { Arc::from_raw(arg as *const AtomicBool) };
+            while !open.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let open = Arc::new(AtomicBool::new(false));
+        let arg = Arc::into_raw(open.clone()) as *mut c_void;
+        // SAFETY: the callback only touches its own `Arc`, and makes no CUDA
+        // calls, as host functions must not.
+        unsafe { result::stream::launch_host_function(stream.cu_stream(), wait, arg) }
+            .expect("cuLaunchHostFunc");
+        Self(open)
+    }
+
+    pub fn open(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Flushes `pool` on another thread and reports whether that finished
+/// within `within`.
+pub fn flush_in_background(pool: &Pool) -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pool = pool.clone();
+    std::thread::spawn(move || {
+        pool.flush();
+        let _ = tx.send(());
+    });
+    rx
+}
