@@ -270,6 +270,62 @@ fn cudarc_copies_record_last_use_by_themselves() {
     pool.shutdown();
 }
 
+/// The README's staging pattern with a size that is not a class size: a
+/// typed prefix of exactly the rows is what cudarc copies (the whole buffer
+/// would be longer than the device slice), it records the last use like the
+/// whole buffer, and a device-to-host copy into a byte prefix widens the
+/// dirty length so the next taker still gets zeros.
+#[test]
+#[ignore = "needs a GPU"]
+fn prefix_copies_of_a_size_that_is_not_a_class_size() {
+    const ROWS: usize = 250_007; // 1_000_028 bytes: the class is longer
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let rows: Vec<u32> = (0..ROWS as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let mut dst = stream.alloc_zeros::<u32>(ROWS).unwrap();
+    stream.synchronize().unwrap();
+    let mut buf = pinned(&pool, ROWS * 4);
+    assert!(buf.len() > ROWS * 4, "the test needs a rounded-up class");
+    buf.typed_prefix_mut::<u32>(ROWS).copy_from_slice(&rows);
+    let gate = Gate::close(&stream);
+    stream
+        .memcpy_htod(&buf.typed_prefix::<u32>(ROWS), &mut dst)
+        .unwrap();
+    let ptr = buf.as_ptr() as usize;
+    drop(buf); // the prefix's copy recorded the last use
+    let flushed = flush_in_background(&pool);
+    assert!(
+        flushed.recv_timeout(Duration::from_millis(300)).is_err(),
+        "recycled while the prefix's copy was held"
+    );
+    gate.open();
+    flushed.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(
+        stream.clone_dtoh(&dst).unwrap() == rows,
+        "the device got other rows"
+    );
+
+    let mut buf = pool.take(ROWS * 4);
+    assert_eq!(buf.as_ptr() as usize, ptr);
+    buf.set_dirty_len(0);
+    let len = ROWS * 4;
+    let src = stream.clone_htod(&vec![9u8; len]).unwrap();
+    stream.memcpy_dtoh(&src, &mut buf.prefix_mut(len)).unwrap();
+    drop(buf);
+    pool.flush();
+    let again = pool.take(ROWS * 4);
+    assert_eq!(again.as_ptr() as usize, ptr);
+    assert!(
+        again.iter().all(|&b| b == 0),
+        "bytes copied into the prefix leaked to the next taker"
+    );
+    drop(again);
+    pool.shutdown();
+}
+
 /// A copy through cudarc on one stream, while another stream of the same
 /// device is held: the buffer must come back once its own copy is done. A
 /// buffer whose copies were not recorded would fall back to a whole-device
