@@ -11,7 +11,12 @@ use crate::alloc::Block;
 use crate::backend::cuda::Bound;
 use crate::error::Error;
 use crate::fence::{must_sync, Fence, Fences};
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicU8, Ordering};
+
+/// [`PinnedBuffer::copies_pending`]: a copy through cudarc reads the buffer.
+const READS: u8 = 1;
+/// [`PinnedBuffer::copies_pending`]: a copy through cudarc writes into it.
+const WRITES: u8 = 2;
 use crate::thread_cache::ThreadCache;
 
 /// A host staging buffer owned by a pool, handed out by
@@ -25,8 +30,11 @@ use crate::thread_cache::ThreadCache;
 ///
 /// Copies made through cudarc (the buffer and its views are cudarc
 /// [`HostSlice`]s) record the buffer's last use by themselves, and host
-/// access through `Deref`, `DerefMut` and the views waits for them first,
-/// as cudarc's own pinned slices do. Copies enqueued by other means are
+/// access waits for the ones it could race with: reading (`Deref`, the
+/// read-only views) waits for copies *into* the buffer, writing
+/// (`DerefMut`, the writable views) for every copy, reads of the buffer
+/// included. So `buf.as_ptr()` or a host read after an upload does not
+/// block on the upload. Copies enqueued by other means are
 /// marked with [`record_last_use`](Self::record_last_use); host access does
 /// not wait for those: ordering them with host writes is the caller's job.
 ///
@@ -44,8 +52,9 @@ pub struct PinnedBuffer {
     block: ManuallyDrop<Block>,
     home: NonNull<ThreadCache>,
     dirty: usize,
-    /// Copies made through cudarc since the last host access.
-    copies_pending: AtomicBool,
+    /// Copies made through cudarc since the last wait for them: bits
+    /// [`READS`] (copies from the buffer) and [`WRITES`] (copies into it).
+    copies_pending: AtomicU8,
     pooled: bool,
 }
 
@@ -65,7 +74,7 @@ impl PinnedBuffer {
             dirty: block.len(),
             block: ManuallyDrop::new(block),
             home: NonNull::from(home),
-            copies_pending: AtomicBool::new(false),
+            copies_pending: AtomicU8::new(0),
             pooled,
         }
     }
@@ -258,12 +267,26 @@ impl PinnedBuffer {
         self.block.fences_mut().push(fence);
     }
 
-    /// Waits for copies made through cudarc before host access.
+    /// Waits for copies made through cudarc into the buffer before the host
+    /// reads it (copies from it may go on: both only read).
     #[inline]
     fn sync_host(&self) {
-        // Acquire pairs with the Release store when a copy is recorded on
-        // another thread holding `&self`.
-        if self.copies_pending.load(Ordering::Acquire) {
+        // Acquire pairs with the Release `fetch_or` in `copy_fence`; a
+        // copy into the buffer is recorded through `&mut self`, so none can
+        // be recorded while this `&self` borrow lives.
+        if self.copies_pending.load(Ordering::Acquire) & WRITES != 0 {
+            self.wait_copies();
+        }
+    }
+
+    /// Waits for every copy made through cudarc before the host writes the
+    /// buffer.
+    #[inline]
+    fn sync_host_mut(&mut self) {
+        // Relaxed: with `&mut self`, every copy was recorded through a
+        // borrow that ended before this one began (whatever handed the
+        // buffer over ordered them), so the bits are current.
+        if self.copies_pending.load(Ordering::Relaxed) != 0 {
             self.wait_copies();
         }
     }
@@ -274,16 +297,18 @@ impl PinnedBuffer {
         if let Err(e) = fences.wait_copies() {
             panic!("pinpool: waiting for a copy made through cudarc failed: {e}");
         }
-        self.copies_pending.store(false, Ordering::Release);
+        // Under the fence lock: a copy recorded on another thread after the
+        // wait sets its bit again after this store.
+        self.copies_pending.store(0, Ordering::Release);
     }
 
     /// What cudarc should do after the copy it is about to enqueue on
-    /// `stream`: record a pooled event that host access and the cleaner
+    /// `stream` (from the buffer, or into it with `writes`): record a pooled event that host access and the cleaner
     /// will wait on, or, where cudarc would not record it (the legacy
     /// default stream, or a context whose events cudarc does not manage),
     /// synchronize the stream. The stream is made to wait for earlier
     /// copies made through cudarc on other streams.
-    pub(crate) fn copy_fence<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+    pub(crate) fn copy_fence<'a>(&'a self, stream: &'a CudaStream, writes: bool) -> SyncOnDrop<'a> {
         let mut fences = self.block.fences_locked();
         if fences.has_copies() {
             self.order_after_copies(&fences, stream);
@@ -295,8 +320,10 @@ impl PinnedBuffer {
             return SyncOnDrop::Sync(Some(stream));
         };
         let event: *const CudaEvent = fences.push_copy(event);
-        // Release pairs with the Acquire load in `sync_host`.
-        self.copies_pending.store(true, Ordering::Release);
+        // Release pairs with the Acquire load in `sync_host` on a thread
+        // that shares the buffer.
+        let bit = if writes { WRITES } else { READS };
+        self.copies_pending.fetch_or(bit, Ordering::Release);
         drop(fences);
         // SAFETY: the event is boxed and stays in `copies` until the buffer
         // is accessed through `&mut self` (drop, `DerefMut`), which cannot
@@ -335,7 +362,7 @@ impl PinnedBuffer {
     /// The bytes, writable: after waiting for copies.
     #[inline]
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        self.sync_host();
+        self.sync_host_mut();
         self.block.as_mut_slice()
     }
 
@@ -367,7 +394,7 @@ impl HostSlice<u8> for PinnedBuffer {
         &'a self,
         stream: &'a CudaStream,
     ) -> (&'a [u8], SyncOnDrop<'a>) {
-        (self.raw_bytes(), self.copy_fence(stream))
+        (self.raw_bytes(), self.copy_fence(stream, false))
     }
 
     unsafe fn stream_synced_mut_slice<'a>(
@@ -377,7 +404,7 @@ impl HostSlice<u8> for PinnedBuffer {
         let len = self.block.len();
         self.widen_dirty(len);
         let ptr = self.raw_bytes_mut();
-        let fence = self.copy_fence(stream);
+        let fence = self.copy_fence(stream, true);
         // SAFETY: `ptr` holds `len` initialised bytes owned by the buffer,
         // and the `&'a mut self` borrow makes this the only access to them;
         // `copy_fence` touches only the fences, not the bytes.

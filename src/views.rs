@@ -222,7 +222,7 @@ impl<T: Pod> HostSlice<T> for Typed<'_, T> {
     ) -> (&'a [T], SyncOnDrop<'a>) {
         (
             elements(self.buf.raw_bytes(), self.count),
-            self.buf.copy_fence(stream),
+            self.buf.copy_fence(stream, false),
         )
     }
 
@@ -251,7 +251,7 @@ impl<T: Pod> HostSlice<T> for TypedMut<'_, T> {
     ) -> (&'a [T], SyncOnDrop<'a>) {
         (
             elements(self.buf.raw_bytes(), self.count),
-            self.buf.copy_fence(stream),
+            self.buf.copy_fence(stream, false),
         )
     }
 
@@ -262,7 +262,7 @@ impl<T: Pod> HostSlice<T> for TypedMut<'_, T> {
         let count = self.count;
         self.buf.widen_dirty(count * std::mem::size_of::<T>());
         let ptr = self.buf.raw_bytes_mut();
-        let fence = self.buf.copy_fence(stream);
+        let fence = self.buf.copy_fence(stream, true);
         // SAFETY: `ptr` holds at least `count * size_of::<T>()` initialised
         // bytes (checked when the view was made), aligned for `T` (checked
         // too), every bit pattern is a valid `T` (`Pod`), and `&'a mut self`

@@ -294,6 +294,8 @@ fn prefix_copies_of_a_size_that_is_not_a_class_size() {
     stream
         .memcpy_htod(&buf.typed_prefix::<u32>(ROWS), &mut dst)
         .unwrap();
+    // Reading the buffer (its address here) need not wait for an upload
+    // from it: this returns while the copy is still held.
     let ptr = buf.as_ptr() as usize;
     drop(buf); // the prefix's copy recorded the last use
     let flushed = flush_in_background(&pool);
