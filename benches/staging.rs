@@ -15,7 +15,7 @@
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
 //! 0.5) seconds each. On a machine without a GPU it says so and exits 0.
 //!
-//! Run with `cargo bench --bench staging` (or the staged binary with
+//! Run with `cargo bench -p pinpool-benches --bench staging` (or the staged binary with
 //! `--bench`).
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -47,6 +47,15 @@ pub fn parse_scale(text: &str) -> Result<f64, String> {
     Ok(scale)
 }
 
+/// `--pinpool-conf`: `PINPOOL_CONF` pairs, checked strictly (the error
+/// names the bad pair).
+pub fn parse_conf(text: &str) -> Result<String, String> {
+    pinpool::Pool::builder()
+        .try_conf(text)
+        .map(|_| text.to_string())
+        .map_err(|e| e.to_string())
+}
+
 /// `--max-pooled-gib`: a cap in GiB, returned in bytes; at least one page,
 /// at most [`MAX_POOLED_GIB`].
 pub fn parse_cap(text: &str) -> Result<usize, String> {

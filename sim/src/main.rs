@@ -78,6 +78,11 @@ struct SimArgs {
     /// pinpool's size classes.
     #[arg(long, value_enum, default_value_t = Classes::Fine)]
     size_classes: Classes,
+    /// More pinpool settings, as `key=value` pairs in the format of
+    /// `PINPOOL_CONF` (e.g. `borrow=100%,provision=off`), applied after the
+    /// options above.
+    #[arg(long, value_name = "PAIRS", default_value = "", value_parser = cli::parse_conf)]
+    pinpool_conf: String,
     /// Strategies to run, in order; those that need a GPU are skipped
     /// without one, and ideal is skipped when its buffers would not fit in
     /// the memory available.
@@ -191,6 +196,7 @@ fn sim(args: SimArgs) {
         cleaner_threads: args.cleaner_threads,
         max_pooled_bytes: args.max_pooled_bytes,
         size_classes: args.size_classes.into(),
+        conf: args.pinpool_conf.clone(),
     };
     let strategies = fit_ideal(usable(&args, gpu.is_some()), &workload);
     let backend = Backend::new(gpu.as_deref(), &workload, &settings);
@@ -206,6 +212,7 @@ fn sim(args: SimArgs) {
                 "cleaner_threads": settings.cleaner_threads,
                 "max_pooled_bytes": settings.max_pooled_bytes,
                 "size_classes": settings.size_classes.to_string(),
+                "pinpool_conf": settings.conf,
                 "repeat": args.repeat,
                 "seed": args.seed,
                 "strategies": strategies,

@@ -259,6 +259,7 @@ mod tests {
             cleaner_threads: 1,
             max_pooled_bytes: 1 << 20,
             size_classes: pinpool::SizeClasses::Fine,
+            conf: String::new(),
         };
         let result = crate::run::run(Kind::Pageable, &workload, &settings, None, None);
         let run = serde_json::to_value(result).unwrap();

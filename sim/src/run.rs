@@ -21,6 +21,8 @@ pub struct Settings {
     pub max_pooled_bytes: usize,
     /// How requested sizes round up to buffer lengths.
     pub size_classes: SizeClasses,
+    /// More settings for pinpool, `PINPOOL_CONF` pairs (checked already).
+    pub conf: String,
 }
 
 /// What one strategy achieved.

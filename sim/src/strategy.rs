@@ -29,6 +29,7 @@ pub fn pinpool(
         .cleaner_threads(settings.cleaner_threads)
         .max_pooled_bytes(settings.max_pooled_bytes)
         .size_classes(settings.size_classes)
+        .try_conf(&settings.conf)?
         .build()
 }
 
