@@ -98,7 +98,13 @@ mod imp {
         #[inline]
         pub(crate) fn get_or(&self, create: impl FnOnce() -> T) -> Option<&T> {
             match self.0.get() {
-                Some(value) => Some(value),
+                // The crate's map still has this thread's value while the
+                // thread's destructors run between this module's guard and
+                // the crate's: a dying thread must not get it back, since
+                // every dying thread has the same token (`DEAD`) and two of
+                // them would both pass for its owner.
+                Some(value) if current_token() != DEAD => Some(value),
+                Some(_) => None,
                 None => self.insert(create),
             }
         }

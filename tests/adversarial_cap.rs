@@ -1,0 +1,167 @@
+//! Adversarial: the cap. "After quiescence the pooled bytes never exceed
+//! it" (`pool.flush()` then `stats().pooled_bytes <= max_pooled_bytes`),
+//! with several workers admitting at once, the cap lowered and raised while
+//! threads take and drop, and buffers that wait in their owner's cache.
+#![cfg(feature = "testing")]
+
+mod adversarial_util;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use adversarial_util::within;
+use pinpool::{BackendKind, Pool};
+
+fn check_quiescent(pool: &Pool, what: &str) {
+    let p = pool.clone();
+    within(Duration::from_secs(10), "flush", move || p.flush());
+    let s = pool.stats();
+    assert_eq!(s.in_cleaner, 0, "{what}");
+    assert!(
+        s.pooled_bytes <= s.max_pooled_bytes,
+        "{what}: {} MiB pooled over a cap of {} MiB after quiescence",
+        s.pooled_bytes >> 20,
+        s.max_pooled_bytes >> 20
+    );
+    let by_device: usize = s.per_device.iter().map(|d| d.pooled_bytes).sum();
+    assert_eq!(by_device, s.pooled_bytes, "{what}: per-device bytes disagree");
+}
+
+/// Several workers admit 3 MiB buffers into an 8 MiB cap at once. The
+/// slow path of `Admission::admit` evicts "until the buffer fits" and then
+/// places it whether or not it fits; bytes reserved by a racing fast-path
+/// admission that has not placed its buffer yet cannot be evicted, so both
+/// end up pooled.
+#[test]
+fn concurrent_admissions_near_the_cap() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(4)
+        .max_pooled_bytes(8 << 20)
+        .thread_cache_bytes(0)
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut round = 0;
+    while Instant::now() < deadline {
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let bufs: Vec<_> = (0..2).map(|_| pool.take(3 << 20)).collect();
+                    for mut b in bufs {
+                        b[..4096].fill(1);
+                        b.set_dirty_len(4096);
+                        drop(b);
+                    }
+                });
+            }
+        });
+        check_quiescent(&pool, &format!("round {round}"));
+        round += 1;
+    }
+}
+
+/// The cap moves while threads take and drop; after the last change and a
+/// flush the pooled bytes fit the last cap.
+#[test]
+fn cap_changes_while_threads_take_and_drop() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(3)
+        .max_pooled_bytes(64 << 20)
+        .build()
+        .unwrap();
+    for round in 0..6 {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..3usize {
+                let (pool, stop) = (&pool, &stop);
+                s.spawn(move || {
+                    let mut i = t;
+                    let mut held = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut b = pool.take((4096 << (i % 9)) + 1);
+                        b[..64].fill(1);
+                        if i % 2 == 0 {
+                            b.set_dirty_len(64);
+                        }
+                        held.push(b);
+                        if held.len() > 5 {
+                            held.swap_remove(i % 5);
+                        }
+                        i += 1;
+                    }
+                });
+            }
+            let (pool, stop) = (&pool, &stop);
+            s.spawn(move || {
+                for k in 0..200usize {
+                    pool.set_max_pooled_bytes([0, 4096, 1 << 20, 5 << 20, 32 << 20][k % 5]);
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                // The last change races the workers still admitting.
+                pool.set_max_pooled_bytes((round + 1) << 20);
+                stop.store(true, Ordering::Relaxed);
+            });
+        });
+        check_quiescent(&pool, &format!("round {round}"));
+    }
+}
+
+/// "Buffers in thread caches count as pooled", and 0 "turns pooling off".
+/// A buffer dropped with a small dirty prefix waits in its owner's cache
+/// (deferred) uncounted by `pooled_bytes` and untouched by the cap, until a
+/// flush or an idle sweep moves it on; the owner's next take of the class
+/// gets it back as a pool hit. So a buffer 256 times the cap (here: with
+/// pooling off) stays pooled and is reused.
+#[test]
+fn deferred_buffers_escape_the_cap() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .max_pooled_bytes(1 << 20)
+        .build()
+        .unwrap();
+    pool.set_max_pooled_bytes(0);
+    let mut big = pool.take(256 << 20);
+    big[..1024].fill(1);
+    big.set_dirty_len(1024);
+    drop(big);
+    let stats = pool.stats();
+    let again = pool.take(256 << 20);
+    assert!(
+        !again.was_pooled(),
+        "with pooling off (cap 0), a 256 MiB buffer was kept and handed out \
+         again as a hit; stats showed {} pooled bytes and {} in the cleaner",
+        stats.pooled_bytes,
+        stats.in_cleaner
+    );
+}
+
+/// Lowering the cap to 0 after quiescence releases everything, thread
+/// caches and remote lists of exited threads included.
+#[test]
+fn cap_zero_releases_exited_threads_buffers() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(2)
+        .build()
+        .unwrap();
+    for t in 0..4 {
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            let bufs: Vec<_> = (0..4).map(|i| p.take(4096 << (i + t))).collect();
+            drop(bufs);
+            p.flush();
+        })
+        .join()
+        .unwrap();
+    }
+    let p = Arc::new(pool);
+    p.flush();
+    assert!(p.stats().pooled_bytes > 0);
+    p.set_max_pooled_bytes(0);
+    let s = p.stats();
+    assert_eq!((s.pooled_bytes, s.pooled_buffers), (0, 0), "{s:#?}");
+}
