@@ -384,6 +384,7 @@ impl Shared {
 
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
         self.config.lock().max_pooled_bytes = bytes;
+        self.caches.set_cap(bytes);
         let evicted = self.admission.set_cap(self.places(), bytes);
         cleaner::release_all(self.env(), evicted);
     }
@@ -512,7 +513,8 @@ impl Sink for Shared {
         self.cleaner.submit(home, block, self.admission.cap());
     }
 
-    fn late(&self, block: Block) {
+    fn late(&self, mut block: Block) {
+        self.cleaner.note_drop(&mut block);
         reaper::send(Message::Late {
             pool: self as *const Self as *const () as usize,
             block,
@@ -521,6 +523,10 @@ impl Sink for Shared {
 }
 
 impl Retire for Arc<Shared> {
+    fn settled(&self, block: &mut Block) -> Result<bool, Error> {
+        self.cleaner.settle_late(self.env(), block)
+    }
+
     fn retire(&self, mut block: Block) {
         block.meta_mut().returned = false;
         cleaner::release(&*self.backend, self.counters(), block);
@@ -611,6 +617,7 @@ impl Pool {
                 classes,
                 devices,
                 config.thread_cache_bytes,
+                config.max_pooled_bytes,
                 pins,
                 backend.contexts(),
             ),

@@ -4,8 +4,10 @@
 //! workers stop and its pooled buffers are freed, but buffers still held by
 //! users come back later. Dropping one must still never block and never
 //! call CUDA, so a late drop sends the buffer to a single process-wide
-//! thread, the reaper, which waits for the buffer's copies (polling, so
-//! one slow copy holds up no other buffer), unregisters and frees it.
+//! thread, the reaper, which waits for the buffer's copies (polling their
+//! events, so one slow copy holds up no other buffer; a pinned buffer
+//! dropped without events waits for a device synchronize that started
+//! after its drop, which the reaper runs), unregisters and frees it.
 //!
 //! A closed pool's state (its backend, its caches) stays alive for the
 //! late drops: closing counts the buffers still out (takes minus drops,
@@ -21,9 +23,14 @@
 use std::collections::HashMap;
 
 use crate::alloc::Block;
+use crate::error::Error;
 
 /// What a closed pool offers the reaper.
 pub(crate) trait Retire: Send + Sync {
+    /// Whether the copies that may read `block` have finished (its fences
+    /// completed, or for a pinned buffer without any, a device synchronize
+    /// that started after its drop; this one may block on it).
+    fn settled(&self, block: &mut Block) -> Result<bool, Error>;
     /// Unregisters and frees a buffer whose copies have finished.
     fn retire(&self, block: Block);
     /// Leaks a buffer whose copies are not known to have finished.
@@ -94,7 +101,7 @@ impl Reaper {
                 continue;
             };
             let block = &mut self.waiting[i].1;
-            match block.fences_mut().poll() {
+            match pool.settled(block) {
                 Ok(false) => {
                     i += 1;
                     continue;

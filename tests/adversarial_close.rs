@@ -1,15 +1,12 @@
-//! Adversarial: closing a pool (dropping its last handle) while a large
-//! buffer waits in the cleaner's parking for its copy. Its own test binary:
-//! the failure it shows ends in a use after free.
+//! Closing a pool (dropping its last handle) while a large buffer waits
+//! in the cleaner's parking for its copy. Its own test binary: the failure
+//! it shows ends in a use after free.
 //!
-//! `Shared::close` runs `Cleaner::drain_inline`, which pops queued jobs and
-//! then polls the parked buffers once. A parked buffer whose copy finished
-//! meanwhile is `prepare`d there; above `CHUNK` (4 MiB) of dirty bytes that
-//! means pushing `Job::Chunk`s onto the lanes, which nobody drains any
-//! more. The buffer is then neither in `take_parked`, nor pooled, nor
-//! counted as outstanding; when the pool's `Shared` is dropped, its
-//! `caches` (declared before `cleaner`) are freed first, and the chunk
-//! job's `Returned::drop` writes into them.
+//! The close drains the cleaner on the closing thread. A parked buffer
+//! whose copy finishes meanwhile is zeroed there; above the chunk size that
+//! means chunk jobs on the lanes, which the drain must run too (seen
+//! failing before the fix: they were left on the lanes, the buffer was
+//! never unregistered, and its job outlived the pool's caches).
 #![cfg(feature = "testing")]
 
 mod adversarial_util;

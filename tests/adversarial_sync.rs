@@ -1,4 +1,4 @@
-//! Adversarial: the device-synchronize fallback for pinned buffers dropped
+//! The device-synchronize fallback for pinned buffers dropped
 //! without events. The contract: "memory whose copies are not known to have
 //! finished is leaked (counted), never unregistered or unmapped". With the
 //! fault backend's `hold_synchronize`, a device synchronize that has not
@@ -14,10 +14,9 @@ use adversarial_util::{eventually, faulty, within};
 use pinpool::testing::TestFence;
 
 /// A pinned buffer dropped (without events) after the last pool handle is
-/// gone goes to the reaper. The reaper must synchronize the device before
-/// it unregisters the buffer, as the cleaner would. It does not:
-/// `Reaper::poll` sees no fences, `Fences::poll` says "done", and
-/// `Retire::retire` unregisters and unmaps at once.
+/// gone goes to the reaper, which must synchronize the device before it
+/// unregisters the buffer, as the cleaner would (seen failing before the
+/// fix: the reaper looked only at fences and unregistered at once).
 #[test]
 fn late_eventless_pinned_buffer_is_not_unregistered_before_a_device_sync() {
     let (pool, faults) = faulty(1);
@@ -47,11 +46,10 @@ fn late_eventless_pinned_buffer_is_not_unregistered_before_a_device_sync() {
     );
 }
 
-/// The zero-backlog branch of `Cleaner::submit_to` hands a pinned,
-/// event-less buffer to `Job::Release` *before* noting the device-sync
-/// generation (`sync_gen`), so `quiescent` compares against a stale note:
-/// once any device synchronize has completed, the buffer is unregistered
-/// without a synchronize that started after its drop.
+/// A pinned, event-less buffer released because the zeroing backlog is
+/// full still waits for a device synchronize that started after its drop
+/// (seen failing before the fix: the release branch took no note of the
+/// synchronizes started, so an earlier one counted).
 #[test]
 fn zero_backlog_release_of_eventless_pinned_buffer_skips_the_device_sync() {
     const BIG: usize = 80 << 20; // above the 64 MiB zero backlog of a small cap
@@ -61,7 +59,10 @@ fn zero_backlog_release_of_eventless_pinned_buffer_skips_the_device_sync() {
     drop(pool.take(1 << 16));
     pool.flush();
     let big = pool.take(BIG);
-    assert!(big.is_pinned(), "the big buffer was pinned on its first trip");
+    assert!(
+        big.is_pinned(),
+        "the big buffer was pinned on its first trip"
+    );
     // One device synchronize completes (the small buffer, event-less).
     let small = pool.take(1 << 16);
     assert!(small.is_pinned());
@@ -90,11 +91,10 @@ fn zero_backlog_release_of_eventless_pinned_buffer_skips_the_device_sync() {
 }
 
 /// "One slow event must not hold up unrelated buffers": a device
-/// synchronize for one event-less buffer blocks the worker running it (in
-/// the backend, holding the device's `done` lock), and every other worker
-/// that gets an event-less buffer of that device blocks on that lock. With
-/// two such drops, no worker is left for a buffer whose own copy has
-/// finished.
+/// synchronize for one event-less buffer blocks the worker running it; a
+/// second event-less buffer of that device waits parked instead of
+/// blocking another worker, which stays free for a buffer whose own copy
+/// has finished (seen failing before the fix: both workers blocked).
 #[test]
 fn a_slow_device_sync_holds_up_every_worker() {
     let (pool, faults) = faulty(2);

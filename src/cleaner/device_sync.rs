@@ -18,14 +18,28 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 #[derive(Debug)]
 struct Device {
     started: AtomicU64,
-    /// The highest-numbered synchronize that has completed.
+    /// The highest-numbered synchronize that has completed; held while one
+    /// runs, so synchronizes of a device run one at a time.
     done: Mutex<u64>,
+    /// A copy of `done`, readable without waiting for a running one.
+    completed: AtomicU64,
 }
 
 /// Synchronize numbering per device; see the module docs.
 #[derive(Debug)]
 pub(crate) struct DeviceSyncs {
     devices: Box<[Device]>,
+}
+
+/// What [`DeviceSyncs::try_sync`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Synced {
+    /// A synchronize above the note had already completed.
+    Already,
+    /// This call ran one.
+    Ran,
+    /// Another thread is running one; ask again later (without blocking).
+    Busy,
 }
 
 impl DeviceSyncs {
@@ -35,6 +49,7 @@ impl DeviceSyncs {
                 .map(|_| Device {
                     started: AtomicU64::new(0),
                     done: Mutex::new(0),
+                    completed: AtomicU64::new(0),
                 })
                 .collect(),
         }
@@ -47,8 +62,44 @@ impl DeviceSyncs {
         self.devices[device].started.load(Ordering::SeqCst)
     }
 
+    /// Whether a synchronize of `device` numbered above `note` has
+    /// completed. Never blocks.
+    #[inline]
+    pub(crate) fn settled(&self, device: usize, note: u64) -> bool {
+        // Acquire pairs with the Release store in `run`: seeing the number
+        // means the synchronize returned before this thread goes on to
+        // unregister or reuse the buffer. A stale value only says "not
+        // yet", and the buffer waits.
+        self.devices[device].completed.load(Ordering::Acquire) > note
+    }
+
+    /// Runs a synchronize of `device` unless one numbered above `note` has
+    /// completed or another thread is running one (then returns at once:
+    /// one slow synchronize holds up one worker, not every worker that
+    /// holds an event-less buffer of the device).
+    pub(crate) fn try_sync(
+        &self,
+        backend: &dyn Backend,
+        device: usize,
+        note: u64,
+    ) -> Result<Synced, Error> {
+        if self.settled(device, note) {
+            return Ok(Synced::Already);
+        }
+        let entry = &self.devices[device];
+        let Some(mut done) = entry.done.try_lock() else {
+            return Ok(Synced::Busy);
+        };
+        if *done > note {
+            return Ok(Synced::Already);
+        }
+        Self::run(backend, device, entry, &mut done)?;
+        Ok(Synced::Ran)
+    }
+
     /// Returns once a synchronize of `device` numbered above `note` has
-    /// completed, running one if none has. True if this call synchronized.
+    /// completed, running one if none has (waiting for a running one
+    /// first). True if this call synchronized.
     pub(crate) fn wait(
         &self,
         backend: &dyn Backend,
@@ -60,11 +111,23 @@ impl DeviceSyncs {
         if *done > note {
             return Ok(false);
         }
+        Self::run(backend, device, entry, &mut done)?;
+        Ok(true)
+    }
+
+    fn run(
+        backend: &dyn Backend,
+        device: usize,
+        entry: &Device,
+        done: &mut u64,
+    ) -> Result<(), Error> {
         // SeqCst: see the module docs. Synchronizes run one at a time per
         // device (under `done`), so numbers complete in order.
         let number = entry.started.fetch_add(1, Ordering::SeqCst) + 1;
         backend.synchronize(device)?;
         *done = number;
-        Ok(true)
+        // Release: see `settled`.
+        entry.completed.store(number, Ordering::Release);
+        Ok(())
     }
 }

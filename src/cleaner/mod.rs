@@ -45,7 +45,7 @@ use crate::sync::tune::{
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
 
-use device_sync::DeviceSyncs;
+use device_sync::{DeviceSyncs, Synced};
 use parking::Parking;
 
 /// What the cleaner reaches of its pool.
@@ -209,6 +209,14 @@ impl std::fmt::Debug for Cleaner {
 
 // === impl Cleaner ===
 
+/// Why a parked buffer's wait ended without its copies known finished.
+enum Failed {
+    /// Polling one of its fences failed.
+    Fence(Error),
+    /// The device synchronize it waited for (the `i`th of a poll) failed.
+    Sync(usize),
+}
+
 impl Cleaner {
     /// A stopped cleaner of `width` workers for `devices` devices.
     pub(crate) fn new(width: usize, devices: usize, pins: bool) -> Self {
@@ -285,6 +293,7 @@ impl Cleaner {
     /// if `to_shard`.
     fn submit_to(&self, home: &ThreadCache, mut block: Block, cap: usize, to_shard: bool) {
         let register = self.pins && !block.is_pinned();
+        self.note_drop(&mut block);
         let meta = block.meta_mut();
         meta.dropped_at = Some(Instant::now());
         let reserved = meta.reserved;
@@ -329,12 +338,35 @@ impl Cleaner {
             return;
         }
         self.zero_queued.fetch_add(dirty, Ordering::Relaxed);
-        let block = returned.block_mut();
+        self.lanes.push(Lane::Recycle, Job::Clean(returned));
+    }
+
+    /// Notes, on a dropped pinned buffer without recorded events, the
+    /// device synchronizes started so far: one numbered above the note
+    /// covers the copies that may still read it. Every path that takes a
+    /// dropped buffer in (the cleaner's, a closed pool's) notes it before
+    /// anything can release it.
+    pub(crate) fn note_drop(&self, block: &mut Block) {
         if block.is_pinned() && block.fences_mut().is_empty() {
             let note = self.syncs.started(block.device());
             block.meta_mut().sync_gen = note;
         }
-        self.lanes.push(Lane::Recycle, Job::Clean(returned));
+    }
+
+    /// Whether a dropped buffer's copies have finished, for a closed pool's
+    /// late buffers (the reaper, the only caller, may block on a device
+    /// synchronize: the pool's workers are gone).
+    pub(crate) fn settle_late(&self, env: Env<'_>, block: &mut Block) -> Result<bool, Error> {
+        if !block.fences_mut().is_empty() {
+            return block.fences_mut().poll();
+        }
+        if block.is_pinned() {
+            let note = block.meta_mut().sync_gen;
+            if self.syncs.wait(env.backend, block.device(), note)? {
+                Counters::add(&env.counters().device_syncs, 1);
+            }
+        }
+        Ok(true)
     }
 
     /// A worker's loop.
@@ -394,10 +426,17 @@ impl Cleaner {
     /// (shutdown, closing, or a flush that finds no worker running).
     /// Buffers whose copies are still running stay parked.
     pub(crate) fn drain_inline(&self, env: Env<'_>) {
-        while let Some(job) = self.lanes.try_pop() {
-            self.run(env, job);
+        loop {
+            while let Some(job) = self.lanes.try_pop() {
+                self.run(env, job);
+            }
+            self.poll_parked(env);
+            // A parked buffer that became ready may have queued the chunks
+            // of its zeroing: run those too, or nobody will.
+            if self.lanes.len() == 0 {
+                break;
+            }
         }
-        self.poll_parked(env);
     }
 
     /// Takes every parked buffer (closing hands them to the reaper).
@@ -420,6 +459,8 @@ impl Cleaner {
     /// Whether the copies reading the buffer have finished: its fences have
     /// completed, or, for a pinned buffer without fences, a device
     /// synchronize that started after its drop has completed.
+    /// A synchronize that another worker is running parks the buffer
+    /// rather than block this worker too.
     fn quiescent(&self, env: Env<'_>, returned: &mut Returned) -> Result<bool, Error> {
         let block = returned.block_mut();
         if !block.fences_mut().is_empty() {
@@ -427,8 +468,10 @@ impl Cleaner {
         }
         if block.is_pinned() {
             let (device, note) = (block.device(), block.meta_mut().sync_gen);
-            if self.syncs.wait(env.backend, device, note)? {
-                Counters::add(&env.counters().device_syncs, 1);
+            match self.syncs.try_sync(env.backend, device, note)? {
+                Synced::Already => {}
+                Synced::Ran => Counters::add(&env.counters().device_syncs, 1),
+                Synced::Busy => return Ok(false),
             }
         }
         Ok(true)
@@ -454,14 +497,69 @@ impl Cleaner {
         returned.home().complete(parity, false);
     }
 
+    /// Finishes the parked buffers whose copies are done. Those waiting for
+    /// a device synchronize (parked while another worker ran one that may
+    /// have started before their drop) get one run here if none is
+    /// running, and are looked at again.
     fn poll_parked(&self, env: Env<'_>) {
-        let done = self
-            .parking
-            .poll(|returned| match returned.block_mut().fences_mut().poll() {
-                Ok(true) => Some(Ok(())),
-                Ok(false) => None,
-                Err(e) => Some(Err(e)),
+        let mut failed: Vec<(usize, Error)> = Vec::new();
+        for round in 0..2 {
+            let mut syncs_wanted: Vec<(usize, u64)> = Vec::new();
+            let done = self.parking.poll(|returned| {
+                let block = returned.block_mut();
+                if block.fences_mut().is_empty() && block.is_pinned() {
+                    let (device, note) = (block.device(), block.meta_mut().sync_gen);
+                    if self.syncs.settled(device, note) {
+                        return Some(Ok(()));
+                    }
+                    if let Some(i) = failed.iter().position(|(d, _)| *d == device) {
+                        return Some(Err(Failed::Sync(i)));
+                    }
+                    match syncs_wanted.iter_mut().find(|(d, _)| *d == device) {
+                        Some((_, highest)) => *highest = (*highest).max(note),
+                        None => syncs_wanted.push((device, note)),
+                    }
+                    return None;
+                }
+                match block.fences_mut().poll() {
+                    Ok(true) => Some(Ok(())),
+                    Ok(false) => None,
+                    Err(e) => Some(Err(Failed::Fence(e))),
+                }
             });
+            self.finish_parked(env, done, &failed);
+            if round == 1 || syncs_wanted.is_empty() {
+                return;
+            }
+            let mut ran = false;
+            for (device, note) in syncs_wanted {
+                match self.syncs.try_sync(env.backend, device, note) {
+                    Ok(Synced::Ran) => {
+                        Counters::add(&env.counters().device_syncs, 1);
+                        ran = true;
+                    }
+                    Ok(Synced::Already) => ran = true,
+                    Ok(Synced::Busy) => {}
+                    // Their copies are not known to have finished: the next
+                    // round leaks them.
+                    Err(e) => {
+                        failed.push((device, e));
+                        ran = true;
+                    }
+                }
+            }
+            if !ran {
+                return;
+            }
+        }
+    }
+
+    fn finish_parked(
+        &self,
+        env: Env<'_>,
+        done: Vec<(Returned, Result<(), Failed>)>,
+        failed: &[(usize, Error)],
+    ) {
         for (mut returned, outcome) in done {
             match outcome {
                 Ok(()) if returned.release => self.release_returned(env, returned),
@@ -469,7 +567,8 @@ impl Cleaner {
                     returned.quiet = true;
                     self.prepare(env, returned);
                 }
-                Err(e) => Self::fail(env, returned, &e),
+                Err(Failed::Fence(e)) => Self::fail(env, returned, &e),
+                Err(Failed::Sync(i)) => Self::fail(env, returned, &failed[i].1),
             }
         }
     }

@@ -3,7 +3,6 @@
 //! else.
 
 use super::Returned;
-use crate::error::Error;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
 
 /// See the module docs.
@@ -35,12 +34,12 @@ impl Parking {
         self.len.store(parked.len(), Ordering::Relaxed);
     }
 
-    /// Takes the buffers whose wait `check` says is over (`Some(Ok)`: done,
-    /// `Some(Err)`: failed), unless another worker is polling already.
-    pub(crate) fn poll(
+    /// Takes the buffers whose wait `check` says is over (`Some(outcome)`),
+    /// unless another worker is polling already.
+    pub(crate) fn poll<O>(
         &self,
-        mut check: impl FnMut(&mut Returned) -> Option<Result<(), Error>>,
-    ) -> Vec<(Returned, Result<(), Error>)> {
+        mut check: impl FnMut(&mut Returned) -> Option<O>,
+    ) -> Vec<(Returned, O)> {
         if self.len() == 0 {
             return Vec::new();
         }
