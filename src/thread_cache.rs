@@ -529,7 +529,12 @@ impl ThreadCache {
     fn deferrable(&self, block: &mut Block) -> bool {
         let needs_registration = self.caches().pins && !block.is_pinned();
         let needs_device_sync = block.is_pinned() && block.fences_mut().is_empty();
-        block.dirty() <= SELF_CLEAN_BYTES && !needs_registration && !needs_device_sync
+        // Relaxed: a setting. Racing a change of the cap, a drop may keep
+        // one buffer above the new cap (the owner reuses it, or a flush
+        // sends it through the cleaner, which applies the cap) or send one
+        // below it to the cleaner; neither loses it.
+        let fits = block.footprint() <= self.caches().cap.load(Ordering::Relaxed);
+        block.dirty() <= SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
     }
 
     /// Counts the completion (ready again, or released) of a buffer whose
@@ -759,6 +764,10 @@ pub(crate) struct Caches {
     /// Devices times classes.
     slots: usize,
     limit: usize,
+    /// The pool's cap on pooled bytes, as last set: a buffer above it is
+    /// never kept back in its owner's cache (deferred), since it could not
+    /// be pooled either.
+    cap: AtomicUsize,
     pins: bool,
     sink: crate::sync::OnceLock<SinkRef>,
 }
@@ -811,11 +820,13 @@ impl Drop for LockedOut<'_> {
 
 impl Caches {
     /// Caches for a pool of `devices` devices with `classes`, at most
-    /// `limit` ready bytes each, on a backend that `pins` or not.
+    /// `limit` ready bytes each, under the pool's `cap`, on a backend that
+    /// `pins` or not.
     pub(crate) fn new(
         classes: Classes,
         devices: usize,
         limit: usize,
+        cap: usize,
         pins: bool,
         contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
     ) -> Box<Self> {
@@ -831,12 +842,19 @@ impl Caches {
             slots,
             devices,
             limit,
+            cap: AtomicUsize::new(cap),
             pins,
             sink: crate::sync::OnceLock::new(),
         });
         // The box gave `Caches` its address: point the orphan at it.
         caches.orphan.caches = NonNull::from(&*caches);
         caches
+    }
+
+    /// Records a new cap on pooled bytes (see the `cap` field).
+    pub(crate) fn set_cap(&self, cap: usize) {
+        // Relaxed: a setting; see `ThreadCache::deferrable`.
+        self.cap.store(cap, Ordering::Relaxed);
     }
 
     /// Sets where drops go; once, before any cache is used.

@@ -1,4 +1,4 @@
-//! Adversarial: the cap. "After quiescence the pooled bytes never exceed
+//! the cap. "After quiescence the pooled bytes never exceed
 //! it" (`pool.flush()` then `stats().pooled_bytes <= max_pooled_bytes`),
 //! with several workers admitting at once, the cap lowered and raised while
 //! threads take and drop, and buffers that wait in their owner's cache.
@@ -25,7 +25,10 @@ fn check_quiescent(pool: &Pool, what: &str) {
         s.max_pooled_bytes >> 20
     );
     let by_device: usize = s.per_device.iter().map(|d| d.pooled_bytes).sum();
-    assert_eq!(by_device, s.pooled_bytes, "{what}: per-device bytes disagree");
+    assert_eq!(
+        by_device, s.pooled_bytes,
+        "{what}: per-device bytes disagree"
+    );
 }
 
 /// Several workers admit 3 MiB buffers into an 8 MiB cap at once. The
@@ -109,12 +112,11 @@ fn cap_changes_while_threads_take_and_drop() {
     }
 }
 
-/// "Buffers in thread caches count as pooled", and 0 "turns pooling off".
-/// A buffer dropped with a small dirty prefix waits in its owner's cache
-/// (deferred) uncounted by `pooled_bytes` and untouched by the cap, until a
-/// flush or an idle sweep moves it on; the owner's next take of the class
-/// gets it back as a pool hit. So a buffer 256 times the cap (here: with
-/// pooling off) stays pooled and is reused.
+/// "Buffers in thread caches count as pooled", and 0 "turns pooling off": a
+/// buffer above the cap is not kept back in its owner's cache (deferred)
+/// either, so with pooling off the next take of its class misses (seen
+/// failing before the fix: a 256 MiB buffer with a small dirty prefix was
+/// deferred and handed out again as a hit).
 #[test]
 fn deferred_buffers_escape_the_cap() {
     let pool = Pool::builder()
