@@ -1,4 +1,4 @@
-//! Adversarial: "Dropping a buffer never blocks and never calls CUDA, in
+//! "Dropping a buffer never blocks and never calls CUDA, in
 //! every state of the pool". Drops are timed and the fault backend says
 //! which thread made each backend call.
 #![cfg(feature = "testing")]
@@ -19,7 +19,10 @@ fn timed_drop(buf: pinpool::PinnedBuffer) -> Duration {
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
@@ -46,8 +49,14 @@ fn dropping_a_large_written_buffer_does_not_work_on_the_dropper() {
     drop(buf);
     let (wall, cpu) = (wall.elapsed(), thread_cpu() - cpu);
     let stats = pool.stats();
-    assert_eq!(stats.zeroing_skipped, 1, "the drop took the zero-backlog branch");
-    assert_eq!(stats.released, 1, "freed by the dropping thread, before any flush");
+    assert_eq!(
+        stats.zeroing_skipped, 1,
+        "the drop took the zero-backlog branch"
+    );
+    assert_eq!(
+        stats.released, 1,
+        "freed by the dropping thread, before any flush"
+    );
     assert!(
         cpu < Duration::from_millis(1),
         "dropping a written {} MiB buffer cost the dropping thread {cpu:?} of CPU \
@@ -96,7 +105,8 @@ fn drops_during_stuck_clear_evict_and_flush_neither_block_nor_call() {
     assert!(took < Duration::from_millis(20), "drops took {took:?}");
     assert_eq!(calls, 0, "a drop called the backend");
     pool.shutdown();
-    assert!(eventually(Duration::from_secs(2), || faults.registered() == faults.unregistered()));
+    assert!(eventually(Duration::from_secs(2), || faults.registered()
+        == faults.unregistered()));
 }
 
 /// Cross-thread drops of many buffers taken on a thread that keeps
@@ -137,5 +147,8 @@ fn cross_thread_drops_are_quick() {
     dropper.join().unwrap();
     pool.flush();
     let worst = *worst.lock().unwrap();
-    assert!(worst < Duration::from_millis(100), "worst cross-thread drop {worst:?}");
+    assert!(
+        worst < Duration::from_millis(100),
+        "worst cross-thread drop {worst:?}"
+    );
 }

@@ -1,4 +1,4 @@
-//! Adversarial: `flush()` "blocks until every buffer dropped before the
+//! `flush()` "blocks until every buffer dropped before the
 //! call (on any thread) has been recycled or released", while other threads
 //! keep taking and dropping. A probe buffer of a class nobody else uses is
 //! dropped along every path (own cache, cleaner, another thread, an exiting
@@ -73,7 +73,10 @@ fn drop_via(path: usize, mut buf: PinnedBuffer) {
 fn run(pool: Pool, fenced_churn: bool) {
     // Warm the churn's classes, so that its takes hit (a cold pool on the
     // fault backend never warms up under churn: see adversarial_lanes.rs).
-    let warm: Vec<_> = (0..5).flat_map(|k| (0..12).map(move |_| 4096usize << k)).map(|s| pool.take(s)).collect();
+    let warm: Vec<_> = (0..5)
+        .flat_map(|k| (0..12).map(move |_| 4096usize << k))
+        .map(|s| pool.take(s))
+        .collect();
     drop(warm);
     pool.flush();
     let stop = Arc::new(AtomicBool::new(false));
@@ -114,16 +117,24 @@ fn run(pool: Pool, fenced_churn: bool) {
                     assert_eq!(buf.len(), PROBE);
                     assert!(buf.iter().step_by(4096).all(|&b| b == 0));
                     buf[..100].fill(9);
-                    if std::env::var("PROBE_TRACE").is_ok() { eprintln!("round {round} path {path} {:?}", pool.stats().in_cleaner); }
+                    if std::env::var("PROBE_TRACE").is_ok() {
+                        eprintln!("round {round} path {path} {:?}", pool.stats().in_cleaner);
+                    }
                     drop_via(path, buf);
                     {
                         let (tx, rx) = std::sync::mpsc::channel();
                         let p2 = pool.clone();
-                        let h = std::thread::spawn(move || { p2.flush(); let _ = tx.send(()); });
+                        let h = std::thread::spawn(move || {
+                            p2.flush();
+                            let _ = tx.send(());
+                        });
                         if rx.recv_timeout(Duration::from_secs(5)).is_err() {
                             let st = pool.stats();
                             stop.store(true, Ordering::Relaxed);
-                            panic!("round {round}, path {path}: flush hung: in_cleaner {} {st}", st.in_cleaner);
+                            panic!(
+                                "round {round}, path {path}: flush hung: in_cleaner {} {st}",
+                                st.in_cleaner
+                            );
                         }
                         h.join().unwrap();
                     }
@@ -153,19 +164,25 @@ fn run(pool: Pool, fenced_churn: bool) {
 
 #[test]
 fn flush_covers_drops_on_every_path_host() {
-    run(Pool::builder()
-        .backend(BackendKind::Host)
-        .cleaner_threads(2)
-        .build()
-        .unwrap(), false);
+    run(
+        Pool::builder()
+            .backend(BackendKind::Host)
+            .cleaner_threads(2)
+            .build()
+            .unwrap(),
+        false,
+    );
 }
 
 #[test]
 fn flush_covers_drops_on_every_path_faults() {
     let faults = Arc::new(pinpool::testing::Faults::default());
-    run(Pool::builder()
-        .faults(faults)
-        .cleaner_threads(1)
-        .build()
-        .unwrap(), true);
+    run(
+        Pool::builder()
+            .faults(faults)
+            .cleaner_threads(1)
+            .build()
+            .unwrap(),
+        true,
+    );
 }

@@ -1,4 +1,4 @@
-//! Adversarial: the seed-compatible free functions on the global pool,
+//! the seed-compatible free functions on the global pool,
 //! configured through `PINPOOL_CONF`, raced against each other. One test:
 //! the global pool is process-wide.
 
@@ -20,7 +20,10 @@ fn global_free_functions() {
     let pool = Pool::global();
     assert_eq!(pool.backend(), BackendKind::Host);
     let config = pool.config();
-    assert_eq!(config.cleaner_threads, 2, "PINPOOL_CONF was not applied: {config:?}");
+    assert_eq!(
+        config.cleaner_threads, 2,
+        "PINPOOL_CONF was not applied: {config:?}"
+    );
     assert_eq!(config.max_pooled_bytes, 64 << 20);
     assert!(std::ptr::eq(pool, Pool::global()));
 
@@ -79,5 +82,9 @@ fn global_free_functions() {
         pinpool::shutdown();
     });
     let stats = pool.stats();
-    assert_eq!((stats.in_cleaner, stats.pooled_buffers), (0, 0), "{stats:#?}");
+    assert_eq!(
+        (stats.in_cleaner, stats.pooled_buffers),
+        (0, 0),
+        "{stats:#?}"
+    );
 }

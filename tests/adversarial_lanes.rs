@@ -1,4 +1,4 @@
-//! Adversarial: the cleaner's two lanes. `Lanes::pop` always serves the
+//! the cleaner's two lanes. `Lanes::pop` always serves the
 //! recycle lane first (`try_recv` on it, then `select_biased!` with it
 //! ahead of the register lane), so while other threads keep the recycle
 //! lane non-empty, a first registration (a pool-miss buffer) never runs:

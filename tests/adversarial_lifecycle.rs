@@ -1,4 +1,4 @@
-//! Adversarial: pool life cycle. Dropping the last handle while other
+//! pool life cycle. Dropping the last handle while other
 //! threads hold and drop buffers, pools built and dropped in a loop (threads
 //! and memory must not leak), many devices, huge and zero sizes, buffers of
 //! exited threads.
@@ -21,7 +21,11 @@ fn last_handle_dropped_while_threads_hold_and_drop_buffers() {
     let (pool, faults) = faulty(2);
     // Pin a few buffers of each size first.
     let sizes = [4096usize, 1 << 16, 1 << 20, 6 << 20];
-    let warm: Vec<_> = sizes.iter().flat_map(|&s| (0..4).map(move |_| s)).map(|s| pool.take(s)).collect();
+    let warm: Vec<_> = sizes
+        .iter()
+        .flat_map(|&s| (0..4).map(move |_| s))
+        .map(|s| pool.take(s))
+        .collect();
     drop(warm);
     pool.flush();
     let fences: Arc<Mutex<Vec<pinpool::testing::TestFence>>> = Arc::default();
@@ -31,8 +35,13 @@ fn last_handle_dropped_while_threads_hold_and_drop_buffers() {
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let mut bufs: Vec<_> = sizes.iter().map(|&s| pool.take(s)).collect();
-            let (fences, barrier, max_drop, calls, faults) =
-                (fences.clone(), barrier.clone(), max_drop.clone(), calls.clone(), faults.clone());
+            let (fences, barrier, max_drop, calls, faults) = (
+                fences.clone(),
+                barrier.clone(),
+                max_drop.clone(),
+                calls.clone(),
+                faults.clone(),
+            );
             std::thread::spawn(move || {
                 for (i, b) in bufs.iter_mut().enumerate() {
                     b.fill(t as u8 + 1);
@@ -69,14 +78,18 @@ fn last_handle_dropped_while_threads_hold_and_drop_buffers() {
         f.complete();
     }
     assert!(
-        eventually(Duration::from_secs(5), || faults.unregistered() == faults.registered()),
+        eventually(Duration::from_secs(5), || faults.unregistered()
+            == faults.registered()),
         "late buffers never released: {} registered, {} unregistered",
         faults.registered(),
         faults.unregistered()
     );
     assert_eq!(*calls.lock().unwrap(), 0, "a late drop called the backend");
     let max_drop = *max_drop.lock().unwrap();
-    assert!(max_drop < Duration::from_millis(20), "a late drop took {max_drop:?}");
+    assert!(
+        max_drop < Duration::from_millis(20),
+        "a late drop took {max_drop:?}"
+    );
 }
 
 /// Building, using and dropping pools in a loop leaks no threads (the
@@ -138,10 +151,17 @@ fn many_host_devices_keep_buffers_on_their_devices() {
     for d in [0usize, 1, 255, 256, 299] {
         assert_eq!(stats.per_device[d].pooled_buffers, 1, "device {d}");
         let b = pool.take_on(d, 4096).unwrap();
-        assert!(b.was_pooled(), "device {d}: the buffer came back to its own shard");
+        assert!(
+            b.was_pooled(),
+            "device {d}: the buffer came back to its own shard"
+        );
         assert_eq!(b.device(), d);
     }
-    assert!(Pool::builder().backend(BackendKind::Host).devices(0).build().is_err());
+    assert!(Pool::builder()
+        .backend(BackendKind::Host)
+        .devices(0)
+        .build()
+        .is_err());
 }
 
 /// The validation accepts up to 65535 devices, but every thread that takes
@@ -189,12 +209,10 @@ fn zero_and_huge_sizes() {
         for bad in [MAX_CLASS_SIZE + 1, usize::MAX, usize::MAX / 2] {
             assert!(pool.try_take(bad).is_err(), "try_take({bad})");
             let p = pool.clone();
-            let msg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(p.take(bad))))
-                .expect_err("take of a size above the largest class must panic");
-            let msg = msg
-                .downcast_ref::<String>()
-                .cloned()
-                .unwrap_or_default();
+            let msg =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(p.take(bad))))
+                    .expect_err("take of a size above the largest class must panic");
+            let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
             assert!(msg.contains("pinpool"), "unclear panic: {msg:?}");
         }
         // The largest class cannot be mapped here: a clear error, no panic.

@@ -1,4 +1,4 @@
-//! Adversarial: everything at once. Takers on several threads (some
+//! everything at once. Takers on several threads (some
 //! short-lived, so caches are inherited), cross-thread drops, and a control
 //! thread looping flush / clear / shutdown / set_max_pooled_bytes / stats,
 //! on the host backend and on the fault backend (which "pins"). Checks: no
@@ -31,7 +31,17 @@ impl Rng {
     }
 }
 
-const SIZES: &[usize] = &[0, 1, 3, 4096, 5000, 60 << 10, 200 << 10, 1 << 20, (5 << 20) + 7];
+const SIZES: &[usize] = &[
+    0,
+    1,
+    3,
+    4096,
+    5000,
+    60 << 10,
+    200 << 10,
+    1 << 20,
+    (5 << 20) + 7,
+];
 
 #[derive(Default)]
 struct Shared {
@@ -66,7 +76,10 @@ impl Shared {
                 || buf.iter().step_by(1021).any(|&b| b != 0)
         };
         if bad {
-            self.problem(format!("non-zero bytes in a {}-byte buffer {ptr:#x}", buf.len()));
+            self.problem(format!(
+                "non-zero bytes in a {}-byte buffer {ptr:#x}",
+                buf.len()
+            ));
         }
         if !self.live.lock().unwrap().insert(ptr) {
             self.problem(format!("double hand-out of {ptr:#x}"));
@@ -80,14 +93,25 @@ impl Shared {
 }
 
 fn dirty(buf: &mut PinnedBuffer, rng: &mut Rng) {
-    let cap = if rng.below(16) == 0 { buf.len() } else { buf.len().min(96 << 10) };
+    let cap = if rng.below(16) == 0 {
+        buf.len()
+    } else {
+        buf.len().min(96 << 10)
+    };
     let n = rng.below(cap as u64 + 1) as usize;
     buf[..n].fill(0xA5);
     buf.set_dirty_len(n);
 }
 
-fn taker(pool: &Pool, shared: &Shared, seed: u64, peer: &std::sync::mpsc::SyncSender<PinnedBuffer>,
-         fences: &Mutex<Vec<TestFence>>, use_fences: bool, rounds: usize) {
+fn taker(
+    pool: &Pool,
+    shared: &Shared,
+    seed: u64,
+    peer: &std::sync::mpsc::SyncSender<PinnedBuffer>,
+    fences: &Mutex<Vec<TestFence>>,
+    use_fences: bool,
+    rounds: usize,
+) {
     let mut rng = Rng(seed | 1);
     let mut held: Vec<PinnedBuffer> = Vec::new();
     let devices = pool.stats().devices;
@@ -164,7 +188,15 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
                     s.spawn(move || {
                         let mut n = 0;
                         while Instant::now() < deadline {
-                            taker(pool, shared, 0x9E37_79B9 * (t + 1) + n, &tx, fences, use_fences, 500);
+                            taker(
+                                pool,
+                                shared,
+                                0x9E37_79B9 * (t + 1) + n,
+                                &tx,
+                                fences,
+                                use_fences,
+                                500,
+                            );
                             n += 1;
                         }
                     });
@@ -177,7 +209,9 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
                         while Instant::now() < deadline {
                             std::thread::scope(|s2| {
                                 let tx = tx.clone();
-                                s2.spawn(move || taker(pool, shared, 77 + n, &tx, fences, use_fences, 40));
+                                s2.spawn(move || {
+                                    taker(pool, shared, 77 + n, &tx, fences, use_fences, 40)
+                                });
                             });
                             n += 1;
                         }
@@ -242,21 +276,36 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
     let dev_bytes: usize = stats.per_device.iter().map(|d| d.pooled_bytes).sum();
     let dev_bufs: usize = stats.per_device.iter().map(|d| d.pooled_buffers).sum();
     let class_bufs: usize = stats.per_class.iter().map(|c| c.pooled_buffers).sum();
-    assert_eq!(dev_bytes, stats.pooled_bytes, "per-device bytes vs total: {stats:#?}");
+    assert_eq!(
+        dev_bytes, stats.pooled_bytes,
+        "per-device bytes vs total: {stats:#?}"
+    );
     assert_eq!(dev_bufs, stats.pooled_buffers);
     assert_eq!(class_bufs, stats.pooled_buffers);
     let takes = shared.takes.load(Ordering::Relaxed);
-    eprintln!("max take {} us, total take time {} ms", shared.max_take_us.load(Ordering::Relaxed), shared.total_take_us.load(Ordering::Relaxed) / 1000);
-    eprintln!("takes {takes}, hits {}, evictions {}, released {}, recycled {}, syncs {}", stats.hits, stats.evictions, stats.released, stats.recycled, stats.device_syncs);
+    eprintln!(
+        "max take {} us, total take time {} ms",
+        shared.max_take_us.load(Ordering::Relaxed),
+        shared.total_take_us.load(Ordering::Relaxed) / 1000
+    );
+    eprintln!(
+        "takes {takes}, hits {}, evictions {}, released {}, recycled {}, syncs {}",
+        stats.hits, stats.evictions, stats.released, stats.recycled, stats.device_syncs
+    );
     assert_eq!(stats.hits + stats.misses, takes, "hits + misses vs takes");
     let dev_takes: u64 = stats.per_device.iter().map(|d| d.hits + d.misses).sum();
     assert_eq!(dev_takes, takes);
     assert_eq!(stats.leaked_bytes, 0, "{stats:#?}");
     assert_eq!(stats.worker_panics, 0);
     let p2 = pool.clone();
-    within(Duration::from_secs(20), "final shutdown", move || p2.shutdown());
+    within(Duration::from_secs(20), "final shutdown", move || {
+        p2.shutdown()
+    });
     let stats = pool.stats();
-    assert_eq!((stats.pooled_buffers, stats.pooled_bytes, stats.in_cleaner), (0, 0, 0));
+    assert_eq!(
+        (stats.pooled_buffers, stats.pooled_bytes, stats.in_cleaner),
+        (0, 0, 0)
+    );
     if let Some(faults) = faults {
         assert_eq!(stats.pinned_bytes, 0, "{stats:#?}");
         assert_eq!(

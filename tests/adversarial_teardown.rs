@@ -68,8 +68,12 @@ fn two_dying_threads_share_one_cache_as_owners() {
     let takes = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
     let a = {
-        let (pool2, problems, barrier, takes) =
-            (pool.clone(), problems.clone(), barrier.clone(), takes.clone());
+        let (pool2, problems, barrier, takes) = (
+            pool.clone(),
+            problems.clone(),
+            barrier.clone(),
+            takes.clone(),
+        );
         spawn_dying(pool.clone(), move || {
             barrier.wait();
             let mut seen = HashSet::new();
@@ -117,9 +121,11 @@ fn two_dying_threads_share_one_cache_as_owners() {
     b.join().unwrap();
     let problems = problems.lock().unwrap().clone();
     let pool2 = pool.clone();
-    within(Duration::from_secs(5), "flush after the dying threads", move || {
-        pool2.flush()
-    });
+    within(
+        Duration::from_secs(5),
+        "flush after the dying threads",
+        move || pool2.flush(),
+    );
     let stats = pool.stats();
     assert!(
         problems.is_empty(),

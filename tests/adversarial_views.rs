@@ -1,4 +1,4 @@
-//! Adversarial: typed and prefix views at their edges, and `set_dirty_len`.
+//! typed and prefix views at their edges, and `set_dirty_len`.
 //! Zero-sized types, out-of-range prefixes and misalignment must panic
 //! clearly (a `pinpool:` message), never misbehave.
 

@@ -76,7 +76,9 @@ pub fn all_zero(buf: &[u8]) -> bool {
 
 /// Threads of this process (`/proc/self/task`).
 pub fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Resident bytes of this process.
