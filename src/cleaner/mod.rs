@@ -305,8 +305,7 @@ impl Cleaner {
                 // Registrations are backed up: free this miss buffer rather
                 // than let misses breed an ever longer queue.
                 Counters::add(&home.caches().counters.registrations_skipped, 1);
-                returned.release = true;
-                self.lanes.push(Lane::Recycle, Job::Release(returned));
+                Self::free_on_caller(home, returned);
             } else {
                 self.register_queued.fetch_add(1, Ordering::Relaxed);
                 self.lanes.push(Lane::Register, Job::Register(returned));
@@ -323,22 +322,28 @@ impl Cleaner {
                 self.lanes.push(Lane::Recycle, Job::Release(returned));
                 return;
             }
-            // Unpinned: nothing of CUDA to undo and no copy can still read
-            // it (copies from pageable memory are staged before they
-            // return), so the dropping thread frees it, paying for its own
-            // backlog.
-            let mut block = returned.into_block();
-            let meta = block.meta_mut();
-            meta.returned = false;
-            let parity = usize::from(meta.parity);
-            block.fences_mut().release();
-            Counters::add(&home.caches().counters.released, 1);
-            drop(block);
-            home.complete(parity, home.is_owned_here());
+            Self::free_on_caller(home, returned);
             return;
         }
         self.zero_queued.fetch_add(dirty, Ordering::Relaxed);
         self.lanes.push(Lane::Recycle, Job::Clean(returned));
+    }
+
+    /// Frees an unpinned dropped buffer on the dropping thread, which so
+    /// pays for its own share of a backlog that the cleaner cannot keep up
+    /// with (the queues stay bounded, and so do flushes). Nothing of CUDA
+    /// is undone and no copy can still read it: copies from pageable
+    /// memory are staged before they return.
+    fn free_on_caller(home: &ThreadCache, returned: Returned) {
+        let mut block = returned.into_block();
+        debug_assert!(!block.is_pinned());
+        let meta = block.meta_mut();
+        meta.returned = false;
+        let parity = usize::from(meta.parity);
+        block.fences_mut().release();
+        Counters::add(&home.caches().counters.released, 1);
+        drop(block);
+        home.complete(parity, home.is_owned_here());
     }
 
     /// Notes, on a dropped pinned buffer without recorded events, the
@@ -374,6 +379,10 @@ impl Cleaner {
         let span = tracing::debug_span!("pinpool_cleaner", worker = index);
         let _entered = span.enter();
         let register = self.width == 1 || index != 0;
+        // Registering workers alternate which lane they try first: a steady
+        // stream of recycling must not hold first registrations (and the
+        // flushes waiting for them) back for good, nor the reverse.
+        let mut register_first = false;
         loop {
             let timeout = if self.parking.len() > 0 {
                 Some(POLL)
@@ -382,7 +391,8 @@ impl Cleaner {
             } else {
                 None
             };
-            let popped = self.lanes.pop(register, timeout);
+            let popped = self.lanes.pop(register, register_first, timeout);
+            register_first = register && !register_first;
             if matches!(popped, Popped::Stop) {
                 break;
             }

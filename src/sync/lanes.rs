@@ -1,15 +1,15 @@
 //! The cleaner's work queue: two lanes of jobs and a stop signal.
 //!
 //! Normal builds use three unbounded crossbeam channels: the *recycle* lane
-//! (buffers already registered and chunks of them: microseconds each,
-//! always served first), the *register* lane (first registrations of
-//! pool-miss buffers: milliseconds each) and a control channel that only
+//! (buffers already registered and chunks of them: microseconds each),
+//! the *register* lane (first registrations of pool-miss buffers:
+//! milliseconds each) and a control channel that only
 //! carries stop signals, so that draining the job lanes can never swallow
 //! one. The queue owns both ends of every channel, so it never
 //! disconnects. Crossbeam is invisible to loom, so the loom build is a
 //! mutex-guarded pair of queues and a stop count with a condition variable,
 //! with the same semantics: unbounded, many producers and consumers, the
-//! recycle lane preferred, a timed pop that returns what arrives during its
+//! lane the caller names served first, a timed pop that returns what arrives during its
 //! wait (under loom a wait is a yield), and stop signals apart from jobs.
 
 use std::time::Duration;
@@ -17,7 +17,7 @@ use std::time::Duration;
 /// Which lane a job travels on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lane {
-    /// Already-registered buffers and chunks: served first.
+    /// Already-registered buffers and chunks.
     Recycle,
     /// First registrations: read only by workers allowed to.
     Register,
@@ -78,33 +78,38 @@ mod imp {
         /// The next stop signal or job, preferring stop, then the recycle
         /// lane, and reading the register lane only if `register`; waits at
         /// most `timeout` (forever if `None`).
-        pub(crate) fn pop(&self, register: bool, timeout: Option<Duration>) -> Popped<T> {
+        /// The next job: from the recycle lane, and the register lane if
+        /// `register`, trying the register lane first if `register_first`
+        /// (workers alternate, so that neither lane starves the other).
+        pub(crate) fn pop(
+            &self,
+            register: bool,
+            register_first: bool,
+            timeout: Option<Duration>,
+        ) -> Popped<T> {
             if self.control.1.try_recv().is_ok() {
                 return Popped::Stop;
             }
-            if let Ok(job) = self.recycle.1.try_recv() {
+            let never = crossbeam_channel::never();
+            let (control, recycle) = (&self.control.1, &self.recycle.1);
+            let register_rx = if register { &self.register.1 } else { &never };
+            let (first, second) = if register_first {
+                (register_rx, recycle)
+            } else {
+                (recycle, register_rx)
+            };
+            if let Ok(job) = first.try_recv().or_else(|_| second.try_recv()) {
                 return Popped::Job(job);
             }
-            if register {
-                if let Ok(job) = self.register.1.try_recv() {
-                    return Popped::Job(job);
-                }
-            }
-            let (control, recycle) = (&self.control.1, &self.recycle.1);
-            // A worker that may not read the register lane selects on a
-            // channel that never receives instead.
-            let never = crossbeam_channel::never();
-            let register = if register { &self.register.1 } else { &never };
             let timeout = timeout.unwrap_or(Duration::MAX);
             crossbeam_channel::select_biased! {
                 recv(control) -> _ => Popped::Stop,
-                recv(recycle) -> job => job.map_or(Popped::Timeout, Popped::Job),
-                recv(register) -> job => job.map_or(Popped::Timeout, Popped::Job),
+                recv(first) -> job => job.map_or(Popped::Timeout, Popped::Job),
+                recv(second) -> job => job.map_or(Popped::Timeout, Popped::Job),
                 default(timeout) => Popped::Timeout,
             }
         }
 
-        /// Any queued job, without waiting (stop signals stay queued).
         pub(crate) fn try_pop(&self) -> Option<T> {
             self.recycle
                 .1
@@ -162,25 +167,30 @@ mod imp {
             self.ready.notify_all();
         }
 
-        fn take(queues: &mut Queues<T>, register: bool) -> Option<Popped<T>> {
+        fn take(queues: &mut Queues<T>, register: bool, register_first: bool) -> Option<Popped<T>> {
             if queues.stops > 0 {
                 queues.stops -= 1;
                 return Some(Popped::Stop);
             }
-            if let Some(job) = queues.lanes[0].pop_front() {
-                return Some(Popped::Job(job));
-            }
-            if register {
-                if let Some(job) = queues.lanes[1].pop_front() {
-                    return Some(Popped::Job(job));
-                }
-            }
-            None
+            let order: &[usize] = match (register, register_first) {
+                (false, _) => &[0],
+                (true, false) => &[0, 1],
+                (true, true) => &[1, 0],
+            };
+            order
+                .iter()
+                .find_map(|&lane| queues.lanes[lane].pop_front())
+                .map(Popped::Job)
         }
 
-        pub(crate) fn pop(&self, register: bool, timeout: Option<Duration>) -> Popped<T> {
+        pub(crate) fn pop(
+            &self,
+            register: bool,
+            register_first: bool,
+            timeout: Option<Duration>,
+        ) -> Popped<T> {
             let mut queues = self.queues.lock();
-            if let Some(popped) = Self::take(&mut queues, register) {
+            if let Some(popped) = Self::take(&mut queues, register, register_first) {
                 return popped;
             }
             if timeout.is_some() {
@@ -188,11 +198,12 @@ mod imp {
                 drop(queues);
                 thread::yield_now();
                 queues = self.queues.lock();
-                return Self::take(&mut queues, register).unwrap_or(Popped::Timeout);
+                return Self::take(&mut queues, register, register_first)
+                    .unwrap_or(Popped::Timeout);
             }
             loop {
                 queues = self.ready.wait(queues);
-                if let Some(popped) = Self::take(&mut queues, register) {
+                if let Some(popped) = Self::take(&mut queues, register, register_first) {
                     return popped;
                 }
             }
