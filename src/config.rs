@@ -8,6 +8,10 @@ use crate::numa::NumaMode;
 use crate::pool::Pool;
 use crate::size_class::SizeClasses;
 
+/// The most devices a pool serves: more than any host has, and few enough
+/// that every thread's per-device bookkeeping stays small.
+pub const MAX_DEVICES: usize = 64;
+
 /// Default cap on pooled bytes: 4 GiB.
 pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
 
@@ -110,10 +114,9 @@ impl Config {
             )));
         }
         if let Some(devices) = self.devices {
-            if devices == 0 || devices > usize::from(u16::MAX) {
+            if devices == 0 || devices > MAX_DEVICES {
                 return Err(Error::InvalidConfig(format!(
-                    "devices must be in 1..={}, got {devices}",
-                    u16::MAX
+                    "devices must be in 1..={MAX_DEVICES}, got {devices}"
                 )));
             }
         }
@@ -160,7 +163,10 @@ impl PoolBuilder {
     }
 
     /// How many devices to serve, one shard each (default: every device
-    /// the CUDA driver reports; 1 on the host backend).
+    /// the CUDA driver reports; 1 on the host backend), at most
+    /// [`MAX_DEVICES`]. Each thread that takes from the pool keeps about
+    /// 22 KiB of counters and list heads per device served (with the fine
+    /// size classes).
     ///
     /// # Examples
     ///
@@ -356,7 +362,7 @@ impl PoolBuilder {
     /// | key | values |
     /// | --- | --- |
     /// | `backend` | `auto`, `cuda`, `host` |
-    /// | `devices` | 1 to 65535 |
+    /// | `devices` | 1 to [`MAX_DEVICES`] (64) |
     /// | `cleaner_threads` | 1 to 256 |
     /// | `max_pooled_bytes` | a size, at least one page |
     /// | `thread_cache_bytes` | a size |
@@ -487,7 +493,7 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
         "cleaner_threads" => {
             config.cleaner_threads = parse_in(value, 1, MAX_CLEANER_THREADS)?;
         }
-        "devices" => config.devices = Some(parse_in(value, 1, usize::from(u16::MAX))?),
+        "devices" => config.devices = Some(parse_in(value, 1, MAX_DEVICES)?),
         "max_pooled_bytes" => {
             let bytes = parse_size(value)?;
             let page = crate::alloc::page_size();

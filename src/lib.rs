@@ -67,7 +67,7 @@ pub use backend::BackendKind;
 pub use buffer::PinnedBuffer;
 pub use config::{
     Config, PoolBuilder, DEFAULT_BORROW_SLACK, DEFAULT_IDLE_TRIM, DEFAULT_MAX_POOLED_BYTES,
-    DEFAULT_THREAD_CACHE_BYTES,
+    DEFAULT_THREAD_CACHE_BYTES, MAX_DEVICES,
 };
 pub use error::Error;
 pub use global::{

@@ -602,6 +602,13 @@ impl Pool {
     pub(crate) fn with_backend(config: Config, backend: Box<dyn Backend>) -> Result<Self, Error> {
         barrier::init();
         let devices = backend.device_count();
+        if devices > crate::config::MAX_DEVICES {
+            return Err(Error::InvalidConfig(format!(
+                "the backend reports {devices} devices; a pool serves at most {}: \
+                 serve the first ones with `devices`",
+                crate::config::MAX_DEVICES
+            )));
+        }
         let classes = Classes::new(config.size_classes, crate::alloc::page_size());
         let count = classes.count();
         let pins = backend.pins();
