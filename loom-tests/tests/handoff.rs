@@ -60,6 +60,11 @@ fn cross_thread_drop_returns_exactly_once() {
         buf.fill(2);
         let first = buf.as_ptr() as usize;
         let dropper = thread::spawn(move || drop(buf));
+        // Without the yield, the bounded search never runs the whole drop
+        // before this take, and a take of the dropped buffer from the
+        // returns list is not explored (seen: the mutation that hands it
+        // out as ready went unnoticed).
+        thread::yield_now();
         let mut other = pool.take(8);
         assert!(
             other.iter().all(|&b| b == 0),
