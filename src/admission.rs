@@ -10,7 +10,9 @@
 //! *folds* those counts into the estimate under the admission lock. While
 //! the estimate stays under the cap an admission is one `fetch_add`;
 //! otherwise, under the lock (which takers never take), the counts are
-//! folded and the largest classes evicted until the buffer fits.
+//! folded and the largest classes evicted until the buffer fits; if it
+//! still does not (bytes of racing admissions not placed yet cannot be
+//! evicted), it is released.
 //!
 //! Lowering the cap races admissions on the fast path: an admission may
 //! read the old cap, add to the estimate and place its buffer after the
@@ -100,8 +102,14 @@ impl Admission {
             return vec![block];
         }
         let mut out = self.evict_to_fit(at, footprint, cap);
-        self.estimate.fetch_add(footprint, Ordering::Relaxed);
-        if let Err(block) = Self::place(at, block, home) {
+        // Eviction cannot reach bytes that a racing fast-path admission has
+        // added but not placed yet: if those still leave no room, this
+        // buffer is released rather than pooled over the cap. The check is
+        // the RMW itself, so it is ordered with every racing fast path.
+        if self.estimate.fetch_add(footprint, Ordering::Relaxed) + footprint > cap {
+            self.estimate.fetch_sub(footprint, Ordering::Relaxed);
+            out.push(block);
+        } else if let Err(block) = Self::place(at, block, home) {
             self.estimate.fetch_sub(footprint, Ordering::Relaxed);
             out.push(block);
         }

@@ -31,11 +31,11 @@ fn check_quiescent(pool: &Pool, what: &str) {
     );
 }
 
-/// Several workers admit 3 MiB buffers into an 8 MiB cap at once. The
-/// slow path of `Admission::admit` evicts "until the buffer fits" and then
-/// places it whether or not it fits; bytes reserved by a racing fast-path
-/// admission that has not placed its buffer yet cannot be evicted, so both
-/// end up pooled.
+/// Several workers admit 3 MiB buffers into an 8 MiB cap at once: bytes
+/// that a racing admission has counted but not placed yet cannot be
+/// evicted, so an admission that still finds no room after evicting must
+/// release its buffer (seen failing before the fix on two cores: 9 MiB
+/// pooled over the 8 MiB cap).
 #[test]
 fn concurrent_admissions_near_the_cap() {
     let pool = Pool::builder()

@@ -209,6 +209,10 @@ impl std::fmt::Debug for Cleaner {
 
 // === impl Cleaner ===
 
+/// See [`Cleaner::work`]: one pop in this many tries the register lane
+/// first.
+const REGISTER_TURN: u32 = 8;
+
 /// Why a parked buffer's wait ended without its copies known finished.
 enum Failed {
     /// Polling one of its fences failed.
@@ -379,11 +383,15 @@ impl Cleaner {
         let span = tracing::debug_span!("pinpool_cleaner", worker = index);
         let _entered = span.enter();
         let register = self.width == 1 || index != 0;
-        // Registering workers alternate which lane they try first: a steady
-        // stream of recycling must not hold first registrations (and the
-        // flushes waiting for them) back for good, nor the reverse.
-        let mut register_first = false;
+        // Registering workers serve the recycle lane first, but the register
+        // lane first on every `REGISTER_TURN`th pop: a steady stream of
+        // recycling must not hold first registrations (and the flushes
+        // waiting for them) back for good, while pinning new buffers must
+        // not slow the recycling of those already pinned.
+        let mut pops = 0u32;
         loop {
+            pops = pops.wrapping_add(1);
+            let register_first = register && pops % REGISTER_TURN == 0;
             let timeout = if self.parking.len() > 0 {
                 Some(POLL)
             } else if index == 0 && SWEEPS {
@@ -392,7 +400,6 @@ impl Cleaner {
                 None
             };
             let popped = self.lanes.pop(register, register_first, timeout);
-            register_first = register && !register_first;
             if matches!(popped, Popped::Stop) {
                 break;
             }
