@@ -138,8 +138,12 @@ fn cross_thread_drops_are_quick() {
         b[..64].fill(1);
         b.set_dirty_len(64);
         tx.send(b).unwrap();
-        if i % 1000 == 0 {
-            pool.set_max_pooled_bytes(if i % 2000 == 0 { 4096 } else { 8 << 20 });
+        if i.is_multiple_of(1000) {
+            pool.set_max_pooled_bytes(if i.is_multiple_of(2000) {
+                4096
+            } else {
+                8 << 20
+            });
         }
         i += 1;
     }

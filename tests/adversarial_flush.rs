@@ -90,7 +90,7 @@ fn run(pool: Pool, fenced_churn: bool) {
                     while !stop.load(Ordering::Relaxed) {
                         let mut b = pool.take(4096 << ((i + t) % 5));
                         b[..64].fill(1);
-                        if i % 3 == 0 {
+                        if i.is_multiple_of(3) {
                             b.set_dirty_len(64);
                         }
                         if fenced_churn {
@@ -109,7 +109,7 @@ fn run(pool: Pool, fenced_churn: bool) {
                         // A busy client, not an overload: unpaused, two
                         // threads on a two-core machine outrun one cleaner
                         // worker, and every flush waits behind the backlog.
-                        if i % 16 == 0 {
+                        if i.is_multiple_of(16) {
                             std::thread::sleep(Duration::from_micros(50));
                         }
                     }

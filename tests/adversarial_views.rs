@@ -1,6 +1,7 @@
 //! typed and prefix views at their edges, and `set_dirty_len`.
 //! Zero-sized types, out-of-range prefixes and misalignment must panic
 //! clearly (a `pinpool:` message), never misbehave.
+#![allow(clippy::drop_non_drop)] // views are dropped to end their borrows
 
 mod adversarial_util;
 
@@ -79,7 +80,7 @@ fn over_aligned_types_panic_clearly_or_work() {
     let pool = host(1);
     for size in [8192usize, 16384, 1 << 20] {
         let buf = pool.take(size);
-        let aligned = buf.as_ptr() as usize % 8192 == 0;
+        let aligned = (buf.as_ptr() as usize).is_multiple_of(8192);
         let r = catch_unwind(AssertUnwindSafe(|| buf.typed::<Page2>().len()));
         match r {
             Ok(n) => assert!(aligned && n == buf.len() / 8192),

@@ -391,7 +391,7 @@ impl Cleaner {
         let mut pops = 0u32;
         loop {
             pops = pops.wrapping_add(1);
-            let register_first = register && pops % REGISTER_TURN == 0;
+            let register_first = register && pops.is_multiple_of(REGISTER_TURN);
             let timeout = if self.parking.len() > 0 {
                 Some(POLL)
             } else if index == 0 && SWEEPS {
