@@ -14,7 +14,7 @@ use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::backend::{self, Backend, BackendKind};
 use crate::buffer::PinnedBuffer;
-use crate::cleaner::{self, Cleaner, Env, Returned};
+use crate::cleaner::{self, Cleaner, Env, Late, Returned};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
 use crate::numa::{self, Placement, Topology};
@@ -524,7 +524,27 @@ impl Sink for Shared {
 
 impl Retire for Arc<Shared> {
     fn settled(&self, block: &mut Block) -> Result<bool, Error> {
-        self.cleaner.settle_late(self.env(), block)
+        match self.cleaner.settle_late(block)? {
+            Late::Settled => Ok(true),
+            Late::Waiting => Ok(false),
+            Late::NeedsSync(device, note) => {
+                // Off the reaper's thread, so that one device's slow
+                // synchronize holds up no other late buffer. Loom models run
+                // the reaper inline and the synchronize with it.
+                #[cfg(not(all(loom, feature = "loom")))]
+                {
+                    let shared = Arc::clone(self);
+                    let spawned = crate::sync::thread::Builder::new()
+                        .name("pinpool-late-sync".into())
+                        .spawn(move || shared.cleaner.run_late_sync(shared.env(), device, note));
+                    if spawned.is_ok() {
+                        return Ok(false);
+                    }
+                }
+                self.cleaner.run_late_sync(self.env(), device, note);
+                Ok(false)
+            }
+        }
     }
 
     fn retire(&self, mut block: Block) {

@@ -7,8 +7,8 @@
 //! thread, the reaper, which waits for the buffer's copies (polling their
 //! events, so one slow copy holds up no other buffer; a pinned buffer
 //! dropped without events waits for a device synchronize that started
-//! after its drop, which the reaper runs, and other closed pools' late
-//! buffers wait while it does), unregisters and frees it.
+//! after its drop, run on a thread of its own so that it holds up no other
+//! buffer either), unregisters and frees it.
 //!
 //! A closed pool's state (its backend, its caches) stays alive for the
 //! late drops: closing counts the buffers still out (takes minus drops,

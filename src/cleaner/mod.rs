@@ -189,6 +189,8 @@ pub(crate) struct Cleaner {
     pins: bool,
     parking: Parking,
     syncs: DeviceSyncs,
+    /// Per device: the synchronize run for closed pools' late buffers.
+    late_syncs: Box<[LateSync]>,
     /// Registrations queued or running, and the most allowed.
     register_queued: AtomicUsize,
     register_backlog: usize,
@@ -213,6 +215,34 @@ impl std::fmt::Debug for Cleaner {
 /// first.
 const REGISTER_TURN: u32 = 8;
 
+/// Where a closed pool's late buffer stands; see [`Cleaner::settle_late`].
+#[derive(Debug)]
+pub(crate) enum Late {
+    /// Its copies have finished: retire it.
+    Settled,
+    /// Not yet: look again later.
+    Waiting,
+    /// It needs a synchronize of this device above this note: run it with
+    /// [`Cleaner::run_late_sync`], then look again.
+    NeedsSync(usize, u64),
+}
+
+/// The state of a device's synchronize for late buffers.
+#[derive(Debug)]
+struct LateSync {
+    running: AtomicBool,
+    failed: Mutex<Option<Error>>,
+}
+
+impl LateSync {
+    fn new() -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        }
+    }
+}
+
 /// Why a parked buffer's wait ended without its copies known finished.
 enum Failed {
     /// Polling one of its fences failed.
@@ -232,6 +262,7 @@ impl Cleaner {
             pins,
             parking: Parking::new(),
             syncs: DeviceSyncs::new(devices),
+            late_syncs: (0..devices).map(|_| LateSync::new()).collect(),
             register_queued: AtomicUsize::new(0),
             register_backlog: REGISTER_BACKLOG + 16 * width,
             zero_queued: AtomicUsize::new(0),
@@ -362,20 +393,50 @@ impl Cleaner {
         }
     }
 
-    /// Whether a dropped buffer's copies have finished, for a closed pool's
-    /// late buffers (the reaper, the only caller, may block on a device
-    /// synchronize: the pool's workers are gone).
-    pub(crate) fn settle_late(&self, env: Env<'_>, block: &mut Block) -> Result<bool, Error> {
+    /// Where a closed pool's late buffer stands; the reaper, the only
+    /// caller, never blocks here: a device synchronize the buffer needs is
+    /// [`Late::NeedsSync`], for the caller to run off the reaper's thread
+    /// ([`run_late_sync`](Self::run_late_sync)), one per device at a time.
+    pub(crate) fn settle_late(&self, block: &mut Block) -> Result<Late, Error> {
         if !block.fences_mut().is_empty() {
-            return block.fences_mut().poll();
+            return Ok(match block.fences_mut().poll()? {
+                true => Late::Settled,
+                false => Late::Waiting,
+            });
         }
-        if block.is_pinned() {
-            let note = block.meta_mut().sync_gen;
-            if self.syncs.wait(env.backend, block.device(), note)? {
-                Counters::add(&env.counters().device_syncs, 1);
-            }
+        if !block.is_pinned() {
+            return Ok(Late::Settled);
         }
-        Ok(true)
+        let (device, note) = (block.device(), block.meta_mut().sync_gen);
+        if self.syncs.settled(device, note) {
+            return Ok(Late::Settled);
+        }
+        let late = &self.late_syncs[device];
+        if let Some(e) = late.failed.lock().take() {
+            // The synchronize this buffer may have waited for failed: its
+            // copies are not known to have finished. Later buffers get a
+            // new one.
+            return Err(e);
+        }
+        // AcqRel: Acquire pairs with the Release store in `run_late_sync`
+        // (seeing it idle means seeing its failure, if any, recorded).
+        if late.running.swap(true, Ordering::AcqRel) {
+            return Ok(Late::Waiting);
+        }
+        Ok(Late::NeedsSync(device, note))
+    }
+
+    /// Runs the device synchronize that [`settle_late`](Self::settle_late)
+    /// asked for (blocking the calling thread).
+    pub(crate) fn run_late_sync(&self, env: Env<'_>, device: usize, note: u64) {
+        let late = &self.late_syncs[device];
+        match self.syncs.wait(env.backend, device, note) {
+            Ok(true) => Counters::add(&env.counters().device_syncs, 1),
+            Ok(false) => {}
+            Err(e) => *late.failed.lock() = Some(e),
+        }
+        // Release: see `settle_late`.
+        late.running.store(false, Ordering::Release);
     }
 
     /// A worker's loop.
