@@ -30,7 +30,8 @@ use crate::error::Error;
 pub(crate) trait Retire: Send + Sync {
     /// Whether the copies that may read `block` have finished (its fences
     /// completed, or for a pinned buffer without any, a device synchronize
-    /// that started after its drop; this one may block on it).
+    /// that started after its drop). Never blocks: a synchronize it needs
+    /// runs elsewhere, and a later call sees it done.
     fn settled(&self, block: &mut Block) -> Result<bool, Error>;
     /// Unregisters and frees a buffer whose copies have finished.
     fn retire(&self, block: Block);
