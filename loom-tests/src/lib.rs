@@ -13,6 +13,7 @@
 //! | `thread_cache::steal_races_owner_take` | the owner not checking for a thief's request | concurrent writes to the lists |
 //! | `thread_cache::clear_races_owner_take` | `clear` not subtracting what it freed from the pooled estimate | pooled bytes after clear |
 //! | `thread_cache::flush_moves_deferred_buffers_while_the_owner_works` | the light barrier without its fence | concurrent writes to the lists |
+//! | `thread_cache::borrow_races_another_threads_take_of_the_larger_class` | a borrow from the owner's ready list that leaves the list's count alone | the borrowed buffer went back to another class (count 3, want 2) |
 //! | `thread_cache::flush_reaches_an_exited_threads_cache` | a flush that skips the caches' deferred buffers | concurrent access to a buffer |
 //! | `flush::flush_waits_for_an_earlier_drop_despite_a_racing_flush` | `flush` draining only one parity | flush returned early |
 //! | `flush::two_racing_flushes_both_return_and_see_earlier_drops` | flushes not serialized | does not finish (over 60 s at two preemptions, against 1.9 s unmutated) |

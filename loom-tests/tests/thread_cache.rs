@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{model, pool, pool_with_cached_buffer};
+use common::{borrowing_pool, model, pool, pool_with_cached_buffer};
 use loom::thread;
 
 /// Another thread misses and steals from the owner's cache while the owner
@@ -129,6 +129,55 @@ fn flush_reaches_an_exited_threads_cache() {
         assert!(
             pool.take(8).was_pooled(),
             "the exited thread's buffer is reachable"
+        );
+        pool.shutdown();
+    });
+}
+
+/// A take whose class is empty borrows the owner's idle buffer of the next
+/// class up while another thread, missing on that class, adopts the
+/// owner's remote list (where the flushed buffer waits).
+///
+/// Catches: the idle buffer handed to both (the borrow and the other
+/// thread's adoption both reaching it) or lost, or a borrowed buffer that
+/// changes class (it must keep its length and go back to its own class).
+#[test]
+fn borrow_races_another_threads_take_of_the_larger_class() {
+    model(|| {
+        let pool = borrowing_pool();
+        let buf = pool.take(8);
+        let cached = buf.as_ptr() as usize;
+        drop(buf);
+        pool.flush();
+        let other = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.take(8))
+        };
+        let small = pool.take(4);
+        let big = other.join().unwrap();
+        let (small_ptr, big_ptr) = (small.as_ptr() as usize, big.as_ptr() as usize);
+        assert_ne!(small_ptr, big_ptr, "one buffer handed to two takes");
+        assert!(
+            small_ptr == cached || big_ptr == cached,
+            "the idle buffer was lost"
+        );
+        if small_ptr == cached {
+            assert_eq!(small.len(), 8, "a borrowed buffer keeps its class");
+        }
+        assert!(small.iter().chain(big.iter()).all(|&b| b == 0));
+        drop((small, big));
+        pool.flush();
+        let stats = pool.stats();
+        assert_eq!(stats.in_cleaner, 0);
+        let class_8 = stats
+            .per_class
+            .iter()
+            .find(|c| c.size == 8)
+            .map_or(0, |c| c.pooled_buffers);
+        let want = if small_ptr == cached { 2 } else { 1 };
+        assert_eq!(
+            class_8, want,
+            "the borrowed buffer went back to another class"
         );
         pool.shutdown();
     });

@@ -22,12 +22,27 @@ pub fn model(f: impl Fn() + Sync + Send + 'static) {
     model_bounded(None, f);
 }
 
-/// A host-backend pool with `workers` cleaner workers.
+/// A host-backend pool with `workers` cleaner workers. It never borrows
+/// (each model names the one buffer path it races); see
+/// [`borrowing_pool`].
 pub fn pool(workers: usize) -> Pool {
     Pool::builder()
         .backend(BackendKind::Host)
         .cleaner_threads(workers)
         .size_classes(SizeClasses::PowersOfTwo)
+        .borrow_slack(0)
+        .build()
+        .unwrap()
+}
+
+/// As [`pool`] with one worker, where a take whose class is empty may
+/// borrow an idle buffer of the next (power-of-two) class.
+pub fn borrowing_pool() -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .borrow_slack(100)
         .build()
         .unwrap()
 }
@@ -40,6 +55,7 @@ pub fn pinning_pool(workers: usize) -> (Pool, StdArc<Faults>) {
         .faults(faults.clone())
         .cleaner_threads(workers)
         .size_classes(SizeClasses::PowersOfTwo)
+        .borrow_slack(0)
         .build()
         .unwrap();
     (pool, faults)
