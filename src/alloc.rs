@@ -23,23 +23,10 @@ use std::time::Instant;
 
 use crate::error::Error;
 use crate::fence::Fences;
-use crate::size_class::{Classes, SizeClass};
+use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
 use crate::sync::tune::CHUNK;
 use crate::sync::{Mutex, MutexGuard, OnceLock};
-
-/// The system's page size.
-pub(crate) fn page_size() -> usize {
-    static PAGE: OnceLock<usize> = OnceLock::new();
-    *PAGE.get_or_init(|| {
-        // SAFETY: sysconf has no preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        usize::try_from(n)
-            .ok()
-            .filter(|n| n.is_power_of_two())
-            .unwrap_or(4096)
-    })
-}
 
 /// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
 /// kernel does not say.

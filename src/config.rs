@@ -5,7 +5,6 @@ use std::time::Duration;
 use crate::backend::BackendKind;
 use crate::error::Error;
 use crate::numa::NumaMode;
-use crate::pool::Pool;
 use crate::size_class::SizeClasses;
 
 /// The most devices a pool serves: more than any host has, and few enough
@@ -90,14 +89,14 @@ impl Default for Config {
 }
 
 impl Config {
-    fn validate(&self) -> Result<(), Error> {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         if self.cleaner_threads == 0 || self.cleaner_threads > MAX_CLEANER_THREADS {
             return Err(Error::InvalidConfig(format!(
                 "cleaner_threads must be in 1..={MAX_CLEANER_THREADS}, got {}",
                 self.cleaner_threads
             )));
         }
-        let page = crate::alloc::page_size();
+        let page = crate::size_class::page_size();
         if self.max_pooled_bytes < page {
             return Err(Error::InvalidConfig(format!(
                 "max_pooled_bytes must hold at least one buffer ({page} bytes), got {}; \
@@ -127,7 +126,7 @@ impl Config {
     }
 }
 
-/// Configures and builds a [`Pool`].
+/// Configures and builds a [`Pool`](crate::Pool).
 ///
 /// # Examples
 ///
@@ -145,9 +144,9 @@ impl Config {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct PoolBuilder {
-    config: Config,
+    pub(crate) config: Config,
     #[cfg(feature = "testing")]
-    faults: Option<std::sync::Arc<crate::testing::Faults>>,
+    pub(crate) faults: Option<std::sync::Arc<crate::testing::Faults>>,
 }
 
 impl PoolBuilder {
@@ -451,29 +450,6 @@ impl PoolBuilder {
         }
     }
 
-    /// Builds the pool and starts its cleaner.
-    ///
-    /// Fails on out-of-range values, or when the CUDA backend is asked for
-    /// and cannot be used.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
-    /// drop(pool.take(1));
-    /// # Ok::<(), pinpool::Error>(())
-    /// ```
-    pub fn build(self) -> Result<Pool, Error> {
-        self.config.validate()?;
-        #[cfg(feature = "testing")]
-        if let Some(faults) = self.faults {
-            let devices = self.config.devices.unwrap_or(1);
-            let backend = Box::new(crate::backend::fault::FaultBackend::new(faults, devices));
-            return Pool::with_backend(self.config, backend);
-        }
-        Pool::from_config(self.config)
-    }
-
     /// Runs the pool on a fault-injecting backend under `faults` (the
     /// `testing` feature); see [`Faults`](crate::testing::Faults).
     #[cfg(feature = "testing")]
@@ -499,7 +475,7 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
         "devices" => config.devices = Some(parse_in(value, 1, MAX_DEVICES)?),
         "max_pooled_bytes" => {
             let bytes = parse_size(value)?;
-            let page = crate::alloc::page_size();
+            let page = crate::size_class::page_size();
             if bytes < page {
                 return Err(format!("must hold at least one buffer ({page} bytes)"));
             }

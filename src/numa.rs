@@ -660,7 +660,7 @@ mod linux {
     use libc::{c_int, c_long, c_ulong, c_void};
 
     use super::MAX_ID;
-    use crate::alloc::page_size;
+    use crate::size_class::page_size;
 
     /// Pages asked about per `move_pages` call.
     #[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
@@ -1265,7 +1265,7 @@ mod tests {
 
     impl Mapping {
         fn new(pages: usize) -> Self {
-            let len = pages * crate::alloc::page_size();
+            let len = pages * crate::size_class::page_size();
             // SAFETY: an anonymous private mapping with no address hint
             // touches no existing memory; the result is checked below.
             let ptr = unsafe {
@@ -1286,7 +1286,7 @@ mod tests {
         }
 
         fn touch(&self) {
-            let page = crate::alloc::page_size();
+            let page = crate::size_class::page_size();
             for offset in (0..self.len).step_by(page) {
                 // SAFETY: `offset < len`, inside the live mapping.
                 unsafe { self.ptr.add(offset).write_volatile(1) };

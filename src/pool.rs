@@ -629,7 +629,7 @@ impl Pool {
                 crate::config::MAX_DEVICES
             )));
         }
-        let classes = Classes::new(config.size_classes, crate::alloc::page_size());
+        let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();
         let pins = backend.pins();
         // Only pinned memory is worth placing; other backends (the host
@@ -993,5 +993,32 @@ impl Pool {
         if let Err(e) = unsafe { backend.unregister(backend.current_device(), ptr) } {
             tracing::debug!(error = %e, "pinpool: unregister_region failed");
         }
+    }
+}
+
+/// The builder's last step lives here, beside the pool it builds, so that
+/// the configuration does not depend on the pool.
+impl PoolBuilder {
+    /// Builds the pool and starts its cleaner.
+    ///
+    /// Fails on out-of-range values, or when the CUDA backend is asked for
+    /// and cannot be used.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// drop(pool.take(1));
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn build(self) -> Result<Pool, Error> {
+        self.config.validate()?;
+        #[cfg(feature = "testing")]
+        if let Some(faults) = self.faults {
+            let devices = self.config.devices.unwrap_or(1);
+            let backend = Box::new(crate::backend::fault::FaultBackend::new(faults, devices));
+            return Pool::with_backend(self.config, backend);
+        }
+        Pool::from_config(self.config)
     }
 }

@@ -17,6 +17,20 @@
 
 use crate::error::Error;
 use crate::sync::tune::MAX_SHIFT;
+use crate::sync::OnceLock;
+
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n)
+            .ok()
+            .filter(|n| n.is_power_of_two())
+            .unwrap_or(4096)
+    })
+}
 
 /// The largest size `take` accepts: 1 TiB.
 pub const MAX_CLASS_SIZE: usize = 1 << MAX_SHIFT;
@@ -65,7 +79,7 @@ impl SizeClasses {
     /// assert_eq!(SizeClasses::Fine.len_for(usize::MAX), None);
     /// ```
     pub fn len_for(self, size: usize) -> Option<usize> {
-        let classes = Classes::new(self, crate::alloc::page_size());
+        let classes = Classes::new(self, page_size());
         classes.class_for(size).ok().map(|k| classes.size(k))
     }
 }
