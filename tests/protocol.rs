@@ -203,17 +203,6 @@ fn failed_synchronize_leaks_the_buffer_instead_of_freeing_it() {
     );
 }
 
-/// Resident memory of this process (Linux: `/proc/self/statm`).
-fn resident_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
-}
-
 /// Dropping written buffers faster than the cleaner can zero them must not
 /// grow its backlog (and the memory it holds) without bound.
 #[test]
@@ -225,7 +214,7 @@ fn host_recycling_backlog_is_bounded() {
         .max_pooled_bytes(1 << 30)
         .build()
         .unwrap();
-    let base = resident_bytes();
+    let base = common::resident_bytes();
     let peak = std::sync::Mutex::new(0usize);
     let deadline = Instant::now() + Duration::from_secs(2);
     std::thread::scope(|scope| {
@@ -239,7 +228,7 @@ fn host_recycling_backlog_is_bounded() {
                         buf.fill(1);
                         drop(buf);
                     }
-                    let grown = resident_bytes().saturating_sub(base);
+                    let grown = common::resident_bytes().saturating_sub(base);
                     let mut peak = peak.lock().unwrap();
                     *peak = (*peak).max(grown);
                 }

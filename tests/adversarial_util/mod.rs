@@ -1,6 +1,9 @@
 //! Helpers for the adversarial tests.
 #![allow(dead_code)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,11 +86,5 @@ pub fn thread_count() -> usize {
 
 /// Resident bytes of this process.
 pub fn resident_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+    common::resident_bytes()
 }

@@ -29,3 +29,14 @@ pub fn host_pool_with(devices: usize, workers: usize) -> Pool {
 }
 
 pub mod gpu;
+
+/// Resident bytes of this process (Linux: `/proc/self/statm`).
+pub fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
