@@ -56,6 +56,10 @@ pub struct PinnedBuffer {
     /// [`READS`] (copies from the buffer) and [`WRITES`] (copies into it).
     copies_pending: AtomicU8,
     pooled: bool,
+    /// The length of the size class taken: the block's own length, or less
+    /// for a block borrowed from a larger class (whose bytes past this
+    /// stay untouched, and zero).
+    len: usize,
 }
 
 // SAFETY: the buffer owns its block; `home` points into the pool's caches,
@@ -69,9 +73,11 @@ unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
     #[inline]
-    pub(crate) fn new(block: Block, home: &ThreadCache, pooled: bool) -> Self {
+    pub(crate) fn new(block: Block, home: &ThreadCache, pooled: bool, len: usize) -> Self {
+        debug_assert!(len <= block.len());
         Self {
-            dirty: block.len(),
+            len,
+            dirty: len,
             block: ManuallyDrop::new(block),
             home: NonNull::from(home),
             copies_pending: AtomicU8::new(0),
@@ -146,7 +152,7 @@ impl PinnedBuffer {
     /// ```
     #[inline]
     pub fn set_dirty_len(&mut self, len: usize) {
-        self.dirty = len.min(self.block.len());
+        self.dirty = len.min(self.len);
     }
 
     /// The prefix the cleaner will re-zero.
@@ -163,10 +169,28 @@ impl PinnedBuffer {
         self.dirty
     }
 
+    /// The bytes the buffer occupies (and, when pinned, pins): `len()`, or
+    /// more for a buffer borrowed from a larger idle class (see
+    /// [`PoolBuilder::borrow_slack`](crate::PoolBuilder::borrow_slack)),
+    /// which goes back to that class when dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let buf = pool.take(4096);
+    /// assert!(buf.capacity() >= buf.len());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.block.len()
+    }
+
     /// Widens the dirty prefix to at least `len` bytes (a copy into them).
     #[inline]
     pub(crate) fn widen_dirty(&mut self, len: usize) {
-        self.dirty = self.dirty.max(len.min(self.block.len()));
+        self.dirty = self.dirty.max(len.min(self.len));
     }
 
     /// Records the point on `stream` after which the buffer is no longer
@@ -356,20 +380,21 @@ impl PinnedBuffer {
     #[inline]
     pub(crate) fn bytes(&self) -> &[u8] {
         self.sync_host();
-        self.block.as_slice()
+        &self.block.as_slice()[..self.len]
     }
 
     /// The bytes, writable: after waiting for copies.
     #[inline]
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         self.sync_host_mut();
-        self.block.as_mut_slice()
+        let len = self.len;
+        &mut self.block.as_mut_slice()[..len]
     }
 
     /// The bytes without waiting, for cudarc's copy path (the stream orders
     /// the copy after earlier ones).
     pub(crate) fn raw_bytes(&self) -> &[u8] {
-        self.block.as_slice()
+        &self.block.as_slice()[..self.len]
     }
 
     /// The bytes without waiting, writable, for cudarc's copy path.
@@ -387,7 +412,7 @@ impl PinnedBuffer {
 /// copying stream; see [`PinnedBuffer`].
 impl HostSlice<u8> for PinnedBuffer {
     fn len(&self) -> usize {
-        self.block.len()
+        self.len
     }
 
     unsafe fn stream_synced_slice<'a>(
@@ -401,7 +426,7 @@ impl HostSlice<u8> for PinnedBuffer {
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (&'a mut [u8], SyncOnDrop<'a>) {
-        let len = self.block.len();
+        let len = self.len;
         self.widen_dirty(len);
         let ptr = self.raw_bytes_mut();
         let fence = self.copy_fence(stream, true);
@@ -443,7 +468,7 @@ impl AsMut<[u8]> for PinnedBuffer {
 impl fmt::Debug for PinnedBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PinnedBuffer")
-            .field("len", &self.block.len())
+            .field("len", &self.len)
             .field("device", &self.device())
             .field("pinned", &self.is_pinned())
             .field("dirty_len", &self.dirty)

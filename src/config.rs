@@ -300,7 +300,9 @@ impl PoolBuilder {
 
     /// How much longer than its class (in percent, at most 100) a borrowed
     /// buffer may be (default 100; 0 turns borrowing off; see
-    /// [`Config::borrow_slack`]).
+    /// [`Config::borrow_slack`]). A borrowed buffer's `len()` is still the
+    /// class asked for; [`capacity`](crate::PinnedBuffer::capacity) says
+    /// what it occupies.
     ///
     /// # Examples
     ///

@@ -140,7 +140,10 @@ impl Shared {
             Some(block) => (block, true),
             None => Self::take_slow(this, cache, device, class)?,
         };
-        Ok(PinnedBuffer::new(block, cache, pooled))
+        // A borrowed block is longer than the class asked for: the buffer
+        // shows the class's length.
+        let len = this.classes().size(class);
+        Ok(PinnedBuffer::new(block, cache, pooled, len))
     }
 
     /// The owner's reuse of its own oldest deferred buffer: if its copies

@@ -214,7 +214,8 @@ fn prove(
             let started = Instant::now();
             let mut buf = strategy.take(prover, device, plan.size);
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
-            let len = buf.bytes().len() as u64;
+            // What the take occupies, a borrowed buffer's whole length.
+            let len = buf.occupied() as u64;
             tally.takes[phase] += 1;
             tally.requested += plan.size as u64;
             tally.bytes[phase] += len;

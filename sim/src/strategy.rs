@@ -187,6 +187,15 @@ impl Strategy {
 }
 
 impl Staged<'_> {
+    /// The bytes the buffer occupies: its length, or for a pinpool buffer
+    /// borrowed from a larger class, that class's length.
+    pub fn occupied(&mut self) -> usize {
+        match self {
+            Staged::Pinpool(buf) => buf.capacity(),
+            other => other.bytes().len(),
+        }
+    }
+
     /// The buffer's bytes: as many as it was handed out with.
     pub fn bytes(&mut self) -> &mut [u8] {
         match self {

@@ -431,8 +431,14 @@ impl Cleaner {
     pub(crate) fn run_late_sync(&self, env: Env<'_>, device: usize, note: u64) {
         let late = &self.late_syncs[device];
         match self.syncs.wait(env.backend, device, note) {
-            Ok(true) => Counters::add(&env.counters().device_syncs, 1),
-            Ok(false) => {}
+            Ok(synced) => {
+                if synced {
+                    Counters::add(&env.counters().device_syncs, 1);
+                }
+                // A synchronize above the note completed: an older failure
+                // no longer says anything about the buffers waiting now.
+                *late.failed.lock() = None;
+            }
             Err(e) => *late.failed.lock() = Some(e),
         }
         // Release: see `settle_late`.
