@@ -4,7 +4,7 @@
 //! [`cuda`] drives the CUDA driver through cudarc, loaded at run time so the
 //! crate builds and runs where no CUDA is installed; [`host`] stands in on
 //! machines without a GPU: buffers are pooled and re-zeroed but never
-//! page-locked; [`fault`] (tests and loom models) pins in name only and
+//! page-locked; `fault` (the `testing` feature, and loom models) pins in name only and
 //! fails or blocks on chosen calls. Backends are called from cleaner
 //! workers and slow paths only, except `current_device`, which `take`
 //! calls; every call leaves the caller's current CUDA context as it was.
