@@ -187,38 +187,12 @@ impl Backend for CudaBackend {
 /// the driver rejects the attribute (before CUDA 12.2) or the bindings
 /// chosen predate it.
 fn host_numa_id(ctx: &CudaContext) -> Option<i32> {
-    #[cfg(any(
-        feature = "cuda-12020",
-        feature = "cuda-12030",
-        feature = "cuda-12040",
-        feature = "cuda-12050",
-        feature = "cuda-12060",
-        feature = "cuda-12080",
-        feature = "cuda-12090",
-        feature = "cuda-13000",
-        feature = "cuda-13010",
-        feature = "cuda-13020",
-        feature = "cuda-13030",
-        feature = "cuda-13040",
-    ))]
+    #[cfg(pinpool_host_numa_attribute)]
     {
         ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
             .ok()
     }
-    #[cfg(not(any(
-        feature = "cuda-12020",
-        feature = "cuda-12030",
-        feature = "cuda-12040",
-        feature = "cuda-12050",
-        feature = "cuda-12060",
-        feature = "cuda-12080",
-        feature = "cuda-12090",
-        feature = "cuda-13000",
-        feature = "cuda-13010",
-        feature = "cuda-13020",
-        feature = "cuda-13030",
-        feature = "cuda-13040",
-    )))]
+    #[cfg(not(pinpool_host_numa_attribute))]
     {
         let _ = ctx;
         None

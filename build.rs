@@ -1,0 +1,18 @@
+//! Sets `pinpool_host_numa_attribute` when the CUDA version chosen (a
+//! `cuda-XXXXX` feature, forwarded to cudarc) is 12.2 or later, whose
+//! bindings have `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`. With
+//! `cuda-version-from-build-system` the version is not known here, and the
+//! attribute is not asked for (sysfs still gives the node).
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rustc-check-cfg=cfg(pinpool_host_numa_attribute)");
+    let at_least_12_2 = std::env::vars().any(|(key, _)| {
+        key.strip_prefix("CARGO_FEATURE_CUDA_")
+            .and_then(|version| version.parse::<u32>().ok())
+            .is_some_and(|version| version >= 12020)
+    });
+    if at_least_12_2 {
+        println!("cargo::rustc-cfg=pinpool_host_numa_attribute");
+    }
+}
