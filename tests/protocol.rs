@@ -10,35 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pinpool::testing::{Faults, TestFence};
+use pinpool::testing::TestFence;
 use pinpool::{BackendKind, Pool};
 
-/// Runs `f` on its own thread; panics if it has not finished within
-/// `limit` (the thread is left behind; the test process exits anyway).
-fn within(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        f();
-        let _ = tx.send(());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(()) => worker.join().expect("the checked thread panicked"),
-        Err(_) if worker.is_finished() => {
-            worker.join().expect("the checked thread panicked");
-        }
-        Err(_) => panic!("{what}: still running after {limit:?} (hung)"),
-    }
-}
-
-fn faulty(workers: usize) -> (Pool, Arc<Faults>) {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(workers)
-        .build()
-        .unwrap();
-    (pool, faults)
-}
+use common::{faulty, within};
 
 /// Two threads loop take / drop / flush on 16 MiB buffers while a third
 /// loops `shutdown`: nothing may hang, and the pool must end balanced.

@@ -4,30 +4,12 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pinpool::{BackendKind, Pool, SizeClasses};
 
-/// Runs `f` on its own thread; panics if it has not finished within
-/// `limit` (a hang fails the test instead of stalling the run).
-pub fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        let out = f();
-        let _ = tx.send(());
-        out
-    });
-    match rx.recv_timeout(limit) {
-        Ok(()) => worker.join().expect("the checked thread panicked"),
-        Err(_) if worker.is_finished() => worker.join().expect("the checked thread panicked"),
-        Err(_) => panic!("{what}: still running after {limit:?} (hung)"),
-    }
-}
+#[allow(unused_imports)] // not every test binary uses every helper
+pub use common::within;
 
 /// Polls `cond` until it holds or `limit` passes; returns whether it held.
 pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -63,15 +45,8 @@ pub fn host_with(workers: usize, devices: usize, classes: SizeClasses, cap: usiz
 }
 
 #[cfg(feature = "testing")]
-pub fn faulty(workers: usize) -> (Pool, Arc<pinpool::testing::Faults>) {
-    let faults = Arc::new(pinpool::testing::Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(workers)
-        .build()
-        .unwrap();
-    (pool, faults)
-}
+#[allow(unused_imports)]
+pub use common::faulty;
 
 pub fn all_zero(buf: &[u8]) -> bool {
     buf.iter().all(|&b| b == 0)

@@ -40,3 +40,36 @@ pub fn resident_bytes() -> usize {
         .unwrap_or(0);
     pages * 4096
 }
+
+/// Runs `f` on its own thread; panics if it has not finished within
+/// `limit` (a hang fails the test instead of stalling the run).
+pub fn within<T: Send + 'static>(
+    limit: std::time::Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let out = f();
+        let _ = tx.send(());
+        out
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => worker.join().expect("the checked thread panicked"),
+        Err(_) if worker.is_finished() => worker.join().expect("the checked thread panicked"),
+        Err(_) => panic!("{what}: still running after {limit:?} (hung)"),
+    }
+}
+
+/// A pool on the fault-injecting backend with `workers` cleaner workers,
+/// and its faults.
+#[cfg(feature = "testing")]
+pub fn faulty(workers: usize) -> (Pool, std::sync::Arc<pinpool::testing::Faults>) {
+    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(workers)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
