@@ -37,6 +37,26 @@ fn cap_lowered_to_zero_racing_a_return_pools_nothing() {
     });
 }
 
+/// Two buffers taken; the cap is lowered to `cap` on another thread while
+/// the first comes back, then the second comes back. The statistics once
+/// everything has settled.
+fn lower_cap_racing_two_returns(cap: usize) -> pinpool::Stats {
+    let pool = pool(1);
+    let (a, b) = (pool.take(8), pool.take(8));
+    let lowerer = {
+        let pool = pool.clone();
+        thread::spawn(move || pool.set_max_pooled_bytes(cap))
+    };
+    drop(a);
+    pool.flush();
+    lowerer.join().unwrap();
+    drop(b);
+    pool.flush();
+    let stats = pool.stats();
+    pool.shutdown();
+    stats
+}
+
 /// A cap below one buffer's footprint (4 KiB) racing two returns.
 ///
 /// Catches: a buffer larger than the cap admitted on the fast path, or the
@@ -44,24 +64,12 @@ fn cap_lowered_to_zero_racing_a_return_pools_nothing() {
 #[test]
 fn cap_below_one_buffer_racing_returns_pools_nothing() {
     model(|| {
-        let pool = pool(1);
-        let (a, b) = (pool.take(8), pool.take(8));
-        let lowerer = {
-            let pool = pool.clone();
-            thread::spawn(move || pool.set_max_pooled_bytes(2048))
-        };
-        drop(a);
-        pool.flush();
-        lowerer.join().unwrap();
-        drop(b);
-        pool.flush();
-        let stats = pool.stats();
+        let stats = lower_cap_racing_two_returns(2048);
         assert_eq!(
             stats.pooled_buffers, 0,
             "a buffer larger than the cap was pooled: {stats:#?}"
         );
         assert_eq!(stats.pooled_bytes, 0, "accounting drifted");
-        pool.shutdown();
     });
 }
 
@@ -73,18 +81,7 @@ fn cap_below_one_buffer_racing_returns_pools_nothing() {
 #[test]
 fn cap_change_races_return() {
     model(|| {
-        let pool = pool(1);
-        let (a, b) = (pool.take(8), pool.take(8));
-        let lowerer = {
-            let pool = pool.clone();
-            thread::spawn(move || pool.set_max_pooled_bytes(4096))
-        };
-        drop(a);
-        pool.flush();
-        lowerer.join().unwrap();
-        drop(b);
-        pool.flush();
-        let stats = pool.stats();
+        let stats = lower_cap_racing_two_returns(4096);
         assert!(
             stats.pooled_bytes <= 4096,
             "{} bytes pooled over a 4096-byte cap",
@@ -95,6 +92,5 @@ fn cap_change_races_return() {
             stats.pooled_buffers * 4096,
             "accounting drifted"
         );
-        pool.shutdown();
     });
 }
