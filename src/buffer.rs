@@ -295,9 +295,10 @@ impl PinnedBuffer {
     /// reads it (copies from it may go on: both only read).
     #[inline]
     fn sync_host(&self) {
-        // Acquire pairs with the Release `fetch_or` in `copy_fence`; a
-        // copy into the buffer is recorded through `&mut self`, so none can
-        // be recorded while this `&self` borrow lives.
+        // Acquire pairs with the Release that set or cleared the bit (a
+        // copy into the buffer is recorded through `&mut self`, which ended
+        // before this `&self` borrow began; or another reader's wait): what
+        // that thread saw of the copies, this one sees.
         if self.copies_pending.load(Ordering::Acquire) & WRITES != 0 {
             self.wait_copies();
         }
@@ -311,19 +312,31 @@ impl PinnedBuffer {
         // borrow that ended before this one began (whatever handed the
         // buffer over ordered them), so the bits are current.
         if self.copies_pending.load(Ordering::Relaxed) != 0 {
-            self.wait_copies();
+            let fences = self.block.fences_mut();
+            if let Err(e) = fences.wait_copies() {
+                panic!("pinpool: waiting for a copy made through cudarc failed: {e}");
+            }
+            // Every copy has finished: their events go back to the spares,
+            // so a buffer used for many copies keeps no more events.
+            fences.retire_copies();
+            // Relaxed: `&mut self`, as above.
+            self.copies_pending.store(0, Ordering::Relaxed);
         }
     }
 
+    /// The shared-borrow wait: for the copies into the buffer only.
     #[cold]
     fn wait_copies(&self) {
         let fences = self.block.fences_locked();
         if let Err(e) = fences.wait_copies() {
             panic!("pinpool: waiting for a copy made through cudarc failed: {e}");
         }
-        // Under the fence lock: a copy recorded on another thread after the
-        // wait sets its bit again after this store.
-        self.copies_pending.store(0, Ordering::Release);
+        // Only the copies into the buffer are known to be done: a copy from
+        // it that another thread is setting up may have pushed its event
+        // before cudarc records it (so the wait above passed it), and its
+        // READS bit must stay for the next host write. Release pairs with
+        // the Acquire load in `sync_host`.
+        self.copies_pending.fetch_and(!WRITES, Ordering::Release);
     }
 
     /// What cudarc should do after the copy it is about to enqueue on

@@ -174,8 +174,8 @@ impl Fence {
 pub(crate) struct Fences {
     /// Fences still to wait on before reuse.
     pending: Vec<Fence>,
-    /// Events of copies made through cudarc since the last host access:
-    /// host access waits for these. Boxed, so that a borrow handed to
+    /// Events of copies made through cudarc since the last host write
+    /// access: host access waits for these. Boxed, so that a borrow handed to
     /// cudarc stays valid while the list grows.
     copies: Vec<Box<Event>>,
     /// Completed events kept for the next trip.
@@ -229,6 +229,17 @@ impl Fences {
     /// Waits for the copies made through cudarc (host access).
     pub(crate) fn wait_copies(&self) -> Result<(), Error> {
         self.copies.iter().try_for_each(|e| e.wait())
+    }
+
+    /// After [`wait_copies`](Self::wait_copies) returned: the events of
+    /// copies whose context tracks events become spares (those of a
+    /// context that stopped tracking stay, for [`seal`](Self::seal)).
+    pub(crate) fn retire_copies(&mut self) {
+        let (tracked, untracked): (Vec<_>, Vec<_>) = std::mem::take(&mut self.copies)
+            .into_iter()
+            .partition(|e| e.cudarc().context().is_event_tracking());
+        self.spares.extend(tracked);
+        self.copies = untracked;
     }
 
     /// Moves the copies made through cudarc to the fences the cleaner waits
