@@ -112,8 +112,14 @@ impl CudaBackend {
         Ok(Self { contexts })
     }
 
+    /// Binds the primary context of `device` (a device the pool serves;
+    /// `current_device` may name one it does not).
     fn bind(&self, device: usize) -> Result<Bound, Error> {
-        Bound::to(self.contexts[device].cu_ctx())
+        let ctx = self.contexts.get(device).ok_or(Error::UnknownDevice {
+            device,
+            devices: self.contexts.len(),
+        })?;
+        Bound::to(ctx.cu_ctx())
     }
 }
 
