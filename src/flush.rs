@@ -104,12 +104,15 @@ pub(crate) fn in_flight<'a>(counts: impl Iterator<Item = Counts<'a>>) -> u64 {
 }
 
 /// Drops counted in all caches, both parities (for the close-time count of
-/// buffers still out).
+/// buffers still out, exact once drops have stopped, and an activity
+/// hint).
 pub(crate) fn drops<'a>(counts: impl Iterator<Item = Counts<'a>>) -> u64 {
     counts
         .map(|(o, s)| {
             (0..2)
-                .map(|p| o.drops[p].load(Ordering::Acquire) + s.drops[p].load(Ordering::Acquire))
+                // Relaxed: a snapshot; the close reads it after its
+                // barrier and wait for drops under way, which order them.
+                .map(|p| o.drops[p].load(Ordering::Relaxed) + s.drops[p].load(Ordering::Relaxed))
                 .sum::<u64>()
         })
         .sum()

@@ -30,8 +30,9 @@ use crate::error::Error;
 pub(crate) trait Retire: Send + Sync {
     /// Whether the copies that may read `block` have finished (its fences
     /// completed, or for a pinned buffer without any, a device synchronize
-    /// that started after its drop). Never blocks: a synchronize it needs
-    /// runs elsewhere, and a later call sees it done.
+    /// that started after its drop). Does not block: a synchronize it needs
+    /// runs on a thread of its own, and a later call sees it done (if that
+    /// thread cannot be started, and under loom, it runs here).
     fn settled(&self, block: &mut Block) -> Result<bool, Error>;
     /// Unregisters and frees a buffer whose copies have finished.
     fn retire(&self, block: Block);
@@ -202,7 +203,7 @@ mod imp {
         reaper.handle(message);
         while reaper.poll() {
             drop(reaper);
-            loom::thread::yield_now();
+            crate::sync::thread::yield_now();
             reaper = REAPER.lock();
         }
     }

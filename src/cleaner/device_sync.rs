@@ -6,14 +6,18 @@
 //! *started* so far; the buffer may be reused once a synchronize numbered
 //! higher has *completed*, since that one started after the drop. One
 //! synchronize therefore covers every buffer dropped before it started, so
-//! a burst of event-less buffers costs one. Both the note and the numbering
-//! are SeqCst, so a synchronize that the note did not count started after
-//! the copies the dropping thread had enqueued. Copies issued outside the
-//! device's primary context are not covered: record events for those.
+//! a burst of event-less buffers costs one. The copies a dropping thread
+//! enqueued are driver calls, not atomics of ours, so the store-buffering
+//! pattern needs a SeqCst fence on each side: the drop fences after its
+//! copies and before reading the count, the synchronize after taking its
+//! number and before calling the driver. Either the note counts that
+//! synchronize, or the synchronize sees the copies enqueued. Copies issued
+//! outside the device's primary context are not covered: record events for
+//! those.
 
 use crate::backend::Backend;
 use crate::error::Error;
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{fence, AtomicU64, Mutex, Ordering};
 
 #[derive(Debug)]
 struct Device {
@@ -58,8 +62,11 @@ impl DeviceSyncs {
     /// The note a drop takes: synchronizes of `device` started so far.
     #[inline]
     pub(crate) fn started(&self, device: usize) -> u64 {
-        // SeqCst: see the module docs.
-        self.devices[device].started.load(Ordering::SeqCst)
+        // See the module docs: the fence orders the caller's copies before
+        // the read.
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence above.
+        self.devices[device].started.load(Ordering::Relaxed)
     }
 
     /// Whether a synchronize of `device` numbered above `note` has
@@ -121,9 +128,11 @@ impl DeviceSyncs {
         entry: &Device,
         done: &mut u64,
     ) -> Result<(), Error> {
-        // SeqCst: see the module docs. Synchronizes run one at a time per
-        // device (under `done`), so numbers complete in order.
-        let number = entry.started.fetch_add(1, Ordering::SeqCst) + 1;
+        // Relaxed, then the fence: see the module docs. Synchronizes run
+        // one at a time per device (under `done`), so numbers complete in
+        // order.
+        let number = entry.started.fetch_add(1, Ordering::Relaxed) + 1;
+        fence(Ordering::SeqCst);
         backend.synchronize(device)?;
         *done = number;
         // Release: see `settled`.

@@ -5,8 +5,10 @@
 //! - the work queue ([`Lanes`]): drops that a thread cache does not keep
 //!   arrive as [`Job`]s on the *recycle* lane (already registered, or never
 //!   to be) or the *register* lane (first registrations, milliseconds each),
-//!   whose backlog is bounded; worker 0 reads only the recycle lane, so a
-//!   burst of registrations never starves recycling;
+//!   whose backlog is bounded; worker 0 reads only the recycle lane (unless
+//!   it is the only worker), so a burst of registrations never starves
+//!   recycling, and the others take the register lane first one pop in
+//!   eight, so recycling never starves registrations;
 //! - [parking]: buffers whose fences have not completed wait there,
 //!   re-polled by idle workers, so one slow copy holds up nothing else;
 //! - [device synchronizes](device_sync) for pinned buffers dropped without
@@ -319,7 +321,8 @@ impl Cleaner {
 
     /// Takes a fresh buffer to pin and pool ahead of demand (`reserve`, or
     /// provisioning), counted in `home` (the orphan cache): it goes to its
-    /// shard, and is registered whatever the registration backlog.
+    /// shard. One that `reserve` asked for (`meta.reserved`) is registered
+    /// whatever the registration backlog; a provisioned one yields to it.
     pub(crate) fn submit_reserved(&self, home: &ThreadCache, block: Block, cap: usize) {
         self.submit_to(home, block, cap, true);
     }
@@ -412,16 +415,18 @@ impl Cleaner {
             return Ok(Late::Settled);
         }
         let late = &self.late_syncs[device];
+        // Acquire pairs with the Release store in `run_late_sync`: seeing
+        // the last synchronize over means seeing its failure, if any,
+        // recorded below.
+        if late.running.swap(true, Ordering::Acquire) {
+            return Ok(Late::Waiting);
+        }
         if let Some(e) = late.failed.lock().take() {
             // The synchronize this buffer may have waited for failed: its
             // copies are not known to have finished. Later buffers get a
-            // new one.
+            // new one. Release: as in `run_late_sync`.
+            late.running.store(false, Ordering::Release);
             return Err(e);
-        }
-        // AcqRel: Acquire pairs with the Release store in `run_late_sync`
-        // (seeing it idle means seeing its failure, if any, recorded).
-        if late.running.swap(true, Ordering::AcqRel) {
-            return Ok(Late::Waiting);
         }
         Ok(Late::NeedsSync(device, note))
     }

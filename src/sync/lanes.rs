@@ -75,12 +75,10 @@ mod imp {
             }
         }
 
-        /// The next stop signal or job, preferring stop, then the recycle
-        /// lane, and reading the register lane only if `register`; waits at
-        /// most `timeout` (forever if `None`).
-        /// The next job: from the recycle lane, and the register lane if
-        /// `register`, trying the register lane first if `register_first`
-        /// (workers alternate, so that neither lane starves the other).
+        /// The next stop signal or job: stop first, then the lanes, the
+        /// register lane only if `register` and first if `register_first`
+        /// (see `Cleaner::work`); waits at most `timeout` (forever if
+        /// `None`).
         pub(crate) fn pop(
             &self,
             register: bool,
