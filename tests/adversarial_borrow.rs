@@ -57,6 +57,10 @@ fn fine_sub_page_take_keeps_its_class_length() {
     drop(pool.take(4096));
     pool.flush();
     let buf = pool.take(2048);
+    assert!(
+        buf.was_pooled() && buf.capacity() == 4096,
+        "the idle 4096-byte buffer was borrowed"
+    );
     assert_eq!(
         buf.len(),
         2048,

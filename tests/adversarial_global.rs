@@ -71,7 +71,7 @@ fn global_free_functions() {
                     match i % 3 {
                         0 => pinpool::shutdown(),
                         1 => pinpool::clear(),
-                        _ => pinpool::set_max_pooled_bytes([0, 1 << 20, 64 << 20][i % 3]),
+                        _ => pinpool::set_max_pooled_bytes([0, 1 << 20, 64 << 20][(i / 3) % 3]),
                     }
                     i += 1;
                     std::thread::sleep(Duration::from_micros(300));

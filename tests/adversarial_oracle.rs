@@ -35,6 +35,8 @@ struct State {
     dropped: Mutex<HashMap<usize, u64>>,
     problems: Mutex<Vec<String>>,
     stop: AtomicBool,
+    /// Event-less buffers that came back and were checked.
+    checked: std::sync::atomic::AtomicU64,
 }
 
 impl State {
@@ -57,6 +59,7 @@ fn got(state: &State, faults: &Faults, buf: &PinnedBuffer) {
     let before = state.dropped.lock().unwrap().remove(&ptr);
     if let Some(c0) = before {
         if buf.was_pooled() && buf.is_pinned() {
+            state.checked.fetch_add(1, Ordering::Relaxed);
             let now = faults.synchronize_calls();
             if now <= c0 {
                 state.problem(format!(
@@ -195,6 +198,10 @@ fn eventless_reuse_waits_for_a_later_sync_under_load() {
         faults.registered() == faults.unregistered()
     });
     assert!(problems.is_empty(), "{problems:#?}");
+    assert!(
+        state.checked.load(Ordering::Relaxed) > 0,
+        "no event-less buffer came back: the oracle checked nothing"
+    );
     assert!(
         balanced,
         "registered {} unregistered {} (leaked bytes {leaked})",
