@@ -17,6 +17,15 @@
 //! is still page-locked is never unmapped: dropping one leaks its mapping
 //! (and says so), and [`Block::leak`] does it on purpose for memory whose
 //! copies are not known to have finished.
+//!
+//! Buffers shorter than a page are carved from a one-page [`Slab`] instead
+//! of having a mapping each: a miss maps the slab and hands out its first
+//! buffer, the *head*; the head's first trip through the cleaner registers
+//! the whole slab (one call) and carves the rest of it into *siblings*,
+//! ready and pinned, so a 1 KiB buffer pins 1 KiB and no buffer spans two
+//! registrations. Each block holds a share of its slab; the last share
+//! freed unregisters and unmaps it, so a slab goes back to the OS once all
+//! of its buffers have been freed (evicted, trimmed or cleared).
 
 use std::ptr::NonNull;
 use std::time::Instant;
@@ -26,6 +35,7 @@ use crate::fence::Fences;
 use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
 use crate::sync::tune::CHUNK;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
@@ -77,8 +87,122 @@ pub(crate) struct Meta {
     pub(crate) ready_since: Option<Instant>,
     /// The next entry of the remote list this block is on.
     pub(crate) next: *mut Meta,
+    /// The slab a sub-page block was carved from (the block holds one
+    /// share of it).
+    slab: Option<NonNull<Slab>>,
+    /// Siblings the head of a slab has still to carve (0 once carved).
+    uncarved: usize,
     contents: Contents,
     _track: Track,
+}
+
+/// A page-aligned mapping that sub-page blocks are carved from; see the
+/// module docs. Boxed and shared by raw pointer, its shares counted in
+/// `shares` (as an `Arc` counts, but the last share must unregister the
+/// slab through the backend before unmapping it, which a `Drop` cannot).
+#[derive(Debug)]
+pub(crate) struct Slab {
+    base: NonNull<u8>,
+    /// The bytes registered: the whole slab.
+    len: usize,
+    /// The bytes mapped: `len` rounded up to pages.
+    mapped: usize,
+    /// Blocks carved from the slab and not freed.
+    shares: AtomicUsize,
+    /// Whether the slab is registered. Written by the head's owner before
+    /// any sibling exists, and read by the holder of the last share; both
+    /// reach it through block handoffs and the AcqRel count of `shares`.
+    pinned: AtomicBool,
+    _track: Track,
+}
+
+impl Slab {
+    /// Gives up one share of `slab`: `Some` for the last one, whose holder
+    /// now owns the slab.
+    ///
+    /// # Safety
+    /// The caller holds a share of `slab`, which it gives up.
+    unsafe fn release_share(slab: NonNull<Slab>) -> Option<LastShare> {
+        // SAFETY: a share keeps the slab alive.
+        let shares = unsafe { &slab.as_ref().shares };
+        // AcqRel, as `Arc`'s drop: Release publishes this share's last use
+        // of the slab's memory (a sibling's bytes, its registration) to the
+        // last holder, whose Acquire sees every other share's before it
+        // unregisters and unmaps.
+        (shares.fetch_sub(1, Ordering::AcqRel) == 1).then_some(LastShare(slab))
+    }
+}
+
+/// The last share of a slab: its holder unregisters the slab if
+/// [`registered`](Self::registered), then frees or leaks it.
+#[derive(Debug)]
+pub(crate) struct LastShare(NonNull<Slab>);
+
+// SAFETY: the last share owns the slab exclusively.
+unsafe impl Send for LastShare {}
+
+impl LastShare {
+    fn slab(&self) -> &Slab {
+        // SAFETY: the last share owns the live slab.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The base pointer the slab was registered with.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.slab().base.as_ptr()
+    }
+
+    /// The bytes the slab pins while registered.
+    pub(crate) fn len(&self) -> usize {
+        self.slab().len
+    }
+
+    /// Whether the slab is still registered.
+    pub(crate) fn registered(&self) -> bool {
+        // Relaxed: see `Slab::pinned`.
+        self.slab().pinned.load(Ordering::Relaxed)
+    }
+
+    /// Marks the slab unregistered, after its holder unregistered it.
+    pub(crate) fn set_unregistered(&self) {
+        self.slab().pinned.store(false, Ordering::Relaxed);
+    }
+
+    /// Unmaps the slab, or leaks its mapping if it is still registered.
+    pub(crate) fn free(self) {
+        // SAFETY: the last share owns the slab box, made by `Box::leak`.
+        let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
+        if slab.pinned.load(Ordering::Relaxed) {
+            tracing::error!(
+                bytes = slab.len,
+                "pinpool: a pinned slab was freed without unregistering; leaking it"
+            );
+            return;
+        }
+        // SAFETY: `base` starts a mapping of `mapped` bytes made by `map`
+        // for this slab, and no block of it is left.
+        let rc = unsafe { libc::munmap(slab.base.as_ptr().cast(), slab.mapped) };
+        if rc != 0 {
+            tracing::error!(error = %std::io::Error::last_os_error(), "pinpool: munmap failed");
+        }
+    }
+
+    /// Forgets the slab: it stays mapped, and registered if it was.
+    pub(crate) fn leak(self) {
+        // SAFETY: as in `free`; the mapping is not touched.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
+/// What [`Block::unpin`] leaves to its caller.
+#[derive(Debug)]
+pub(crate) enum Unpin {
+    /// A block with a registration of its own: unregister it.
+    Alone(Block),
+    /// A slab block whose slab other blocks still hold: nothing to do.
+    Shared,
+    /// The slab's last block: unregister the slab.
+    Last(LastShare),
 }
 
 impl Meta {
@@ -111,32 +235,15 @@ unsafe impl Send for Block {}
 // written only through `&mut self` or by a cleaner worker that owns the block.
 unsafe impl Sync for Block {}
 
-impl Block {
-    /// Maps a fresh, zeroed, unpinned block of `class` for `device`, its
-    /// pages to be allocated on NUMA `node` if given.
-    pub(crate) fn allocate(
-        classes: &Classes,
+impl Meta {
+    fn new(
+        ptr: NonNull<u8>,
+        len: usize,
+        footprint: usize,
         class: SizeClass,
         device: usize,
-        node: Option<u32>,
-    ) -> Result<Self, Error> {
-        let footprint = classes.footprint(class);
-        let len = classes.size(class);
-        let ptr = if footprint >= huge_page_size() {
-            map_huge(footprint)?
-        } else {
-            map(footprint)?
-        };
-        if let Some(node) = node {
-            // Before any page is touched, so that every fault (the caller's
-            // writes, a cleaner's pre-fault, the driver pinning) lands on
-            // the node. A failure leaves the kernel's default placement:
-            // slower copies, never a lost buffer.
-            if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), footprint, node) {
-                tracing::debug!(node, %error, "pinpool: a block could not be bound to its NUMA node");
-            }
-        }
-        let meta = Box::new(Meta {
+    ) -> Self {
+        Meta {
             ptr,
             len,
             footprint,
@@ -152,12 +259,155 @@ impl Block {
             reserved: false,
             ready_since: None,
             next: std::ptr::null_mut(),
+            slab: None,
+            uncarved: 0,
             contents: Contents::new(len.div_ceil(CHUNK)),
             _track: Track::new(),
-        });
+        }
+    }
+}
+
+impl Block {
+    /// Maps a fresh, zeroed, unpinned block of `class` for `device`, its
+    /// pages to be allocated on NUMA `node` if given. A sub-page class's
+    /// block is the head of a new slab, to be carved whole.
+    pub(crate) fn allocate(
+        classes: &Classes,
+        class: SizeClass,
+        device: usize,
+        node: Option<u32>,
+    ) -> Result<Self, Error> {
+        Self::allocate_for(classes, class, device, node, usize::MAX)
+    }
+
+    /// As [`allocate`](Self::allocate), but the head of a slab carves it
+    /// into at most `buffers` blocks, itself included (`buffers >= 1`).
+    pub(crate) fn allocate_for(
+        classes: &Classes,
+        class: SizeClass,
+        device: usize,
+        node: Option<u32>,
+        buffers: usize,
+    ) -> Result<Self, Error> {
+        let footprint = classes.footprint(class);
+        let len = classes.size(class);
+        let per_slab = classes.per_slab(class);
+        let mapped = if per_slab > 1 {
+            classes.slab_bytes().next_multiple_of(page_size())
+        } else {
+            footprint
+        };
+        let ptr = if mapped >= huge_page_size() {
+            map_huge(mapped)?
+        } else {
+            map(mapped)?
+        };
+        if let Some(node) = node {
+            // Before any page is touched, so that every fault (the caller's
+            // writes, a cleaner's pre-fault, the driver pinning) lands on
+            // the node. A failure leaves the kernel's default placement:
+            // slower copies, never a lost buffer.
+            if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), mapped, node) {
+                tracing::debug!(node, %error, "pinpool: a block could not be bound to its NUMA node");
+            }
+        }
+        let mut meta = Box::new(Meta::new(ptr, len, footprint, class, device));
+        if per_slab > 1 {
+            let slab = Box::new(Slab {
+                base: ptr,
+                len: classes.slab_bytes(),
+                mapped,
+                shares: AtomicUsize::new(1),
+                pinned: AtomicBool::new(false),
+                _track: Track::new(),
+            });
+            meta.slab = Some(NonNull::from(Box::leak(slab)));
+            meta.uncarved = per_slab.min(buffers.max(1)) - 1;
+        }
         Ok(Self {
             meta: NonNull::from(Box::leak(meta)),
         })
+    }
+
+    /// The range a registration of this block page-locks: its own mapping,
+    /// or its whole slab.
+    pub(crate) fn region(&self) -> (*mut u8, usize) {
+        match self.meta().slab {
+            // SAFETY: the block holds a share of its slab.
+            Some(slab) => unsafe {
+                let slab = slab.as_ref();
+                (slab.base.as_ptr(), slab.len)
+            },
+            None => (self.as_ptr(), self.footprint()),
+        }
+    }
+
+    /// Marks the block pinned after its [`region`](Self::region) was
+    /// registered, and, for the head of a slab, the slab with it.
+    pub(crate) fn set_registered(&mut self) {
+        let meta = self.meta_mut();
+        meta.pinned = true;
+        if let Some(slab) = meta.slab {
+            // SAFETY: the block holds a share of its slab. Relaxed: see
+            // `Slab::pinned`.
+            unsafe { slab.as_ref() }
+                .pinned
+                .store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The head of a slab, on its first trip through the cleaner (after the
+    /// slab's registration, when the pool pins): carves the rest of the
+    /// slab into zeroed siblings, pinned as the head is. Empty for any
+    /// other block.
+    pub(crate) fn carve(&mut self) -> Vec<Block> {
+        let meta = self.meta_mut();
+        let count = std::mem::take(&mut meta.uncarved);
+        let Some(slab) = meta.slab.filter(|_| count > 0) else {
+            return Vec::new();
+        };
+        // SAFETY: the head holds a share of its slab. Relaxed, as `Arc`'s
+        // clone: a new share made from one held needs no ordering.
+        unsafe { slab.as_ref() }
+            .shares
+            .fetch_add(count, Ordering::Relaxed);
+        let (len, footprint, class, device) = (meta.len, meta.footprint, meta.class, meta.device);
+        let (pinned, reserved) = (meta.pinned, meta.reserved);
+        let base = meta.ptr.as_ptr();
+        (1..=count)
+            .map(|i| {
+                // SAFETY: the slab holds `per_slab > count` footprints, so
+                // the `i`-th lies inside its mapping; nobody has written it
+                // (the head's bytes come first), so it is zero.
+                let ptr = unsafe { NonNull::new_unchecked(base.add(i * footprint)) };
+                let mut sibling =
+                    Box::new(Meta::new(ptr, len, footprint, class, usize::from(device)));
+                sibling.pinned = pinned;
+                sibling.reserved = reserved;
+                sibling.dirty = 0;
+                sibling.slab = Some(slab);
+                Block {
+                    meta: NonNull::from(Box::leak(sibling)),
+                }
+            })
+            .collect()
+    }
+
+    /// Gives up the block after its copies have finished, for its caller to
+    /// unregister what it pinned (see [`Unpin`]).
+    pub(crate) fn unpin(self) -> Unpin {
+        let Some(slab) = self.meta().slab else {
+            return Unpin::Alone(self);
+        };
+        let meta = self.into_raw();
+        // SAFETY: from `into_raw` above, owned by nobody else; the mapping
+        // is the slab's, freed with it.
+        drop(unsafe { Box::from_raw(meta) });
+        // SAFETY: the block held a share, given up here.
+        match unsafe { Slab::release_share(slab) } {
+            Some(last) => Unpin::Last(last),
+            None => Unpin::Shared,
+        }
     }
 
     #[inline]
@@ -291,7 +541,8 @@ impl Block {
     }
 
     /// Forgets the mapping (it stays mapped, and registered if it was) and
-    /// drops the metadata: for memory that a copy may still be reading.
+    /// drops the metadata: for memory that a copy may still be reading. A
+    /// slab block keeps its share, so the slab is never freed either.
     pub(crate) fn leak(self) {
         let meta = self.into_raw();
         // SAFETY: from `into_raw` above, owned by nobody else.
@@ -310,6 +561,13 @@ impl Drop for Block {
                 bytes = meta.footprint,
                 "pinpool: a pinned block was dropped without unregistering; leaking it"
             );
+            return;
+        }
+        if let Some(slab) = meta.slab {
+            // SAFETY: the block held a share, given up here.
+            if let Some(last) = unsafe { Slab::release_share(slab) } {
+                last.free();
+            }
             return;
         }
         // SAFETY: `ptr` is the start of a mapping of `footprint` bytes made

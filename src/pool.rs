@@ -336,14 +336,19 @@ impl Shared {
             return Err(Error::ReserveTooLarge { bytes, cap });
         }
         let mut blocks = Vec::new();
-        for (class, count) in plan {
-            for _ in 0..count {
-                let mut block =
-                    Block::allocate(classes, class, device, this.shards[device].node())?;
+        for (class, mut count) in plan {
+            let node = this.shards[device].node();
+            // A sub-page class's block is the head of a slab that its
+            // registration carves into up to `per_slab` buffers.
+            let per_slab = classes.per_slab(class);
+            while count > 0 {
+                let buffers = count.min(per_slab);
+                let mut block = Block::allocate_for(classes, class, device, node, buffers)?;
                 let meta = block.meta_mut();
                 meta.dirty = 0;
                 meta.reserved = true;
                 blocks.push(block);
+                count -= buffers;
             }
         }
         Self::start_cleaner(this);

@@ -162,16 +162,22 @@ impl Provisioner {
                         .iter()
                         .map(|c| u64::from(c.ready_in(slot)))
                         .sum::<u64>();
-                let short = mark.peak.saturating_sub(in_use[slot] + ready);
+                let mut short = mark.peak.saturating_sub(in_use[slot] + ready);
                 let footprint = classes.footprint(class);
-                for _ in 0..short {
-                    if footprint > room {
+                // A sub-page class's block is the head of a slab, which its
+                // registration carves into up to `per_slab` buffers.
+                let per_slab = classes.per_slab(class) as u64;
+                while short > 0 {
+                    let buffers = short.min(per_slab) as usize;
+                    if footprint * buffers > room {
                         break;
                     }
-                    match Block::allocate(classes, class, device, at.shards[device].node()) {
+                    let node = at.shards[device].node();
+                    match Block::allocate_for(classes, class, device, node, buffers) {
                         Ok(mut block) => {
                             block.meta_mut().dirty = 0;
-                            room -= footprint;
+                            room -= footprint * buffers;
+                            short -= buffers as u64;
                             plan.provision.push(block);
                         }
                         Err(e) => {

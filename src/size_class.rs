@@ -10,13 +10,15 @@
 //! the classes of one device and all devices are laid out as *slots*
 //! (`device * classes + class`, see [`Classes::slot`]).
 //!
-//! Every buffer owns whole pages, because page-locking works on pages and
-//! two buffers sharing a page could not be registered separately; the bytes
-//! it occupies, its *footprint*, are its length rounded up to pages, and the
-//! cap counts footprints.
+//! A buffer of at least one page owns whole pages, because page-locking
+//! works on pages and two buffers sharing a page could not be registered
+//! separately: its *footprint*, the bytes it occupies, is its length rounded
+//! up to pages. Shorter buffers are carved from one-page *slabs* registered
+//! once (see `alloc`): their footprint is their length rounded up to 256
+//! bytes, so a 1 KiB buffer occupies 1 KiB. The cap counts footprints.
 
 use crate::error::Error;
-use crate::sync::tune::MAX_SHIFT;
+use crate::sync::tune::{MAX_SHIFT, SLAB_BYTES, SLAB_GRANULE};
 use crate::sync::OnceLock;
 
 /// The system's page size.
@@ -131,6 +133,9 @@ impl SizeClass {
 pub(crate) struct Classes {
     kind: SizeClasses,
     page_shift: u32,
+    /// The bytes of one slab; classes shorter than it are carved from
+    /// slabs.
+    slab: usize,
     sizes: Box<[usize]>,
     footprints: Box<[usize]>,
 }
@@ -154,9 +159,11 @@ impl Classes {
             SizeClasses::Fine if MAX_SHIFT <= page_shift => MAX_SHIFT as usize + 1,
             SizeClasses::Fine => (page_shift + 1 + (MAX_SHIFT - page_shift) * 8) as usize,
         };
+        let slab = SLAB_BYTES.unwrap_or(page);
         let mut table = Self {
             kind,
             page_shift,
+            slab,
             sizes: Box::new([]),
             footprints: Box::new([]),
         };
@@ -164,7 +171,13 @@ impl Classes {
         table.footprints = table
             .sizes
             .iter()
-            .map(|&s| s.next_multiple_of(page))
+            .map(|&s| {
+                if s < slab {
+                    s.next_multiple_of(SLAB_GRANULE)
+                } else {
+                    s.next_multiple_of(page)
+                }
+            })
             .collect();
         table
     }
@@ -220,10 +233,26 @@ impl Classes {
         self.sizes[class.index()]
     }
 
-    /// The bytes a buffer of `class` occupies (and pins): whole pages.
+    /// The bytes a buffer of `class` occupies (and pins): whole pages, or
+    /// its share of a slab.
     #[inline]
     pub(crate) fn footprint(&self, class: SizeClass) -> usize {
         self.footprints[class.index()]
+    }
+
+    /// How many buffers of `class` one slab holds: 1 for a class that is
+    /// not carved from slabs.
+    pub(crate) fn per_slab(&self, class: SizeClass) -> usize {
+        if self.size(class) < self.slab {
+            self.slab / self.footprint(class)
+        } else {
+            1
+        }
+    }
+
+    /// The bytes of one slab (see `alloc`).
+    pub(crate) fn slab_bytes(&self) -> usize {
+        self.slab
     }
 
     /// The larger classes a take of `class` may borrow from: those at most
@@ -262,7 +291,26 @@ mod tests {
         }
         assert_eq!(c.size(c.class_for(MAX_CLASS_SIZE).unwrap()), MAX_CLASS_SIZE);
         assert!(c.class_for(MAX_CLASS_SIZE + 1).is_err());
-        assert_eq!(c.footprint(c.class_for(3).unwrap()), 4096);
+        assert_eq!(c.footprint(c.class_for(5000).unwrap()), 8192);
+    }
+
+    #[test]
+    fn sub_page_classes_share_slabs() {
+        let c = fine();
+        for (min, footprint, per_slab) in [
+            (3, 256, 16),
+            (256, 256, 16),
+            (300, 512, 8),
+            (1024, 1024, 4),
+            (2048, 2048, 2),
+            (4096, 4096, 1),
+            (5000, 5120usize.next_multiple_of(4096), 1),
+        ] {
+            let k = c.class_for(min).unwrap();
+            assert_eq!(c.footprint(k), footprint, "footprint of {min}");
+            assert_eq!(c.per_slab(k), per_slab, "per slab of {min}");
+        }
+        assert_eq!(c.slab_bytes(), 4096);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! | `shutdown::close_races_a_drop` | a remote drop without the fence of its handshake with `close` | a buffer leaked (loom's leak check) |
 //! | `cleaner::chunked_buffer_is_completed_once` | the chunk countdown with Relaxed instead of AcqRel | causality violation on the buffer's bytes |
 //! | `cleaner::miss_buffer_is_registered_once_and_unregistered_at_shutdown` | release without unregistering | shutdown left it registered |
+//! | `cleaner::a_slab_is_unregistered_once_after_both_of_its_buffers` | a slab's share count decremented by a load and a store | the slab was not unregistered (0 calls) |
 //! | `cleaner::event_less_pinned_buffers_wait_for_a_later_synchronize` | no device synchronize for event-less pinned buffers | unregistered before a synchronize |
 //!
 //! Two mutations went unnoticed, both equivalent: `shutdown_races_drop_and_flush`

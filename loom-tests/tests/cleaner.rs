@@ -84,3 +84,41 @@ fn event_less_pinned_buffers_wait_for_a_later_synchronize() {
         pool.shutdown();
     });
 }
+
+/// The two buffers of one slab (loom's slabs hold two 1-byte buffers) are
+/// freed on two threads at once: one evicted by a cap lowered to 0, the
+/// other released by the worker when it comes back under that cap.
+///
+/// Catches: a slab share count that loses an update (neither release sees
+/// itself last: the slab stays registered, and loom reports it leaked) or
+/// lets both see themselves last (unregistered twice). Three threads and a
+/// device synchronize make it large; one preemption keeps it short.
+#[test]
+fn a_slab_is_unregistered_once_after_both_of_its_buffers() {
+    model_bounded(Some(1), || {
+        let (pool, faults) = pinning_pool(1);
+        drop(pool.take(1));
+        pool.flush();
+        assert_eq!(pool.stats().pooled_buffers, 2, "the slab was not carved");
+        let buf = pool.take(1);
+        assert!(buf.was_pooled() && buf.is_pinned());
+        let dropper = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                drop(buf);
+                pool.flush();
+            })
+        };
+        pool.set_max_pooled_bytes(0);
+        dropper.join().unwrap();
+        pool.flush();
+        assert_eq!(faults.registered(), 1, "the slab was registered again");
+        assert_eq!(
+            faults.unregistered(),
+            1,
+            "the slab was not unregistered once"
+        );
+        assert_eq!(pool.stats().pinned_bytes, 0);
+        pool.shutdown();
+    });
+}

@@ -34,7 +34,7 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block};
+use crate::alloc::{clean_range, Block, Unpin};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -719,7 +719,8 @@ impl Cleaner {
         }
     }
 
-    /// Registers the buffer on its first cycle, then admits it.
+    /// Registers the buffer on its first cycle (the whole slab, for the
+    /// head of one, whose siblings are carved then), then admits it.
     fn finish(&self, env: Env<'_>, mut returned: Returned) {
         let counters = env.counters();
         let pins = self.pins;
@@ -727,32 +728,27 @@ impl Cleaner {
         block.meta_mut().dirty = 0;
         if pins && !block.is_pinned() {
             let started = Instant::now();
-            // SAFETY: the block is a live mapping that stays mapped until it
-            // is unregistered in `release`.
-            let registered = unsafe {
-                env.backend
-                    .register(block.device(), block.as_ptr(), block.footprint())
-            };
+            let (base, len) = block.region();
+            // SAFETY: the region is a live mapping that stays mapped until
+            // it is unregistered in `release`.
+            let registered = unsafe { env.backend.register(block.device(), base, len) };
             match registered {
                 Ok(()) => {
-                    block.set_pinned(true);
+                    block.set_registered();
                     let took = started.elapsed();
-                    counters.registered(block.footprint() as u64);
+                    counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
-                    tracing::debug!(
-                        bytes = block.footprint(),
-                        ?took,
-                        "pinpool: registered a buffer"
-                    );
+                    tracing::debug!(bytes = len, ?took, "pinpool: registered a buffer");
                 }
                 Err(e) => {
                     Counters::add(&counters.registration_failures, 1);
-                    tracing::warn!(error = %e, bytes = block.footprint(), "pinpool: registration failed; freeing the buffer");
+                    tracing::warn!(error = %e, bytes = len, "pinpool: registration failed; freeing the buffer");
                     self.release_returned(env, returned);
                     return;
                 }
             }
         }
+        let siblings = block.carve();
         if let Some(at) = block.meta_mut().dropped_at.take() {
             counters.record_ready(at.elapsed());
         }
@@ -761,14 +757,19 @@ impl Cleaner {
         meta.returned = false;
         let parity = usize::from(meta.parity);
         let (home, to_shard) = (returned.home, returned.to_shard);
+        let returned_home = home;
         let block = returned.into_block();
         // SAFETY: see `Returned`'s `Send` impl.
         let home = unsafe { home.as_ref() };
-        let evicted = env
-            .admission
-            .admit(env.places, block, (!to_shard).then_some(home));
+        let home = (!to_shard).then_some(home);
+        for sibling in siblings {
+            let evicted = env.admission.admit(env.places, sibling, home);
+            release_all(env, evicted);
+        }
+        let evicted = env.admission.admit(env.places, block, home);
         release_all(env, evicted);
-        home.complete(parity, false);
+        // SAFETY: see `Returned`'s `Send` impl.
+        unsafe { returned_home.as_ref() }.complete(parity, false);
     }
 
     /// Frees a quiescent returned buffer and counts its completion.
@@ -884,24 +885,50 @@ impl Cleaner {
 pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
     block.fences_mut().release();
     Counters::add(&counters.released, 1);
-    if block.is_pinned() {
-        // SAFETY: the block was registered by this backend, and every caller
-        // knows its copies have finished (ready, or fences done).
-        match unsafe { backend.unregister(block.device(), block.as_ptr()) } {
-            Ok(()) => {
-                block.set_pinned(false);
-                Counters::add(&counters.unregistered_bytes, block.footprint() as u64);
-            }
-            Err(e) => {
-                Counters::add(&counters.unregister_failures, 1);
-                Counters::add(&counters.leaked_bytes, block.footprint() as u64);
-                tracing::error!(error = %e, bytes = block.footprint(), "pinpool: unregistering failed; leaking the buffer");
-                block.leak();
-                return;
+    if !block.is_pinned() {
+        drop(block);
+        return;
+    }
+    let device = block.device();
+    match block.unpin() {
+        Unpin::Alone(mut block) => {
+            // SAFETY: the block was registered by this backend, and every
+            // caller knows its copies have finished (ready, or fences done).
+            match unsafe { backend.unregister(device, block.as_ptr()) } {
+                Ok(()) => {
+                    block.set_pinned(false);
+                    Counters::add(&counters.unregistered_bytes, block.footprint() as u64);
+                    drop(block);
+                }
+                Err(e) => {
+                    Counters::add(&counters.unregister_failures, 1);
+                    Counters::add(&counters.leaked_bytes, block.footprint() as u64);
+                    tracing::error!(error = %e, bytes = block.footprint(), "pinpool: unregistering failed; leaking the buffer");
+                    block.leak();
+                }
             }
         }
+        // Other buffers of the slab are live: it stays registered.
+        Unpin::Shared => {}
+        Unpin::Last(slab) if slab.registered() => {
+            // SAFETY: the slab was registered by this backend at its base,
+            // and no buffer of it is left, so no copy from it is in flight.
+            match unsafe { backend.unregister(device, slab.base()) } {
+                Ok(()) => {
+                    slab.set_unregistered();
+                    Counters::add(&counters.unregistered_bytes, slab.len() as u64);
+                    slab.free();
+                }
+                Err(e) => {
+                    Counters::add(&counters.unregister_failures, 1);
+                    Counters::add(&counters.leaked_bytes, slab.len() as u64);
+                    tracing::error!(error = %e, bytes = slab.len(), "pinpool: unregistering a slab failed; leaking it");
+                    slab.leak();
+                }
+            }
+        }
+        Unpin::Last(slab) => slab.free(),
     }
-    drop(block);
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).

@@ -12,6 +12,22 @@ pub(crate) const CHUNK: usize = 4 << 20;
 #[cfg(all(loom, feature = "loom"))]
 pub(crate) const CHUNK: usize = 2;
 
+/// Buffers shorter than a slab are carved from slabs (see `alloc`); each
+/// occupies its length rounded up to this many bytes, so one slab holds at
+/// most `slab / SLAB_GRANULE` of them: 16 on 4 KiB pages.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const SLAB_GRANULE: usize = 256;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const SLAB_GRANULE: usize = 2;
+
+/// The bytes of one slab: `None` for one page. Loom models carve 4-byte
+/// slabs into two buffers, and only of the 1- and 2-byte classes, so the
+/// models of other paths keep one mapping per buffer.
+#[cfg(not(all(loom, feature = "loom")))]
+pub(crate) const SLAB_BYTES: Option<usize> = None;
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) const SLAB_BYTES: Option<usize> = Some(4);
+
 /// The largest size class is `1 << MAX_SHIFT` bytes.
 #[cfg(not(all(loom, feature = "loom")))]
 pub(crate) const MAX_SHIFT: u32 = 40;
