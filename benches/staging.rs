@@ -8,6 +8,11 @@
 //! - `pinpool-raw`: a raw `cuMemcpyHtoDAsync` and `record_last_use`;
 //! - `hand-written`: the baseline, two fixed `cuMemHostAlloc` buffers per
 //!   thread with one reused event each, synchronized before reuse;
+//! - `hand-cudarc`: the same loop copying through cudarc's `memcpy_htod`
+//!   (its host slice records the loop's reused event), the baseline of the
+//!   cudarc path: cudarc adds its own work per copy (binding the context,
+//!   waiting for and recording the destination slice's events), which
+//!   neither pinpool nor the raw loops pay;
 //! - `cross-thread`: pinpool, taken on one thread and copied and dropped on
 //!   another (pairs of threads; the figure counts buffers).
 //!
@@ -22,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, HostSlice, SyncOnDrop};
 use pinpool::{BackendKind, Pool};
 
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
@@ -211,6 +216,65 @@ fn cross_thread(
     })
 }
 
+/// A `cuMemHostAlloc` buffer whose copies through cudarc record `event`.
+struct HandPinned {
+    ptr: *mut u8,
+    len: usize,
+    event: CudaEvent,
+}
+
+impl HostSlice<u8> for HandPinned {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn stream_synced_slice<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (&'a [u8], SyncOnDrop<'a>) {
+        // SAFETY: `ptr` holds `len` bytes for the buffer's life; the loop
+        // writes it only after `event` (recorded after the copy) completed.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        (bytes, SyncOnDrop::Record(Some((&self.event, stream))))
+    }
+
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (&'a mut [u8], SyncOnDrop<'a>) {
+        // SAFETY: as above, and `&mut self` makes the access exclusive.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) };
+        (bytes, SyncOnDrop::Record(Some((&self.event, stream))))
+    }
+}
+
+fn hand_cudarc(ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
+    let mut lane = Lane::new(ctx, size);
+    let bufs: Vec<HandPinned> = (0..2)
+        .map(|_| HandPinned {
+            // SAFETY: a context is bound (see `Lane::new`); freed below.
+            ptr: unsafe { result::malloc_host(size, 0) }.unwrap() as *mut u8,
+            len: size,
+            event: ctx.new_event(None).unwrap(),
+        })
+        .collect();
+    let mut ops = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let buf = &bufs[(ops % 2) as usize];
+        buf.event.synchronize().unwrap();
+        // SAFETY: the buffer's last copy has completed (its event above).
+        unsafe { std::ptr::write_bytes(buf.ptr, 1, 64) };
+        lane.stream.memcpy_htod(buf, &mut lane.dst).unwrap();
+        ops += 1;
+    }
+    lane.stream.synchronize().unwrap();
+    for buf in bufs {
+        // SAFETY: no copy is in flight (the stream was synchronized).
+        unsafe { result::free_host(buf.ptr.cast()) }.unwrap();
+    }
+    ops
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         // `cargo test` runs bench targets with no arguments: nothing to do.
@@ -238,7 +302,7 @@ fn main() {
         let warm: Vec<_> = (0..64).map(|_| pool.take(size)).collect();
         drop(warm);
         pool.flush();
-        println!("\n{label}: threads | pinpool-cudarc | pinpool-raw | hand-written | cross-thread | cudarc/hand | raw/hand");
+        println!("\n{label}: threads | pinpool-cudarc | pinpool-raw | hand-written | hand-cudarc | cross-thread | cudarc/hand | raw/hand | cudarc/hand-cudarc");
         for threads in THREADS {
             let measure = |f: &dyn Fn() -> f64| median((0..reps).map(|_| f()).collect()) / 1e6;
             let cudarc_path = measure(&|| {
@@ -252,11 +316,13 @@ fn main() {
                 })
             });
             let hand = measure(&|| run(threads, secs, |_, stop| hand_written(&ctx, size, stop)));
+            let hand_cu = measure(&|| run(threads, secs, |_, stop| hand_cudarc(&ctx, size, stop)));
             let cross = measure(&|| cross_thread(&pool, &ctx, size, threads, secs));
             println!(
-                "{label}: {threads:>7} | {cudarc_path:>14.4} | {raw:>11.4} | {hand:>12.4} | {cross:>12.4} | {:>11.3} | {:>8.3}",
+                "{label}: {threads:>7} | {cudarc_path:>14.4} | {raw:>11.4} | {hand:>12.4} | {hand_cu:>11.4} | {cross:>12.4} | {:>11.3} | {:>8.3} | {:>18.3}",
                 cudarc_path / hand,
-                raw / hand
+                raw / hand,
+                cudarc_path / hand_cu
             );
         }
         pool.flush();
