@@ -539,3 +539,53 @@ fn pool_calls_leave_the_current_context_alone() {
     // SAFETY: created above; nothing uses it any more.
     unsafe { sys::cuCtxDestroy_v2(own) }.result().unwrap();
 }
+
+/// Four 1 KiB buffers carved from one registered page: each is page-locked,
+/// copies its own bytes (not a neighbour's), and comes back zeroed; one
+/// page is pinned for all four, and unpinned at shutdown.
+#[test]
+#[ignore = "needs a GPU"]
+fn sub_page_buffers_share_a_registered_page() {
+    const SIZE: usize = 1024;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    drop(pool.take(SIZE));
+    pool.flush();
+    let page = pool.stats().pinned_bytes as usize;
+    assert!(page >= 4096 && page.is_power_of_two(), "pinned {page}");
+    let count = page / SIZE;
+    let mut bufs: Vec<_> = (0..count).map(|_| pool.take(SIZE)).collect();
+    let mut dsts: Vec<_> = (0..count)
+        .map(|_| stream.alloc_zeros::<u8>(SIZE).unwrap())
+        .collect();
+    stream.synchronize().unwrap();
+    for (i, (buf, dst)) in bufs.iter_mut().zip(&mut dsts).enumerate() {
+        assert!(buf.was_pooled() && buf.is_pinned(), "buffer {i}");
+        let mut flags = 0;
+        // SAFETY: valid out-pointer; `buf` is live.
+        unsafe { sys::cuMemHostGetFlags(&mut flags, buf.as_ptr() as *mut c_void) }
+            .result()
+            .expect("the driver knows a carved buffer as page-locked");
+        buf.fill(i as u8 + 1);
+        stream.memcpy_htod(&*buf, dst).unwrap();
+    }
+    assert_eq!(pool.stats().pinned_bytes as usize, page, "one slab for all");
+    drop(bufs);
+    pool.flush();
+    for (i, dst) in dsts.iter().enumerate() {
+        let got = stream.clone_dtoh(dst).unwrap();
+        assert!(
+            got.iter().all(|&b| b == i as u8 + 1),
+            "copy {i} read another buffer"
+        );
+    }
+    let again: Vec<_> = (0..count).map(|_| pool.take(SIZE)).collect();
+    assert!(again
+        .iter()
+        .all(|b| b.was_pooled() && b.iter().all(|&x| x == 0)));
+    drop(again);
+    pool.shutdown();
+    let stats = pool.stats();
+    assert_eq!((stats.pinned_bytes, stats.leaked_bytes), (0, 0));
+}
