@@ -661,7 +661,12 @@ impl Pool {
                 .collect(),
             admission: Admission::new(config.max_pooled_bytes),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
-            provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
+            provisioner: Provisioner::new(
+                devices * count,
+                config.provision,
+                config.idle_trim,
+                config.borrow_slack,
+            ),
             closed: AtomicBool::new(false),
             device_zero: backend.kind() == BackendKind::Host,
             epoch: Instant::now(),
