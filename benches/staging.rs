@@ -16,6 +16,10 @@
 //! - `cross-thread`: pinpool, taken on one thread and copied and dropped on
 //!   another (pairs of threads; the figure counts buffers).
 //!
+//! The pinpool variants of one thread count share a fresh pool; after each
+//! size, the figures of the tight loops' pools (hit rate, drop-to-ready p50
+//! and p99) are printed per thread count.
+//!
 //! Millions of operations per second over all threads, the median of
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
 //! 0.5) seconds each. On a machine without a GPU it says so and exits 0.
@@ -289,22 +293,29 @@ fn main() {
     };
     let secs = env_f64("PINPOOL_BENCH_SECS", 0.5);
     let reps = env_f64("PINPOOL_BENCH_REPS", 3.0) as usize;
-    let pool = Pool::builder()
-        .backend(BackendKind::Cuda)
-        .build()
-        .expect("the CUDA backend builds on a GPU machine");
+    let new_pool = |size: usize| {
+        let pool = Pool::builder()
+            .backend(BackendKind::Cuda)
+            .build()
+            .expect("the CUDA backend builds on a GPU machine");
+        // Warm the pool: enough pinned buffers for the widest run.
+        let warm: Vec<_> = (0..64).map(|_| pool.take(size)).collect();
+        drop(warm);
+        pool.flush();
+        pool
+    };
     println!(
         "staging: {}, median of {reps} runs of {secs} s; M ops/s over all threads",
         ctx.name().unwrap_or_default()
     );
     for (size, label) in SIZES {
-        // Warm the pool: enough pinned buffers for the widest run.
-        let warm: Vec<_> = (0..64).map(|_| pool.take(size)).collect();
-        drop(warm);
-        pool.flush();
         println!("\n{label}: threads | pinpool-cudarc | pinpool-raw | hand-written | hand-cudarc | cross-thread | cudarc/hand | raw/hand | cudarc/hand-cudarc");
+        let mut tight = Vec::new();
         for threads in THREADS {
             let measure = |f: &dyn Fn() -> f64| median((0..reps).map(|_| f()).collect()) / 1e6;
+            // A fresh pool per thread count for the tight loops, so that its
+            // drop-to-ready figures are theirs alone.
+            let pool = new_pool(size);
             let cudarc_path = measure(&|| {
                 run(threads, secs, |_, stop| {
                     pinpool_cudarc(&pool, &ctx, size, stop)
@@ -315,6 +326,8 @@ fn main() {
                     pinpool_raw(&pool, &ctx, size, stop)
                 })
             });
+            pool.flush();
+            tight.push((threads, pool.stats()));
             let hand = measure(&|| run(threads, secs, |_, stop| hand_written(&ctx, size, stop)));
             let hand_cu = measure(&|| run(threads, secs, |_, stop| hand_cudarc(&ctx, size, stop)));
             let cross = measure(&|| cross_thread(&pool, &ctx, size, threads, secs));
@@ -324,18 +337,18 @@ fn main() {
                 raw / hand,
                 cudarc_path / hand_cu
             );
+            pool.shutdown();
         }
-        pool.flush();
-        let s = pool.stats();
-        println!(
-            "{label}: pool after the runs: hit rate {:.5} ({} misses), drop-to-ready p50 {:?} p99 {:?}, {} re-zeroed by their owners, {} by the cleaner",
-            s.hit_rate(),
-            s.misses,
-            s.drop_to_ready_p50,
-            s.drop_to_ready_p99,
-            s.cleaned_by_takers,
-            s.recycled - s.cleaned_by_takers
-        );
+        for (threads, s) in tight {
+            println!(
+                "{label}: {threads:>2} threads, tight loops: hit rate {:.5} ({} misses), drop-to-ready p50 {:?} p99 {:?}, {} re-zeroed by their owners, {} by the cleaner",
+                s.hit_rate(),
+                s.misses,
+                s.drop_to_ready_p50,
+                s.drop_to_ready_p99,
+                s.cleaned_by_takers,
+                s.recycled - s.cleaned_by_takers
+            );
+        }
     }
-    pool.shutdown();
 }
