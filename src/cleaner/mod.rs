@@ -894,18 +894,11 @@ pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Blo
         Unpin::Alone(mut block) => {
             // SAFETY: the block was registered by this backend, and every
             // caller knows its copies have finished (ready, or fences done).
-            match unsafe { backend.unregister(device, block.as_ptr()) } {
-                Ok(()) => {
-                    block.set_pinned(false);
-                    Counters::add(&counters.unregistered_bytes, block.footprint() as u64);
-                    drop(block);
-                }
-                Err(e) => {
-                    Counters::add(&counters.unregister_failures, 1);
-                    Counters::add(&counters.leaked_bytes, block.footprint() as u64);
-                    tracing::error!(error = %e, bytes = block.footprint(), "pinpool: unregistering failed; leaking the buffer");
-                    block.leak();
-                }
+            if unsafe { unregister(backend, counters, device, block.as_ptr(), block.footprint()) } {
+                block.set_pinned(false);
+                drop(block);
+            } else {
+                block.leak();
             }
         }
         // Other buffers of the slab are live: it stays registered.
@@ -913,21 +906,41 @@ pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Blo
         Unpin::Last(slab) if slab.registered() => {
             // SAFETY: the slab was registered by this backend at its base,
             // and no buffer of it is left, so no copy from it is in flight.
-            match unsafe { backend.unregister(device, slab.base()) } {
-                Ok(()) => {
-                    slab.set_unregistered();
-                    Counters::add(&counters.unregistered_bytes, slab.len() as u64);
-                    slab.free();
-                }
-                Err(e) => {
-                    Counters::add(&counters.unregister_failures, 1);
-                    Counters::add(&counters.leaked_bytes, slab.len() as u64);
-                    tracing::error!(error = %e, bytes = slab.len(), "pinpool: unregistering a slab failed; leaking it");
-                    slab.leak();
-                }
+            if unsafe { unregister(backend, counters, device, slab.base(), slab.len()) } {
+                slab.set_unregistered();
+                slab.free();
+            } else {
+                slab.leak();
             }
         }
         Unpin::Last(slab) => slab.free(),
+    }
+}
+
+/// Unregisters the `bytes` registered at `ptr`, counting the outcome; false
+/// if it failed, and the caller must leak the memory.
+///
+/// # Safety
+/// As [`Backend::unregister`].
+unsafe fn unregister(
+    backend: &dyn Backend,
+    counters: &Counters,
+    device: usize,
+    ptr: *mut u8,
+    bytes: usize,
+) -> bool {
+    // SAFETY: the caller's guarantee.
+    match unsafe { backend.unregister(device, ptr) } {
+        Ok(()) => {
+            Counters::add(&counters.unregistered_bytes, bytes as u64);
+            true
+        }
+        Err(e) => {
+            Counters::add(&counters.unregister_failures, 1);
+            Counters::add(&counters.leaked_bytes, bytes as u64);
+            tracing::error!(error = %e, bytes, "pinpool: unregistering failed; leaking the memory");
+            false
+        }
     }
 }
 
