@@ -421,7 +421,7 @@ impl Shared {
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
         drop(locked);
         this.clear();
-        let taken: u64 = this.caches.iter().map(ThreadCache::taken).sum();
+        let taken: u64 = this.caches.iter().map(ThreadCache::takes).sum();
         let dropped = crate::flush::drops(this.caches.counts());
         let outstanding = taken.saturating_sub(dropped);
         if outstanding > 0 || !returned.is_empty() {
@@ -446,14 +446,12 @@ impl Shared {
         let mut pooled = vec![0usize; devices * count];
         let mut hits = vec![0u64; devices * count];
         let mut misses = vec![0u64; devices * count];
-        let load = |c: &crate::sync::AtomicU64| c.load(Ordering::Relaxed);
         for cache in self.caches.iter() {
             for (slot, n) in pooled.iter_mut().enumerate() {
                 *n += cache.ready_in(slot) as usize;
-            }
-            for (i, (h, m)) in cache.hits().iter().zip(cache.misses()).enumerate() {
-                hits[i] += load(h);
-                misses[i] += load(m);
+                let (h, m) = cache.hits_misses(slot);
+                hits[slot] += h;
+                misses[slot] += m;
             }
             stats.cleaned_by_takers += cache.cleaned();
             stats.borrowed += cache.borrowed();

@@ -11,6 +11,7 @@
 
 use crate::alloc::{Block, Meta};
 use crate::size_class::Classes;
+use crate::slots::Slots;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 /// See the module docs.
@@ -20,8 +21,9 @@ pub(crate) struct RemoteList {
     /// Footprint bytes of the blocks on the list: raised before a push and
     /// lowered by the swap that takes them.
     ready_bytes: AtomicUsize,
-    /// Blocks on the list per slot, counted the same way.
-    ready: Box<[AtomicU32]>,
+    /// Blocks on the list per slot, counted the same way (written by
+    /// pushers and the owner's swap: on lines of its own).
+    ready: Slots<AtomicU32>,
 }
 
 impl RemoteList {
@@ -30,7 +32,7 @@ impl RemoteList {
         Self {
             head: AtomicPtr::new(std::ptr::null_mut()),
             ready_bytes: AtomicUsize::new(0),
-            ready: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            ready: Slots::new(slots),
         }
     }
 
