@@ -136,10 +136,12 @@ impl Shared {
             Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
             None => None,
         };
-        let (block, pooled) = match block {
-            Some(block) => (block, true),
-            None => Self::take_slow(this, cache, device, class)?,
-        };
+        if let Some(block) = block {
+            // The cache's own lists hold blocks of their slot's class only.
+            let len = block.len();
+            return Ok(PinnedBuffer::new(block, cache, true, len));
+        }
+        let (block, pooled) = Self::take_slow(this, cache, owned, device, class)?;
         // A borrowed block is longer than the class asked for: the buffer
         // shows the class's length.
         let len = this.classes().size(class);
@@ -211,10 +213,13 @@ impl Shared {
         }
     }
 
+    /// The take past the calling thread's own lists (`owned`: whether the
+    /// thread owns `cache`, as [`Caches::local`] found).
     #[cold]
     fn take_slow(
         this: &Arc<Self>,
         cache: &ThreadCache,
+        owned: bool,
         device: usize,
         class: SizeClass,
     ) -> Result<(Block, bool), Error> {
@@ -223,13 +228,13 @@ impl Shared {
             cache.count_hit(device, class, block.footprint());
             return Ok((block, true));
         }
-        if let Some(block) = this.borrow(cache, device, class) {
+        if let Some(block) = this.borrow(cache, owned, device, class) {
             // Counted in the class served, so taken bytes stay exact.
             cache.count_hit(device, block.class(), block.footprint());
             cache.count_borrowed();
             return Ok((block, true));
         }
-        if let Some(block) = this.steal(cache, device, class) {
+        if let Some(block) = this.steal(cache, owned, device, class) {
             return Ok((block, true));
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
@@ -245,13 +250,19 @@ impl Shared {
     /// An idle ready buffer of a larger class within the borrowing slack:
     /// from the taker's own lists, then the shard. It keeps its class, and
     /// goes back to it when dropped.
-    fn borrow(&self, taker: &ThreadCache, device: usize, class: SizeClass) -> Option<Block> {
+    fn borrow(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
         let slack = self.borrow_slack;
         if slack == 0 {
             return None;
         }
         let classes = self.classes();
-        if taker.is_owned_here() {
+        if owned {
             if let Some(block) = taker.borrow_ready(device, classes.borrowable(class, slack)) {
                 return Some(block);
             }
@@ -265,11 +276,17 @@ impl Shared {
     /// its remote list, then (locking its owner out) its ready and deferred
     /// lists.
     #[cold]
-    fn steal(&self, taker: &ThreadCache, device: usize, class: SizeClass) -> Option<Block> {
+    fn steal(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
         let classes = self.classes();
         let slot = classes.slot(device, class);
         let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
-        if taker.is_owned_here() {
+        if owned {
             if let Some(block) = taker.adopt_remote_lists(device, class) {
                 taker.count_hit(device, class, block.footprint());
                 return Some(block);

@@ -167,8 +167,9 @@ struct OwnerPart {
     /// Whether this is the orphan cache (no owner: its counters are updated
     /// with read-modify-writes).
     orphan: bool,
-    /// The owning thread's token ([`per_thread::owner_token`]), set by the
-    /// owner when it looks its cache up.
+    /// The owning thread's token ([`per_thread::current_token`]), set by
+    /// the owner when it looks its cache up without its memo (see
+    /// [`PerThread::get_or`]).
     token: AtomicU64,
     lists: UnsafeCell<Lists>,
     counts: OwnerCounts,
@@ -893,20 +894,19 @@ impl Caches {
     /// or the orphan cache (not owned) while the thread is being torn down.
     #[inline]
     pub(crate) fn local(&self) -> (&ThreadCache, bool) {
-        let cache = self
-            .map
-            .get_or(|| ThreadCache::new(&self.classes, self.devices, NonNull::from(self), false));
-        match cache {
-            Some(cache) => {
-                let token = per_thread::owner_token();
+        let cache = self.map.get_or(
+            || ThreadCache::new(&self.classes, self.devices, NonNull::from(self), false),
+            |cache, token| {
                 // Relaxed: written only by the owner; readers compare it
                 // with their own token, and tokens are never reused, so a
                 // stale value matches no other thread.
                 if cache.owner.token.load(Ordering::Relaxed) != token {
                     cache.owner.token.store(token, Ordering::Relaxed);
                 }
-                (cache, true)
-            }
+            },
+        );
+        match cache {
+            Some(cache) => (cache, true),
             None => (&self.orphan, false),
         }
     }
