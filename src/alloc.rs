@@ -26,7 +26,7 @@ use crate::fence::Fences;
 use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
 use crate::sync::tune::CHUNK;
-use crate::sync::{Mutex, MutexGuard, OnceLock};
+use crate::sync::{AtomicU8, Mutex, MutexGuard, OnceLock};
 
 /// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
 /// kernel does not say.
@@ -54,8 +54,19 @@ pub(crate) struct Meta {
     class: SizeClass,
     device: u16,
     pinned: bool,
-    /// The prefix written since the take (set on drop).
+    /// The prefix written since the take (the whole buffer until the
+    /// guard narrows it).
     pub(crate) dirty: usize,
+    /// While the buffer is out: the length its guard shows (its class's,
+    /// or less for a block borrowed by a smaller class).
+    pub(crate) shown: usize,
+    /// While the buffer is out: whether the take was served from the pool.
+    pub(crate) pooled: bool,
+    /// While the buffer is out: the copies made through cudarc since host
+    /// access last waited for them (see `PinnedBuffer`). Kept here, not in
+    /// the guard, so that the guard is two pointers that moves keep in
+    /// registers.
+    pub(crate) copies_pending: AtomicU8,
     /// What the copies reading the buffer left behind, and spare events;
     /// locked only by copies made through cudarc, which see the buffer
     /// through `&`.
@@ -144,6 +155,9 @@ impl Block {
             device: device as u16,
             pinned: false,
             dirty: len,
+            shown: len,
+            pooled: false,
+            copies_pending: AtomicU8::new(0),
             fences: Mutex::new(Fences::default()),
             returned: false,
             parity: 0,
@@ -204,6 +218,25 @@ impl Block {
 
     pub(crate) fn set_pinned(&mut self, pinned: bool) {
         self.meta_mut().pinned = pinned;
+    }
+
+    /// The length the buffer's guard shows (see `Meta::shown`).
+    #[inline]
+    pub(crate) fn shown(&self) -> usize {
+        self.meta().shown
+    }
+
+    /// Whether the take was served from the pool (see `Meta::pooled`).
+    #[inline]
+    pub(crate) fn was_pooled(&self) -> bool {
+        self.meta().pooled
+    }
+
+    /// The guard's record of copies made through cudarc (see
+    /// `Meta::copies_pending`).
+    #[inline]
+    pub(crate) fn copies_pending(&self) -> &AtomicU8 {
+        &self.meta().copies_pending
     }
 
     /// The dirty prefix, clamped to the length.
