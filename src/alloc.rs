@@ -53,6 +53,9 @@ pub(crate) struct Meta {
     footprint: usize,
     class: SizeClass,
     device: u16,
+    /// The (device, class) slot index (`Classes::slot`), so that the
+    /// caches find a block's lists without the class table.
+    slot: u32,
     pinned: bool,
     /// The prefix written since the take (the whole buffer until the
     /// guard narrows it).
@@ -98,14 +101,9 @@ impl Meta {
         self.footprint
     }
 
-    /// The device, for readers that only see the metadata.
-    pub(crate) fn device(&self) -> usize {
-        usize::from(self.device)
-    }
-
-    /// The class, for readers that only see the metadata.
-    pub(crate) fn class(&self) -> SizeClass {
-        self.class
+    /// The slot, for readers that only see the metadata.
+    pub(crate) fn slot(&self) -> usize {
+        self.slot as usize
     }
 }
 
@@ -153,6 +151,7 @@ impl Block {
             footprint,
             class,
             device: device as u16,
+            slot: classes.slot(device, class) as u32,
             pinned: false,
             dirty: len,
             shown: len,
@@ -191,6 +190,12 @@ impl Block {
     #[inline]
     pub(crate) fn class(&self) -> SizeClass {
         self.meta().class
+    }
+
+    /// The block's (device, class) slot index.
+    #[inline]
+    pub(crate) fn slot(&self) -> usize {
+        self.meta().slot()
     }
 
     /// The bytes the block hands out (its class size).

@@ -26,6 +26,7 @@ use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
 use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
 use crate::sync::{barrier, thread, Arc, AtomicBool, Ordering};
 use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
+use std::ptr::NonNull;
 use std::time::Instant;
 
 /// Everything a pool shares between its handles, its threads and its
@@ -112,17 +113,24 @@ impl Shared {
         });
     }
 
-    /// The take path; see the module docs.
+    /// The take path; see the module docs. `caches` is `this.caches`,
+    /// reached from the handle without going through `this` (a take served
+    /// by the calling thread's own lists reads nothing else of the pool).
     #[inline]
-    fn take(this: &Arc<Self>, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let class = this.classes().class_for(min_size)?;
-        if device >= this.shards.len() {
+    fn take(
+        this: &Arc<Self>,
+        caches: &Caches,
+        device: usize,
+        min_size: usize,
+    ) -> Result<PinnedBuffer, Error> {
+        let class = caches.classes.class_for(min_size)?;
+        if device >= caches.devices() {
             return Err(Error::UnknownDevice {
                 device,
-                devices: this.shards.len(),
+                devices: caches.devices(),
             });
         }
-        let (cache, owned) = this.caches.local();
+        let (cache, owned) = caches.local();
         let found = if owned {
             cache.take(device, class)
         } else {
@@ -430,9 +438,8 @@ impl Shared {
             .into_iter()
             .map(Returned::into_block)
             .collect();
-        let classes = this.classes();
         for cache in this.caches.iter() {
-            returned.extend(cache.returns().take_all(classes));
+            returned.extend(cache.returns().take_all());
         }
         let mut locked = this.caches.lock_out(this.caches.iter());
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
@@ -583,6 +590,24 @@ impl Retire for Arc<Shared> {
 #[derive(Debug)]
 struct Handle {
     shared: Arc<Shared>,
+    /// `shared.caches`, and `shared.device_zero`, beside the `Arc`: a take
+    /// reads them without first loading the shared state's address.
+    caches: NonNull<Caches>,
+    device_zero: bool,
+}
+
+// SAFETY: `caches` points into the boxed caches of `shared`, which the
+// handle keeps alive and which are `Sync`; the rest is `Send + Sync`.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    #[inline]
+    fn caches(&self) -> &Caches {
+        // SAFETY: see the `Send` impl: the box lives as long as `shared`.
+        unsafe { self.caches.as_ref() }
+    }
 }
 
 impl Drop for Handle {
@@ -685,7 +710,11 @@ impl Pool {
         unsafe { shared.caches.set_sink(&*shared) };
         Shared::start_cleaner(&shared);
         Ok(Self {
-            handle: Arc::new(Handle { shared }),
+            handle: Arc::new(Handle {
+                caches: NonNull::from(&*shared.caches),
+                device_zero: shared.device_zero,
+                shared,
+            }),
         })
     }
 
@@ -738,11 +767,10 @@ impl Pool {
     /// ```
     #[inline]
     pub fn try_take(&self, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let shared = self.shared();
-        let device = if shared.device_zero {
+        let device = if self.handle.device_zero {
             0
         } else {
-            shared.backend.current_device()
+            self.shared().backend.current_device()
         };
         self.take_on(device, min_size)
     }
@@ -762,7 +790,7 @@ impl Pool {
     /// ```
     #[inline]
     pub fn take_on(&self, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
-        Shared::take(self.shared(), device, min_size)
+        Shared::take(self.shared(), self.handle.caches(), device, min_size)
     }
 
     /// Pins buffers ahead of demand, off the caller's path: `count` buffers

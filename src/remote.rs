@@ -10,7 +10,6 @@
 //! and sharded-slab's remote-free stack.
 
 use crate::alloc::{Block, Meta};
-use crate::size_class::Classes;
 use crate::slots::Slots;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
@@ -58,11 +57,11 @@ impl RemoteList {
     }
 
     /// Pushes `block`.
-    pub(crate) fn push(&self, block: Block, classes: &Classes) {
+    pub(crate) fn push(&self, block: Block) {
         // Relaxed: counts; see `ready_bytes`.
         self.ready_bytes
             .fetch_add(block.footprint(), Ordering::Relaxed);
-        self.ready[classes.slot(block.device(), block.class())].fetch_add(1, Ordering::Relaxed);
+        self.ready[block.slot()].fetch_add(1, Ordering::Relaxed);
         let node = block.into_raw();
         // Relaxed: only the expected value of the CAS, which re-checks it.
         let mut head = self.head.load(Ordering::Relaxed);
@@ -82,7 +81,7 @@ impl RemoteList {
     }
 
     /// Takes every block on the list, newest first.
-    pub(crate) fn take_all(&self, classes: &Classes) -> Taken {
+    pub(crate) fn take_all(&self) -> Taken {
         if self.is_empty() {
             return Taken {
                 next: std::ptr::null_mut(),
@@ -94,9 +93,8 @@ impl RemoteList {
         let mut bytes = 0;
         for meta in taken.peek() {
             bytes += meta.footprint_bytes();
-            let slot = classes.slot(meta.device(), meta.class());
             // Relaxed: see `ready_bytes`.
-            self.ready[slot].fetch_sub(1, Ordering::Relaxed);
+            self.ready[meta.slot()].fetch_sub(1, Ordering::Relaxed);
         }
         // Relaxed: see `ready_bytes`.
         self.ready_bytes.fetch_sub(bytes, Ordering::Relaxed);

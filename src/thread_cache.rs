@@ -376,9 +376,9 @@ impl ThreadCache {
     /// thief that locks the owner out sees the buffers in one place or the
     /// other).
     fn collect(&self, lists: &mut Lists) {
-        self.adopt(lists, self.shared.remote.take_all(&self.caches().classes));
+        self.adopt(lists, self.shared.remote.take_all());
         let classes = &self.caches().classes;
-        for block in self.shared.returns.take_all(classes) {
+        for block in self.shared.returns.take_all() {
             let (device, class) = (block.device(), block.class());
             let slot = classes.slot(device, class);
             lists.slot(self.caches().slots, slot).defer(block);
@@ -407,7 +407,7 @@ impl ThreadCache {
         self.as_owner(|lists| {
             for other in caches.iter().filter(|c| !std::ptr::eq(*c, self)) {
                 if !other.shared.remote.is_empty() {
-                    self.adopt(lists, other.shared.remote.take_all(&caches.classes));
+                    self.adopt(lists, other.shared.remote.take_all());
                 }
             }
             let slot = caches.classes.slot(device, class);
@@ -461,15 +461,10 @@ impl ThreadCache {
             meta.parity = parity as u8;
             meta.returned = true;
             self.owner.counts.dropped(parity);
-            bump(
-                &self.owner.slots[caches.classes.slot(block.device(), block.class())].drops,
-                1,
-            );
+            let slot = block.slot();
+            bump(&self.owner.slots[slot].drops, 1);
             if keep && lists.deferred < MAX_DEFERRED {
-                let (device, class) = (block.device(), block.class());
-                lists
-                    .slot(caches.slots, caches.classes.slot(device, class))
-                    .defer(block);
+                lists.slot(caches.slots, slot).defer(block);
                 lists.deferred += 1;
                 self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             } else {
@@ -503,11 +498,10 @@ impl ThreadCache {
         meta.parity = parity as u8;
         meta.returned = true;
         shared.counts.dropped(parity);
-        let slot = caches.classes.slot(block.device(), block.class());
         // Relaxed: a statistic.
-        self.shared.drops[slot].fetch_add(1, Ordering::Relaxed);
+        self.shared.drops[block.slot()].fetch_add(1, Ordering::Relaxed);
         if keep {
-            shared.returns.push(block, &caches.classes);
+            shared.returns.push(block);
         } else {
             caches.sink().route(self, block);
         }
@@ -597,7 +591,7 @@ impl ThreadCache {
     ///
     /// [`has_room`]: Self::has_room
     pub(crate) fn push_ready(&self, block: Block) {
-        self.shared.remote.push(block, &self.caches().classes);
+        self.shared.remote.push(block);
     }
 
     /// Whether the cache can take `bytes` more ready bytes (a racing read
@@ -914,6 +908,12 @@ impl Caches {
     /// Every cache, the orphan's included.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
         self.map.iter().chain(std::iter::once(&self.orphan))
+    }
+
+    /// The devices served.
+    #[inline]
+    pub(crate) fn devices(&self) -> usize {
+        self.devices
     }
 
     /// Devices times classes.
