@@ -138,7 +138,7 @@ impl Shared {
         };
         let block = match found {
             Some(Found::Ready(block)) => {
-                cache.count_hit(device, class, block.footprint());
+                cache.count_hit(block.slot(), block.footprint());
                 Some(block)
             }
             Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
@@ -196,14 +196,13 @@ impl Shared {
         let owner = std::ptr::eq(taker, home);
         match block.fences_mut().poll() {
             Ok(true) => {
-                let (device, class) = (block.device(), block.class());
                 block.zero_dirty();
                 let meta = block.meta_mut();
                 meta.returned = false;
                 let parity = usize::from(meta.parity);
                 home.complete(parity, owner);
                 taker.count_cleaned();
-                taker.count_hit(device, class, 0);
+                taker.count_hit(block.slot(), 0);
                 Some(block)
             }
             Ok(false) if owner => {
@@ -233,12 +232,12 @@ impl Shared {
     ) -> Result<(Block, bool), Error> {
         Self::start_cleaner(this);
         if let Some(block) = this.shards[device].pop(class) {
-            cache.count_hit(device, class, block.footprint());
+            cache.count_hit(block.slot(), block.footprint());
             return Ok((block, true));
         }
         if let Some(block) = this.borrow(cache, owned, device, class) {
             // Counted in the class served, so taken bytes stay exact.
-            cache.count_hit(device, block.class(), block.footprint());
+            cache.count_hit(block.slot(), block.footprint());
             cache.count_borrowed();
             return Ok((block, true));
         }
@@ -246,7 +245,7 @@ impl Shared {
             return Ok((block, true));
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
-        cache.count_miss(device, class);
+        cache.count_miss(block.slot());
         tracing::trace!(
             bytes = block.len(),
             device,
@@ -296,7 +295,7 @@ impl Shared {
         let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
         if owned {
             if let Some(block) = taker.adopt_remote_lists(device, class) {
-                taker.count_hit(device, class, block.footprint());
+                taker.count_hit(block.slot(), block.footprint());
                 return Some(block);
             }
         }
@@ -323,7 +322,7 @@ impl Shared {
         });
         drop(locked);
         if let Some(block) = ready {
-            taker.count_hit(device, class, block.footprint());
+            taker.count_hit(block.slot(), block.footprint());
             if let Some((block, home)) = deferred {
                 // SAFETY: caches live as long as the pool.
                 self.cleaner

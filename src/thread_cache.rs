@@ -607,8 +607,7 @@ impl ThreadCache {
     /// Counts a take that hit, of `bytes` pooled footprint bytes (0 for a
     /// buffer the taker re-zeroed itself).
     #[inline]
-    pub(crate) fn count_hit(&self, device: usize, class: SizeClass, pooled_bytes: usize) {
-        let slot = self.caches().classes.slot(device, class);
+    pub(crate) fn count_hit(&self, slot: usize, pooled_bytes: usize) {
         self.count(&self.owner.slots[slot].hits);
         if pooled_bytes > 0 {
             self.count_taken_bytes(pooled_bytes);
@@ -617,8 +616,7 @@ impl ThreadCache {
 
     /// Counts a take that allocated.
     #[inline]
-    pub(crate) fn count_miss(&self, device: usize, class: SizeClass) {
-        let slot = self.caches().classes.slot(device, class);
+    pub(crate) fn count_miss(&self, slot: usize) {
         self.count(&self.owner.slots[slot].misses);
     }
 
