@@ -29,6 +29,8 @@ use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
 use std::ptr::NonNull;
 use std::time::Instant;
 
+use crossbeam_utils::CachePadded;
+
 /// Everything a pool shares between its handles, its threads and its
 /// cleaner workers.
 pub(crate) struct Shared {
@@ -586,6 +588,10 @@ impl Retire for Arc<Shared> {
 
 /// Owns the pool on behalf of the user's handles; dropping the last one
 /// closes the pool.
+///
+/// The handles share it through an `Arc` of a cache-padded value, so that
+/// cloning or dropping a handle (the `Arc`'s counts) does not write the line
+/// that every take reads.
 #[derive(Debug)]
 struct Handle {
     shared: Arc<Shared>,
@@ -637,7 +643,7 @@ impl Drop for Handle {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Pool {
-    handle: Arc<Handle>,
+    handle: Arc<CachePadded<Handle>>,
 }
 
 // === impl Pool ===
@@ -709,11 +715,11 @@ impl Pool {
         unsafe { shared.caches.set_sink(&*shared) };
         Shared::start_cleaner(&shared);
         Ok(Self {
-            handle: Arc::new(Handle {
+            handle: Arc::new(CachePadded::new(Handle {
                 caches: NonNull::from(&*shared.caches),
                 device_zero: shared.device_zero,
                 shared,
-            }),
+            })),
         })
     }
 

@@ -767,8 +767,10 @@ pub(crate) struct Caches {
     orphan: ThreadCache,
     pub(crate) flush: Flush,
     pub(crate) classes: Classes,
-    /// The pool's statistics counters (written off the fast path).
-    pub(crate) counters: Counters,
+    /// The pool's statistics counters (written off the fast path, by the
+    /// cleaner among others: on lines of their own, away from the fields
+    /// every take reads).
+    pub(crate) counters: CachePadded<Counters>,
     /// The devices' primary contexts (CUDA backend), for raw-stream fences.
     pub(crate) contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
     devices: usize,
@@ -848,7 +850,7 @@ impl Caches {
             orphan,
             flush: Flush::new(),
             classes,
-            counters: Counters::default(),
+            counters: CachePadded::new(Counters::default()),
             contexts,
             slots,
             devices,
