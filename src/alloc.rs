@@ -89,7 +89,8 @@ pub(crate) struct Meta {
     pub(crate) reserved: bool,
     /// When the buffer last became ready (admission), for idle trimming.
     pub(crate) ready_since: Option<Instant>,
-    /// The next entry of the remote list this block is on.
+    /// The next entry of the remote list, or of the cache's deferred list,
+    /// that this block is on.
     pub(crate) next: *mut Meta,
     contents: Contents,
     _track: Track,

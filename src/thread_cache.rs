@@ -38,12 +38,11 @@
 //! exited thread stay reachable. A thread being torn down gets no cache:
 //! its takes go through the *orphan* cache, which no thread owns.
 
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::alloc::Block;
+use crate::alloc::{Block, Meta};
 use crate::flush::{Counts, Flush, OwnerCounts, SharedCounts};
 use crate::remote::RemoteList;
 use crate::size_class::{Classes, SizeClass};
@@ -85,12 +84,103 @@ pub(crate) enum Found {
 #[derive(Debug, Default)]
 struct Slot {
     ready: Vec<Block>,
-    deferred: VecDeque<Block>,
+    deferred: Deferred,
 }
 
-/// Room reserved in a slot's lists on first use: 16 entries (128 bytes), of
-/// which a tight loop uses the first few, so the entries the owner writes
-/// never share a cache line with another thread's allocation.
+/// A slot's deferred buffers, oldest first: a FIFO linked through the
+/// blocks' metadata (`Meta::next`, which only the remote lists use
+/// otherwise, and a block in a cache's lists is on none), so that deferring
+/// and reusing a buffer write nothing but the slot and the block's own
+/// metadata.
+#[derive(Debug)]
+struct Deferred {
+    head: *mut Meta,
+    tail: *mut Meta,
+    len: usize,
+}
+
+impl Default for Deferred {
+    fn default() -> Self {
+        Self {
+            head: std::ptr::null_mut(),
+            tail: std::ptr::null_mut(),
+            len: 0,
+        }
+    }
+}
+
+impl Deferred {
+    #[inline]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds `block` as the newest.
+    #[inline]
+    fn push_back(&mut self, block: Block) {
+        let node = block.into_raw();
+        // SAFETY: `node` came from `into_raw`: a live metadata box that this
+        // list now owns, linked nowhere else.
+        unsafe { (*node).next = std::ptr::null_mut() };
+        if self.tail.is_null() {
+            self.head = node;
+        } else {
+            // SAFETY: a non-null `tail` is a live node this list owns.
+            unsafe { (*self.tail).next = node };
+        }
+        self.tail = node;
+        self.len += 1;
+    }
+
+    /// Adds `block` as the oldest.
+    fn push_front(&mut self, block: Block) {
+        let node = block.into_raw();
+        // SAFETY: as in `push_back`.
+        unsafe { (*node).next = self.head };
+        if self.tail.is_null() {
+            self.tail = node;
+        }
+        self.head = node;
+        self.len += 1;
+    }
+
+    /// Takes the oldest.
+    #[inline]
+    fn pop_front(&mut self) -> Option<Block> {
+        let node = self.head;
+        if node.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null `head` is a live node this list owns.
+        self.head = unsafe { (*node).next };
+        if self.head.is_null() {
+            self.tail = std::ptr::null_mut();
+        }
+        self.len -= 1;
+        // SAFETY: `node` came from `into_raw` and is unlinked now: the block
+        // returned is its only owner.
+        Some(unsafe { Block::from_raw(node) })
+    }
+
+    /// Takes every block, oldest first.
+    fn drain(&mut self) -> impl Iterator<Item = Block> + '_ {
+        std::iter::from_fn(move || self.pop_front())
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        // Lists are drained before a pool goes away; dropping a block here
+        // unmaps it (or leaks it if still pinned), as a `Vec` of them would.
+        for block in self.drain() {
+            drop(block);
+        }
+    }
+}
+
+/// Room reserved in a slot's ready list on first use: 16 entries (128
+/// bytes), of which a tight loop uses the first few, so the entries the
+/// owner writes never share a cache line with another thread's allocation.
 const SLOT_ROOM: usize = 16;
 
 impl Slot {
@@ -104,9 +194,6 @@ impl Slot {
 
     #[inline]
     fn defer(&mut self, block: Block) {
-        if self.deferred.capacity() == 0 {
-            self.deferred.reserve(SLOT_ROOM);
-        }
         self.deferred.push_back(block);
     }
 }
@@ -678,7 +765,9 @@ impl ThreadCache {
     }
 
     /// Takes through this cache, ever (hits and misses of every slot; exact
-    /// once takes have stopped, as when the pool closes).
+    /// once takes have stopped, as when the pool closes: every take needs a
+    /// handle, so it happened before the last handle's drop, whose `Arc`
+    /// release orders its counts before the close's Relaxed reads).
     pub(crate) fn takes(&self) -> u64 {
         (0..self.caches().slots)
             .map(|slot| {
@@ -1021,7 +1110,7 @@ impl Lists {
     pub(crate) fn take_deferred(&mut self, cache: &ThreadCache) -> Vec<Block> {
         let mut out = Vec::with_capacity(self.deferred);
         for (_, slot) in self.slots() {
-            out.extend(slot.deferred.drain(..));
+            out.extend(slot.deferred.drain());
         }
         self.deferred = 0;
         cache.owner.deferred.store(0, Ordering::Relaxed);
