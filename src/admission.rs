@@ -258,7 +258,6 @@ impl Admission {
         // Every cache, not only those whose counts show the class: the
         // counts are hints that a racing collection can leave low, and
         // eviction must see every pooled buffer (see the module docs).
-        let classes = &at.caches.classes;
         for cache in at.caches.iter() {
             if !over(self) {
                 return;
@@ -271,7 +270,7 @@ impl Admission {
             // meanwhile adopts it inside its owner's operation, which the
             // lock-out below waits for.
             let mut keep = Vec::new();
-            for block in cache.remote().take_all(classes) {
+            for block in cache.remote().take_all() {
                 if over(self) && block.class() == class {
                     take(block, evicted);
                 } else {
@@ -279,7 +278,7 @@ impl Admission {
                 }
             }
             for block in keep {
-                cache.remote().push(block, classes);
+                cache.remote().push(block);
             }
         }
         if !over(self) {
@@ -331,7 +330,7 @@ impl Admission {
             shard.drain().into_iter().for_each(&mut gather);
         }
         for cache in at.caches.iter() {
-            cache.remote().take_all(classes).for_each(&mut gather);
+            cache.remote().take_all().for_each(&mut gather);
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
         let mut from_lists = Vec::new();
@@ -374,9 +373,8 @@ impl Admission {
         for shard in at.shards {
             out.extend(shard.drain());
         }
-        let classes = &at.caches.classes;
         for cache in at.caches.iter() {
-            out.extend(cache.remote().take_all(classes));
+            out.extend(cache.remote().take_all());
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
         locked.each(|cache, lists| out.extend(lists.take_ready(cache, None)));

@@ -35,8 +35,7 @@ use crate::fence::Fences;
 use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
 use crate::sync::tune::CHUNK;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering};
-use crate::sync::{Mutex, MutexGuard, OnceLock};
+use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, OnceLock, Ordering};
 
 /// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
 /// kernel does not say.
@@ -63,9 +62,23 @@ pub(crate) struct Meta {
     footprint: usize,
     class: SizeClass,
     device: u16,
+    /// The (device, class) slot index (`Classes::slot`), so that the
+    /// caches find a block's lists without the class table.
+    slot: u32,
     pinned: bool,
-    /// The prefix written since the take (set on drop).
+    /// The prefix written since the take (the whole buffer until the
+    /// guard narrows it).
     pub(crate) dirty: usize,
+    /// While the buffer is out: the length its guard shows (its class's,
+    /// or less for a block borrowed by a smaller class).
+    pub(crate) shown: usize,
+    /// While the buffer is out: whether the take was served from the pool.
+    pub(crate) pooled: bool,
+    /// While the buffer is out: the copies made through cudarc since host
+    /// access last waited for them (see `PinnedBuffer`). Kept here, not in
+    /// the guard, so that the guard is two pointers that moves keep in
+    /// registers.
+    pub(crate) copies_pending: AtomicU8,
     /// What the copies reading the buffer left behind, and spare events;
     /// locked only by copies made through cudarc, which see the buffer
     /// through `&`.
@@ -85,7 +98,8 @@ pub(crate) struct Meta {
     pub(crate) reserved: bool,
     /// When the buffer last became ready (admission), for idle trimming.
     pub(crate) ready_since: Option<Instant>,
-    /// The next entry of the remote list this block is on.
+    /// The next entry of the remote list, or of the cache's deferred list,
+    /// that this block is on.
     pub(crate) next: *mut Meta,
     /// The slab a sub-page block was carved from (the block holds one
     /// share of it).
@@ -211,14 +225,9 @@ impl Meta {
         self.footprint
     }
 
-    /// The device, for readers that only see the metadata.
-    pub(crate) fn device(&self) -> usize {
-        usize::from(self.device)
-    }
-
-    /// The class, for readers that only see the metadata.
-    pub(crate) fn class(&self) -> SizeClass {
-        self.class
+    /// The slot, for readers that only see the metadata.
+    pub(crate) fn slot(&self) -> usize {
+        self.slot as usize
     }
 }
 
@@ -235,11 +244,29 @@ unsafe impl Send for Block {}
 // written only through `&mut self` or by a cleaner worker that owns the block.
 unsafe impl Sync for Block {}
 
+/// Zeroes `bytes`: up to 64 bytes with two overlapping fixed-size stores
+/// (a call to `memset` costs more than that), more with `fill`.
+#[inline]
+fn zero(bytes: &mut [u8]) {
+    let n = bytes.len();
+    if (32..=64).contains(&n) {
+        bytes[..32].fill(0);
+        bytes[n - 32..].fill(0);
+    } else if (16..32).contains(&n) {
+        bytes[..16].fill(0);
+        bytes[n - 16..].fill(0);
+    } else {
+        bytes.fill(0);
+    }
+}
+
 impl Meta {
+    /// Fresh metadata of a block at `ptr` in `slot` (`Classes::slot`).
     fn new(
         ptr: NonNull<u8>,
         len: usize,
         footprint: usize,
+        slot: u32,
         class: SizeClass,
         device: usize,
     ) -> Self {
@@ -249,8 +276,12 @@ impl Meta {
             footprint,
             class,
             device: device as u16,
+            slot,
             pinned: false,
             dirty: len,
+            shown: len,
+            pooled: false,
+            copies_pending: AtomicU8::new(0),
             fences: Mutex::new(Fences::default()),
             returned: false,
             parity: 0,
@@ -311,7 +342,8 @@ impl Block {
                 tracing::debug!(node, %error, "pinpool: a block could not be bound to its NUMA node");
             }
         }
-        let mut meta = Box::new(Meta::new(ptr, len, footprint, class, device));
+        let slot = classes.slot(device, class) as u32;
+        let mut meta = Box::new(Meta::new(ptr, len, footprint, slot, class, device));
         if per_slab > 1 {
             let slab = Box::new(Slab {
                 base: ptr,
@@ -372,7 +404,7 @@ impl Block {
             .shares
             .fetch_add(count, Ordering::Relaxed);
         let (len, footprint, class, device) = (meta.len, meta.footprint, meta.class, meta.device);
-        let (pinned, reserved) = (meta.pinned, meta.reserved);
+        let (slot, pinned, reserved) = (meta.slot, meta.pinned, meta.reserved);
         let base = meta.ptr.as_ptr();
         (1..=count)
             .map(|i| {
@@ -380,8 +412,14 @@ impl Block {
                 // the `i`-th lies inside its mapping; nobody has written it
                 // (the head's bytes come first), so it is zero.
                 let ptr = unsafe { NonNull::new_unchecked(base.add(i * footprint)) };
-                let mut sibling =
-                    Box::new(Meta::new(ptr, len, footprint, class, usize::from(device)));
+                let mut sibling = Box::new(Meta::new(
+                    ptr,
+                    len,
+                    footprint,
+                    slot,
+                    class,
+                    usize::from(device),
+                ));
                 sibling.pinned = pinned;
                 sibling.reserved = reserved;
                 sibling.dirty = 0;
@@ -429,6 +467,12 @@ impl Block {
         self.meta().class
     }
 
+    /// The block's (device, class) slot index.
+    #[inline]
+    pub(crate) fn slot(&self) -> usize {
+        self.meta().slot()
+    }
+
     /// The bytes the block hands out (its class size).
     #[inline]
     pub(crate) fn len(&self) -> usize {
@@ -454,6 +498,25 @@ impl Block {
 
     pub(crate) fn set_pinned(&mut self, pinned: bool) {
         self.meta_mut().pinned = pinned;
+    }
+
+    /// The length the buffer's guard shows (see `Meta::shown`).
+    #[inline]
+    pub(crate) fn shown(&self) -> usize {
+        self.meta().shown
+    }
+
+    /// Whether the take was served from the pool (see `Meta::pooled`).
+    #[inline]
+    pub(crate) fn was_pooled(&self) -> bool {
+        self.meta().pooled
+    }
+
+    /// The guard's record of copies made through cudarc (see
+    /// `Meta::copies_pending`).
+    #[inline]
+    pub(crate) fn copies_pending(&self) -> &AtomicU8 {
+        &self.meta().copies_pending
     }
 
     /// The dirty prefix, clamped to the length.
@@ -518,7 +581,7 @@ impl Block {
     #[inline]
     pub(crate) fn zero_dirty(&mut self) {
         let dirty = self.dirty();
-        self.as_mut_slice()[..dirty].fill(0);
+        zero(&mut self.as_mut_slice()[..dirty]);
         self.meta_mut().dirty = 0;
     }
 

@@ -17,6 +17,11 @@ use crate::sync::{AtomicU8, Ordering};
 const READS: u8 = 1;
 /// [`PinnedBuffer::copies_pending`]: a copy through cudarc writes into it.
 const WRITES: u8 = 2;
+
+// The guard is two pointers: a move keeps it in two registers (a larger
+// one is copied through memory, and reading back fields just written
+// stalls the copy on store forwarding).
+const _: () = assert!(std::mem::size_of::<PinnedBuffer>() == 2 * std::mem::size_of::<usize>());
 use crate::thread_cache::ThreadCache;
 
 /// A host staging buffer owned by a pool, handed out by
@@ -49,17 +54,15 @@ use crate::thread_cache::ThreadCache;
 /// # Ok::<(), pinpool::Error>(())
 /// ```
 pub struct PinnedBuffer {
+    /// The block, whose metadata also holds the guard's own state while
+    /// the buffer is out: the length shown (the size class taken: the
+    /// block's own length, or less for a block borrowed from a larger
+    /// class, whose bytes past it stay untouched, and zero), the dirty
+    /// prefix, whether the take was a hit, and the copies made through
+    /// cudarc since the last wait for them (bits [`READS`], copies from the
+    /// buffer, and [`WRITES`], copies into it).
     block: ManuallyDrop<Block>,
     home: NonNull<ThreadCache>,
-    dirty: usize,
-    /// Copies made through cudarc since the last wait for them: bits
-    /// [`READS`] (copies from the buffer) and [`WRITES`] (copies into it).
-    copies_pending: AtomicU8,
-    pooled: bool,
-    /// The length of the size class taken: the block's own length, or less
-    /// for a block borrowed from a larger class (whose bytes past this
-    /// stay untouched, and zero).
-    len: usize,
 }
 
 // SAFETY: the buffer owns its block; `home` points into the pool's caches,
@@ -73,16 +76,31 @@ unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
     #[inline]
-    pub(crate) fn new(block: Block, home: &ThreadCache, pooled: bool, len: usize) -> Self {
+    pub(crate) fn new(mut block: Block, home: &ThreadCache, pooled: bool, len: usize) -> Self {
         debug_assert!(len <= block.len());
+        let meta = block.meta_mut();
+        meta.shown = len;
+        meta.dirty = len;
+        meta.pooled = pooled;
+        // Relaxed: the block is exclusively this thread's (`&mut`); the
+        // guard is shared with other threads only through whatever hands
+        // it over, which orders this store before their accesses.
+        meta.copies_pending.store(0, Ordering::Relaxed);
         Self {
-            len,
-            dirty: len,
             block: ManuallyDrop::new(block),
             home: NonNull::from(home),
-            copies_pending: AtomicU8::new(0),
-            pooled,
         }
+    }
+
+    /// The length shown (see the `block` field).
+    #[inline]
+    fn shown(&self) -> usize {
+        self.block.shown()
+    }
+
+    #[inline]
+    fn copies_pending(&self) -> &AtomicU8 {
+        self.block.copies_pending()
     }
 
     /// Whether the buffer is page-locked. `false` for pool-miss buffers
@@ -115,7 +133,7 @@ impl PinnedBuffer {
     /// ```
     #[inline]
     pub fn was_pooled(&self) -> bool {
-        self.pooled
+        self.block.was_pooled()
     }
 
     /// The device whose shard the buffer belongs to, and returns to.
@@ -152,7 +170,8 @@ impl PinnedBuffer {
     /// ```
     #[inline]
     pub fn set_dirty_len(&mut self, len: usize) {
-        self.dirty = len.min(self.len);
+        let shown = self.shown();
+        self.block.meta_mut().dirty = len.min(shown);
     }
 
     /// The prefix the cleaner will re-zero.
@@ -166,7 +185,7 @@ impl PinnedBuffer {
     /// ```
     #[inline]
     pub fn dirty_len(&self) -> usize {
-        self.dirty
+        self.block.dirty()
     }
 
     /// The bytes the buffer occupies (and, when pinned, pins): `len()`, or
@@ -190,7 +209,9 @@ impl PinnedBuffer {
     /// Widens the dirty prefix to at least `len` bytes (a copy into them).
     #[inline]
     pub(crate) fn widen_dirty(&mut self, len: usize) {
-        self.dirty = self.dirty.max(len.min(self.len));
+        let shown = self.shown();
+        let meta = self.block.meta_mut();
+        meta.dirty = meta.dirty.max(len.min(shown));
     }
 
     /// Records the point on `stream` after which the buffer is no longer
@@ -299,7 +320,7 @@ impl PinnedBuffer {
         // copy into the buffer is recorded through `&mut self`, which ended
         // before this `&self` borrow began; or another reader's wait): what
         // that thread saw of the copies, this one sees.
-        if self.copies_pending.load(Ordering::Acquire) & WRITES != 0 {
+        if self.copies_pending().load(Ordering::Acquire) & WRITES != 0 {
             self.wait_copies();
         }
     }
@@ -311,7 +332,7 @@ impl PinnedBuffer {
         // Relaxed: with `&mut self`, every copy was recorded through a
         // borrow that ended before this one began (whatever handed the
         // buffer over ordered them), so the bits are current.
-        if self.copies_pending.load(Ordering::Relaxed) != 0 {
+        if self.copies_pending().load(Ordering::Relaxed) != 0 {
             let fences = self.block.fences_mut();
             if let Err(e) = fences.wait_copies() {
                 panic!("pinpool: waiting for a copy made through cudarc failed: {e}");
@@ -320,7 +341,7 @@ impl PinnedBuffer {
             // so a buffer used for many copies keeps no more events.
             fences.retire_copies();
             // Relaxed: `&mut self`, as above.
-            self.copies_pending.store(0, Ordering::Relaxed);
+            self.copies_pending().store(0, Ordering::Relaxed);
         }
     }
 
@@ -336,7 +357,7 @@ impl PinnedBuffer {
         // before cudarc records it (so the wait above passed it), and its
         // READS bit must stay for the next host write. Release pairs with
         // the Acquire load in `sync_host`.
-        self.copies_pending.fetch_and(!WRITES, Ordering::Release);
+        self.copies_pending().fetch_and(!WRITES, Ordering::Release);
     }
 
     /// What cudarc should do after the copy it is about to enqueue on
@@ -360,7 +381,7 @@ impl PinnedBuffer {
         // Release pairs with the Acquire load in `sync_host` on a thread
         // that shares the buffer.
         let bit = if writes { WRITES } else { READS };
-        self.copies_pending.fetch_or(bit, Ordering::Release);
+        self.copies_pending().fetch_or(bit, Ordering::Release);
         drop(fences);
         // SAFETY: the event is boxed and stays in `copies` until the buffer
         // is accessed through `&mut self` (drop, `DerefMut`), which cannot
@@ -393,21 +414,21 @@ impl PinnedBuffer {
     #[inline]
     pub(crate) fn bytes(&self) -> &[u8] {
         self.sync_host();
-        &self.block.as_slice()[..self.len]
+        &self.block.as_slice()[..self.shown()]
     }
 
     /// The bytes, writable: after waiting for copies.
     #[inline]
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         self.sync_host_mut();
-        let len = self.len;
+        let len = self.shown();
         &mut self.block.as_mut_slice()[..len]
     }
 
     /// The bytes without waiting, for cudarc's copy path (the stream orders
     /// the copy after earlier ones).
     pub(crate) fn raw_bytes(&self) -> &[u8] {
-        &self.block.as_slice()[..self.len]
+        &self.block.as_slice()[..self.shown()]
     }
 
     /// The bytes without waiting, writable, for cudarc's copy path.
@@ -425,7 +446,7 @@ impl PinnedBuffer {
 /// copying stream; see [`PinnedBuffer`].
 impl HostSlice<u8> for PinnedBuffer {
     fn len(&self) -> usize {
-        self.len
+        self.shown()
     }
 
     unsafe fn stream_synced_slice<'a>(
@@ -439,7 +460,7 @@ impl HostSlice<u8> for PinnedBuffer {
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (&'a mut [u8], SyncOnDrop<'a>) {
-        let len = self.len;
+        let len = self.shown();
         self.widen_dirty(len);
         let ptr = self.raw_bytes_mut();
         let fence = self.copy_fence(stream, true);
@@ -481,11 +502,11 @@ impl AsMut<[u8]> for PinnedBuffer {
 impl fmt::Debug for PinnedBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PinnedBuffer")
-            .field("len", &self.len)
+            .field("len", &self.shown())
             .field("device", &self.device())
             .field("pinned", &self.is_pinned())
-            .field("dirty_len", &self.dirty)
-            .field("pooled", &self.pooled)
+            .field("dirty_len", &self.dirty_len())
+            .field("pooled", &self.was_pooled())
             .finish_non_exhaustive()
     }
 }
@@ -500,7 +521,6 @@ impl Drop for PinnedBuffer {
         if fences.has_copies() {
             fences.seal();
         }
-        block.meta_mut().dirty = self.dirty;
         self.home().give_back(block);
     }
 }

@@ -69,6 +69,12 @@ impl OwnerCounts {
         // owner did to the buffer happens before the flush returns.
         bump(&self.done[parity], Ordering::Release);
     }
+
+    /// Completions by the owner, both parities (an activity hint).
+    pub(crate) fn completions(&self) -> u64 {
+        // Relaxed: a hint, publishing nothing.
+        self.done.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
 }
 
 impl SharedCounts {

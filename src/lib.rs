@@ -57,6 +57,7 @@ mod reaper;
 mod remote;
 mod shard;
 mod size_class;
+mod slots;
 mod stack;
 mod stats;
 mod sync;

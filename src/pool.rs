@@ -26,7 +26,10 @@ use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
 use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
 use crate::sync::{barrier, thread, Arc, AtomicBool, Ordering};
 use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
+use std::ptr::NonNull;
 use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
 
 /// Everything a pool shares between its handles, its threads and its
 /// cleaner workers.
@@ -112,17 +115,24 @@ impl Shared {
         });
     }
 
-    /// The take path; see the module docs.
+    /// The take path; see the module docs. `caches` is `this.caches`,
+    /// reached from the handle without going through `this` (a take served
+    /// by the calling thread's own lists reads nothing else of the pool).
     #[inline]
-    fn take(this: &Arc<Self>, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let class = this.classes().class_for(min_size)?;
-        if device >= this.shards.len() {
+    fn take(
+        this: &Arc<Self>,
+        caches: &Caches,
+        device: usize,
+        min_size: usize,
+    ) -> Result<PinnedBuffer, Error> {
+        let class = caches.classes.class_for(min_size)?;
+        if device >= caches.devices() {
             return Err(Error::UnknownDevice {
                 device,
-                devices: this.shards.len(),
+                devices: caches.devices(),
             });
         }
-        let (cache, owned) = this.caches.local();
+        let (cache, owned) = caches.local();
         let found = if owned {
             cache.take(device, class)
         } else {
@@ -130,16 +140,18 @@ impl Shared {
         };
         let block = match found {
             Some(Found::Ready(block)) => {
-                cache.count_hit(device, class, block.footprint());
+                cache.count_hit(block.slot(), block.footprint());
                 Some(block)
             }
             Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
             None => None,
         };
-        let (block, pooled) = match block {
-            Some(block) => (block, true),
-            None => Self::take_slow(this, cache, device, class)?,
-        };
+        if let Some(block) = block {
+            // The cache's own lists hold blocks of their slot's class only.
+            let len = block.len();
+            return Ok(PinnedBuffer::new(block, cache, true, len));
+        }
+        let (block, pooled) = Self::take_slow(this, cache, owned, device, class)?;
         // A borrowed block is longer than the class asked for: the buffer
         // shows the class's length.
         let len = this.classes().size(class);
@@ -186,14 +198,13 @@ impl Shared {
         let owner = std::ptr::eq(taker, home);
         match block.fences_mut().poll() {
             Ok(true) => {
-                let (device, class) = (block.device(), block.class());
                 block.zero_dirty();
                 let meta = block.meta_mut();
                 meta.returned = false;
                 let parity = usize::from(meta.parity);
                 home.complete(parity, owner);
                 taker.count_cleaned();
-                taker.count_hit(device, class, 0);
+                taker.count_hit(block.slot(), 0);
                 Some(block)
             }
             Ok(false) if owner => {
@@ -211,29 +222,32 @@ impl Shared {
         }
     }
 
+    /// The take past the calling thread's own lists (`owned`: whether the
+    /// thread owns `cache`, as [`Caches::local`] found).
     #[cold]
     fn take_slow(
         this: &Arc<Self>,
         cache: &ThreadCache,
+        owned: bool,
         device: usize,
         class: SizeClass,
     ) -> Result<(Block, bool), Error> {
         Self::start_cleaner(this);
         if let Some(block) = this.shards[device].pop(class) {
-            cache.count_hit(device, class, block.footprint());
+            cache.count_hit(block.slot(), block.footprint());
             return Ok((block, true));
         }
-        if let Some(block) = this.borrow(cache, device, class) {
+        if let Some(block) = this.borrow(cache, owned, device, class) {
             // Counted in the class served, so taken bytes stay exact.
-            cache.count_hit(device, block.class(), block.footprint());
+            cache.count_hit(block.slot(), block.footprint());
             cache.count_borrowed();
             return Ok((block, true));
         }
-        if let Some(block) = this.steal(cache, device, class) {
+        if let Some(block) = this.steal(cache, owned, device, class) {
             return Ok((block, true));
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
-        cache.count_miss(device, class);
+        cache.count_miss(block.slot());
         tracing::trace!(
             bytes = block.len(),
             device,
@@ -245,13 +259,19 @@ impl Shared {
     /// An idle ready buffer of a larger class within the borrowing slack:
     /// from the taker's own lists, then the shard. It keeps its class, and
     /// goes back to it when dropped.
-    fn borrow(&self, taker: &ThreadCache, device: usize, class: SizeClass) -> Option<Block> {
+    fn borrow(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
         let slack = self.borrow_slack;
         if slack == 0 {
             return None;
         }
         let classes = self.classes();
-        if taker.is_owned_here() {
+        if owned {
             if let Some(block) = taker.borrow_ready(device, classes.borrowable(class, slack)) {
                 return Some(block);
             }
@@ -265,13 +285,19 @@ impl Shared {
     /// its remote list, then (locking its owner out) its ready and deferred
     /// lists.
     #[cold]
-    fn steal(&self, taker: &ThreadCache, device: usize, class: SizeClass) -> Option<Block> {
+    fn steal(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
         let classes = self.classes();
         let slot = classes.slot(device, class);
         let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
-        if taker.is_owned_here() {
+        if owned {
             if let Some(block) = taker.adopt_remote_lists(device, class) {
-                taker.count_hit(device, class, block.footprint());
+                taker.count_hit(block.slot(), block.footprint());
                 return Some(block);
             }
         }
@@ -298,7 +324,7 @@ impl Shared {
         });
         drop(locked);
         if let Some(block) = ready {
-            taker.count_hit(device, class, block.footprint());
+            taker.count_hit(block.slot(), block.footprint());
             if let Some((block, home)) = deferred {
                 // SAFETY: caches live as long as the pool.
                 self.cleaner
@@ -418,15 +444,14 @@ impl Shared {
             .into_iter()
             .map(Returned::into_block)
             .collect();
-        let classes = this.classes();
         for cache in this.caches.iter() {
-            returned.extend(cache.returns().take_all(classes));
+            returned.extend(cache.returns().take_all());
         }
         let mut locked = this.caches.lock_out(this.caches.iter());
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
         drop(locked);
         this.clear();
-        let taken: u64 = this.caches.iter().map(ThreadCache::taken).sum();
+        let taken: u64 = this.caches.iter().map(ThreadCache::takes).sum();
         let dropped = crate::flush::drops(this.caches.counts());
         let outstanding = taken.saturating_sub(dropped);
         if outstanding > 0 || !returned.is_empty() {
@@ -451,14 +476,12 @@ impl Shared {
         let mut pooled = vec![0usize; devices * count];
         let mut hits = vec![0u64; devices * count];
         let mut misses = vec![0u64; devices * count];
-        let load = |c: &crate::sync::AtomicU64| c.load(Ordering::Relaxed);
         for cache in self.caches.iter() {
             for (slot, n) in pooled.iter_mut().enumerate() {
                 *n += cache.ready_in(slot) as usize;
-            }
-            for (i, (h, m)) in cache.hits().iter().zip(cache.misses()).enumerate() {
-                hits[i] += load(h);
-                misses[i] += load(m);
+                let (h, m) = cache.hits_misses(slot);
+                hits[slot] += h;
+                misses[slot] += m;
             }
             stats.cleaned_by_takers += cache.cleaned();
             stats.borrowed += cache.borrowed();
@@ -570,9 +593,31 @@ impl Retire for Arc<Shared> {
 
 /// Owns the pool on behalf of the user's handles; dropping the last one
 /// closes the pool.
+///
+/// The handles share it through an `Arc` of a cache-padded value, so that
+/// cloning or dropping a handle (the `Arc`'s counts) does not write the line
+/// that every take reads.
 #[derive(Debug)]
 struct Handle {
     shared: Arc<Shared>,
+    /// `shared.caches`, and `shared.device_zero`, beside the `Arc`: a take
+    /// reads them without first loading the shared state's address.
+    caches: NonNull<Caches>,
+    device_zero: bool,
+}
+
+// SAFETY: `caches` points into the boxed caches of `shared`, which the
+// handle keeps alive and which are `Sync`; the rest is `Send + Sync`.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    #[inline]
+    fn caches(&self) -> &Caches {
+        // SAFETY: see the `Send` impl: the box lives as long as `shared`.
+        unsafe { self.caches.as_ref() }
+    }
 }
 
 impl Drop for Handle {
@@ -603,7 +648,7 @@ impl Drop for Handle {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Pool {
-    handle: Arc<Handle>,
+    handle: Arc<CachePadded<Handle>>,
 }
 
 // === impl Pool ===
@@ -680,7 +725,11 @@ impl Pool {
         unsafe { shared.caches.set_sink(&*shared) };
         Shared::start_cleaner(&shared);
         Ok(Self {
-            handle: Arc::new(Handle { shared }),
+            handle: Arc::new(CachePadded::new(Handle {
+                caches: NonNull::from(&*shared.caches),
+                device_zero: shared.device_zero,
+                shared,
+            })),
         })
     }
 
@@ -733,11 +782,10 @@ impl Pool {
     /// ```
     #[inline]
     pub fn try_take(&self, min_size: usize) -> Result<PinnedBuffer, Error> {
-        let shared = self.shared();
-        let device = if shared.device_zero {
+        let device = if self.handle.device_zero {
             0
         } else {
-            shared.backend.current_device()
+            self.shared().backend.current_device()
         };
         self.take_on(device, min_size)
     }
@@ -757,7 +805,7 @@ impl Pool {
     /// ```
     #[inline]
     pub fn take_on(&self, device: usize, min_size: usize) -> Result<PinnedBuffer, Error> {
-        Shared::take(self.shared(), device, min_size)
+        Shared::take(self.shared(), self.handle.caches(), device, min_size)
     }
 
     /// Pins buffers ahead of demand, off the caller's path: `count` buffers

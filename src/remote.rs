@@ -10,7 +10,7 @@
 //! and sharded-slab's remote-free stack.
 
 use crate::alloc::{Block, Meta};
-use crate::size_class::Classes;
+use crate::slots::Slots;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 /// See the module docs.
@@ -20,8 +20,9 @@ pub(crate) struct RemoteList {
     /// Footprint bytes of the blocks on the list: raised before a push and
     /// lowered by the swap that takes them.
     ready_bytes: AtomicUsize,
-    /// Blocks on the list per slot, counted the same way.
-    ready: Box<[AtomicU32]>,
+    /// Blocks on the list per slot, counted the same way (written by
+    /// pushers and the owner's swap: on lines of its own).
+    ready: Slots<AtomicU32>,
 }
 
 impl RemoteList {
@@ -30,7 +31,7 @@ impl RemoteList {
         Self {
             head: AtomicPtr::new(std::ptr::null_mut()),
             ready_bytes: AtomicUsize::new(0),
-            ready: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            ready: Slots::new(slots),
         }
     }
 
@@ -56,11 +57,11 @@ impl RemoteList {
     }
 
     /// Pushes `block`.
-    pub(crate) fn push(&self, block: Block, classes: &Classes) {
+    pub(crate) fn push(&self, block: Block) {
         // Relaxed: counts; see `ready_bytes`.
         self.ready_bytes
             .fetch_add(block.footprint(), Ordering::Relaxed);
-        self.ready[classes.slot(block.device(), block.class())].fetch_add(1, Ordering::Relaxed);
+        self.ready[block.slot()].fetch_add(1, Ordering::Relaxed);
         let node = block.into_raw();
         // Relaxed: only the expected value of the CAS, which re-checks it.
         let mut head = self.head.load(Ordering::Relaxed);
@@ -80,7 +81,7 @@ impl RemoteList {
     }
 
     /// Takes every block on the list, newest first.
-    pub(crate) fn take_all(&self, classes: &Classes) -> Taken {
+    pub(crate) fn take_all(&self) -> Taken {
         if self.is_empty() {
             return Taken {
                 next: std::ptr::null_mut(),
@@ -92,9 +93,8 @@ impl RemoteList {
         let mut bytes = 0;
         for meta in taken.peek() {
             bytes += meta.footprint_bytes();
-            let slot = classes.slot(meta.device(), meta.class());
             // Relaxed: see `ready_bytes`.
-            self.ready[slot].fetch_sub(1, Ordering::Relaxed);
+            self.ready[meta.slot()].fetch_sub(1, Ordering::Relaxed);
         }
         // Relaxed: see `ready_bytes`.
         self.ready_bytes.fetch_sub(bytes, Ordering::Relaxed);

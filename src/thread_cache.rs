@@ -38,15 +38,15 @@
 //! exited thread stay reachable. A thread being torn down gets no cache:
 //! its takes go through the *orphan* cache, which no thread owns.
 
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::alloc::Block;
+use crate::alloc::{Block, Meta};
 use crate::flush::{Counts, Flush, OwnerCounts, SharedCounts};
 use crate::remote::RemoteList;
 use crate::size_class::{Classes, SizeClass};
+use crate::slots::Slots;
 use crate::stats::Counters;
 use crate::sync::per_thread::{self, PerThread};
 use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
@@ -84,12 +84,103 @@ pub(crate) enum Found {
 #[derive(Debug, Default)]
 struct Slot {
     ready: Vec<Block>,
-    deferred: VecDeque<Block>,
+    deferred: Deferred,
 }
 
-/// Room reserved in a slot's lists on first use: 16 entries (128 bytes), of
-/// which a tight loop uses the first few, so the entries the owner writes
-/// never share a cache line with another thread's allocation.
+/// A slot's deferred buffers, oldest first: a FIFO linked through the
+/// blocks' metadata (`Meta::next`, which only the remote lists use
+/// otherwise, and a block in a cache's lists is on none), so that deferring
+/// and reusing a buffer write nothing but the slot and the block's own
+/// metadata.
+#[derive(Debug)]
+struct Deferred {
+    head: *mut Meta,
+    tail: *mut Meta,
+    len: usize,
+}
+
+impl Default for Deferred {
+    fn default() -> Self {
+        Self {
+            head: std::ptr::null_mut(),
+            tail: std::ptr::null_mut(),
+            len: 0,
+        }
+    }
+}
+
+impl Deferred {
+    #[inline]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds `block` as the newest.
+    #[inline]
+    fn push_back(&mut self, block: Block) {
+        let node = block.into_raw();
+        // SAFETY: `node` came from `into_raw`: a live metadata box that this
+        // list now owns, linked nowhere else.
+        unsafe { (*node).next = std::ptr::null_mut() };
+        if self.tail.is_null() {
+            self.head = node;
+        } else {
+            // SAFETY: a non-null `tail` is a live node this list owns.
+            unsafe { (*self.tail).next = node };
+        }
+        self.tail = node;
+        self.len += 1;
+    }
+
+    /// Adds `block` as the oldest.
+    fn push_front(&mut self, block: Block) {
+        let node = block.into_raw();
+        // SAFETY: as in `push_back`.
+        unsafe { (*node).next = self.head };
+        if self.tail.is_null() {
+            self.tail = node;
+        }
+        self.head = node;
+        self.len += 1;
+    }
+
+    /// Takes the oldest.
+    #[inline]
+    fn pop_front(&mut self) -> Option<Block> {
+        let node = self.head;
+        if node.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null `head` is a live node this list owns.
+        self.head = unsafe { (*node).next };
+        if self.head.is_null() {
+            self.tail = std::ptr::null_mut();
+        }
+        self.len -= 1;
+        // SAFETY: `node` came from `into_raw` and is unlinked now: the block
+        // returned is its only owner.
+        Some(unsafe { Block::from_raw(node) })
+    }
+
+    /// Takes every block, oldest first.
+    fn drain(&mut self) -> impl Iterator<Item = Block> + '_ {
+        std::iter::from_fn(move || self.pop_front())
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        // Lists are drained before a pool goes away; dropping a block here
+        // unmaps it (or leaks it if still pinned), as a `Vec` of them would.
+        for block in self.drain() {
+            drop(block);
+        }
+    }
+}
+
+/// Room reserved in a slot's ready list on first use: 16 entries (128
+/// bytes), of which a tight loop uses the first few, so the entries the
+/// owner writes never share a cache line with another thread's allocation.
 const SLOT_ROOM: usize = 16;
 
 impl Slot {
@@ -103,9 +194,6 @@ impl Slot {
 
     #[inline]
     fn defer(&mut self, block: Block) {
-        if self.deferred.capacity() == 0 {
-            self.deferred.reserve(SLOT_ROOM);
-        }
         self.deferred.push_back(block);
     }
 }
@@ -139,18 +227,41 @@ impl Lists {
     }
 }
 
+/// A slot's counters written by the owner (the orphan cache adds with
+/// `fetch_add`), read by statistics and hints: one take or drop touches one
+/// of these, and two share a cache line.
+#[derive(Debug, Default)]
+#[repr(align(32))]
+struct SlotCounts {
+    /// Takes served from the pool.
+    hits: AtomicU64,
+    /// Takes that allocated.
+    misses: AtomicU64,
+    /// Drops by the owner of buffers taken through this cache (drops by
+    /// other threads are `SharedPart::drops`), for the buffers in use per
+    /// class (takes minus drops).
+    drops: AtomicU64,
+    /// Ready buffers in the lists (owner-written; hints for thieves,
+    /// stats).
+    ready: AtomicU32,
+}
+
 /// State written by the owner (and by a thief that has locked it out).
 #[derive(Debug)]
 struct OwnerPart {
     /// Inside an operation on the lists.
     active: AtomicBool,
-    /// The owning thread's token ([`per_thread::owner_token`]), set by the
-    /// owner when it looks its cache up.
+    /// Whether this is the orphan cache (no owner: its counters are updated
+    /// with read-modify-writes).
+    orphan: bool,
+    /// The owning thread's token ([`per_thread::current_token`]), set by
+    /// the owner when it looks its cache up without its memo (see
+    /// [`PerThread::get_or`]).
     token: AtomicU64,
     lists: UnsafeCell<Lists>,
     counts: OwnerCounts,
-    /// Takes through this cache.
-    taken: AtomicU64,
+    /// Per slot.
+    slots: Slots<SlotCounts>,
     /// Footprint bytes this cache took out of the pool, for the cap's
     /// estimate (see `admission`).
     taken_bytes: AtomicU64,
@@ -162,6 +273,11 @@ struct OwnerPart {
     /// since the pool was built): steals that interrupt every thread are
     /// rate-limited.
     last_steal: AtomicU64,
+    /// Deferred buffers this cache's owner re-zeroed itself.
+    cleaned: AtomicU64,
+    /// Takes served by a buffer of a larger class.
+    borrowed: AtomicU64,
+    caches: NonNull<Caches>,
 }
 
 /// State other threads write.
@@ -176,9 +292,11 @@ struct SharedPart {
     counts: SharedCounts,
     /// Drops by other threads in progress (closing waits for them).
     busy: AtomicUsize,
-    /// Takes through the orphan cache (no owner).
-    taken: AtomicU64,
+    /// Footprint bytes taken through the orphan cache (no owner).
     taken_bytes: AtomicU64,
+    /// Drops per slot by threads other than the owner of buffers taken
+    /// through this cache (`fetch_add`; see `SlotCounts::drops`).
+    drops: Slots<AtomicU64>,
 }
 
 /// One thread's cache; see the module docs.
@@ -186,22 +304,6 @@ struct SharedPart {
 pub(crate) struct ThreadCache {
     owner: CachePadded<OwnerPart>,
     shared: CachePadded<SharedPart>,
-    /// Hits and misses per slot, written by the owner (the orphan cache
-    /// adds with `fetch_add`); per-class and per-device figures are sums.
-    hits: Box<[AtomicU64]>,
-    misses: Box<[AtomicU64]>,
-    /// Drops per slot of buffers taken through this cache: by the owner
-    /// (a load and a store) and by other threads (`fetch_add`), for the
-    /// buffers in use per class (takes minus drops).
-    owner_drops: Box<[AtomicU64]>,
-    shared_drops: Box<[AtomicU64]>,
-    /// Ready buffers per slot (owner-written; hints for thieves, stats).
-    ready: Box<[AtomicU32]>,
-    /// Deferred buffers this cache's owner re-zeroed itself.
-    cleaned: AtomicU64,
-    /// Takes served by a buffer of a larger class.
-    borrowed: AtomicU64,
-    caches: NonNull<Caches>,
 }
 
 // SAFETY: the lists in the `UnsafeCell` are touched only under the owner /
@@ -221,48 +323,41 @@ fn bump(counter: &AtomicU64, by: u64) {
 // === impl ThreadCache ===
 
 impl ThreadCache {
-    fn new(classes: &Classes, devices: usize, caches: NonNull<Caches>) -> Self {
-        let counters = classes.count() * devices;
-        let atomics = |n| (0..n).map(|_| AtomicU64::new(0)).collect();
+    fn new(classes: &Classes, devices: usize, caches: NonNull<Caches>, orphan: bool) -> Self {
+        let slots = classes.count() * devices;
         Self {
             owner: CachePadded::new(OwnerPart {
                 active: AtomicBool::new(false),
+                orphan,
                 token: AtomicU64::new(per_thread::NOBODY),
                 lists: UnsafeCell::new(Lists::default()),
                 counts: OwnerCounts::default(),
-                taken: AtomicU64::new(0),
+                slots: Slots::new(slots),
                 taken_bytes: AtomicU64::new(0),
                 deferred: AtomicUsize::new(0),
                 ready_bytes: AtomicUsize::new(0),
                 last_steal: AtomicU64::new(0),
+                cleaned: AtomicU64::new(0),
+                borrowed: AtomicU64::new(0),
+                caches,
             }),
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
                 lock: Mutex::new(()),
-                remote: RemoteList::new(classes.count() * devices),
-                returns: RemoteList::new(classes.count() * devices),
+                remote: RemoteList::new(slots),
+                returns: RemoteList::new(slots),
                 counts: SharedCounts::default(),
                 busy: AtomicUsize::new(0),
-                taken: AtomicU64::new(0),
                 taken_bytes: AtomicU64::new(0),
+                drops: Slots::new(slots),
             }),
-            hits: atomics(counters),
-            misses: atomics(counters),
-            owner_drops: atomics(counters),
-            shared_drops: atomics(counters),
-            ready: (0..classes.count() * devices)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
-            cleaned: AtomicU64::new(0),
-            borrowed: AtomicU64::new(0),
-            caches,
         }
     }
 
     #[inline]
     pub(crate) fn caches(&self) -> &Caches {
         // SAFETY: a cache lives inside its `Caches` and never outlives it.
-        unsafe { self.caches.as_ref() }
+        unsafe { self.owner.caches.as_ref() }
     }
 
     /// Runs `f` on the lists as their owner: the fast path when no thief is
@@ -368,9 +463,9 @@ impl ThreadCache {
     /// thief that locks the owner out sees the buffers in one place or the
     /// other).
     fn collect(&self, lists: &mut Lists) {
-        self.adopt(lists, self.shared.remote.take_all(&self.caches().classes));
+        self.adopt(lists, self.shared.remote.take_all());
         let classes = &self.caches().classes;
-        for block in self.shared.returns.take_all(classes) {
+        for block in self.shared.returns.take_all() {
             let (device, class) = (block.device(), block.class());
             let slot = classes.slot(device, class);
             lists.slot(self.caches().slots, slot).defer(block);
@@ -399,7 +494,7 @@ impl ThreadCache {
         self.as_owner(|lists| {
             for other in caches.iter().filter(|c| !std::ptr::eq(*c, self)) {
                 if !other.shared.remote.is_empty() {
-                    self.adopt(lists, other.shared.remote.take_all(&caches.classes));
+                    self.adopt(lists, other.shared.remote.take_all());
                 }
             }
             let slot = caches.classes.slot(device, class);
@@ -413,7 +508,7 @@ impl ThreadCache {
     /// Accounts for `block` joining the ready list of `slot`. Written by the
     /// owner or a thief that has locked it out.
     fn enready(&self, slot: usize, block: &Block) {
-        let n = &self.ready[slot];
+        let n = &self.owner.slots[slot].ready;
         // Relaxed: statistics and hints, with one writer at a time.
         n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let bytes = &self.owner.ready_bytes;
@@ -425,7 +520,7 @@ impl ThreadCache {
 
     /// Accounts for `block` leaving the ready list of `slot`.
     fn unready(&self, slot: usize, block: &Block) {
-        let n = &self.ready[slot];
+        let n = &self.owner.slots[slot].ready;
         // Relaxed: as in `enready`.
         n.store(n.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
         let bytes = &self.owner.ready_bytes;
@@ -453,15 +548,10 @@ impl ThreadCache {
             meta.parity = parity as u8;
             meta.returned = true;
             self.owner.counts.dropped(parity);
-            bump(
-                &self.owner_drops[caches.classes.slot(block.device(), block.class())],
-                1,
-            );
+            let slot = block.slot();
+            bump(&self.owner.slots[slot].drops, 1);
             if keep && lists.deferred < MAX_DEFERRED {
-                let (device, class) = (block.device(), block.class());
-                lists
-                    .slot(caches.slots, caches.classes.slot(device, class))
-                    .defer(block);
+                lists.slot(caches.slots, slot).defer(block);
                 lists.deferred += 1;
                 self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             } else {
@@ -495,11 +585,10 @@ impl ThreadCache {
         meta.parity = parity as u8;
         meta.returned = true;
         shared.counts.dropped(parity);
-        let slot = caches.classes.slot(block.device(), block.class());
         // Relaxed: a statistic.
-        self.shared_drops[slot].fetch_add(1, Ordering::Relaxed);
+        self.shared.drops[block.slot()].fetch_add(1, Ordering::Relaxed);
         if keep {
-            shared.returns.push(block, &caches.classes);
+            shared.returns.push(block);
         } else {
             caches.sink().route(self, block);
         }
@@ -555,16 +644,16 @@ impl ThreadCache {
     pub(crate) fn count_borrowed(&self) {
         if self.is_orphan() {
             // Relaxed: a statistic.
-            self.borrowed.fetch_add(1, Ordering::Relaxed);
+            self.owner.borrowed.fetch_add(1, Ordering::Relaxed);
         } else {
-            bump(&self.borrowed, 1);
+            bump(&self.owner.borrowed, 1);
         }
     }
 
     /// Takes served by a buffer of a larger class.
     pub(crate) fn borrowed(&self) -> u64 {
         // Relaxed: a statistic.
-        self.borrowed.load(Ordering::Relaxed)
+        self.owner.borrowed.load(Ordering::Relaxed)
     }
 
     /// Counts a deferred buffer that the taker re-zeroed itself.
@@ -572,16 +661,16 @@ impl ThreadCache {
     pub(crate) fn count_cleaned(&self) {
         if self.is_orphan() {
             // Relaxed: a statistic.
-            self.cleaned.fetch_add(1, Ordering::Relaxed);
+            self.owner.cleaned.fetch_add(1, Ordering::Relaxed);
         } else {
-            bump(&self.cleaned, 1);
+            bump(&self.owner.cleaned, 1);
         }
     }
 
     /// Deferred buffers the takers re-zeroed themselves.
     pub(crate) fn cleaned(&self) -> u64 {
         // Relaxed: a statistic.
-        self.cleaned.load(Ordering::Relaxed)
+        self.owner.cleaned.load(Ordering::Relaxed)
     }
 
     /// Hands a ready buffer to the owner through the remote list (the
@@ -589,7 +678,7 @@ impl ThreadCache {
     ///
     /// [`has_room`]: Self::has_room
     pub(crate) fn push_ready(&self, block: Block) {
-        self.shared.remote.push(block, &self.caches().classes);
+        self.shared.remote.push(block);
     }
 
     /// Whether the cache can take `bytes` more ready bytes (a racing read
@@ -605,8 +694,8 @@ impl ThreadCache {
     /// Counts a take that hit, of `bytes` pooled footprint bytes (0 for a
     /// buffer the taker re-zeroed itself).
     #[inline]
-    pub(crate) fn count_hit(&self, device: usize, class: SizeClass, pooled_bytes: usize) {
-        self.count(&self.hits, device, class);
+    pub(crate) fn count_hit(&self, slot: usize, pooled_bytes: usize) {
+        self.count(&self.owner.slots[slot].hits);
         if pooled_bytes > 0 {
             self.count_taken_bytes(pooled_bytes);
         }
@@ -614,8 +703,8 @@ impl ThreadCache {
 
     /// Counts a take that allocated.
     #[inline]
-    pub(crate) fn count_miss(&self, device: usize, class: SizeClass) {
-        self.count(&self.misses, device, class);
+    pub(crate) fn count_miss(&self, slot: usize) {
+        self.count(&self.owner.slots[slot].misses);
     }
 
     /// Tallies pooled bytes taken through this cache (a steal or a shard
@@ -632,15 +721,12 @@ impl ThreadCache {
     }
 
     #[inline]
-    fn count(&self, counters: &[AtomicU64], device: usize, class: SizeClass) {
-        let slot = self.caches().classes.slot(device, class);
+    fn count(&self, counter: &AtomicU64) {
         if self.is_orphan() {
-            // Relaxed: statistics.
-            counters[slot].fetch_add(1, Ordering::Relaxed);
-            self.shared.taken.fetch_add(1, Ordering::Relaxed);
+            // Relaxed: a statistic.
+            counter.fetch_add(1, Ordering::Relaxed);
         } else {
-            bump(&counters[slot], 1);
-            bump(&self.owner.taken, 1);
+            bump(counter, 1);
         }
     }
 
@@ -665,7 +751,7 @@ impl ThreadCache {
 
     #[inline]
     fn is_orphan(&self) -> bool {
-        std::ptr::eq(self, &self.caches().orphan)
+        self.owner.orphan
     }
 
     /// Buffers of `slot` taken through this cache and not yet dropped (a
@@ -673,25 +759,39 @@ impl ThreadCache {
     pub(crate) fn in_use(&self, slot: usize) -> u64 {
         // Relaxed: a statistic and a provisioning hint.
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        (load(&self.hits[slot]) + load(&self.misses[slot]))
-            .saturating_sub(load(&self.owner_drops[slot]) + load(&self.shared_drops[slot]))
+        let counts = &self.owner.slots[slot];
+        (load(&counts.hits) + load(&counts.misses))
+            .saturating_sub(load(&counts.drops) + load(&self.shared.drops[slot]))
     }
 
-    /// Hits per slot.
-    pub(crate) fn hits(&self) -> &[AtomicU64] {
-        &self.hits
+    /// Takes through this cache, ever (hits and misses of every slot; exact
+    /// once takes have stopped, as when the pool closes: every take needs a
+    /// handle, so it happened before the last handle's drop, whose `Arc`
+    /// release orders its counts before the close's Relaxed reads).
+    pub(crate) fn takes(&self) -> u64 {
+        (0..self.caches().slots)
+            .map(|slot| {
+                let (hits, misses) = self.hits_misses(slot);
+                hits + misses
+            })
+            .sum()
     }
 
-    /// Misses, laid out as [`hits`](Self::hits).
-    pub(crate) fn misses(&self) -> &[AtomicU64] {
-        &self.misses
+    /// Hits and misses of `slot` (statistics).
+    pub(crate) fn hits_misses(&self, slot: usize) -> (u64, u64) {
+        let counts = &self.owner.slots[slot];
+        // Relaxed: statistics.
+        (
+            counts.hits.load(Ordering::Relaxed),
+            counts.misses.load(Ordering::Relaxed),
+        )
     }
 
     /// Ready buffers of `slot` in this cache's lists and remote list (an
     /// estimate while the cache is in use).
     pub(crate) fn ready_in(&self, slot: usize) -> u32 {
         // Relaxed: a statistic or a hint.
-        self.ready[slot].load(Ordering::Relaxed) + self.shared.remote.ready_in(slot)
+        self.owner.slots[slot].ready.load(Ordering::Relaxed) + self.shared.remote.ready_in(slot)
     }
 
     /// Footprint bytes taken out of the pool through this cache, ever.
@@ -700,11 +800,6 @@ impl ThreadCache {
         // value leaves the estimate high, which is the safe direction.
         self.owner.taken_bytes.load(Ordering::Relaxed)
             + self.shared.taken_bytes.load(Ordering::Relaxed)
-    }
-
-    /// Takes through this cache, ever.
-    pub(crate) fn taken(&self) -> u64 {
-        self.owner.taken.load(Ordering::Acquire) + self.shared.taken.load(Ordering::Acquire)
     }
 
     /// Whether dropped buffers wait in this cache for their owner (deferred,
@@ -721,12 +816,17 @@ impl ThreadCache {
         self.owner.ready_bytes.load(Ordering::Relaxed) > 0
     }
 
-    /// A count that changes whenever the owner takes or drops (sweeps leave
-    /// active caches to their owners).
+    /// A figure that changes whenever the owner drops, reuses a deferred
+    /// buffer, or takes or gains a ready one (sweeps leave active caches to
+    /// their owners): drops, the owner's completions, and the ready bytes.
+    /// A ready take and a refill of the same size between two sweeps cancel
+    /// out; the sweep then moves a busy cache's ready buffers to the shards,
+    /// where its owner's next take finds them.
     pub(crate) fn activity(&self) -> u64 {
         // Relaxed: a heuristic.
-        self.owner.taken.load(Ordering::Relaxed)
-            + crate::flush::drops(std::iter::once(self.counts()))
+        crate::flush::drops(std::iter::once(self.counts()))
+            + self.owner.counts.completions()
+            + self.owner.ready_bytes.load(Ordering::Relaxed) as u64
     }
 
     /// The cache's flush counters.
@@ -756,8 +856,10 @@ pub(crate) struct Caches {
     orphan: ThreadCache,
     pub(crate) flush: Flush,
     pub(crate) classes: Classes,
-    /// The pool's statistics counters (written off the fast path).
-    pub(crate) counters: Counters,
+    /// The pool's statistics counters (written off the fast path, by the
+    /// cleaner among others: on lines of their own, away from the fields
+    /// every take reads).
+    pub(crate) counters: CachePadded<Counters>,
     /// The devices' primary contexts (CUDA backend), for raw-stream fences.
     pub(crate) contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
     devices: usize,
@@ -830,14 +932,14 @@ impl Caches {
         pins: bool,
         contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
     ) -> Box<Self> {
-        let orphan = ThreadCache::new(&classes, devices, NonNull::dangling());
+        let orphan = ThreadCache::new(&classes, devices, NonNull::dangling(), true);
         let slots = devices * classes.count();
         let mut caches = Box::new(Self {
             map: PerThread::new(),
             orphan,
             flush: Flush::new(),
             classes,
-            counters: Counters::default(),
+            counters: CachePadded::new(Counters::default()),
             contexts,
             slots,
             devices,
@@ -847,7 +949,7 @@ impl Caches {
             sink: crate::sync::OnceLock::new(),
         });
         // The box gave `Caches` its address: point the orphan at it.
-        caches.orphan.caches = NonNull::from(&*caches);
+        caches.orphan.owner.caches = NonNull::from(&*caches);
         caches
     }
 
@@ -875,20 +977,19 @@ impl Caches {
     /// or the orphan cache (not owned) while the thread is being torn down.
     #[inline]
     pub(crate) fn local(&self) -> (&ThreadCache, bool) {
-        let cache = self
-            .map
-            .get_or(|| ThreadCache::new(&self.classes, self.devices, NonNull::from(self)));
-        match cache {
-            Some(cache) => {
-                let token = per_thread::owner_token();
+        let cache = self.map.get_or(
+            || ThreadCache::new(&self.classes, self.devices, NonNull::from(self), false),
+            |cache, token| {
                 // Relaxed: written only by the owner; readers compare it
                 // with their own token, and tokens are never reused, so a
                 // stale value matches no other thread.
                 if cache.owner.token.load(Ordering::Relaxed) != token {
                     cache.owner.token.store(token, Ordering::Relaxed);
                 }
-                (cache, true)
-            }
+            },
+        );
+        match cache {
+            Some(cache) => (cache, true),
             None => (&self.orphan, false),
         }
     }
@@ -896,6 +997,12 @@ impl Caches {
     /// Every cache, the orphan's included.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
         self.map.iter().chain(std::iter::once(&self.orphan))
+    }
+
+    /// The devices served.
+    #[inline]
+    pub(crate) fn devices(&self) -> usize {
+        self.devices
     }
 
     /// Devices times classes.
@@ -1003,7 +1110,7 @@ impl Lists {
     pub(crate) fn take_deferred(&mut self, cache: &ThreadCache) -> Vec<Block> {
         let mut out = Vec::with_capacity(self.deferred);
         for (_, slot) in self.slots() {
-            out.extend(slot.deferred.drain(..));
+            out.extend(slot.deferred.drain());
         }
         self.deferred = 0;
         cache.owner.deferred.store(0, Ordering::Relaxed);

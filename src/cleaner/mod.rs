@@ -807,7 +807,7 @@ impl Cleaner {
         drop(sweep);
         let mut moved = 0;
         for cache in &candidates {
-            for block in cache.returns().take_all(&caches.classes) {
+            for block in cache.returns().take_all() {
                 self.submit_to(cache, block, cap, only_idle);
                 moved += 1;
             }

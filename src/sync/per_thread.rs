@@ -8,7 +8,12 @@
 //! Each thread that owns a value also gets an *owner token*, a number never
 //! reused, so that "does the calling thread own this value" is one
 //! thread-local read and a compare ([`current_token`]); the owner stores
-//! its token in the value.
+//! its token in the value (the `claim` of [`get_or`]).
+//!
+//! Each thread also remembers the last map it looked up and its value
+//! there, next to its token: a lookup in that map is one thread-local read
+//! and a compare, without the crate's bucket walk. Maps are named by a
+//! number never reused, so the memo of a dropped map matches no other.
 //!
 //! A thread that is being torn down (its thread-local destructors running)
 //! must still be able to take and drop buffers, but the crate's `get_or`
@@ -37,23 +42,45 @@ mod imp {
 
     use super::{DEAD, NONE};
 
-    thread_local! {
+    /// A thread's token and its memo of its last lookup.
+    struct Local {
         /// This thread's owner token: `NONE` until it owns a value, `DEAD`
         /// once its teardown reached the guard.
-        static TOKEN: Cell<u64> = const { Cell::new(NONE) };
+        token: Cell<u64>,
+        /// The `id` of the map last looked up (0: none), and this thread's
+        /// value there.
+        map: Cell<u64>,
+        value: Cell<*const ()>,
+    }
+
+    thread_local! {
+        static LOCAL: Local = const {
+            Local {
+                token: Cell::new(NONE),
+                map: Cell::new(0),
+                value: Cell::new(std::ptr::null()),
+            }
+        };
         static GUARD: Guard = const { Guard };
     }
 
     /// Tokens are never reused, so a token can name at most one thread.
     static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+    /// Map ids are never reused either (0 names no map).
+    static NEXT_MAP: AtomicU64 = AtomicU64::new(1);
 
     /// Marks the thread as dying when its destructors reach this guard.
     struct Guard;
 
     impl Drop for Guard {
         fn drop(&mut self) {
-            // `TOKEN` has no destructor, so it outlives every guard.
-            TOKEN.with(|t| t.set(DEAD));
+            // `LOCAL` has no destructor, so it outlives every guard. The memo
+            // goes with the token: a dying thread looks its value up again,
+            // and gets none.
+            LOCAL.with(|l| {
+                l.token.set(DEAD);
+                l.map.set(0);
+            });
         }
     }
 
@@ -61,7 +88,7 @@ mod imp {
     /// assigns one).
     #[inline]
     pub(crate) fn current_token() -> u64 {
-        TOKEN.with(Cell::get)
+        LOCAL.with(|l| l.token.get())
     }
 
     /// The calling thread's token, assigned on first use; call only after
@@ -69,7 +96,7 @@ mod imp {
     /// guard that retires the token is created after the crate's own
     /// per-thread guard, and destroyed before it.
     #[inline]
-    pub(crate) fn owner_token() -> u64 {
+    fn owner_token() -> u64 {
         match current_token() {
             NONE => assign(),
             token => token,
@@ -81,32 +108,69 @@ mod imp {
         // Relaxed: only uniqueness matters.
         let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         GUARD.with(|_| ());
-        TOKEN.with(|t| t.set(token));
+        LOCAL.with(|l| l.token.set(token));
         token
     }
 
     /// See the module docs.
-    pub(crate) struct PerThread<T: Send>(thread_local::ThreadLocal<T>);
+    pub(crate) struct PerThread<T: Send> {
+        map: thread_local::ThreadLocal<T>,
+        /// Names this map in the threads' memos.
+        id: u64,
+    }
 
     impl<T: Send> PerThread<T> {
         pub(crate) fn new() -> Self {
-            Self(thread_local::ThreadLocal::new())
+            Self {
+                map: thread_local::ThreadLocal::new(),
+                // Relaxed: only uniqueness matters.
+                id: NEXT_MAP.fetch_add(1, Ordering::Relaxed),
+            }
         }
 
         /// The calling thread's value, created by `create` on first use;
-        /// `None` while the thread is being torn down.
+        /// `None` while the thread is being torn down. `claim` gets the
+        /// value and the thread's token whenever the lookup is not served
+        /// by the thread's memo: on the thread's first lookup, and after a
+        /// lookup in another map (a value left by an exited thread may have
+        /// passed to this one).
         #[inline]
-        pub(crate) fn get_or(&self, create: impl FnOnce() -> T) -> Option<&T> {
-            match self.0.get() {
+        pub(crate) fn get_or(
+            &self,
+            create: impl FnOnce() -> T,
+            claim: impl FnOnce(&T, u64),
+        ) -> Option<&T> {
+            let (map, value) = LOCAL.with(|l| (l.map.get(), l.value.get()));
+            if map == self.id {
+                // SAFETY: the memo names this map (ids are never reused),
+                // so `lookup` below stored this thread's value in it, a
+                // value that lives and stays in place as long as the map,
+                // which `&self` keeps alive; the thread is not dying, since
+                // the guard clears the memo and `lookup` never sets it
+                // after that.
+                return Some(unsafe { &*value.cast::<T>() });
+            }
+            self.lookup(create, claim)
+        }
+
+        #[cold]
+        fn lookup(&self, create: impl FnOnce() -> T, claim: impl FnOnce(&T, u64)) -> Option<&T> {
+            let value = match self.map.get() {
                 // The crate's map still has this thread's value while the
                 // thread's destructors run between this module's guard and
                 // the crate's: a dying thread must not get it back, since
                 // every dying thread has the same token (`DEAD`) and two of
                 // them would both pass for its owner.
-                Some(value) if current_token() != DEAD => Some(value),
-                Some(_) => None,
-                None => self.insert(create),
-            }
+                Some(value) if current_token() != DEAD => value,
+                Some(_) => return None,
+                None => self.insert(create)?,
+            };
+            claim(value, owner_token());
+            LOCAL.with(|l| {
+                l.map.set(self.id);
+                l.value.set(std::ptr::from_ref(value).cast());
+            });
+            Some(value)
         }
 
         #[cold]
@@ -117,13 +181,13 @@ mod imp {
                     // Maybe the thread's first `get_or` of any map, maybe
                     // during its teardown (then the crate panics).
                     let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        self.0.get_or(create)
+                        self.map.get_or(create)
                     }))
                     .ok()?;
                     owner_token();
                     Some(value)
                 }
-                _ => Some(self.0.get_or(create)),
+                _ => Some(self.map.get_or(create)),
             }
         }
 
@@ -132,7 +196,7 @@ mod imp {
         where
             T: Sync,
         {
-            self.0.iter()
+            self.map.iter()
         }
     }
 }
@@ -154,11 +218,6 @@ mod imp {
     /// names the thread.
     pub(crate) fn current_token() -> u64 {
         INDEX.with(|i| *i as u64 + 1)
-    }
-
-    /// See `current_token`.
-    pub(crate) fn owner_token() -> u64 {
-        current_token()
     }
 
     /// See the module docs.
@@ -184,16 +243,26 @@ mod imp {
             (!ptr.is_null()).then(|| unsafe { &*ptr })
         }
 
-        pub(crate) fn get_or(&self, create: impl FnOnce() -> T) -> Option<&T> {
-            if let Some(value) = self.get() {
-                return Some(value);
-            }
-            let ptr = Box::into_raw(Box::new(create()));
-            // Release publishes the value to `iter` and later `get`s. Only
-            // this thread writes its slot.
-            self.slot().store(ptr, Ordering::Release);
-            // SAFETY: just installed; lives until `self` drops.
-            Some(unsafe { &*ptr })
+        /// As the normal build's, without the memo: `claim` runs on every
+        /// lookup.
+        pub(crate) fn get_or(
+            &self,
+            create: impl FnOnce() -> T,
+            claim: impl FnOnce(&T, u64),
+        ) -> Option<&T> {
+            let value = match self.get() {
+                Some(value) => value,
+                None => {
+                    let ptr = Box::into_raw(Box::new(create()));
+                    // Release publishes the value to `iter` and later `get`s.
+                    // Only this thread writes its slot.
+                    self.slot().store(ptr, Ordering::Release);
+                    // SAFETY: just installed; lives until `self` drops.
+                    unsafe { &*ptr }
+                }
+            };
+            claim(value, current_token());
+            Some(value)
         }
 
         pub(crate) fn iter(&self) -> impl Iterator<Item = &T>
@@ -230,7 +299,7 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{current_token, owner_token, PerThread};
+pub(crate) use imp::{current_token, PerThread};
 
 /// No thread has this token (a cache nobody has owned yet).
 pub(crate) const NOBODY: u64 = u64::MAX - 1;
