@@ -123,10 +123,14 @@ pub(crate) struct Slab {
     mapped: usize,
     /// Blocks carved from the slab and not freed.
     shares: AtomicUsize,
-    /// Whether the slab is registered. Written by the head's owner before
-    /// any sibling exists, and read by the holder of the last share; both
-    /// reach it through block handoffs and the AcqRel count of `shares`.
+    /// Whether the slab is registered. Set by the head's owner before any
+    /// sibling exists, and read and cleared by the holder of the last
+    /// share; they reach it through block handoffs and the AcqRel count of
+    /// `shares`.
     pinned: AtomicBool,
+    /// Whether a block of the slab was leaked (which keeps the slab from
+    /// the OS for good), so that the slab's bytes are counted leaked once.
+    leaked: AtomicBool,
     _track: Track,
 }
 
@@ -237,8 +241,10 @@ pub(crate) struct Block {
     meta: NonNull<Meta>,
 }
 
-// SAFETY: a block exclusively owns its mapping and metadata, like a
-// `Box<[u8]>` plus a `Box<Meta>`; the raw pointers carry no thread affinity.
+// SAFETY: a block exclusively owns its mapping (for a slab block: its own
+// range of the slab, disjoint from its siblings', and one share of the
+// slab, counted atomically) and its metadata, like a `Box<[u8]>` plus a
+// `Box<Meta>`; the raw pointers carry no thread affinity.
 unsafe impl Send for Block {}
 // SAFETY: shared access reads the pointer, sizes and flags; the bytes are
 // written only through `&mut self` or by a cleaner worker that owns the block.
@@ -351,6 +357,7 @@ impl Block {
                 mapped,
                 shares: AtomicUsize::new(1),
                 pinned: AtomicBool::new(false),
+                leaked: AtomicBool::new(false),
                 _track: Track::new(),
             });
             meta.slab = Some(NonNull::from(Box::leak(slab)));
@@ -606,10 +613,28 @@ impl Block {
     /// Forgets the mapping (it stays mapped, and registered if it was) and
     /// drops the metadata: for memory that a copy may still be reading. A
     /// slab block keeps its share, so the slab is never freed either.
-    pub(crate) fn leak(self) {
+    /// Returns the bytes kept from the OS for good, to count as leaked: the
+    /// block's footprint, or its whole slab for the first block of the slab
+    /// leaked (0 for the next ones).
+    pub(crate) fn leak(self) -> usize {
+        let (footprint, slab) = (self.footprint(), self.meta().slab);
         let meta = self.into_raw();
         // SAFETY: from `into_raw` above, owned by nobody else.
         drop(unsafe { Box::from_raw(meta) });
+        match slab {
+            None => footprint,
+            Some(slab) => {
+                // SAFETY: the share kept here keeps the slab alive for good.
+                let slab = unsafe { slab.as_ref() };
+                // Relaxed: a once-only count; the swap decides which leak
+                // counts the slab, and orders nothing.
+                if slab.leaked.swap(true, Ordering::Relaxed) {
+                    0
+                } else {
+                    slab.len
+                }
+            }
+        }
     }
 }
 

@@ -451,7 +451,9 @@ impl Shared {
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
         drop(locked);
         this.clear();
-        let taken: u64 = this.caches.iter().map(ThreadCache::takes).sum();
+        // Buffers pinned ahead of demand were counted as drops without a
+        // take: they count as taken too.
+        let taken: u64 = this.caches.iter().map(|c| c.takes() + c.injected()).sum();
         let dropped = crate::flush::drops(this.caches.counts());
         let outstanding = taken.saturating_sub(dropped);
         if outstanding > 0 || !returned.is_empty() {
@@ -585,9 +587,9 @@ impl Retire for Arc<Shared> {
 
     fn abandon(&self, mut block: Block) {
         Counters::add(&self.counters().fence_failures, 1);
-        Counters::add(&self.counters().leaked_bytes, block.footprint() as u64);
         block.fences_mut().abandon();
-        block.leak();
+        let leaked = block.leak();
+        Counters::add(&self.counters().leaked_bytes, leaked as u64);
     }
 }
 

@@ -132,8 +132,8 @@ pub struct Stats {
     /// Of `hits`, takes served by an idle buffer of a larger class (see
     /// [`PoolBuilder::borrow_slack`](crate::PoolBuilder::borrow_slack)).
     pub borrowed: u64,
-    /// Bytes of ready buffers (footprints: at least a page each), thread
-    /// caches included.
+    /// Bytes of ready buffers (footprints: whole pages, or a sub-page
+    /// buffer's share of its slab), thread caches included.
     pub pooled_bytes: usize,
     /// Ready buffers, thread caches included.
     pub pooled_buffers: usize,
@@ -161,8 +161,9 @@ pub struct Stats {
     ///
     /// [`Pool::reset_peaks`]: crate::Pool::reset_peaks
     pub peak_pinned_bytes: u64,
-    /// Bytes of idle buffers given back to the OS by idle trimming or
-    /// [`Pool::trim`](crate::Pool::trim).
+    /// Footprint bytes of idle buffers freed by idle trimming or
+    /// [`Pool::trim`](crate::Pool::trim) (a slab's page goes back to the OS
+    /// with its last buffer).
     pub trimmed_bytes: u64,
     /// Time spent in those registrations.
     pub registration_time: Duration,

@@ -294,6 +294,10 @@ struct SharedPart {
     busy: AtomicUsize,
     /// Footprint bytes taken through the orphan cache (no owner).
     taken_bytes: AtomicU64,
+    /// Buffers counted as dropped through this cache without a take: those
+    /// pinned ahead of demand (`count_returned`), so that closing counts
+    /// the buffers still out as takes plus these minus drops.
+    injected: AtomicU64,
     /// Drops per slot by threads other than the owner of buffers taken
     /// through this cache (`fetch_add`; see `SlotCounts::drops`).
     drops: Slots<AtomicU64>,
@@ -349,6 +353,7 @@ impl ThreadCache {
                 counts: SharedCounts::default(),
                 busy: AtomicUsize::new(0),
                 taken_bytes: AtomicU64::new(0),
+                injected: AtomicU64::new(0),
                 drops: Slots::new(slots),
             }),
         }
@@ -604,6 +609,9 @@ impl ThreadCache {
         let meta = block.meta_mut();
         meta.parity = parity as u8;
         meta.returned = true;
+        // Relaxed: read when the pool closes, after the handle's release
+        // (reserve) or the workers' join (provisioning), as the drop counts.
+        self.shared.injected.fetch_add(1, Ordering::Relaxed);
         self.shared.counts.dropped(parity);
     }
 
@@ -775,6 +783,14 @@ impl ThreadCache {
                 hits + misses
             })
             .sum()
+    }
+
+    /// Buffers counted as dropped through this cache without a take (see
+    /// [`count_returned`](Self::count_returned)); exact when the pool
+    /// closes, as [`takes`](Self::takes).
+    pub(crate) fn injected(&self) -> u64 {
+        // Relaxed: see `count_returned`.
+        self.shared.injected.load(Ordering::Relaxed)
     }
 
     /// Hits and misses of `slot` (statistics).

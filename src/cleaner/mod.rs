@@ -141,9 +141,9 @@ impl Drop for Returned {
                 bytes = block.footprint(),
                 "pinpool: a cleaner job failed part-way; leaking its buffer"
             );
-            Counters::add(&counters.leaked_bytes, block.footprint() as u64);
             block.fences_mut().abandon();
-            block.leak();
+            let leaked = block.leak();
+            Counters::add(&counters.leaked_bytes, leaked as u64);
         }
         self.home().complete(parity, false);
     }
@@ -572,7 +572,6 @@ impl Cleaner {
         let counters = env.counters();
         Counters::add(&counters.fence_failures, 1);
         let mut block = returned.block.take().expect("held until finished");
-        Counters::add(&counters.leaked_bytes, block.footprint() as u64);
         tracing::error!(
             error = %e,
             bytes = block.footprint(),
@@ -582,7 +581,8 @@ impl Cleaner {
         meta.returned = false;
         let parity = usize::from(meta.parity);
         block.fences_mut().abandon();
-        block.leak();
+        let leaked = block.leak();
+        Counters::add(&counters.leaked_bytes, leaked as u64);
         returned.home().complete(parity, false);
     }
 
@@ -898,7 +898,8 @@ pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Blo
                 block.set_pinned(false);
                 drop(block);
             } else {
-                block.leak();
+                // Counted leaked by `unregister`: the block's own mapping.
+                let _ = block.leak();
             }
         }
         // Other buffers of the slab are live: it stays registered.
