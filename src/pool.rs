@@ -949,7 +949,9 @@ impl Pool {
     }
 
     /// Restarts the peaks of [`Stats`] (`peak_pooled_bytes`,
-    /// `peak_pinned_bytes`) from the levels now.
+    /// `peak_pinned_bytes`) from the levels now, and its drop-to-ready
+    /// quantiles from no buffers (so that a warm-up's first registrations,
+    /// say, do not count in the figures of the work after it).
     ///
     /// # Examples
     ///
@@ -959,13 +961,16 @@ impl Pool {
     /// pool.flush();
     /// pool.clear();
     /// pool.reset_peaks();
-    /// assert_eq!(pool.stats().peak_pooled_bytes, 0);
+    /// let stats = pool.stats();
+    /// assert_eq!(stats.peak_pooled_bytes, 0);
+    /// assert_eq!(stats.drop_to_ready_p99, None);
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn reset_peaks(&self) {
         let shared = self.shared();
         shared.admission.reset_peak(shared.places());
         shared.counters().reset_peak_pinned();
+        shared.counters().reset_ready_latency();
     }
 
     /// The settings the pool runs with (the cap as last set).

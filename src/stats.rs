@@ -70,6 +70,14 @@ impl Counters {
         self.peak_pinned.store(self.pinned(), Ordering::Relaxed);
     }
 
+    /// Forgets the drop-to-ready latencies recorded so far.
+    pub(crate) fn reset_ready_latency(&self) {
+        for bucket in &self.ready_latency {
+            // Relaxed: statistics.
+            bucket.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Records how long a buffer took from its drop to being ready again.
     pub(crate) fn record_ready(&self, latency: Duration) {
         let micros = latency.as_micros().max(1) as u64;
@@ -196,7 +204,10 @@ pub struct Stats {
     /// Cleaner jobs that panicked (their buffers were released; the worker
     /// carried on).
     pub worker_panics: u64,
-    /// Median drop-to-ready latency (upper edge of a power-of-two bucket).
+    /// Median drop-to-ready latency of the buffers the cleaner made ready
+    /// (upper edge of a power-of-two bucket), since the pool was built or
+    /// [`Pool::reset_peaks`](crate::Pool::reset_peaks); buffers re-zeroed
+    /// by their takers are ready once their copies end and are not timed.
     pub drop_to_ready_p50: Option<Duration>,
     /// 99th-percentile drop-to-ready latency (upper edge of its bucket).
     pub drop_to_ready_p99: Option<Duration>,

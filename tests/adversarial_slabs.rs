@@ -473,7 +473,6 @@ fn a_zero_cap_pins_nothing_for_good() {
     assert_eq!(faults.registered(), faults.unregistered());
 }
 
-
 /// Live buffers across threads, by start address: no two may overlap.
 #[derive(Default)]
 struct Live(std::sync::Mutex<BTreeMap<usize, usize>>);
