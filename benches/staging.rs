@@ -318,6 +318,7 @@ fn main() {
             // A fresh pool per thread count for the tight loops, so that its
             // drop-to-ready figures are theirs alone.
             let pool = new_pool(size);
+            let warm = pool.stats();
             let cudarc_path = measure(&|| {
                 run(threads, secs, |_, stop| {
                     pinpool_cudarc(&pool, &ctx, size, stop)
@@ -329,7 +330,7 @@ fn main() {
                 })
             });
             pool.flush();
-            tight.push((threads, pool.stats()));
+            tight.push((threads, warm, pool.stats()));
             let hand = measure(&|| run(threads, secs, |_, stop| hand_written(&ctx, size, stop)));
             let hand_cu = measure(&|| run(threads, secs, |_, stop| hand_cudarc(&ctx, size, stop)));
             let cross = measure(&|| cross_thread(&pool, &ctx, size, threads, secs));
@@ -341,15 +342,19 @@ fn main() {
             );
             pool.shutdown();
         }
-        for (threads, s) in tight {
+        for (threads, warm, s) in tight {
+            let registrations = s.registrations - warm.registrations;
+            let registering = s.registration_time - warm.registration_time;
             println!(
-                "{label}: {threads:>2} threads, tight loops: hit rate {:.5} ({} misses), drop-to-ready p50 {:?} p99 {:?}, {} re-zeroed by their owners, {} by the cleaner",
+                "{label}: {threads:>2} threads, tight loops: hit rate {:.5} ({} misses), drop-to-ready p50 {:?} p99 {:?}, {} re-zeroed by their owners, {} by the cleaner, {} registrations in the loops taking {:?} on average",
                 s.hit_rate(),
                 s.misses,
                 s.drop_to_ready_p50,
                 s.drop_to_ready_p99,
                 s.cleaned_by_takers,
-                s.recycled - s.cleaned_by_takers
+                s.recycled - s.cleaned_by_takers,
+                registrations,
+                registering / (registrations.max(1) as u32)
             );
         }
     }
