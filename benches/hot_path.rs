@@ -1,6 +1,7 @@
 //! Take + drop of a ready buffer (a thread-cache hit) at 1-16 threads:
 //! pinpool against the seed design and a fresh allocation per take, with
-//! take and drop latency on one thread.
+//! take and drop latency on one thread, and buffers taken on one thread
+//! and dropped on another.
 //!
 //! Each thread loops take / write 64 bytes / drop. Threads live for the
 //! whole benchmark (see `Crew`), as a prover's threads do. Throughput is
@@ -216,6 +217,54 @@ fn latency(c: &mut Criterion) {
     group.finish();
 }
 
+/// Buffers taken on one thread and dropped on another, in batches of 64
+/// (so that the channel between them costs little per buffer): one pair of
+/// threads, per buffer amortised. The drops go to the taker's returns list;
+/// its takes collect them back.
+fn cross_thread(c: &mut Criterion) {
+    const BATCH: usize = 64;
+    let pool = pool();
+    let mut group = c.benchmark_group("hot_path/cross_thread_4KiB");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("pinpool", |b| {
+        b.iter_custom(|iters| {
+            let (tx, rx) = crossbeam_channel::bounded::<Vec<pinpool::PinnedBuffer>>(4);
+            let dropper = std::thread::spawn(move || {
+                for batch in rx {
+                    drop(black_box(batch));
+                }
+            });
+            let start = Instant::now();
+            for _ in 0..iters.div_ceil(BATCH as u64) {
+                let batch: Vec<_> = (0..BATCH)
+                    .map(|_| {
+                        let mut buf = pool.take(SIZE);
+                        buf[..64].fill(1);
+                        buf.set_dirty_len(64);
+                        buf
+                    })
+                    .collect();
+                tx.send(batch).unwrap();
+            }
+            drop(tx);
+            dropper.join().unwrap();
+            let took = start.elapsed();
+            // Per buffer: the batches rounded `iters` up.
+            took.mul_f64(iters as f64 / (iters.div_ceil(BATCH as u64) * BATCH as u64) as f64)
+        })
+    });
+    group.finish();
+    let s = pool.stats();
+    eprintln!(
+        "cross-thread: hit rate {:.4} over {} takes, {} misses, {} of {} recycled by takers",
+        s.hit_rate(),
+        s.hits + s.misses,
+        s.misses,
+        s.cleaned_by_takers,
+        s.recycled
+    );
+}
+
 /// The single-thread loop with and without a TRACE-level subscriber: the
 /// take/drop fast path emits nothing, so the two should match.
 fn tracing_cost(c: &mut Criterion) {
@@ -240,5 +289,5 @@ fn tracing_cost(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, take_drop, latency, tracing_cost);
+criterion_group!(benches, take_drop, latency, cross_thread, tracing_cost);
 criterion_main!(benches);
