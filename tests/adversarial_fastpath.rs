@@ -666,13 +666,13 @@ fn deferred_fifo_under_thieves_and_flushes() {
             let mut held: std::collections::VecDeque<PinnedBuffer> = Default::default();
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let size = if (i + t) % 3 == 0 { 256 } else { 4096 };
+                let size = if (i + t).is_multiple_of(3) { 256 } else { 4096 };
                 let mut b = pool.take(size);
                 takes.fetch_add(1, Ordering::Relaxed);
                 claim(&out, &problems, &b);
                 b[..16].fill(0xC3);
                 b.set_dirty_len(16);
-                if i % 11 == 0 {
+                if i.is_multiple_of(11) {
                     // Dropped by another thread: onto this cache's returns.
                     out.lock().unwrap().remove(&(b.as_ptr() as usize));
                     if let Err(e) = tx.try_send(b) {
@@ -725,7 +725,7 @@ fn deferred_fifo_under_thieves_and_flushes() {
                         release(&out, b);
                     }
                     // Drops went to this thread's own FIFO: flush them along.
-                    if n % 4 == 0 {
+                    if n.is_multiple_of(4) {
                         pool.flush();
                     }
                 } else {
