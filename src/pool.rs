@@ -708,12 +708,7 @@ impl Pool {
                 .collect(),
             admission: Admission::new(config.max_pooled_bytes),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
-            provisioner: Provisioner::new(
-                devices * count,
-                config.provision,
-                config.idle_trim,
-                config.borrow_slack,
-            ),
+            provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
             closed: AtomicBool::new(false),
             device_zero: backend.kind() == BackendKind::Host,
             epoch: Instant::now(),

@@ -11,9 +11,7 @@
 //!   flight, a slot whose buffers in use plus ready fall short of its mark
 //!   (after evictions, trims, or registrations skipped under load) gets the
 //!   difference pinned in the background, within the cap (never evicting
-//!   for it). Idle buffers in a device's shard beyond what their own
-//!   slot's mark needs count toward a shorter slot within the borrowing
-//!   slack, nearest first, as a take of that slot would borrow them.
+//!   for it).
 //! - **Idle trim**: ready buffers that became ready longer than the idle-trim
 //!   time ago go back to the OS, largest first, except those
 //!   [`Pool::reserve`](crate::Pool::reserve) pinned and, with provisioning
@@ -55,8 +53,6 @@ pub(crate) struct Provisioner {
     state: Mutex<State>,
     provision: bool,
     idle_trim: Option<Duration>,
-    /// The pool's borrowing slack, in percent.
-    borrow_slack: u32,
 }
 
 /// What a tick found to do.
@@ -69,12 +65,7 @@ pub(crate) struct Plan {
 }
 
 impl Provisioner {
-    pub(crate) fn new(
-        slots: usize,
-        provision: bool,
-        idle_trim: Option<Duration>,
-        borrow_slack: u32,
-    ) -> Self {
+    pub(crate) fn new(slots: usize, provision: bool, idle_trim: Option<Duration>) -> Self {
         Self {
             state: Mutex::new(State {
                 marks: vec![None; slots],
@@ -83,7 +74,6 @@ impl Provisioner {
             }),
             provision,
             idle_trim,
-            borrow_slack,
         }
     }
 
@@ -162,40 +152,17 @@ impl Provisioner {
         }
         if self.provision && quiet && !force {
             let mut room = admission.cap().saturating_sub(admission.pooled_bytes(at));
-            let shard_ready =
-                |slot: usize| at.shards[slot / count].len(SizeClass::at(slot % count)) as u64;
-            let ready: Vec<u64> = (0..marks.len())
-                .map(|slot| {
-                    shard_ready(slot)
-                        + at.caches
-                            .iter()
-                            .map(|c| u64::from(c.ready_in(slot)))
-                            .sum::<u64>()
-                })
-                .collect();
-            // Shard buffers beyond their own slot's need: any thread may
-            // borrow them (those in a thread's cache only its owner).
-            let mut spare: Vec<u64> = (0..marks.len())
-                .map(|slot| {
-                    let need = marks[slot].map_or(0, |m| m.peak.saturating_sub(in_use[slot]));
-                    ready[slot].saturating_sub(need).min(shard_ready(slot))
-                })
-                .collect();
             for slot in (0..marks.len()).rev() {
                 let Some(mark) = marks[slot] else {
                     continue;
                 };
                 let (device, class) = (slot / count, SizeClass::at(slot % count));
-                let mut short = mark.peak.saturating_sub(in_use[slot] + ready[slot]);
-                for larger in classes.borrowable(class, self.borrow_slack) {
-                    if short == 0 {
-                        break;
-                    }
-                    let spared = &mut spare[classes.slot(device, larger)];
-                    let used = short.min(*spared);
-                    *spared -= used;
-                    short -= used;
-                }
+                let ready: u64 = at.shards[device].len(class) as u64
+                    + at.caches
+                        .iter()
+                        .map(|c| u64::from(c.ready_in(slot)))
+                        .sum::<u64>();
+                let mut short = mark.peak.saturating_sub(in_use[slot] + ready);
                 let footprint = classes.footprint(class);
                 // A sub-page class's block is the head of a slab, which its
                 // registration carves into up to `per_slab` buffers.

@@ -139,35 +139,3 @@ fn provisioning_off_leaves_evicted_classes_empty() {
     pool.flush();
     assert_eq!(pool.stats().pooled_buffers, 0);
 }
-
-/// A class short of its mark is not provisioned while the shard holds idle
-/// buffers of a larger class within the borrowing slack that no mark of
-/// their own needs: takes of the short class borrow them instead.
-#[cfg(feature = "testing")]
-#[test]
-fn provisioning_counts_idle_larger_buffers_that_takes_may_borrow() {
-    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(2)
-        .no_idle_trim()
-        .build()
-        .unwrap();
-    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
-    std::thread::sleep(Duration::from_millis(200)); // a tick sees 3 in use
-    pool.reserve(0, &[(3 << 19, 3)]).unwrap(); // 1.5 MiB: within the slack
-    pool.flush();
-    assert_eq!(faults.register_calls(), 3);
-    faults.fail_register(&[4, 5, 6]);
-    drop(bufs); // their registrations fail: the 1 MiB class falls short
-    pool.flush();
-    std::thread::sleep(Duration::from_millis(300)); // ticks that could provision
-    pool.flush();
-    assert_eq!(
-        faults.register_calls(),
-        6,
-        "provisioned 1 MiB buffers beside idle 1.5 MiB ones"
-    );
-    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
-    assert!(bufs.iter().all(|b| b.was_pooled()), "takes borrow them");
-}
