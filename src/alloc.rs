@@ -214,7 +214,7 @@ impl LastShare {
 
 /// What [`Block::unpin`] leaves to its caller.
 #[derive(Debug)]
-pub(crate) enum Unpin {
+pub(crate) enum Unpinned {
     /// A block with a registration of its own: unregister it.
     Alone(Block),
     /// A slab block whose slab other blocks still hold: nothing to do.
@@ -439,10 +439,10 @@ impl Block {
     }
 
     /// Gives up the block after its copies have finished, for its caller to
-    /// unregister what it pinned (see [`Unpin`]).
-    pub(crate) fn unpin(self) -> Unpin {
+    /// unregister what it pinned (see [`Unpinned`]).
+    pub(crate) fn unpin(self) -> Unpinned {
         let Some(slab) = self.meta().slab else {
-            return Unpin::Alone(self);
+            return Unpinned::Alone(self);
         };
         let meta = self.into_raw();
         // SAFETY: from `into_raw` above, owned by nobody else; the mapping
@@ -450,8 +450,8 @@ impl Block {
         drop(unsafe { Box::from_raw(meta) });
         // SAFETY: the block held a share, given up here.
         match unsafe { Slab::release_share(slab) } {
-            Some(last) => Unpin::Last(last),
-            None => Unpin::Shared,
+            Some(last) => Unpinned::Last(last),
+            None => Unpinned::Shared,
         }
     }
 

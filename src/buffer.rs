@@ -12,6 +12,7 @@ use crate::backend::cuda::Bound;
 use crate::error::Error;
 use crate::fence::{must_sync, Fence, Fences};
 use crate::sync::{AtomicU8, Ordering};
+use crate::thread_cache::ThreadCache;
 
 /// [`PinnedBuffer::copies_pending`]: a copy through cudarc reads the buffer.
 const READS: u8 = 1;
@@ -22,7 +23,6 @@ const WRITES: u8 = 2;
 // one is copied through memory, and reading back fields just written
 // stalls the copy on store forwarding).
 const _: () = assert!(std::mem::size_of::<PinnedBuffer>() == 2 * std::mem::size_of::<usize>());
-use crate::thread_cache::ThreadCache;
 
 /// A host staging buffer owned by a pool, handed out by
 /// [`Pool::take`](crate::Pool::take).

@@ -34,7 +34,7 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Unpin};
+use crate::alloc::{clean_range, Block, Unpinned};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -757,19 +757,15 @@ impl Cleaner {
         meta.returned = false;
         let parity = usize::from(meta.parity);
         let (home, to_shard) = (returned.home, returned.to_shard);
-        let returned_home = home;
         let block = returned.into_block();
         // SAFETY: see `Returned`'s `Send` impl.
         let home = unsafe { home.as_ref() };
-        let home = (!to_shard).then_some(home);
-        for sibling in siblings {
-            let evicted = env.admission.admit(env.places, sibling, home);
+        let place = (!to_shard).then_some(home);
+        for block in siblings.into_iter().chain(std::iter::once(block)) {
+            let evicted = env.admission.admit(env.places, block, place);
             release_all(env, evicted);
         }
-        let evicted = env.admission.admit(env.places, block, home);
-        release_all(env, evicted);
-        // SAFETY: see `Returned`'s `Send` impl.
-        unsafe { returned_home.as_ref() }.complete(parity, false);
+        home.complete(parity, false);
     }
 
     /// Frees a quiescent returned buffer and counts its completion.
@@ -891,7 +887,7 @@ pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Blo
     }
     let device = block.device();
     match block.unpin() {
-        Unpin::Alone(mut block) => {
+        Unpinned::Alone(mut block) => {
             // SAFETY: the block was registered by this backend, and every
             // caller knows its copies have finished (ready, or fences done).
             if unsafe { unregister(backend, counters, device, block.as_ptr(), block.footprint()) } {
@@ -903,8 +899,8 @@ pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Blo
             }
         }
         // Other buffers of the slab are live: it stays registered.
-        Unpin::Shared => {}
-        Unpin::Last(slab) if slab.registered() => {
+        Unpinned::Shared => {}
+        Unpinned::Last(slab) if slab.registered() => {
             // SAFETY: the slab was registered by this backend at its base,
             // and no buffer of it is left, so no copy from it is in flight.
             if unsafe { unregister(backend, counters, device, slab.base(), slab.len()) } {
@@ -914,7 +910,7 @@ pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Blo
                 slab.leak();
             }
         }
-        Unpin::Last(slab) => slab.free(),
+        Unpinned::Last(slab) => slab.free(),
     }
 }
 
