@@ -75,9 +75,11 @@ impl Admission {
     pub(crate) fn admit(
         &self,
         at: Places<'_>,
-        block: Block,
+        mut block: Block,
         home: Option<&ThreadCache>,
     ) -> Vec<Block> {
+        // Idle from now on: idle trimming measures from here.
+        block.meta_mut().ready_since = Some(Instant::now());
         let footprint = block.footprint();
         let cap = self.cap();
         // Relaxed: the estimate guards a count, not data; its RMWs are
@@ -342,11 +344,13 @@ impl Admission {
         from_lists.into_iter().for_each(&mut gather);
         let mut out = Vec::new();
         for (slot, mut blocks) in by_slot.into_iter().enumerate().rev() {
-            // Most recently ready last: keep those.
+            // Most recently ready last: keep those, release the longest
+            // idle. Every pooled buffer went through `admit`, which noted
+            // when it became ready.
             blocks.sort_by_key(|b| b.ready_since());
             let mut keep = keep(slot);
             while let Some(block) = blocks.pop() {
-                let idle = block.ready_since().is_none_or(|t| t < cutoff);
+                let idle = block.ready_since().is_some_and(|t| t < cutoff);
                 if !idle || block.is_reserved() || keep > 0 {
                     keep = keep.saturating_sub(1);
                     if let Err(block) = at.shards[block.device()].push(block) {
