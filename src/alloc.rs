@@ -50,6 +50,20 @@ pub(crate) fn huge_page_size() -> usize {
     })
 }
 
+/// The host's physical memory in bytes (`_SC_PHYS_PAGES` pages), or
+/// `u64::MAX` if the system does not say.
+pub(crate) fn host_memory() -> u64 {
+    static MEMORY: OnceLock<u64> = OnceLock::new();
+    *MEMORY.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+        u64::try_from(pages)
+            .ok()
+            .filter(|&p| p > 0)
+            .map_or(u64::MAX, |p| p.saturating_mul(page_size() as u64))
+    })
+}
+
 /// A buffer's side-table entry. Its owner writes it on every take and drop,
 /// so it gets cache lines of its own (128 bytes: two lines, as adjacent
 /// lines are fetched in pairs): metadata of buffers used by different

@@ -41,6 +41,14 @@ pub enum Error {
         /// The cap.
         cap: usize,
     },
+    /// [`Pool::reserve`](crate::Pool::reserve) asked for more bytes than
+    /// this host's memory could hold (whatever the cap).
+    ReserveExceedsMemory {
+        /// The footprint bytes asked for (exact: no `usize` overflow).
+        bytes: u128,
+        /// The host's physical memory in bytes.
+        memory: u64,
+    },
     /// A `key=value` setting (from `PINPOOL_CONF` or
     /// [`PoolBuilder::try_conf`](crate::PoolBuilder::try_conf)) is malformed,
     /// unknown or out of range.
@@ -91,6 +99,10 @@ impl fmt::Display for Error {
             Error::ReserveTooLarge { bytes, cap } => write!(
                 f,
                 "cannot reserve {bytes} bytes: more than the cap on pooled bytes ({cap})"
+            ),
+            Error::ReserveExceedsMemory { bytes, memory } => write!(
+                f,
+                "cannot reserve {bytes} bytes: more than this host's memory ({memory} bytes)"
             ),
             Error::BackendUnavailable(why) => write!(f, "CUDA backend unavailable: {why}"),
             Error::AllocationFailed { bytes, source } => {

@@ -347,16 +347,21 @@ impl Shared {
         }
         let classes = this.classes();
         let mut plan = Vec::with_capacity(wanted.len());
-        let mut bytes = 0usize;
+        // In u128, so that no count overflows it (a footprint is at most
+        // 2^40 bytes, a count below 2^64), and a cap of `usize::MAX` (no
+        // cap) still bounds the reservation by the host's memory.
+        let mut bytes = 0u128;
         for &(size, count) in wanted {
             let class = classes.class_for(size)?;
-            bytes = classes
-                .footprint(class)
-                .checked_mul(count)
-                .and_then(|b| b.checked_add(bytes))
-                .unwrap_or(usize::MAX);
+            bytes = bytes.saturating_add(classes.footprint(class) as u128 * count as u128);
             plan.push((class, count));
         }
+        let memory = crate::alloc::host_memory();
+        if bytes > u128::from(memory) {
+            return Err(Error::ReserveExceedsMemory { bytes, memory });
+        }
+        // At most the host's memory: fits a usize.
+        let bytes = bytes as usize;
         let cap = this.admission.cap();
         if bytes > cap {
             return Err(Error::ReserveTooLarge { bytes, cap });
@@ -814,7 +819,9 @@ impl Pool {
     /// # Errors
     ///
     /// [`Error::UnknownDevice`], [`Error::SizeTooLarge`] for a size above
-    /// the largest class, [`Error::ReserveTooLarge`] if the buffers' bytes
+    /// the largest class, [`Error::ReserveExceedsMemory`] if the buffers'
+    /// bytes exceed this host's physical memory (checked whatever the cap,
+    /// before anything is mapped), [`Error::ReserveTooLarge`] if they
     /// exceed the cap, or [`Error::AllocationFailed`]; nothing is reserved
     /// then.
     ///

@@ -63,7 +63,7 @@ fn bad_reservations_are_errors_and_reserve_nothing() {
     ));
     assert!(matches!(
         pool.reserve(0, &[(4096, usize::MAX)]),
-        Err(Error::ReserveTooLarge { .. })
+        Err(Error::ReserveExceedsMemory { .. })
     ));
     pool.flush();
     assert_eq!(
@@ -71,6 +71,46 @@ fn bad_reservations_are_errors_and_reserve_nothing() {
         0,
         "a failed reserve pinned something"
     );
+}
+
+/// With no cap to stop it, a reservation whose bytes overflow, or that
+/// this host's memory could not hold, is an error before anything is
+/// mapped (not an allocation loop until the process runs out of memory).
+#[test]
+fn reservations_past_the_hosts_memory_are_errors_under_an_unlimited_cap() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .max_pooled_bytes(usize::MAX)
+        .build()
+        .unwrap();
+    let too_large = |wanted: &[(usize, usize)]| {
+        let started = Instant::now();
+        let outcome = pool.reserve(0, wanted);
+        assert!(
+            matches!(outcome, Err(Error::ReserveExceedsMemory { .. })),
+            "reserve({wanted:?}) gave {outcome:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "reserve({wanted:?}) mapped memory before failing"
+        );
+    };
+    too_large(&[(4096, usize::MAX)]);
+    too_large(&[(pinpool::MAX_CLASS_SIZE, 1 << 30), (4096, 1)]);
+    too_large(&[(1 << 30, usize::MAX / 2), (1 << 30, usize::MAX / 2)]);
+    // Twice this host's memory, in 1 GiB buffers.
+    let pages = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let kib = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            kib.split_whitespace().nth(1)?.parse::<usize>().ok()
+        })
+        .expect("MemTotal in /proc/meminfo");
+    too_large(&[(1 << 30, (pages << 10 >> 30) * 2 + 2)]);
+    let err = pool.reserve(0, &[(4096, usize::MAX)]).unwrap_err();
+    assert!(err.to_string().contains("memory"), "{err}");
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 0);
 }
 
 #[test]
