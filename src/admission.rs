@@ -21,6 +21,10 @@
 //! the cap, issues a SeqCst fence, then evicts: either the admission sees
 //! the new cap and enforces it itself, or the lowering thread's eviction
 //! sees the placed buffer.
+//!
+//! The cap has one home, the caches' (`Caches::cap`), where drops read it
+//! too; the pool's settings and statistics report it from there, so
+//! setters racing each other leave one cap, the last stored.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -44,7 +48,6 @@ pub(crate) struct Places<'a> {
 #[derive(Debug)]
 pub(crate) struct Admission {
     estimate: CachePadded<AtomicUsize>,
-    cap: AtomicUsize,
     /// Per cache (by address), the taken bytes already folded in.
     folded: Mutex<HashMap<usize, u64>>,
     peak: AtomicUsize,
@@ -52,20 +55,13 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    pub(crate) fn new(cap: usize) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             estimate: CachePadded::new(AtomicUsize::new(0)),
-            cap: AtomicUsize::new(cap),
             folded: Mutex::new(HashMap::new()),
             peak: AtomicUsize::new(0),
             evictions: AtomicUsize::new(0),
         }
-    }
-
-    /// The cap now.
-    pub(crate) fn cap(&self) -> usize {
-        // Relaxed: a setting.
-        self.cap.load(Ordering::Relaxed)
     }
 
     /// Puts a ready `block` back, in `home`'s cache (the cache it was taken
@@ -81,7 +77,7 @@ impl Admission {
         // Idle from now on: idle trimming measures from here.
         block.meta_mut().ready_since = Some(Instant::now());
         let footprint = block.footprint();
-        let cap = self.cap();
+        let cap = at.caches.cap();
         // Relaxed: the estimate guards a count, not data; its RMWs are
         // totally ordered among themselves, which is all the cap needs.
         if self.estimate.fetch_add(footprint, Ordering::Relaxed) + footprint <= cap {
@@ -91,7 +87,7 @@ impl Admission {
             }
             // Pairs with the fence in `set_cap`; see the module docs.
             fence(Ordering::SeqCst);
-            if self.cap() < cap {
+            if at.caches.cap() < cap {
                 return self.enforce(at);
             }
             return Vec::new();
@@ -99,7 +95,7 @@ impl Admission {
         self.estimate.fetch_sub(footprint, Ordering::Relaxed);
         let mut folded = self.folded.lock();
         self.fold(at, &mut folded);
-        let cap = self.cap();
+        let cap = at.caches.cap();
         if footprint > cap {
             return vec![block];
         }
@@ -195,7 +191,7 @@ impl Admission {
     /// Sets the cap and evicts down to it at once, largest first. Returns
     /// the evicted buffers to release.
     pub(crate) fn set_cap(&self, at: Places<'_>, bytes: usize) -> Vec<Block> {
-        self.cap.store(bytes, Ordering::Relaxed);
+        at.caches.set_cap(bytes);
         // Pairs with the fence in `admit`; see the module docs.
         fence(Ordering::SeqCst);
         self.enforce(at)
@@ -205,7 +201,7 @@ impl Admission {
     fn enforce(&self, at: Places<'_>) -> Vec<Block> {
         let mut folded = self.folded.lock();
         self.fold(at, &mut folded);
-        let out = self.evict_to_fit(at, 0, self.cap());
+        let out = self.evict_to_fit(at, 0, at.caches.cap());
         self.note_peak(at, &folded);
         out
     }

@@ -34,7 +34,9 @@ use crossbeam_utils::CachePadded;
 /// Everything a pool shares between its handles, its threads and its
 /// cleaner workers.
 pub(crate) struct Shared {
-    pub(crate) config: crate::sync::Mutex<Config>,
+    /// The settings built with; the cap in them is the one at build time
+    /// (the live one is `caches.cap()`).
+    config: Config,
     pub(crate) backend: Box<dyn Backend>,
     pub(crate) caches: Box<Caches>,
     pub(crate) shards: Box<[Shard]>,
@@ -212,7 +214,7 @@ impl Shared {
                 None
             }
             Ok(false) => {
-                self.cleaner.submit(home, block, self.admission.cap());
+                self.cleaner.submit(home, block, self.caches.cap());
                 None
             }
             Err(e) => {
@@ -328,7 +330,7 @@ impl Shared {
             if let Some((block, home)) = deferred {
                 // SAFETY: caches live as long as the pool.
                 self.cleaner
-                    .submit(unsafe { &*home }, block, self.admission.cap());
+                    .submit(unsafe { &*home }, block, self.caches.cap());
             }
             return Some(block);
         }
@@ -362,7 +364,7 @@ impl Shared {
         }
         // At most the host's memory: fits a usize.
         let bytes = bytes as usize;
-        let cap = this.admission.cap();
+        let cap = this.caches.cap();
         if bytes > cap {
             return Err(Error::ReserveTooLarge { bytes, cap });
         }
@@ -399,7 +401,7 @@ impl Shared {
             || this.caches.counts(),
             || {
                 this.cleaner
-                    .move_waiting(this.places(), this.admission.cap(), false);
+                    .move_waiting(this.places(), this.caches.cap(), false);
                 if !this.cleaner.is_running() {
                     Self::start_cleaner(this);
                 }
@@ -422,8 +424,6 @@ impl Shared {
     }
 
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
-        self.config.lock().max_pooled_bytes = bytes;
-        self.caches.set_cap(bytes);
         let evicted = self.admission.set_cap(self.places(), bytes);
         cleaner::release_all(self.env(), evicted);
     }
@@ -537,7 +537,7 @@ impl Shared {
         let places = self.places();
         stats.pooled_bytes = self.admission.pooled_bytes(places);
         stats.peak_pooled_bytes = self.admission.peak(places);
-        stats.max_pooled_bytes = self.admission.cap();
+        stats.max_pooled_bytes = self.caches.cap();
         stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;
         stats.evictions = self.admission.evictions() as u64;
         stats.recycled = stats.cleaned_by_takers;
@@ -548,7 +548,7 @@ impl Shared {
 
 impl Sink for Shared {
     fn route(&self, home: &ThreadCache, block: Block) {
-        self.cleaner.submit(home, block, self.admission.cap());
+        self.cleaner.submit(home, block, self.caches.cap());
     }
 
     fn late(&self, mut block: Block) {
@@ -711,7 +711,7 @@ impl Pool {
             shards: (0..devices)
                 .map(|device| Shard::new(count, placement.node(device).map(|n| n.id)))
                 .collect(),
-            admission: Admission::new(config.max_pooled_bytes),
+            admission: Admission::new(),
             cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
             provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
             closed: AtomicBool::new(false),
@@ -719,7 +719,7 @@ impl Pool {
             epoch: Instant::now(),
             borrow_slack: config.borrow_slack,
             placement,
-            config: crate::sync::Mutex::new(config),
+            config,
             backend,
         });
         // SAFETY: the caches live inside `shared`, so their sink outlives
@@ -987,7 +987,11 @@ impl Pool {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn config(&self) -> Config {
-        self.shared().config.lock().clone()
+        let shared = self.shared();
+        Config {
+            max_pooled_bytes: shared.caches.cap(),
+            ..shared.config.clone()
+        }
     }
 
     /// The backend in use (never [`BackendKind::Auto`]).

@@ -151,7 +151,7 @@ impl Provisioner {
             }
         }
         if self.provision && quiet && !force {
-            let mut room = admission.cap().saturating_sub(admission.pooled_bytes(at));
+            let mut room = at.caches.cap().saturating_sub(admission.pooled_bytes(at));
             for slot in (0..marks.len()).rev() {
                 let Some(mark) = marks[slot] else {
                     continue;

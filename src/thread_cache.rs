@@ -630,7 +630,7 @@ impl ThreadCache {
         // one buffer above the new cap (the owner reuses it, or a flush
         // sends it through the cleaner, which applies the cap) or send one
         // below it to the cleaner; neither loses it.
-        let fits = block.footprint() <= self.caches().cap.load(Ordering::Relaxed);
+        let fits = block.footprint() <= self.caches().cap();
         block.dirty() <= SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
     }
 
@@ -882,9 +882,10 @@ pub(crate) struct Caches {
     /// Devices times classes.
     slots: usize,
     limit: usize,
-    /// The pool's cap on pooled bytes, as last set: a buffer above it is
-    /// never kept back in its owner's cache (deferred), since it could not
-    /// be pooled either.
+    /// The pool's cap on pooled bytes, as last set: the only copy of it
+    /// (admission, the settings and the statistics read it here). A buffer
+    /// above it is never kept back in its owner's cache (deferred), since
+    /// it could not be pooled either.
     cap: AtomicUsize,
     pins: bool,
     sink: crate::sync::OnceLock<SinkRef>,
@@ -969,9 +970,20 @@ impl Caches {
         caches
     }
 
-    /// Records a new cap on pooled bytes (see the `cap` field).
+    /// The cap on pooled bytes now (see the `cap` field).
+    #[inline]
+    pub(crate) fn cap(&self) -> usize {
+        // Relaxed: a setting. A reader racing a change sees the old or the
+        // new cap; admission's fence pair with `Admission::set_cap` (see
+        // `admission`) makes one of them enforce the new one.
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// Records a new cap on pooled bytes (see the `cap` field); the caller
+    /// then enforces it (`Admission::set_cap`).
     pub(crate) fn set_cap(&self, cap: usize) {
-        // Relaxed: a setting; see `ThreadCache::deferrable`.
+        // Relaxed: a setting; ordered before the setter's eviction by its
+        // SeqCst fence (see `admission`).
         self.cap.store(cap, Ordering::Relaxed);
     }
 

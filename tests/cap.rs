@@ -56,3 +56,35 @@ fn buffer_larger_than_the_cap_is_never_pooled() {
     assert_eq!(stats.pooled_bytes, 0);
     assert_eq!(stats.released, 1);
 }
+
+/// Setters racing each other leave one cap: the one the pool reports in
+/// its settings, in its statistics, and the one its evictions keep to.
+#[test]
+fn racing_cap_setters_agree_on_one_cap() {
+    let pool = host_pool(1);
+    let bufs: Vec<_> = (0..8).map(|_| pool.take(SIZE)).collect();
+    drop(bufs);
+    pool.flush();
+    for round in 0..3000usize {
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for t in 0..8usize {
+                let (pool, barrier) = (&pool, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    pool.set_max_pooled_bytes((round * 8 + t + 1) * SIZE);
+                });
+            }
+        });
+        let set = pool.config().max_pooled_bytes;
+        let stats = pool.stats();
+        assert_eq!(
+            set, stats.max_pooled_bytes,
+            "round {round}: the settings and the statistics disagree"
+        );
+        assert!(
+            stats.pooled_bytes <= set,
+            "round {round}: pooled above the cap"
+        );
+    }
+}

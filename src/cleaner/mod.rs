@@ -836,7 +836,7 @@ impl Cleaner {
                 return;
             }
         }
-        let moved = self.move_waiting(env.places, env.admission.cap(), true);
+        let moved = self.move_waiting(env.places, env.places.caches.cap(), true);
         let mut sweep = self.sweep.lock();
         sweep.wait = if moved > 0 {
             SWEEP_MIN
@@ -868,7 +868,7 @@ impl Cleaner {
             .iter()
             .last()
             .expect("the orphan cache is last");
-        let cap = env.admission.cap();
+        let cap = env.places.caches.cap();
         for mut block in plan.provision {
             orphan.count_returned(&mut block);
             self.submit_reserved(orphan, block, cap);
