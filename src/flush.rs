@@ -177,8 +177,20 @@ impl Flush {
     where
         I: Iterator<Item = Counts<'a>>,
     {
+        let mut hurried: Option<std::time::Instant> = None;
         while !Self::balanced(parity, counts()) {
-            hurry();
+            // Moving buffers along locks every owner out (a heavy barrier):
+            // at most once per `FLUSH_POLL`, however many completions wake
+            // this flush meanwhile (under loom, which has no clock: on
+            // every wake-up).
+            let due = cfg!(all(loom, feature = "loom"))
+                || hurried.is_none_or(|at| at.elapsed() >= FLUSH_POLL);
+            if due {
+                hurry();
+                if !cfg!(all(loom, feature = "loom")) {
+                    hurried = Some(std::time::Instant::now());
+                }
+            }
             let mut waiters = self.waiters.lock();
             *waiters += 1;
             self.flushing.fetch_add(1, Ordering::Relaxed);
