@@ -83,6 +83,8 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        #[cfg(feature = "testing")]
+        testing::note(|calls| calls.destroyed += 1);
         // cudarc's drop binds the event's context; put the caller's back.
         let bound = Bound::restoring();
         // SAFETY: taken once, here.
@@ -116,6 +118,8 @@ impl EventPool {
     pub(crate) fn take(&self, ctx: &StdArc<CudaContext>) -> Result<Box<Event>, Error> {
         let cu = ctx.cu_ctx();
         {
+            #[cfg(feature = "testing")]
+            testing::note(|calls| calls.pool_locks += 1);
             let mut spares = self.spares.lock();
             if let Some(i) = spares.iter().rposition(|e| e.context() == cu) {
                 return Ok(spares.swap_remove(i));
@@ -126,6 +130,8 @@ impl EventPool {
 
     /// Keeps completed events for reuse.
     pub(crate) fn give(&self, events: impl IntoIterator<Item = Box<Event>>) {
+        #[cfg(feature = "testing")]
+        testing::note(|calls| calls.pool_locks += 1);
         let mut spares = self.spares.lock();
         for event in events {
             if spares.len() < POOL_LIMIT {
@@ -147,7 +153,7 @@ pub(crate) enum Fence {
     /// Flags set by a test when the "copy" is done or has failed (loom
     /// models and the `testing` feature).
     #[cfg(feature = "testing")]
-    Flag(TestFence),
+    Flag(testing::Recorded),
 }
 
 impl Fence {
@@ -163,7 +169,7 @@ impl Fence {
                 Ok(true)
             }
             #[cfg(feature = "testing")]
-            Fence::Flag(flag) => flag.state(),
+            Fence::Flag(flag) => flag.0.state(),
         }
     }
 }
@@ -187,6 +193,11 @@ impl Fences {
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.pending.is_empty() && self.copies.is_empty()
+    }
+
+    /// Whether nothing is held at all: no fence, no spare event.
+    pub(crate) fn is_bare(&self) -> bool {
+        self.is_empty() && self.spares.is_empty()
     }
 
     /// Adds a fence to wait on.
@@ -352,7 +363,7 @@ impl Default for TestFence {
 impl TestFence {
     /// Makes `buf` wait for this fence before it is reused.
     pub fn record(&self, buf: &mut crate::PinnedBuffer) {
-        buf.push_fence(Fence::Flag(self.clone()));
+        buf.push_fence(Fence::Flag(testing::Recorded(self.clone())));
     }
 
     /// The "copy" finished.
@@ -378,5 +389,74 @@ impl TestFence {
             ));
         }
         Ok(self.done.load(Acquire))
+    }
+}
+
+/// What the `testing` feature records of fences: which threads destroy
+/// them and take the event pool's lock, so that tests can show that no
+/// drop does either.
+#[cfg(feature = "testing")]
+pub(crate) mod testing {
+    use std::collections::HashMap;
+    use std::thread::ThreadId;
+
+    use super::TestFence;
+    use crate::sync::StaticMutex;
+
+    /// What one thread did to fences and events.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinpool::testing::{fence_calls_on, FenceCalls, TestFence};
+    ///
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let mut buf = pool.take(1 << 20);
+    /// TestFence::default().record(&mut buf);
+    /// std::thread::spawn(move || drop(buf)).join().unwrap();
+    /// assert_eq!(fence_calls_on(std::thread::current().id()), FenceCalls::default());
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct FenceCalls {
+        /// Fences destroyed: CUDA events (each a `cuEventDestroy`), and
+        /// [`TestFence`]s a buffer let go of (their stand-in).
+        pub destroyed: usize,
+        /// Times the process-wide pool of spare events was locked.
+        pub pool_locks: usize,
+    }
+
+    static CALLS: StaticMutex<Option<HashMap<ThreadId, FenceCalls>>> = StaticMutex::new(None);
+
+    /// Records something the calling thread did.
+    pub(crate) fn note(what: impl FnOnce(&mut FenceCalls)) {
+        let mut calls = CALLS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let calls = calls.get_or_insert_with(HashMap::new);
+        what(calls.entry(std::thread::current().id()).or_default());
+    }
+
+    /// What `thread` has done to fences and events so far, in any pool.
+    pub fn fence_calls_on(thread: ThreadId) -> FenceCalls {
+        let calls = CALLS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        calls
+            .as_ref()
+            .and_then(|calls| calls.get(&thread).copied())
+            .unwrap_or_default()
+    }
+
+    /// A [`TestFence`] as a buffer holds it: its drop is the stand-in for
+    /// destroying an event.
+    #[derive(Debug)]
+    pub(crate) struct Recorded(pub(crate) TestFence);
+
+    impl Drop for Recorded {
+        fn drop(&mut self) {
+            note(|calls| calls.destroyed += 1);
+        }
     }
 }

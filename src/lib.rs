@@ -88,6 +88,7 @@ pub mod loom_internals;
 #[cfg(feature = "testing")]
 pub mod testing {
     pub use crate::backend::fault::Faults;
+    pub use crate::fence::testing::{fence_calls_on, FenceCalls};
     pub use crate::fence::TestFence;
 }
 

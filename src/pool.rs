@@ -451,6 +451,9 @@ impl Shared {
             .collect();
         for cache in this.caches.iter() {
             returned.extend(cache.returns().take_all());
+            // Emptied by the drain above; a buffer still there waits with
+            // the reaper like any other.
+            returned.extend(cache.released().take_all());
         }
         let mut locked = this.caches.lock_out(this.caches.iter());
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));

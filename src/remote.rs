@@ -56,8 +56,8 @@ impl RemoteList {
         self.ready_bytes.load(Ordering::Relaxed)
     }
 
-    /// Pushes `block`.
-    pub(crate) fn push(&self, block: Block) {
+    /// Pushes `block`; returns whether the list was empty before.
+    pub(crate) fn push(&self, block: Block) -> bool {
         // Relaxed: counts; see `ready_bytes`.
         self.ready_bytes
             .fetch_add(block.footprint(), Ordering::Relaxed);
@@ -74,7 +74,7 @@ impl RemoteList {
                 .head
                 .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return,
+                Ok(_) => return head.is_null(),
                 Err(actual) => head = actual,
             }
         }

@@ -190,7 +190,9 @@ pub struct Stats {
     /// or unmapped.
     pub leaked_bytes: u64,
     /// Dropped buffers freed instead of re-zeroed because the cleaner's
-    /// zeroing backlog was full.
+    /// recycling backlog (bytes to zero, or buffers held) was full: freed
+    /// by their droppers if pageable, released in bulk by the cleaner if
+    /// pinned.
     pub zeroing_skipped: u64,
     /// Device synchronizes run for pinned buffers dropped without events.
     pub device_syncs: u64,

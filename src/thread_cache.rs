@@ -289,6 +289,9 @@ struct SharedPart {
     remote: RemoteList,
     /// Buffers other threads dropped (not yet cleaned).
     returns: RemoteList,
+    /// Pinned buffers dropped through this cache while the cleaner's
+    /// recycling backlog was full, for the cleaner to release in bulk.
+    released: RemoteList,
     counts: SharedCounts,
     /// Drops by other threads in progress (closing waits for them).
     busy: AtomicUsize,
@@ -350,6 +353,7 @@ impl ThreadCache {
                 lock: Mutex::new(()),
                 remote: RemoteList::new(slots),
                 returns: RemoteList::new(slots),
+                released: RemoteList::new(slots),
                 counts: SharedCounts::default(),
                 busy: AtomicUsize::new(0),
                 taken_bytes: AtomicU64::new(0),
@@ -647,6 +651,14 @@ impl ThreadCache {
         }
     }
 
+    /// As [`complete`](Self::complete) by a thread other than the owner,
+    /// without waking flushes: the caller completes a batch and then
+    /// notifies once (`Flush::notify`), so that a flush waiting on a large
+    /// batch is not woken by every buffer of it.
+    pub(crate) fn complete_quietly(&self, parity: usize) {
+        self.shared.counts.done(parity);
+    }
+
     /// Counts a take served by a buffer of a larger class.
     #[inline]
     pub(crate) fn count_borrowed(&self) {
@@ -860,6 +872,12 @@ impl ThreadCache {
     /// sweeps and closing: a swap takes it whole.
     pub(crate) fn returns(&self) -> &RemoteList {
         &self.shared.returns
+    }
+
+    /// The list of pinned buffers dropped through this cache that the
+    /// cleaner is to release in bulk (see `Cleaner::shed`).
+    pub(crate) fn released(&self) -> &RemoteList {
+        &self.shared.released
     }
 }
 

@@ -589,3 +589,57 @@ fn sub_page_buffers_share_a_registered_page() {
     let stats = pool.stats();
     assert_eq!((stats.pinned_bytes, stats.leaked_bytes), (0, 0));
 }
+
+/// A pageable miss buffer dropped while the registration backlog is full
+/// is freed by its dropper, but its CUDA events (a copy through cudarc
+/// records one even from pageable memory) go to the cleaner: the dropping
+/// thread destroys no event and takes no lock of the process-wide event
+/// pool.
+#[cfg(feature = "testing")]
+#[test]
+#[ignore = "needs a GPU"]
+fn a_miss_shed_past_the_registration_backlog_leaves_its_events_to_the_cleaner() {
+    use pinpool::testing::{fence_calls_on, FenceCalls};
+    const SIZE: usize = 4 << 20; // one registration job each (no chunks)
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = Pool::builder()
+        .backend(BackendKind::Cuda)
+        .cleaner_threads(1) // a registration backlog of 64 + 16
+        .provision(false)
+        .build()
+        .unwrap();
+    let mut dst = stream.alloc_zeros::<u8>(4096).unwrap();
+    stream.synchronize().unwrap();
+    // Far more first registrations than the backlog holds, each a few
+    // milliseconds of the only worker.
+    let misses: Vec<_> = (0..200).map(|_| pool.take(SIZE)).collect();
+    drop(misses);
+    let mut last = pool.take(SIZE);
+    assert!(!last.is_pinned());
+    // Two copies (two events), a host write that waits for them (they
+    // become spares), one more copy (a spare reused): the buffer holds a
+    // pending event and a spare one.
+    stream.memcpy_htod(&last.prefix(4096), &mut dst).unwrap();
+    stream.memcpy_htod(&last.prefix(4096), &mut dst).unwrap();
+    last[0] = 1;
+    stream.memcpy_htod(&last.prefix(4096), &mut dst).unwrap();
+    let skipped = pool.stats().registrations_skipped;
+    let dropper = std::thread::spawn(move || {
+        drop(last);
+        fence_calls_on(std::thread::current().id())
+    });
+    let calls = dropper.join().unwrap();
+    assert!(
+        pool.stats().registrations_skipped > skipped,
+        "the backlog had room: the buffer was queued, not shed"
+    );
+    assert_eq!(
+        calls,
+        FenceCalls::default(),
+        "the drop destroyed an event or locked the event pool"
+    );
+    pool.flush();
+    assert_eq!(pool.stats().in_cleaner, 0);
+    pool.shutdown();
+}

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pinpool::testing::TestFence;
+use pinpool::testing::{fence_calls_on, FenceCalls, TestFence};
 use pinpool::{BackendKind, Pool};
 
 use common::{faulty, within};
@@ -217,4 +217,88 @@ fn host_recycling_backlog_is_bounded() {
         "resident memory grew by {} MiB while dropping faster than the cleaner zeroes",
         peak >> 20
     );
+}
+
+/// Sixteen threads drop small pinned buffers (no events: each needs the
+/// cleaner) as fast as they can, far faster than two workers on two cores
+/// recycle them. The pinned population grows with every registration of a
+/// miss (256-byte buffers: sixteen per registered slab, so that it grows
+/// within seconds), but the cleaner's backlog stays bounded in buffers:
+/// past it, pinned buffers are released in bulk. So a flush waits for a
+/// bounded backlog, and returns within a second.
+#[test]
+fn flush_returns_within_a_second_while_small_drops_outrun_the_cleaner() {
+    let (pool, _faults) = faulty(2);
+    let stop = AtomicBool::new(false);
+    let worst = std::thread::scope(|scope| {
+        for _ in 0..16 {
+            let (pool, stop) = (&pool, &stop);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let bufs: Vec<_> = (0..8).map(|_| pool.take(256)).collect();
+                    drop(bufs);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let mut worst = Duration::ZERO;
+        for _ in 0..4 {
+            let started = Instant::now();
+            pool.flush();
+            worst = worst.max(started.elapsed());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        stop.store(true, Ordering::Relaxed);
+        worst
+    });
+    pool.flush();
+    assert!(
+        worst < Duration::from_secs(1),
+        "a flush waited {worst:?} behind the cleaner's backlog"
+    );
+    assert_eq!(pool.stats().in_cleaner, 0);
+}
+
+/// A miss buffer dropped while the registration backlog is full is freed
+/// by its dropper (so that misses cannot grow the queue), but its fences
+/// (CUDA events, which only the driver destroys, and spare events, which
+/// go back to a process-wide pool under a lock) go to the cleaner: the
+/// dropping thread destroys none and takes no event-pool lock.
+#[test]
+fn a_miss_freed_past_the_registration_backlog_leaves_its_fences_to_the_cleaner() {
+    let (pool, faults) = faulty(1);
+    // The only worker stuck in a device synchronize: registrations queue.
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let pinned = pool.take(1 << 16);
+    assert!(pinned.is_pinned());
+    faults.hold_synchronize();
+    drop(pinned);
+    std::thread::sleep(Duration::from_millis(50));
+    // One worker: a backlog of 64 + 16 registrations.
+    let misses: Vec<_> = (0..80).map(|_| pool.take(1 << 20)).collect();
+    assert!(misses.iter().all(|b| !b.is_pinned()));
+    drop(misses);
+    let mut last = pool.take(1 << 20);
+    let fence = TestFence::default();
+    fence.record(&mut last);
+    fence.complete();
+    let me = std::thread::current().id();
+    let before = pool.stats().registrations_skipped;
+    drop(last);
+    let (skipped, calls) = (pool.stats().registrations_skipped, fence_calls_on(me));
+    faults.release();
+    pool.flush();
+    assert_eq!(
+        skipped,
+        before + 1,
+        "the miss buffer was queued, not freed by its dropper"
+    );
+    assert_eq!(
+        calls,
+        FenceCalls::default(),
+        "the drop destroyed a fence or locked the event pool"
+    );
+    assert_eq!(pool.stats().in_cleaner, 0);
+    assert_eq!(fence_calls_on(me), FenceCalls::default());
 }

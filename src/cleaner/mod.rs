@@ -9,6 +9,11 @@
 //!   it is the only worker), so a burst of registrations never starves
 //!   recycling, and the others take the register lane first one pop in
 //!   eight, so recycling never starves registrations;
+//! - bounded backlogs: registrations queued, bytes to zero and buffers
+//!   held for recycling; a drop past a bound is [shed](Cleaner::shed)
+//!   without a driver call or a lock on the dropping thread (a pageable
+//!   buffer freed there, its fences to the cleaner through [`spent`]; a
+//!   pinned one released by the cleaner in bulk);
 //! - [parking]: buffers whose fences have not completed wait there,
 //!   re-polled by idle workers, so one slow copy holds up nothing else;
 //! - [device synchronizes](device_sync) for pinned buffers dropped without
@@ -29,6 +34,7 @@
 
 pub(crate) mod device_sync;
 pub(crate) mod parking;
+pub(crate) mod spent;
 
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -42,13 +48,15 @@ use crate::stats::Counters;
 use crate::sync::lanes::{Lane, Lanes, Popped};
 use crate::sync::track::Contents;
 use crate::sync::tune::{
-    CHUNK, POLL, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG, ZERO_BACKLOG_MIN,
+    CHUNK, POLL, RECYCLE_BACKLOG, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG,
+    ZERO_BACKLOG_MIN,
 };
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
 
 use device_sync::{DeviceSyncs, Synced};
 use parking::Parking;
+use spent::Spent;
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -155,8 +163,11 @@ pub(crate) enum Job {
     Clean(Returned),
     /// A dropped pool-miss buffer to register on its first cycle.
     Register(Returned),
-    /// A dropped buffer to free once its copies are done.
-    Release(Returned),
+    /// Collect the caches' release lists: pinned buffers shed past the
+    /// backlog, to free once their copies are done (see `Cleaner::shed`).
+    Bulk,
+    /// Collect the fences of buffers their droppers freed (see [`Spent`]).
+    Spent,
     /// Chunk `index` of a large buffer's zeroing / pre-faulting.
     Chunk(Arc<Chunked>, usize),
 }
@@ -198,6 +209,12 @@ pub(crate) struct Cleaner {
     register_backlog: usize,
     /// Dirty bytes queued for zeroing.
     zero_queued: AtomicUsize,
+    /// Buffers queued for recycling (`Job::Clean`): with the parked ones,
+    /// at most [`RECYCLE_BACKLOG`] (give or take the drops racing at the
+    /// bound).
+    recycle_queued: AtomicUsize,
+    /// Fences of buffers freed by their droppers.
+    spent: Spent,
     sweep: Mutex<Sweep>,
 }
 
@@ -268,6 +285,8 @@ impl Cleaner {
             register_queued: AtomicUsize::new(0),
             register_backlog: REGISTER_BACKLOG + 16 * width,
             zero_queued: AtomicUsize::new(0),
+            recycle_queued: AtomicUsize::new(0),
+            spent: Spent::new(),
             sweep: Mutex::new(Sweep {
                 wait: SWEEP_MIN,
                 due: Instant::now(),
@@ -316,20 +335,29 @@ impl Cleaner {
     /// thread's active window, where taking a lock could deadlock with a
     /// thief).
     pub(crate) fn submit(&self, home: &ThreadCache, block: Block, cap: usize) {
-        self.submit_to(home, block, cap, false);
+        self.submit_to(home, block, cap, false, false);
     }
 
     /// Takes a fresh buffer to pin and pool ahead of demand (`reserve`, or
     /// provisioning), counted in `home` (the orphan cache): it goes to its
     /// shard. One that `reserve` asked for (`meta.reserved`) is registered
     /// whatever the registration backlog; a provisioned one yields to it.
+    /// Neither counts against the recycling backlog: both are fresh and
+    /// clean, as many as the caller asked for.
     pub(crate) fn submit_reserved(&self, home: &ThreadCache, block: Block, cap: usize) {
-        self.submit_to(home, block, cap, true);
+        self.submit_to(home, block, cap, true, true);
     }
 
     /// As [`submit`](Self::submit); the buffer goes to its shard once ready
-    /// if `to_shard`.
-    fn submit_to(&self, home: &ThreadCache, mut block: Block, cap: usize, to_shard: bool) {
+    /// if `to_shard`, and is pinned ahead of demand if `ahead`.
+    fn submit_to(
+        &self,
+        home: &ThreadCache,
+        mut block: Block,
+        cap: usize,
+        to_shard: bool,
+        ahead: bool,
+    ) {
         let register = self.pins && !block.is_pinned();
         self.note_drop(&mut block);
         let meta = block.meta_mut();
@@ -338,12 +366,13 @@ impl Cleaner {
         let mut returned = Returned::new(block, home);
         returned.to_shard = to_shard;
         if register {
-            // Relaxed: a bound on a queue length, publishing nothing.
+            // Relaxed: a bound on a queue length, publishing nothing; a
+            // racing read lets a few drops past it or sheds a few below it.
             if !reserved && self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
                 // Registrations are backed up: free this miss buffer rather
                 // than let misses breed an ever longer queue.
                 Counters::add(&home.caches().counters.registrations_skipped, 1);
-                Self::free_on_caller(home, returned);
+                self.shed(home, returned);
             } else {
                 self.register_queued.fetch_add(1, Ordering::Relaxed);
                 self.lanes.push(Lane::Register, Job::Register(returned));
@@ -351,37 +380,117 @@ impl Cleaner {
             return;
         }
         let dirty = returned.block().dirty();
-        // Relaxed: a bound, as above.
+        // Relaxed: bounds, as above. What is pinned ahead of demand is
+        // queued whatever the backlog.
         let limit = (cap / 2).clamp(ZERO_BACKLOG_MIN, ZERO_BACKLOG);
-        if self.zero_queued.load(Ordering::Relaxed) + dirty > limit {
+        // The buffers the cleaner holds to recycle: queued, or parked for
+        // their copies or a device synchronize.
+        let held = self.recycle_queued.load(Ordering::Relaxed) + self.parking.len();
+        let full =
+            self.zero_queued.load(Ordering::Relaxed) + dirty > limit || held >= RECYCLE_BACKLOG;
+        if full && !ahead {
             Counters::add(&home.caches().counters.zeroing_skipped, 1);
-            if returned.block().is_pinned() {
-                returned.release = true;
-                self.lanes.push(Lane::Recycle, Job::Release(returned));
-                return;
-            }
-            Self::free_on_caller(home, returned);
+            self.shed(home, returned);
             return;
         }
         self.zero_queued.fetch_add(dirty, Ordering::Relaxed);
+        self.recycle_queued.fetch_add(1, Ordering::Relaxed);
         self.lanes.push(Lane::Recycle, Job::Clean(returned));
     }
 
-    /// Frees an unpinned dropped buffer on the dropping thread, which so
-    /// pays for its own share of a backlog that the cleaner cannot keep up
-    /// with (the queues stay bounded, and so do flushes). Nothing of CUDA
-    /// is undone and no copy can still read it: copies from pageable
-    /// memory are staged before they return.
-    fn free_on_caller(home: &ThreadCache, returned: Returned) {
+    /// Takes a dropped buffer that a full backlog (registrations, bytes to
+    /// zero, or buffers to recycle) has no room for, so that dropping
+    /// faster than the cleaner works grows no queue (and no flush's wait)
+    /// without bound, while the dropping thread still never blocks, calls
+    /// the backend or takes a lock:
+    ///
+    /// - a pageable buffer is freed here (nothing of CUDA to undo, and no
+    ///   copy can still read it: copies from pageable memory are staged
+    ///   before they return); its fences and spare events, which only the
+    ///   driver destroys and the event pool's lock takes back, go to the
+    ///   cleaner ([`Spent`]);
+    /// - a pinned one needs the driver to be unregistered: it goes on its
+    ///   home cache's release list, which the cleaner frees in bulk once
+    ///   the buffers' copies are done.
+    ///
+    /// Either list queues one collecting job when a push finds it empty,
+    /// so the queue gains at most one job per collection.
+    fn shed(&self, home: &ThreadCache, returned: Returned) {
         let mut block = returned.into_block();
-        debug_assert!(!block.is_pinned());
+        if block.is_pinned() {
+            if home.released().push(block) {
+                self.lanes.push(Lane::Recycle, Job::Bulk);
+            }
+            return;
+        }
+        let fences = std::mem::take(block.fences_mut());
         let meta = block.meta_mut();
         meta.returned = false;
         let parity = usize::from(meta.parity);
-        block.fences_mut().release();
         Counters::add(&home.caches().counters.released, 1);
         drop(block);
         home.complete(parity, home.is_owned_here());
+        if !fences.is_bare() && self.spent.push(fences) {
+            self.lanes.push(Lane::Recycle, Job::Spent);
+        }
+    }
+
+    /// Frees, in bulk, the pinned buffers that [`shed`](Self::shed) put on
+    /// the caches' release lists, each once its copies are done. One
+    /// synchronize per device, waited for here, covers every event-less
+    /// buffer of the batch (all were dropped before it starts), so a large
+    /// batch neither runs one per buffer nor fills the parking; buffers
+    /// with fences are polled, and parked if not done, as any buffer.
+    fn release_bulk(&self, env: Env<'_>) {
+        let mut batch = Vec::new();
+        let mut notes: Vec<(usize, u64)> = Vec::new();
+        for cache in env.places.caches.iter() {
+            for mut block in cache.released().take_all() {
+                if block.fences_mut().is_empty() {
+                    let (device, note) = (block.device(), block.meta_mut().sync_gen);
+                    match notes.iter_mut().find(|(d, _)| *d == device) {
+                        Some((_, highest)) => *highest = (*highest).max(note),
+                        None => notes.push((device, note)),
+                    }
+                }
+                let mut returned = Returned::new(block, cache);
+                returned.release = true;
+                batch.push(returned);
+            }
+        }
+        let mut failed: Vec<(usize, Error)> = Vec::new();
+        for (device, note) in notes {
+            match self.syncs.wait(env.backend, device, note) {
+                Ok(true) => Counters::add(&env.counters().device_syncs, 1),
+                Ok(false) => {}
+                Err(e) => failed.push((device, e)),
+            }
+        }
+        let mut released = false;
+        for mut returned in batch {
+            let block = returned.block_mut();
+            if !block.fences_mut().is_empty() {
+                self.process(env, returned);
+                continue;
+            }
+            let device = block.device();
+            if let Some((_, e)) = failed.iter().find(|(d, _)| *d == device) {
+                // Its copies are not known to have finished.
+                Self::fail(env, returned, e);
+                continue;
+            }
+            let meta = returned.block_mut().meta_mut();
+            meta.returned = false;
+            let parity = usize::from(meta.parity);
+            let home = returned.home;
+            release(env.backend, env.counters(), returned.into_block());
+            // SAFETY: see `Returned`'s `Send` impl.
+            unsafe { home.as_ref() }.complete_quietly(parity);
+            released = true;
+        }
+        if released {
+            env.places.caches.flush.notify();
+        }
     }
 
     /// Notes, on a dropped pinned buffer without recorded events, the
@@ -500,13 +609,20 @@ impl Cleaner {
             Job::Clean(returned) => {
                 self.zero_queued
                     .fetch_sub(returned.block().dirty(), Ordering::Relaxed);
+                self.recycle_queued.fetch_sub(1, Ordering::Relaxed);
                 self.process(env, returned);
             }
             Job::Register(returned) => {
                 self.register_queued.fetch_sub(1, Ordering::Relaxed);
                 self.process(env, returned);
             }
-            Job::Release(returned) => self.process(env, returned),
+            Job::Bulk => self.release_bulk(env),
+            Job::Spent => {
+                for mut fences in self.spent.take_all() {
+                    // Spare events back to the pool; the rest destroyed.
+                    fences.release();
+                }
+            }
             Job::Chunk(task, chunk) => self.run_chunk(env, &task, chunk),
         }
     }
@@ -804,14 +920,14 @@ impl Cleaner {
         let mut moved = 0;
         for cache in &candidates {
             for block in cache.returns().take_all() {
-                self.submit_to(cache, block, cap, only_idle);
+                self.submit_to(cache, block, cap, only_idle, false);
                 moved += 1;
             }
         }
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             for block in lists.take_deferred(cache) {
-                self.submit_to(cache, block, cap, only_idle);
+                self.submit_to(cache, block, cap, only_idle, false);
                 moved += 1;
             }
             if only_idle {

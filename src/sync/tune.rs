@@ -103,6 +103,13 @@ pub(crate) const FLUSH_POLL: Duration = Duration::from_millis(1);
 /// worker`. Beyond it a pool-miss buffer is freed rather than registered.
 pub(crate) const REGISTER_BACKLOG: usize = 64;
 
+/// Buffers queued for the cleaner to recycle, at most. Beyond it a dropped
+/// buffer is shed (`Cleaner::shed`: a pageable one freed, a pinned one
+/// released in bulk), so that drops outrunning the cleaner keep its queue,
+/// and the wait of a flush behind it, bounded: a few milliseconds of work
+/// for the workers (a small buffer costs them about a microsecond).
+pub(crate) const RECYCLE_BACKLOG: usize = 4096;
+
 /// Dirty bytes queued for the cleaner to zero, at most: half the cap,
 /// within `[ZERO_BACKLOG_MIN, ZERO_BACKLOG]`. Beyond it a dropped buffer is
 /// freed rather than queued, so dropping faster than the cleaner can zero
