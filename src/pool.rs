@@ -24,7 +24,7 @@ use crate::shard::Shard;
 use crate::size_class::{Classes, SizeClass};
 use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
 use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
-use crate::sync::{barrier, thread, Arc, AtomicBool, Ordering};
+use crate::sync::{barrier, Arc, AtomicBool, Ordering};
 use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
 use std::ptr::NonNull;
 use std::time::Instant;
@@ -100,9 +100,9 @@ impl Shared {
         }
         this.cleaner.start(|index| {
             let shared = Arc::clone(this);
-            thread::Builder::new()
-                .name(format!("pinpool-cleaner-{index}"))
-                .spawn(move || {
+            this.backend.spawn(
+                format!("pinpool-cleaner-{index}"),
+                Box::new(move || {
                     // Pre-faulting and zeroing a node's blocks from its own
                     // CPUs keeps that traffic local; the pages land on the
                     // node through the blocks' memory policy either way.
@@ -113,7 +113,8 @@ impl Shared {
                         }
                     }
                     shared.cleaner.work(shared.env(), index)
-                })
+                }),
+            )
         });
     }
 
@@ -575,9 +576,10 @@ impl Retire for Arc<Shared> {
                 #[cfg(not(all(loom, feature = "loom")))]
                 {
                     let shared = Arc::clone(self);
-                    let spawned = crate::sync::thread::Builder::new()
-                        .name("pinpool-late-sync".into())
-                        .spawn(move || shared.cleaner.run_late_sync(shared.env(), device, note));
+                    let spawned = self.backend.spawn(
+                        "pinpool-late-sync".into(),
+                        Box::new(move || shared.cleaner.run_late_sync(shared.env(), device, note)),
+                    );
                     if spawned.is_ok() {
                         return Ok(false);
                     }

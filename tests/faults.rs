@@ -287,3 +287,90 @@ fn late_fence_holds_the_buffer_back_and_others_flow() {
     assert_eq!(pool.stats().in_cleaner, 0);
     assert!(pool.take(1 << 16).was_pooled());
 }
+
+/// A pool whose cleaner workers cannot start (the system is out of
+/// threads) still works: drops queue without blocking, `flush` cleans on
+/// the calling thread, and the next take that misses tries to start them
+/// again.
+#[test]
+fn a_pool_whose_workers_cannot_start_cleans_on_flush() {
+    let faults = Arc::new(Faults::default());
+    faults.fail_spawn("pinpool-cleaner");
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(2)
+        .build()
+        .unwrap();
+    let buf = pinned(&pool, 1 << 16); // registered by the flush, inline
+    drop(buf);
+    common::within(Duration::from_secs(10), "flush without workers", {
+        let pool = pool.clone();
+        move || pool.flush()
+    });
+    assert!(pool.take(1 << 16).was_pooled());
+    assert!(faults.spawn_failures() >= 2);
+    faults.allow_spawn();
+    drop(pool.take(8 << 20)); // a miss: starts the workers
+    std::thread::sleep(Duration::from_millis(100));
+    let stats = pool.stats();
+    assert_eq!(stats.in_cleaner, 0, "a worker should have cleaned the drop");
+}
+
+/// Only worker 0 of three starts (the others cannot): it must serve the
+/// registration lane too (it serves only recycling beside other workers),
+/// so a miss is registered and a flush returns.
+#[test]
+fn a_pool_with_only_some_workers_started_still_registers_misses() {
+    let faults = Arc::new(Faults::default());
+    faults.fail_spawn("pinpool-cleaner-1");
+    faults.fail_spawn("pinpool-cleaner-2");
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(3)
+        .build()
+        .unwrap();
+    drop(pool.take(1 << 16));
+    common::within(Duration::from_secs(10), "flush with one worker of three", {
+        let pool = pool.clone();
+        move || pool.flush()
+    });
+    let buf = pool.take(1 << 16);
+    assert!(buf.is_pinned(), "the miss was never registered");
+    assert_eq!(faults.registered(), 1);
+}
+
+/// A closed pool's late event-less pinned buffer needs a device
+/// synchronize, which runs on a thread of its own; if that thread cannot
+/// start, the reaper runs it itself, and the buffer is still freed.
+#[test]
+fn a_late_synchronize_whose_thread_cannot_start_runs_on_the_reaper() {
+    let faults = Arc::new(Faults::default());
+    faults.fail_spawn("pinpool-late-sync");
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .build()
+        .unwrap();
+    let buf = pinned(&pool, 1 << 16);
+    drop(pool);
+    let syncs = faults.synchronize_calls();
+    drop(buf);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while faults.unregistered() < faults.registered() {
+        assert!(Instant::now() < deadline, "the late buffer was never freed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        faults.spawn_failures() >= 1,
+        "no late synchronize was tried"
+    );
+    assert!(faults.synchronize_calls() > syncs);
+    // The reaper let the closed pool go: only this handle is left.
+    while Arc::strong_count(&faults) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the closed pool's state was kept"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use super::{Backend, BackendKind};
+use super::{Backend, BackendKind, JoinHandle};
 use crate::error::Error;
 use crate::sync::{Condvar, Mutex, Ordering, StatCounter as AtomicU64, Unmodeled};
 
@@ -39,6 +39,7 @@ pub struct Faults {
     unregister_calls: AtomicU64,
     unregistered: AtomicU64,
     synchronize_calls: AtomicU64,
+    spawn_failures: AtomicU64,
     held: Mutex<bool>,
     released: Condvar,
     threads: Unmodeled<Vec<std::thread::ThreadId>>,
@@ -53,6 +54,7 @@ impl Default for Faults {
             unregister_calls: AtomicU64::new(0),
             unregistered: AtomicU64::new(0),
             synchronize_calls: AtomicU64::new(0),
+            spawn_failures: AtomicU64::new(0),
             held: Mutex::new(false),
             released: Condvar::new(),
             threads: Unmodeled::new(Vec::new()),
@@ -66,6 +68,8 @@ struct Plan {
     panic_register: HashSet<u64>,
     fail_unregister: HashSet<u64>,
     fail_synchronize: HashSet<u64>,
+    /// Thread names (prefixes) whose start fails.
+    fail_spawn: Vec<String>,
 }
 
 /// A call's outcome under the plan.
@@ -94,6 +98,42 @@ impl Faults {
     /// Fails these device synchronizes (the wait for event-less buffers).
     pub fn fail_synchronize(&self, calls: &[u64]) {
         self.plan().fail_synchronize.extend(calls);
+    }
+
+    /// Makes the start of every thread of the pool whose name begins with
+    /// `prefix` fail, as a system out of threads would: `pinpool-cleaner`
+    /// (or `pinpool-cleaner-N` for worker N), `pinpool-reaper` (the
+    /// process-wide thread that frees closed pools' buffers, started by the
+    /// close of a pool), `pinpool-late-sync` (a closed pool's device
+    /// synchronize), or `pinpool` for all of them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use pinpool::testing::Faults;
+    ///
+    /// let faults = Arc::new(Faults::default());
+    /// faults.fail_spawn("pinpool-cleaner");
+    /// let pool = pinpool::Pool::builder().faults(faults.clone()).build()?;
+    /// drop(pool.take(4096));
+    /// pool.flush(); // no worker runs: the flush cleans on this thread
+    /// assert_eq!(pool.stats().pooled_buffers, 1);
+    /// assert!(faults.spawn_failures() > 0);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn fail_spawn(&self, prefix: &str) {
+        self.plan().fail_spawn.push(prefix.to_owned());
+    }
+
+    /// Lets threads start again (undoes every [`fail_spawn`](Self::fail_spawn)).
+    pub fn allow_spawn(&self) {
+        self.plan().fail_spawn.clear();
+    }
+
+    /// Thread starts that failed by [`fail_spawn`](Self::fail_spawn).
+    pub fn spawn_failures(&self) -> u64 {
+        self.spawn_failures.load(Ordering::Relaxed)
     }
 
     /// Makes every synchronize call block until [`release`](Self::release).
@@ -234,6 +274,23 @@ impl Backend for FaultBackend {
             }
             _ => Err(injected("cuMemHostUnregister (injected)")),
         }
+    }
+
+    fn spawn(&self, name: String, body: Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle> {
+        let f = &self.faults;
+        if f.plan()
+            .fail_spawn
+            .iter()
+            .any(|p| name.starts_with(p.as_str()))
+        {
+            // Relaxed: a statistic.
+            f.spawn_failures.fetch_add(1, Ordering::Relaxed);
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                format!("{name}: thread start failed (injected)"),
+            ));
+        }
+        crate::sync::thread::Builder::new().name(name).spawn(body)
     }
 
     fn synchronize(&self, _device: usize) -> Result<(), Error> {

@@ -83,7 +83,16 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn numa_hints(&self) -> Vec<crate::numa::DeviceHint> {
         vec![Default::default(); self.device_count()]
     }
+    /// Starts a thread named `name` running `body`: every thread the pool
+    /// starts (cleaner workers, the reaper, late synchronizes) starts
+    /// here, so that the test backend can make it fail.
+    fn spawn(&self, name: String, body: Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle> {
+        crate::sync::thread::Builder::new().name(name).spawn(body)
+    }
 }
+
+/// A thread the pool started.
+pub(crate) type JoinHandle = crate::sync::thread::JoinHandle<()>;
 
 /// Picks the backend for `kind`, logging the choice.
 pub(crate) fn select(kind: BackendKind, devices: Option<usize>) -> Result<Box<dyn Backend>, Error> {

@@ -198,6 +198,9 @@ pub(crate) struct Cleaner {
     workers: Mutex<Vec<thread::JoinHandle<()>>>,
     /// Whether workers run (a hint: set under `workers`).
     running: AtomicBool,
+    /// How many workers the last start started (0 once stopped): the first
+    /// `started` indices run (see `start`).
+    started: AtomicUsize,
     width: usize,
     pins: bool,
     parking: Parking,
@@ -277,6 +280,7 @@ impl Cleaner {
             lanes: Lanes::new(),
             workers: Mutex::new(Vec::new()),
             running: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
             width,
             pins,
             parking: Parking::new(),
@@ -302,7 +306,11 @@ impl Cleaner {
     }
 
     /// Starts the workers unless they run, with `spawn(index)` starting
-    /// worker `index`.
+    /// worker `index`. They start in order, and the first that cannot
+    /// start (the system is out of threads) ends the start: workers
+    /// `0..k` run, worker 0 serving the registration lane too if it runs
+    /// alone. With none, `flush`, `shutdown` and closing do the cleaning
+    /// on their own thread, and the next take that misses tries again.
     pub(crate) fn start(&self, spawn: impl Fn(usize) -> std::io::Result<thread::JoinHandle<()>>) {
         let mut workers = self.workers.lock();
         if !workers.is_empty() {
@@ -311,10 +319,16 @@ impl Cleaner {
         for index in 0..self.width {
             match spawn(index) {
                 Ok(handle) => workers.push(handle),
-                Err(e) => tracing::error!(error = %e, "pinpool: could not spawn a cleaner worker"),
+                Err(e) => {
+                    tracing::error!(error = %e, started = index, width = self.width,
+                        "pinpool: could not start a cleaner worker; running with those started");
+                    break;
+                }
             }
         }
-        // Relaxed: a hint, written under the lock.
+        // Relaxed (both): hints, written under the lock; see `work` for
+        // what a stale `started` costs.
+        self.started.store(workers.len(), Ordering::Relaxed);
         self.running.store(!workers.is_empty(), Ordering::Relaxed);
     }
 
@@ -327,6 +341,7 @@ impl Cleaner {
                 tracing::error!("pinpool: a cleaner worker panicked");
             }
         }
+        self.started.store(0, Ordering::Relaxed);
         self.running.store(false, Ordering::Relaxed);
     }
 
@@ -563,7 +578,6 @@ impl Cleaner {
     pub(crate) fn work(&self, env: Env<'_>, index: usize) {
         let span = tracing::debug_span!("pinpool_cleaner", worker = index);
         let _entered = span.enter();
-        let register = self.width == 1 || index != 0;
         // Registering workers serve the recycle lane first, but the register
         // lane first on every `REGISTER_TURN`th pop: a steady stream of
         // recycling must not hold first registrations (and the flushes
@@ -571,6 +585,11 @@ impl Cleaner {
         // not slow the recycling of those already pinned.
         let mut pops = 0u32;
         loop {
+            // Worker 0 serves only recycling unless it runs alone. Relaxed:
+            // a hint; a stale count (0 before `start` stores it) makes it
+            // serve registrations for a pop, which is harmless, and it
+            // reads the count again on every pop.
+            let register = index != 0 || self.started.load(Ordering::Relaxed) < 2;
             pops = pops.wrapping_add(1);
             let register_first = register && pops.is_multiple_of(REGISTER_TURN);
             let timeout = if self.parking.len() > 0 {
