@@ -439,7 +439,7 @@ impl Shared {
     /// Shuts down for good (the last handle is gone).
     fn close(this: &Arc<Self>) {
         this.closed.store(true, Ordering::Relaxed);
-        reaper::start();
+        let reaping = reaper::start(&*this.backend);
         // From here on every drop goes to the reaper.
         this.caches.close();
         this.cleaner.stop();
@@ -466,6 +466,15 @@ impl Shared {
         let dropped = crate::flush::drops(this.caches.counts());
         let outstanding = taken.saturating_sub(dropped);
         if outstanding > 0 || !returned.is_empty() {
+            if !reaping {
+                tracing::error!(
+                    outstanding,
+                    returned = returned.len(),
+                    "pinpool: a pool closed with buffers out, but could not start the reaper \
+                     thread: the pool's state and those buffers are kept (leaked) until a \
+                     later close starts it"
+                );
+            }
             reaper::send(Message::Closed {
                 key: Arc::as_ptr(this) as usize,
                 pool: Box::new(Arc::clone(this)),

@@ -18,6 +18,14 @@
 //! with the reaper. The reaper thread is started by the first close (which
 //! may block), never by a drop.
 //!
+//! If its thread cannot start (the system is out of threads), messages
+//! wait in its channel, which never disconnects: a closed pool's state,
+//! held by its `Closed` message, and its late buffers are kept (leaked,
+//! and traced at error level, since no handle is left to read the
+//! statistics from), never freed under a buffer still out. Every later
+//! close tries to start the reaper again, and once one runs it takes over
+//! everything that waited.
+//!
 //! Loom models have no process-wide thread: there the reaper runs inline,
 //! in the sending thread.
 
@@ -128,25 +136,39 @@ impl Reaper {
 #[cfg(not(all(loom, feature = "loom")))]
 mod imp {
     use super::{Message, Reaper};
+    use crate::backend::Backend;
     use crate::sync::channel::{unbounded, Receiver, RecvTimeoutError, Sender};
     use crate::sync::tune::POLL;
-    use crate::sync::OnceLock;
+    use crate::sync::{OnceLock, StaticMutex};
 
-    static REAPER: OnceLock<Sender<Message>> = OnceLock::new();
+    /// The reaper's channel. The receiver stays here too, so the channel
+    /// never disconnects: what is sent while no reaper runs (its thread
+    /// could not start) waits for the first one that does.
+    static CHANNEL: OnceLock<(Sender<Message>, Receiver<Message>)> = OnceLock::new();
+    /// Whether the reaper thread runs.
+    static RUNNING: StaticMutex<bool> = StaticMutex::new(false);
 
-    /// Starts the reaper thread if it is not running (closing calls this
-    /// before any drop can be late).
-    pub(crate) fn start() {
-        REAPER.get_or_init(|| {
-            let (tx, rx) = unbounded();
-            let spawned = crate::sync::thread::Builder::new()
-                .name("pinpool-reaper".into())
-                .spawn(move || run(rx));
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "pinpool: could not start the reaper; late buffers will be leaked");
-            }
-            tx
-        });
+    fn channel() -> &'static (Sender<Message>, Receiver<Message>) {
+        CHANNEL.get_or_init(unbounded)
+    }
+
+    /// Starts the reaper thread through `backend` unless it runs; returns
+    /// whether it runs. Closing calls this before any of its drops can be
+    /// late; a close whose start fails leaves its messages queued, and the
+    /// next close tries again.
+    pub(crate) fn start(backend: &dyn Backend) -> bool {
+        let mut running = RUNNING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *running {
+            return true;
+        }
+        let rx = channel().1.clone();
+        match backend.spawn("pinpool-reaper".into(), Box::new(move || run(rx))) {
+            Ok(_) => *running = true,
+            Err(e) => tracing::error!(error = %e, "pinpool: could not start the reaper thread"),
+        }
+        *running
     }
 
     fn run(rx: Receiver<Message>) {
@@ -158,31 +180,33 @@ mod imp {
             } else {
                 rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
             };
-            match message {
-                Ok(message) => reaper.handle(message),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            // A backend that panics (a bug) must not take the reaper, and
+            // with it every closed pool's state, down: what it held stays
+            // where it was, and the reaper goes on.
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                match message {
+                    Ok(message) => reaper.handle(message),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    // Unreachable: the channel's receiver lives in a static.
+                    Err(RecvTimeoutError::Disconnected) => return None,
+                }
+                Some(reaper.poll())
+            }));
+            match polled {
+                Ok(Some(more)) => waiting = more,
+                Ok(None) => return,
+                Err(_) => tracing::error!("pinpool: the reaper caught a panic; carrying on"),
             }
-            waiting = reaper.poll();
         }
     }
 
-    /// Sends `message`; never blocks.
+    /// Sends `message`; never blocks. With no reaper running (none could
+    /// start yet), the message waits in the channel, and with a `Closed`
+    /// message the pool's state it holds: nothing is freed until a reaper
+    /// runs.
     pub(crate) fn send(message: Message) {
-        match REAPER.get() {
-            Some(tx) => {
-                let _ = tx.send(message);
-            }
-            None => {
-                // Unreachable: a pool starts the reaper when it closes,
-                // before any of its drops can be late.
-                tracing::error!("pinpool: no reaper for a closed pool's buffer; leaking it");
-                if let Message::Late { block, .. } = message {
-                    // No pool left to count it in.
-                    let _ = block.leak();
-                }
-            }
-        }
+        // Cannot fail: the channel's receiver lives in a static.
+        let _ = channel().0.send(message);
     }
 }
 
@@ -195,7 +219,9 @@ mod imp {
         static ref REAPER: Mutex<Reaper> = Mutex::new(Reaper::default());
     }
 
-    pub(crate) fn start() {}
+    pub(crate) fn start(_backend: &dyn crate::backend::Backend) -> bool {
+        true
+    }
 
     /// Handles `message` inline, waiting for the copies (loom models have
     /// no process-wide thread).

@@ -112,8 +112,9 @@ pub(crate) mod tune;
 /// not see it.
 pub(crate) use std::sync::OnceLock;
 
-/// For process-wide statics (the global pool's first build), which loom
-/// models never reach: std's, whose constructor is `const`.
+/// For process-wide statics (the global pool's first build, whether the
+/// reaper runs), which loom models never reach: std's, whose constructor is
+/// `const`.
 pub(crate) use std::sync::Mutex as StaticMutex;
 
 /// Channels to the process-wide reaper thread, which loom models replace

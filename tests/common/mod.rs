@@ -73,3 +73,33 @@ pub fn faulty(workers: usize) -> (Pool, std::sync::Arc<pinpool::testing::Faults>
         .unwrap();
     (pool, faults)
 }
+
+/// Runs the test named `test` again, alone, in a child process of its own
+/// with `env` set, for a test of process-wide state (the reaper thread,
+/// what a thread start or a panic does to the whole process). Returns
+/// `None` in the child, which then does the test's work, and in the parent
+/// the child's output once it passed.
+pub fn in_child(test: &str, env: &[(&str, &str)]) -> Option<String> {
+    const CHILD: &str = "PINPOOL_TEST_CHILD";
+    if std::env::var(CHILD).as_deref() == Ok(test) {
+        return None;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, test)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the test binary runs again");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{test} failed in its child process ({}):\n{text}",
+        out.status
+    );
+    Some(text)
+}
