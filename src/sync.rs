@@ -11,8 +11,9 @@
 //!
 //! - [`lanes`]: the cleaner's work queue (crossbeam channels; under loom a
 //!   queue loom can see, with the same semantics);
-//! - [`per_thread`]: a value per thread, reachable from every thread (the
-//!   `thread_local` crate; under loom, slots keyed by loom's threads);
+//! - [`per_thread`]: a value per thread, reachable from every thread
+//!   (buckets of slots indexed per thread, readable in every teardown
+//!   order; under loom, slots keyed by loom's threads);
 //! - [`barrier`]: the asymmetric fence pair of the thread caches'
 //!   owner/thief handshake (`membarrier(2)` where the kernel has it);
 //! - [`track`]: loom's leak-checked allocations and per-chunk byte cells,

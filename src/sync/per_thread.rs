@@ -1,9 +1,15 @@
 //! A value per thread, reachable from every thread.
 //!
-//! Normal builds use the `thread_local` crate's `ThreadLocal`, whose entries
-//! outlive their threads (an exited thread's value stays until the map is
-//! dropped, and a new thread may inherit it), so every thread cache stays
-//! reachable for steals, eviction, `clear` and `shutdown`.
+//! Each thread that uses a map gets a *slot index*, the lowest free one,
+//! and its value lives in that slot of every map; values outlive their
+//! threads (an exited thread's value stays until the map is dropped, and
+//! the next thread given its index inherits it), so every thread cache
+//! stays reachable for steals, eviction, `clear` and `shutdown`, and a
+//! process that starts and ends threads keeps as many caches as it ever
+//! ran threads at once. Slots sit in buckets of doubling size (bucket `b`
+//! holds `2^b` slots), each installed by a CAS when first needed, as in the
+//! `thread_local` crate, whose layout this follows: a lookup is two loads,
+//! and iteration walks the buckets.
 //!
 //! Each thread that owns a value also gets an *owner token*, a number never
 //! reused, so that "does the calling thread own this value" is one
@@ -12,41 +18,50 @@
 //!
 //! Each thread also remembers the last map it looked up and its value
 //! there, next to its token: a lookup in that map is one thread-local read
-//! and a compare, without the crate's bucket walk. Maps are named by a
-//! number never reused, so the memo of a dropped map matches no other.
+//! and a compare. Maps are named by a number never reused, so the memo of a
+//! dropped map matches no other.
 //!
 //! A thread that is being torn down (its thread-local destructors running)
-//! must still be able to take and drop buffers, but the crate's `get_or`
-//! panics once the crate's own per-thread guard is destroyed, after which
-//! another thread may inherit the dying thread's value. So this module
-//! keeps a guard of its own, created right after the thread's first
-//! `get_or`: thread-local destructors run in the reverse order of their
-//! creation (glibc's `__call_tls_dtors`, and std's own list), so this guard
-//! dies before the crate's, retiring the token and making [`get_or`] return
-//! `None` (callers then bypass the cache) before the value can change
-//! hands. A thread whose very first `get_or` happens during its teardown is
-//! caught by `catch_unwind`.
+//! must still be able to take and drop buffers, in every order of those
+//! destructors. The index and token are kept in a thread-local without a
+//! destructor, which stays readable to the end, and a guard of this
+//! module's, created with them at the thread's first use of any map, gives
+//! the index back when the thread's destructors reach it. From then on the
+//! thread's token is `DEAD` and [`get_or`] returns `None` (callers then
+//! bypass the cache) before another thread can inherit the value. A
+//! thread whose first use comes during its teardown gets an index then,
+//! and a guard that runs later in the same teardown (the C library runs
+//! destructors registered while it runs them). The `thread_local` crate
+//! is not used: its lookup panics in a destructor that runs after its own
+//! guard, and it has no way to ask first (a process built with
+//! `panic = "abort"` would abort, even though the panic was caught).
 //!
 //! Loom runs every model thread on one OS thread, so the loom build keys
 //! entries by loom thread instead: one slot per loom thread, installed by a
 //! Release store and read by Acquire loads, the same happens-before edges
-//! as the crate's buckets (and no global lock, which would add edges the
-//! real map lacks).
+//! as the buckets here (and no global lock, which would add edges the real
+//! map lacks).
 //!
 //! [`get_or`]: PerThread::get_or
 
 #[cfg(not(all(loom, feature = "loom")))]
 mod imp {
     use std::cell::Cell;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::ptr;
+    use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
     use super::{DEAD, NONE};
+    use crate::sync::StaticMutex;
 
-    /// A thread's token and its memo of its last lookup.
+    /// A thread's index, token and its memo of its last lookup.
     struct Local {
-        /// This thread's owner token: `NONE` until it owns a value, `DEAD`
+        /// This thread's owner token: `NONE` until it uses a map, `DEAD`
         /// once its teardown reached the guard.
         token: Cell<u64>,
+        /// This thread's slot index, valid while the token is neither.
+        index: Cell<usize>,
         /// The `id` of the map last looked up (0: none), and this thread's
         /// value there.
         map: Cell<u64>,
@@ -54,11 +69,13 @@ mod imp {
     }
 
     thread_local! {
+        // No destructor: readable until the thread is gone.
         static LOCAL: Local = const {
             Local {
                 token: Cell::new(NONE),
+                index: Cell::new(0),
                 map: Cell::new(0),
-                value: Cell::new(std::ptr::null()),
+                value: Cell::new(ptr::null()),
             }
         };
         static GUARD: Guard = const { Guard };
@@ -69,7 +86,25 @@ mod imp {
     /// Map ids are never reused either (0 names no map).
     static NEXT_MAP: AtomicU64 = AtomicU64::new(1);
 
-    /// Marks the thread as dying when its destructors reach this guard.
+    /// Slot indices: the lowest free one goes to the next thread.
+    struct Indices {
+        next: usize,
+        free: BinaryHeap<Reverse<usize>>,
+    }
+
+    static INDICES: StaticMutex<Indices> = StaticMutex::new(Indices {
+        next: 0,
+        free: BinaryHeap::new(),
+    });
+
+    fn indices() -> std::sync::MutexGuard<'static, Indices> {
+        // Each step under the lock leaves the indices consistent.
+        INDICES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Gives the thread's index back when its destructors reach it.
     struct Guard;
 
     impl Drop for Guard {
@@ -77,63 +112,96 @@ mod imp {
             // `LOCAL` has no destructor, so it outlives every guard. The memo
             // goes with the token: a dying thread looks its value up again,
             // and gets none.
-            LOCAL.with(|l| {
+            let index = LOCAL.with(|l| {
                 l.token.set(DEAD);
                 l.map.set(0);
+                l.index.get()
             });
+            indices().free.push(Reverse(index));
         }
     }
 
-    /// The calling thread's token, as [`owner_token`] left it (never
-    /// assigns one).
+    /// The calling thread's token (`NONE` before its first lookup, `DEAD`
+    /// once its teardown reached the guard).
     #[inline]
     pub(crate) fn current_token() -> u64 {
         LOCAL.with(|l| l.token.get())
     }
 
-    /// The calling thread's token, assigned on first use; call only after
-    /// the thread got a value from [`PerThread::get_or`], so that the
-    /// guard that retires the token is created after the crate's own
-    /// per-thread guard, and destroyed before it.
+    /// The calling thread's slot index, assigned on its first use; `None`
+    /// once its teardown reached the guard.
     #[inline]
-    fn owner_token() -> u64 {
-        match current_token() {
-            NONE => assign(),
-            token => token,
+    fn current_index() -> Option<usize> {
+        match LOCAL.with(|l| (l.token.get(), l.index.get())) {
+            (DEAD, _) => None,
+            (NONE, _) => Some(assign()),
+            (_, index) => Some(index),
         }
     }
 
     #[cold]
-    fn assign() -> u64 {
+    fn assign() -> usize {
+        let index = {
+            let mut indices = indices();
+            match indices.free.pop() {
+                Some(Reverse(index)) => index,
+                None => {
+                    indices.next += 1;
+                    indices.next - 1
+                }
+            }
+        };
+        // The guard first: once the token is set, the index is given back
+        // when the thread goes.
+        GUARD.with(|_| ());
         // Relaxed: only uniqueness matters.
         let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-        GUARD.with(|_| ());
-        LOCAL.with(|l| l.token.set(token));
-        token
+        LOCAL.with(|l| {
+            l.index.set(index);
+            l.token.set(token);
+        });
+        index
+    }
+
+    /// Bucket `b` holds slots `2^b - 1 ..= 2^(b+1) - 2`.
+    const BUCKETS: usize = usize::BITS as usize;
+
+    /// Bucket and offset of slot `index`.
+    #[inline]
+    fn locate(index: usize) -> (usize, usize) {
+        let bucket = (usize::BITS - 1 - (index + 1).leading_zeros()) as usize;
+        (bucket, index + 1 - (1 << bucket))
     }
 
     /// See the module docs.
     pub(crate) struct PerThread<T: Send> {
-        map: thread_local::ThreadLocal<T>,
+        /// Each a boxed slice of `2^b` slots (its first element's address),
+        /// each slot a boxed value or null.
+        buckets: [AtomicPtr<AtomicPtr<T>>; BUCKETS],
         /// Names this map in the threads' memos.
         id: u64,
     }
 
+    // SAFETY: as the `thread_local` crate's `ThreadLocal`: a value is made
+    // by its thread and handed to that thread (`get_or`) or, through
+    // `iter`, which needs `T: Sync`, shared with any.
+    unsafe impl<T: Send> Sync for PerThread<T> {}
+
     impl<T: Send> PerThread<T> {
         pub(crate) fn new() -> Self {
             Self {
-                map: thread_local::ThreadLocal::new(),
+                buckets: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
                 // Relaxed: only uniqueness matters.
                 id: NEXT_MAP.fetch_add(1, Ordering::Relaxed),
             }
         }
 
         /// The calling thread's value, created by `create` on first use;
-        /// `None` while the thread is being torn down. `claim` gets the
-        /// value and the thread's token whenever the lookup is not served
-        /// by the thread's memo: on the thread's first lookup, and after a
-        /// lookup in another map (a value left by an exited thread may have
-        /// passed to this one).
+        /// `None` while the thread is being torn down, past its guard.
+        /// `claim` gets the value and the thread's token whenever the
+        /// lookup is not served by the thread's memo: on the thread's first
+        /// lookup, and after a lookup in another map (a value left by an
+        /// exited thread may have passed to this one).
         #[inline]
         pub(crate) fn get_or(
             &self,
@@ -145,9 +213,9 @@ mod imp {
                 // SAFETY: the memo names this map (ids are never reused),
                 // so `lookup` below stored this thread's value in it, a
                 // value that lives and stays in place as long as the map,
-                // which `&self` keeps alive; the thread is not dying, since
-                // the guard clears the memo and `lookup` never sets it
-                // after that.
+                // which `&self` keeps alive; the thread still holds its
+                // index, since the guard clears the memo and `lookup` never
+                // sets it after that.
                 return Some(unsafe { &*value.cast::<T>() });
             }
             self.lookup(create, claim)
@@ -155,40 +223,74 @@ mod imp {
 
         #[cold]
         fn lookup(&self, create: impl FnOnce() -> T, claim: impl FnOnce(&T, u64)) -> Option<&T> {
-            let value = match self.map.get() {
-                // The crate's map still has this thread's value while the
-                // thread's destructors run between this module's guard and
-                // the crate's: a dying thread must not get it back, since
-                // every dying thread has the same token (`DEAD`) and two of
-                // them would both pass for its owner.
-                Some(value) if current_token() != DEAD => value,
-                Some(_) => return None,
-                None => self.insert(create)?,
-            };
-            claim(value, owner_token());
+            let index = current_index()?;
+            let slot = self.slot(index);
+            // Acquire pairs with the Release store below, made by an exited
+            // thread that held this index: its value is fully built. (The
+            // index passed from it to this thread through `INDICES`' lock,
+            // which orders that store before this load anyway.)
+            let mut value = slot.load(Ordering::Acquire);
+            if value.is_null() {
+                value = Box::into_raw(Box::new(create()));
+                // Release publishes the value to `iter` on other threads.
+                // Only the holder of the index writes its slot.
+                slot.store(value, Ordering::Release);
+            }
+            // SAFETY: a non-null slot holds a box that lives, unmoved,
+            // until the map drops.
+            let value = unsafe { &*value };
+            claim(value, current_token());
             LOCAL.with(|l| {
                 l.map.set(self.id);
-                l.value.set(std::ptr::from_ref(value).cast());
+                l.value.set(ptr::from_ref(value).cast());
             });
             Some(value)
         }
 
-        #[cold]
-        fn insert(&self, create: impl FnOnce() -> T) -> Option<&T> {
-            match current_token() {
-                DEAD => None,
-                NONE => {
-                    // Maybe the thread's first `get_or` of any map, maybe
-                    // during its teardown (then the crate panics).
-                    let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        self.map.get_or(create)
-                    }))
-                    .ok()?;
-                    owner_token();
-                    Some(value)
+        /// Slot `index`, installing its bucket if it has none yet.
+        fn slot(&self, index: usize) -> &AtomicPtr<T> {
+            let (bucket, offset) = locate(index);
+            let entry = &self.buckets[bucket];
+            // Acquire pairs with the installing CAS: the slots are
+            // initialized.
+            let mut slots = entry.load(Ordering::Acquire);
+            if slots.is_null() {
+                let fresh: Box<[AtomicPtr<T>]> = (0..1usize << bucket)
+                    .map(|_| AtomicPtr::new(ptr::null_mut()))
+                    .collect();
+                let fresh = Box::into_raw(fresh).cast::<AtomicPtr<T>>();
+                // AcqRel: Release publishes the fresh slots, Acquire (also
+                // on failure) sees a racing thread's.
+                match entry.compare_exchange(
+                    ptr::null_mut(),
+                    fresh,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => slots = fresh,
+                    Err(installed) => {
+                        // SAFETY: `fresh` was made just above and never
+                        // shared: rebuild the box to free it.
+                        drop(unsafe { Self::bucket_box(fresh, bucket) });
+                        slots = installed;
+                    }
                 }
-                _ => Some(self.map.get_or(create)),
             }
+            // SAFETY: bucket `bucket` holds `2^bucket` slots and `offset` is
+            // below that (see `locate`); installed buckets live until the
+            // map drops.
+            unsafe { &*slots.add(offset) }
+        }
+
+        /// The box of bucket `bucket`, from its first slot's address.
+        ///
+        /// # Safety
+        /// `slots` came from `Box::into_raw` of a slice of `2^bucket` slots,
+        /// and is not used after.
+        unsafe fn bucket_box(slots: *mut AtomicPtr<T>, bucket: usize) -> Box<[AtomicPtr<T>]> {
+            let slice = ptr::slice_from_raw_parts_mut(slots, 1 << bucket);
+            // SAFETY: the caller's guarantee.
+            unsafe { Box::from_raw(slice) }
         }
 
         /// Every thread's value, those of exited threads included.
@@ -196,7 +298,48 @@ mod imp {
         where
             T: Sync,
         {
-            self.map.iter()
+            self.buckets
+                .iter()
+                .enumerate()
+                // Acquire: as in `slot`.
+                // A bucket may be missing below an installed one: indices
+                // are handed out by the process, and a map sees only the
+                // threads that use it.
+                .map(|(bucket, entry)| (bucket, entry.load(Ordering::Acquire)))
+                .filter(|(_, slots)| !slots.is_null())
+                .flat_map(|(bucket, slots)| {
+                    // SAFETY: an installed bucket of `2^bucket` slots, live
+                    // until the map drops, which `&self` prevents.
+                    let slots = unsafe { &*ptr::slice_from_raw_parts(slots, 1 << bucket) };
+                    slots.iter().filter_map(|slot| {
+                        // Acquire pairs with the value's Release store.
+                        let value = slot.load(Ordering::Acquire);
+                        // SAFETY: a non-null slot holds a live box.
+                        (!value.is_null()).then(|| unsafe { &*value })
+                    })
+                })
+        }
+    }
+
+    impl<T: Send> Drop for PerThread<T> {
+        fn drop(&mut self) {
+            for (bucket, entry) in self.buckets.iter_mut().enumerate() {
+                let slots = *entry.get_mut();
+                if slots.is_null() {
+                    continue;
+                }
+                // SAFETY: installed by `slot` from such a box; `&mut self`:
+                // nothing else reaches it.
+                let mut slots = unsafe { Self::bucket_box(slots, bucket) };
+                for slot in slots.iter_mut() {
+                    let value = *slot.get_mut();
+                    if !value.is_null() {
+                        // SAFETY: made by `Box::into_raw` in `lookup`; no
+                        // reference into it outlives `&mut self`.
+                        drop(unsafe { Box::from_raw(value) });
+                    }
+                }
+            }
         }
     }
 }
