@@ -130,6 +130,13 @@ pub(crate) use crossbeam_channel as channel;
 /// thread runs on one OS thread, their values are exact.
 pub(crate) type StatCounter = std::sync::atomic::AtomicU64;
 
+/// A count that only bounds a backlog or hints at a role (read Relaxed,
+/// publishing nothing; a stale value lets a few drops past a bound, or
+/// costs a pop): a std atomic in every build, as the statistics counters,
+/// so that loom does not explore its values. Models never come near the
+/// bounds it guards.
+pub(crate) type HintCounter = std::sync::atomic::AtomicUsize;
+
 /// A std mutex in every build, for the test backend's bookkeeping (its plan
 /// and call log): never held across a pool operation and deciding nothing
 /// the models check the pool's synchronization on, so loom need not see it.

@@ -51,7 +51,7 @@ use crate::sync::tune::{
     CHUNK, POLL, RECYCLE_BACKLOG, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG,
     ZERO_BACKLOG_MIN,
 };
-use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
 
 use device_sync::{DeviceSyncs, Synced};
@@ -200,7 +200,7 @@ pub(crate) struct Cleaner {
     running: AtomicBool,
     /// How many workers the last start started (0 once stopped): the first
     /// `started` indices run (see `start`).
-    started: AtomicUsize,
+    started: HintCounter,
     width: usize,
     pins: bool,
     parking: Parking,
@@ -215,7 +215,7 @@ pub(crate) struct Cleaner {
     /// Buffers queued for recycling (`Job::Clean`): with the parked ones,
     /// at most [`RECYCLE_BACKLOG`] (give or take the drops racing at the
     /// bound).
-    recycle_queued: AtomicUsize,
+    recycle_queued: HintCounter,
     /// Fences of buffers freed by their droppers.
     spent: Spent,
     sweep: Mutex<Sweep>,
@@ -280,7 +280,7 @@ impl Cleaner {
             lanes: Lanes::new(),
             workers: Mutex::new(Vec::new()),
             running: AtomicBool::new(false),
-            started: AtomicUsize::new(0),
+            started: HintCounter::new(0),
             width,
             pins,
             parking: Parking::new(),
@@ -289,7 +289,7 @@ impl Cleaner {
             register_queued: AtomicUsize::new(0),
             register_backlog: REGISTER_BACKLOG + 16 * width,
             zero_queued: AtomicUsize::new(0),
-            recycle_queued: AtomicUsize::new(0),
+            recycle_queued: HintCounter::new(0),
             spent: Spent::new(),
             sweep: Mutex::new(Sweep {
                 wait: SWEEP_MIN,
