@@ -129,7 +129,14 @@ fn the_json_names_the_workload_settings_machine_and_backend() {
             run["bytes_handed_out"].as_f64().unwrap(),
         );
         assert!(handed >= asked && asked > 0.0, "{run}");
-        assert_eq!(run["class_overhead"].as_f64().unwrap(), handed / asked);
+        // The two sides divide in different orders (and borrowing, which
+        // moves bytes between classes, varies with timing): equal within a
+        // relative tolerance, not to the last bit.
+        let overhead = run["class_overhead"].as_f64().unwrap();
+        assert!(
+            (overhead - handed / asked).abs() <= 1e-9 * overhead,
+            "class_overhead {overhead} against {handed} / {asked}"
+        );
     }
     // The ideal strategy keeps buffers of pinpool's fine classes (at most
     // 12.5% over the size asked, less than powers of two), and never misses.
