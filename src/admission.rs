@@ -308,7 +308,8 @@ impl Admission {
     }
 
     /// Takes out, for the caller to release, pooled buffers that became
-    /// ready before `cutoff`, largest class first, except reserved ones and
+    /// ready at or before `cutoff` (a forced trim passes now: every one),
+    /// largest class first, except reserved ones and
     /// the `keep(slot)` most recent of each slot.
     pub(crate) fn trim(
         &self,
@@ -346,7 +347,7 @@ impl Admission {
             blocks.sort_by_key(|b| b.ready_since());
             let mut keep = keep(slot);
             while let Some(block) = blocks.pop() {
-                let idle = block.ready_since().is_some_and(|t| t < cutoff);
+                let idle = block.ready_since().is_some_and(|t| t <= cutoff);
                 if !idle || block.is_reserved() || keep > 0 {
                     keep = keep.saturating_sub(1);
                     if let Err(block) = at.shards[block.device()].push(block) {

@@ -84,7 +84,9 @@ pub use views::{Prefix, PrefixMut, Typed, TypedMut};
 pub mod loom_internals;
 
 /// Fault injection for tests: a backend that fails, panics or blocks on
-/// chosen calls, and a fence completed by hand (the `testing` feature).
+/// chosen calls (thread starts included), a fence completed by hand, and a
+/// record of which threads destroy fences and lock the event pool (the
+/// `testing` feature).
 #[cfg(feature = "testing")]
 pub mod testing {
     pub use crate::backend::fault::Faults;

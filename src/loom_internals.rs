@@ -2,6 +2,15 @@
 
 use crate::stack;
 
+/// Does what a thread's per-thread guard does when its teardown reaches
+/// it: the thread stops owning its caches (its takes go through the orphan
+/// cache from now on), and its index goes to the next thread that starts,
+/// with the caches it leaves. Loom runs thread-local destructors in no set
+/// order, so models call this where a teardown would reach the guard.
+pub fn end_thread() {
+    crate::sync::per_thread::end_thread();
+}
+
 /// The lock-free size-class stack, over `u64` values.
 #[derive(Debug)]
 pub struct Stack(stack::Stack<u64>);

@@ -439,8 +439,8 @@ impl Shared {
     /// Shuts down for good (the last handle is gone).
     fn close(this: &Arc<Self>) {
         this.closed.store(true, Ordering::Relaxed);
-        let reaping = reaper::start(&*this.backend);
-        // From here on every drop goes to the reaper.
+        // From here on every drop goes to the reaper (whose channel keeps
+        // what is sent before its thread starts, below).
         this.caches.close();
         this.cleaner.stop();
         this.cleaner.drain_inline(this.env());
@@ -465,6 +465,9 @@ impl Shared {
         let taken: u64 = this.caches.iter().map(|c| c.takes() + c.injected()).sum();
         let dropped = crate::flush::drops(this.caches.counts());
         let outstanding = taken.saturating_sub(dropped);
+        // Every close tries to start the reaper, so that one that could not
+        // start earlier takes over what earlier closes left it.
+        let reaping = reaper::start(&*this.backend);
         if outstanding > 0 || !returned.is_empty() {
             if !reaping {
                 tracing::error!(

@@ -27,7 +27,7 @@
 //! everything that waited.
 //!
 //! Loom models have no process-wide thread: there the reaper runs inline,
-//! in the sending thread.
+//! in the sending thread (or the starting one, for what waited).
 
 use std::collections::HashMap;
 
@@ -153,9 +153,9 @@ mod imp {
     }
 
     /// Starts the reaper thread through `backend` unless it runs; returns
-    /// whether it runs. Closing calls this before any of its drops can be
-    /// late; a close whose start fails leaves its messages queued, and the
-    /// next close tries again.
+    /// whether it runs. Every close calls this (late drops sent before it
+    /// wait in the channel); a close whose start fails leaves its messages
+    /// queued, and the next close tries again.
     pub(crate) fn start(backend: &dyn Backend) -> bool {
         let mut running = RUNNING
             .lock()
@@ -213,25 +213,58 @@ mod imp {
 #[cfg(all(loom, feature = "loom"))]
 mod imp {
     use super::{Message, Reaper};
-    use crate::sync::Mutex;
+    use crate::backend::Backend;
+    use crate::sync::{Mutex, MutexGuard};
+
+    /// The reaper's state, the messages sent while none ran, and whether
+    /// one runs.
+    #[derive(Default)]
+    struct State {
+        reaper: Reaper,
+        queued: Vec<Message>,
+        running: bool,
+    }
 
     loom::lazy_static! {
-        static ref REAPER: Mutex<Reaper> = Mutex::new(Reaper::default());
+        static ref REAPER: Mutex<State> = Mutex::new(State::default());
     }
 
-    pub(crate) fn start(_backend: &dyn crate::backend::Backend) -> bool {
-        true
+    /// As the normal build's, but the reaper runs inline (loom models have
+    /// no process-wide thread): starting it (unless `backend` refuses its
+    /// thread) takes over the messages that waited, here, and polls once.
+    /// It does not wait for what still waits: the caller (a close) may be
+    /// about to send the message a late buffer waits for, and the next
+    /// message polls again.
+    pub(crate) fn start(backend: &dyn Backend) -> bool {
+        let mut state = REAPER.lock();
+        if !state.running && !backend.refuses_thread("pinpool-reaper") {
+            state.running = true;
+            for message in std::mem::take(&mut state.queued) {
+                state.reaper.handle(message);
+            }
+            state.reaper.poll();
+        }
+        state.running
     }
 
-    /// Handles `message` inline, waiting for the copies (loom models have
-    /// no process-wide thread).
+    /// Handles `message` inline, waiting for the copies; with no reaper
+    /// started, queues it.
     pub(crate) fn send(message: Message) {
-        let mut reaper = REAPER.lock();
-        reaper.handle(message);
-        while reaper.poll() {
-            drop(reaper);
+        let mut state = REAPER.lock();
+        if !state.running {
+            state.queued.push(message);
+            return;
+        }
+        state.reaper.handle(message);
+        settle(state);
+    }
+
+    /// Polls until no buffer waits.
+    fn settle(mut state: MutexGuard<'_, State>) {
+        while state.reaper.poll() {
+            drop(state);
             crate::sync::thread::yield_now();
-            reaper = REAPER.lock();
+            state = REAPER.lock();
         }
     }
 }

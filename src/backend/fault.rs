@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use super::{Backend, BackendKind, JoinHandle};
+use super::{Backend, BackendKind};
 use crate::error::Error;
 use crate::sync::{Condvar, Mutex, Ordering, StatCounter as AtomicU64, Unmodeled};
 
@@ -276,21 +276,14 @@ impl Backend for FaultBackend {
         }
     }
 
-    fn spawn(&self, name: String, body: Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle> {
+    fn refuses_thread(&self, name: &str) -> bool {
         let f = &self.faults;
-        if f.plan()
-            .fail_spawn
-            .iter()
-            .any(|p| name.starts_with(p.as_str()))
-        {
+        let refused = f.plan().fail_spawn.iter().any(|p| name.starts_with(p));
+        if refused {
             // Relaxed: a statistic.
             f.spawn_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::WouldBlock,
-                format!("{name}: thread start failed (injected)"),
-            ));
         }
-        crate::sync::thread::Builder::new().name(name).spawn(body)
+        refused
     }
 
     fn synchronize(&self, _device: usize) -> Result<(), Error> {

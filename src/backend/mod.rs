@@ -83,10 +83,21 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn numa_hints(&self) -> Vec<crate::numa::DeviceHint> {
         vec![Default::default(); self.device_count()]
     }
+    /// Whether the thread named `name` is refused (the test backend's
+    /// injected failures; no real backend refuses one).
+    fn refuses_thread(&self, _name: &str) -> bool {
+        false
+    }
     /// Starts a thread named `name` running `body`: every thread the pool
     /// starts (cleaner workers, the reaper, late synchronizes) starts
     /// here, so that the test backend can make it fail.
     fn spawn(&self, name: String, body: Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle> {
+        if self.refuses_thread(&name) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                format!("{name}: thread start refused (injected)"),
+            ));
+        }
         crate::sync::thread::Builder::new().name(name).spawn(body)
     }
 }

@@ -36,11 +36,14 @@
 //! guard, and it has no way to ask first (a process built with
 //! `panic = "abort"` would abort, even though the panic was caught).
 //!
-//! Loom runs every model thread on one OS thread, so the loom build keys
-//! entries by loom thread instead: one slot per loom thread, installed by a
-//! Release store and read by Acquire loads, the same happens-before edges
-//! as the buckets here (and no global lock, which would add edges the real
-//! map lacks).
+//! Loom runs every model thread on one OS thread, so the loom build keeps
+//! the index, the token and the free indices in loom's primitives (the
+//! free ones as bits of an atomic, taken by CAS: the same edges as the
+//! normal build's lock), and the values in one flat array of slots (a loom execution has few threads),
+//! installed by a Release store and read by Acquire loads, the same
+//! happens-before edges as the buckets here. Loom runs thread-local
+//! destructors in no set order, so a model ends a thread's ownership
+//! where its teardown would reach the guard (`loom_internals::end_thread`).
 //!
 //! [`get_or`]: PerThread::get_or
 
@@ -346,21 +349,87 @@ mod imp {
 
 #[cfg(all(loom, feature = "loom"))]
 mod imp {
-    use loom::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+    use std::cell::Cell;
 
+    use super::{DEAD, NONE};
+    use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+
+    /// A loom execution never has more threads, so never more indices.
     const SLOTS: usize = loom::MAX_THREADS;
 
     loom::lazy_static! {
-        static ref NEXT: AtomicUsize = AtomicUsize::new(0);
+        /// Indices given back by threads' guards, one bit each: as in the
+        /// normal build, the lowest free one goes to the next thread, so a
+        /// thread started after another's teardown inherits its values.
+        static ref FREE: AtomicUsize = AtomicUsize::new(0);
+        /// The next index never handed out, and the next token: std
+        /// atomics, which loom does not schedule around (as the statistics
+        /// counters): they only number, and publish nothing. Under loom
+        /// every model thread runs on one OS thread, so they are exact;
+        /// they are made again for each execution.
+        static ref NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        static ref NEXT_TOKEN: std::sync::atomic::AtomicU64 =
+            std::sync::atomic::AtomicU64::new(1);
     }
     loom::thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+        static TOKEN: Cell<u64> = Cell::new(NONE);
+        static INDEX: Cell<usize> = Cell::new(0);
     }
 
-    /// Loom threads are never reused within an execution: the slot index
-    /// names the thread.
     pub(crate) fn current_token() -> u64 {
-        INDEX.with(|i| *i as u64 + 1)
+        TOKEN.with(Cell::get)
+    }
+
+    /// As the normal build's.
+    fn current_index() -> Option<usize> {
+        match current_token() {
+            DEAD => None,
+            NONE => Some(assign()),
+            _ => Some(INDEX.with(Cell::get)),
+        }
+    }
+
+    fn assign() -> usize {
+        // Acquire pairs with the Release in `end_thread`: an inherited slot's
+        // value is seen as its last holder left it (as the normal build's
+        // lock orders it).
+        let mut free = FREE.load(Ordering::Acquire);
+        let index = loop {
+            if free == 0 {
+                // Relaxed: only uniqueness matters.
+                break NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let lowest = free.trailing_zeros() as usize;
+            // AcqRel: Acquire as above (the Release half publishes
+            // nothing).
+            match FREE.compare_exchange(
+                free,
+                free & !(1 << lowest),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break lowest,
+                Err(now) => free = now,
+            }
+        };
+        // Relaxed: only uniqueness matters.
+        let token = NEXT_TOKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        INDEX.with(|i| i.set(index));
+        TOKEN.with(|t| t.set(token));
+        index
+    }
+
+    /// What the normal build's guard does when the thread's destructors
+    /// reach it: loom runs thread-local destructors in no set order, so a
+    /// model calls this where the teardown would reach the guard.
+    pub(crate) fn end_thread() {
+        let had_index = !matches!(current_token(), NONE | DEAD);
+        TOKEN.with(|t| t.set(DEAD));
+        if had_index {
+            // Release: the thread's last use of its values happens before
+            // the next holder of the index takes it (see `assign`).
+            FREE.fetch_or(1 << INDEX.with(Cell::get), Ordering::Release);
+        }
     }
 
     /// See the module docs.
@@ -375,17 +444,6 @@ mod imp {
             }
         }
 
-        fn slot(&self) -> &AtomicPtr<T> {
-            &self.slots[INDEX.with(|i| *i)]
-        }
-
-        fn get(&self) -> Option<&T> {
-            // Acquire pairs with the Release store in `get_or`.
-            let ptr = self.slot().load(Ordering::Acquire);
-            // SAFETY: non-null slots hold boxes that live until `self` drops.
-            (!ptr.is_null()).then(|| unsafe { &*ptr })
-        }
-
         /// As the normal build's, without the memo: `claim` runs on every
         /// lookup.
         pub(crate) fn get_or(
@@ -393,17 +451,18 @@ mod imp {
             create: impl FnOnce() -> T,
             claim: impl FnOnce(&T, u64),
         ) -> Option<&T> {
-            let value = match self.get() {
-                Some(value) => value,
-                None => {
-                    let ptr = Box::into_raw(Box::new(create()));
-                    // Release publishes the value to `iter` and later `get`s.
-                    // Only this thread writes its slot.
-                    self.slot().store(ptr, Ordering::Release);
-                    // SAFETY: just installed; lives until `self` drops.
-                    unsafe { &*ptr }
-                }
-            };
+            let slot = &self.slots[current_index()?];
+            // Acquire pairs with the Release store below (this thread's,
+            // or an exited holder's of the index).
+            let mut ptr = slot.load(Ordering::Acquire);
+            if ptr.is_null() {
+                ptr = Box::into_raw(Box::new(create()));
+                // Release publishes the value to `iter` and later lookups.
+                // Only the holder of the index writes its slot.
+                slot.store(ptr, Ordering::Release);
+            }
+            // SAFETY: non-null slots hold boxes that live until `self` drops.
+            let value = unsafe { &*ptr };
             claim(value, current_token());
             Some(value)
         }
@@ -413,17 +472,17 @@ mod imp {
             T: Sync,
         {
             self.slots.iter().filter_map(|slot| {
-                // Acquire: as in `get`.
+                // Acquire: as in `get_or`.
                 let ptr = slot.load(Ordering::Acquire);
-                // SAFETY: as in `get`.
+                // SAFETY: as in `get_or`.
                 (!ptr.is_null()).then(|| unsafe { &*ptr })
             })
         }
     }
 
-    // SAFETY: as the `thread_local` crate's `ThreadLocal`: each value is
-    // created by and handed to its own thread, and `iter` (which shares
-    // values across threads) needs `T: Sync`.
+    // SAFETY: as the normal build's: each value is created by and handed
+    // to its own thread, and `iter` (which shares values across threads)
+    // needs `T: Sync`.
     unsafe impl<T: Send> Sync for PerThread<T> {}
     // SAFETY: moving the map moves boxed values of `T: Send`.
     unsafe impl<T: Send> Send for PerThread<T> {}
@@ -442,15 +501,15 @@ mod imp {
     }
 }
 
+#[cfg(all(loom, feature = "loom"))]
+pub(crate) use imp::end_thread;
 pub(crate) use imp::{current_token, PerThread};
 
 /// No thread has this token (a cache nobody has owned yet).
 pub(crate) const NOBODY: u64 = u64::MAX - 1;
 /// A thread without a token yet.
-#[cfg_attr(all(loom, feature = "loom"), allow(dead_code))]
 const NONE: u64 = 0;
-/// A thread whose teardown has begun.
-#[cfg_attr(all(loom, feature = "loom"), allow(dead_code))]
+/// A thread whose teardown has reached its guard.
 const DEAD: u64 = u64::MAX;
 
 impl<T: Send> std::fmt::Debug for PerThread<T> {
