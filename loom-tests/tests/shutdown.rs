@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{model, pool};
+use common::{model, pool, workerless_pool};
 use loom::thread;
+use pinpool::testing::TestFence;
 
 /// A drop (then a flush) on one thread races `shutdown` on another.
 ///
@@ -74,5 +75,71 @@ fn close_races_a_drop() {
         let dropper = thread::spawn(move || drop(buf));
         drop(pool);
         dropper.join().unwrap();
+    });
+}
+
+/// A buffer pinned ahead of demand by `reserve`, taken and dropped on
+/// another thread while the last handle drops: the drop may come before
+/// the close or after it (late, to the reaper). No cleaner worker runs
+/// (the flush and the close clean), and the buffer's copy is done (a
+/// completed fence), so the model races only the drop and the close.
+///
+/// Catches: a close that counts the buffers still out as takes minus
+/// drops without the reserved ones (counted as drops with no take): a
+/// reserved buffer dropped after the close would find the pool's state
+/// freed, or the reaper waiting for a pool that never comes.
+#[test]
+fn a_reserved_buffer_dropped_racing_the_close() {
+    model(|| {
+        let (pool, faults) = workerless_pool(&[]);
+        pool.reserve(0, &[(8, 1)]).unwrap();
+        pool.flush();
+        let mut buf = pool.take(8);
+        assert!(buf.was_pooled() && buf.is_pinned());
+        let fence = TestFence::default();
+        fence.record(&mut buf);
+        fence.complete();
+        let dropper = thread::spawn(move || drop(buf));
+        drop(pool);
+        dropper.join().unwrap();
+        // The reaper runs inline under loom: all is freed by now.
+        assert_eq!(faults.unregistered(), faults.registered());
+        assert_eq!(
+            std::sync::Arc::strong_count(&faults),
+            1,
+            "the closed pool's state was kept"
+        );
+    });
+}
+
+/// A pool closes while its reaper cannot start (its thread refused), with
+/// a buffer out; the late drop of that buffer races a later pool's close,
+/// which starts the reaper. No cleaner worker runs in either pool.
+///
+/// Catches: a close that drops its message when no reaper runs (the
+/// pool's state freed under the buffer still out); or a reaper that,
+/// once started, does not take over the messages sent before it (the
+/// first pool's state never freed).
+#[test]
+fn a_late_drop_waits_for_a_reaper_that_a_later_close_starts() {
+    model(|| {
+        let (refused, faults) = workerless_pool(&["pinpool-reaper"]);
+        let mut buf = refused.take(8);
+        let fence = TestFence::default();
+        fence.record(&mut buf);
+        fence.complete();
+        drop(refused);
+        assert!(
+            std::sync::Arc::strong_count(&faults) > 1,
+            "the closed pool's state was freed with a buffer out"
+        );
+        let dropper = thread::spawn(move || drop(buf));
+        drop(workerless_pool(&[]).0);
+        dropper.join().unwrap();
+        assert_eq!(
+            std::sync::Arc::strong_count(&faults),
+            1,
+            "the reaper never took over the closed pool"
+        );
     });
 }

@@ -183,3 +183,73 @@ fn borrow_races_another_threads_take_of_the_larger_class() {
         pool.shutdown();
     });
 }
+
+/// `trim` (releasing every idle buffer now) on one thread races the owner's
+/// take of the only pooled buffer, which sits on its cache's remote list.
+///
+/// Catches: a buffer both handed out and released (trim and the owner's
+/// collection both taking the remote list: its take-all as a load and a
+/// store instead of one swap), or pooled-bytes accounting that drifts when
+/// trim and the take's fold race.
+#[test]
+fn trim_races_a_take_of_the_buffer_it_would_release() {
+    model(|| {
+        let (pool, ptr) = pool_with_cached_buffer();
+        let footprint = pool.stats().pooled_bytes as u64;
+        let trimmer = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.trim())
+        };
+        let buf = pool.take(8);
+        trimmer.join().unwrap();
+        let stats = pool.stats();
+        if buf.was_pooled() {
+            assert_eq!(buf.as_ptr() as usize, ptr);
+            assert_eq!(stats.trimmed_bytes, 0, "handed out and trimmed");
+        } else {
+            assert_eq!(
+                stats.trimmed_bytes, footprint,
+                "neither handed out nor trimmed"
+            );
+        }
+        assert_eq!(stats.pooled_bytes, 0, "pooled bytes drifted");
+        drop(buf);
+        pool.shutdown();
+    });
+}
+
+/// A thread's teardown reaches its guard (it gives its index back) while
+/// it still takes and drops; a thread started meanwhile may get that index
+/// and inherit its cache, and takes from it as its owner.
+///
+/// Catches: a dying thread let back into the cache it left (its old index
+/// honoured after the guard: `current_index` without its `DEAD` check),
+/// so that two threads run the owner's lists at once (loom reports the
+/// concurrent access); or a dying thread's take or drop lost (the orphan
+/// path: flush would not balance).
+#[test]
+fn a_dying_thread_never_owns_the_cache_a_new_thread_inherits() {
+    model(|| {
+        let pool = pool(1);
+        let dying = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let held = pool.take(8);
+                pinpool::loom_internals::end_thread();
+                drop(held); // its home cache may have a new owner now
+                let late = pool.take(8); // the orphan cache
+                assert!(late.iter().all(|&b| b == 0));
+                drop(late);
+            })
+        };
+        let newcomer = {
+            let pool = pool.clone();
+            thread::spawn(move || drop(pool.take(8)))
+        };
+        dying.join().unwrap();
+        newcomer.join().unwrap();
+        pool.flush();
+        assert_eq!(pool.stats().in_cleaner, 0, "a drop was lost");
+        pool.shutdown();
+    });
+}

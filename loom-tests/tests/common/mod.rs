@@ -61,6 +61,26 @@ pub fn pinning_pool(workers: usize) -> (Pool, StdArc<Faults>) {
     (pool, faults)
 }
 
+/// A pool on the fault-injecting backend whose cleaner workers cannot
+/// start (nor any thread named with a prefix in `refused`): flushes and the
+/// close do the cleaning on their own thread, so a model races only its
+/// own threads.
+pub fn workerless_pool(refused: &[&str]) -> (Pool, StdArc<Faults>) {
+    let faults = StdArc::new(Faults::default());
+    faults.fail_spawn("pinpool-cleaner");
+    for prefix in refused {
+        faults.fail_spawn(prefix);
+    }
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .borrow_slack(0)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
 /// A pool whose calling thread's cache holds one ready buffer of 8 bytes;
 /// returns it with the buffer's address.
 pub fn pool_with_cached_buffer() -> (Pool, usize) {
