@@ -3,6 +3,10 @@
 //! bindings have `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`. With
 //! `cuda-version-from-build-system` the version is not known here, and the
 //! attribute is not asked for (sysfs still gives the node).
+//!
+//! Sets `pinpool_asan` when the crate is built with AddressSanitizer
+//! (`-Zsanitizer=address`, as `scripts/test-all` does): tests whose memory
+//! or timing bounds the sanitizer breaks say so with it.
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
@@ -14,5 +18,13 @@ fn main() {
     });
     if at_least_12_2 {
         println!("cargo::rustc-cfg=pinpool_host_numa_attribute");
+    }
+    println!("cargo::rustc-check-cfg=cfg(pinpool_asan)");
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    if flags
+        .split('\x1f')
+        .any(|flag| flag.contains("sanitizer=address"))
+    {
+        println!("cargo::rustc-cfg=pinpool_asan");
     }
 }

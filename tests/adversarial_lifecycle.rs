@@ -168,6 +168,10 @@ fn many_host_devices_keep_buffers_on_their_devices() {
 /// with a clear error, and at it one 4 KiB take on a fresh thread costs
 /// little memory.
 #[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "a resident-memory bound: AddressSanitizer's shadow memory and redzones break it"
+)]
 fn a_thread_pays_little_for_the_devices_served() {
     let err = Pool::builder()
         .backend(BackendKind::Host)
