@@ -35,7 +35,6 @@ use crossbeam_utils::CachePadded;
 /// cleaner workers.
 pub(crate) struct Shared {
     pub(crate) config: crate::sync::Mutex<Config>,
-    pub(crate) backend: Box<dyn Backend>,
     pub(crate) caches: Box<Caches>,
     pub(crate) shards: Box<[Shard]>,
     pub(crate) admission: Admission,
@@ -51,6 +50,11 @@ pub(crate) struct Shared {
     borrow_slack: u32,
     /// Each device's host NUMA node, and the nodes cleaner workers run on.
     placement: Placement,
+    /// Declared last, so dropped last: the caches hold references to the
+    /// CUDA backend's contexts too, and only the backend's drop puts back
+    /// the thread's current context that releasing the last reference to a
+    /// context changes (see [`CudaBackend`](crate::backend::cuda::CudaBackend)).
+    pub(crate) backend: Box<dyn Backend>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -678,11 +682,7 @@ impl Pool {
         barrier::init();
         let devices = backend.device_count();
         if devices > crate::config::MAX_DEVICES {
-            return Err(Error::InvalidConfig(format!(
-                "the backend reports {devices} devices; a pool serves at most {}: \
-                 serve the first ones with `devices`",
-                crate::config::MAX_DEVICES
-            )));
+            return Err(crate::config::too_many_devices(devices));
         }
         let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();

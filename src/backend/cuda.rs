@@ -5,7 +5,10 @@
 //! context for its duration with a [`Bound`] guard, which puts back
 //! whatever the thread had before: user threads that reach these paths
 //! (`clear`, `shutdown`, `register_region`, event bookkeeping) keep their
-//! current device.
+//! current device. Building the backend (cudarc binds each context it
+//! makes) and dropping it (cudarc binds each context it releases) put the
+//! thread's context back too, so neither a pool's build, failed or not,
+//! nor the drop of its last handle changes it.
 
 use std::sync::Arc;
 
@@ -67,6 +70,11 @@ fn current() -> Result<sys::CUcontext, Error> {
 }
 
 /// The primary contexts of the devices the pool serves.
+///
+/// Dropping it releases them with the thread's current context put back:
+/// cudarc's `CudaContext::drop` binds the context it releases and leaves it
+/// bound. A pool's state holds its backend last, so these are the last of
+/// its references to the contexts (see [`Shared`](crate::pool::Shared)).
 #[derive(Debug)]
 pub(crate) struct CudaBackend {
     contexts: Vec<Arc<CudaContext>>,
@@ -102,8 +110,14 @@ impl CudaBackend {
                 "{wanted} devices requested, but the driver reports {count}"
             )));
         }
+        if wanted > crate::config::MAX_DEVICES {
+            // Before any context is retained (hundreds of milliseconds
+            // each on a real device).
+            return Err(crate::config::too_many_devices(wanted));
+        }
         // `CudaContext::new` binds each context; the guard puts back the
-        // caller's.
+        // caller's, after the contexts of devices already done are
+        // released if a later one fails.
         let _bound = Bound::restoring()?;
         let contexts = (0..wanted)
             .map(CudaContext::new)
@@ -120,6 +134,17 @@ impl CudaBackend {
             devices: self.contexts.len(),
         })?;
         Bound::to(ctx.cu_ctx())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // cudarc's drop of the last reference binds the context and
+        // releases it; put the thread's own back. If even reading it fails
+        // (the driver is shutting down), the releases go ahead regardless.
+        let bound = Bound::restoring();
+        self.contexts.clear();
+        drop(bound);
     }
 }
 

@@ -1,0 +1,460 @@
+//! The real CUDA backend against a stub driver, on machines without a GPU.
+//!
+//! `tests/stub_driver/libcuda.c` fakes the driver calls pinpool and cudarc
+//! make (see its header): a current context per thread, primary contexts as
+//! fixed pointers, registrations that need a current context, calls that
+//! fail on request. Each test builds it with the C compiler (`$CC`, else
+//! `cc`) into cargo's temporary directory and runs itself again in a child
+//! process with the stub first on `LD_LIBRARY_PATH`, which is where cudarc's
+//! run-time loading looks for `libcuda.so` (the dynamic loader reads the
+//! variable only at start-up, hence the child). The child checks it talks to
+//! the stub before anything else, so a real driver on the machine changes
+//! nothing. Without a C compiler the tests fail.
+
+use std::ffi::{c_char, c_int, c_long, c_uint, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys, CudaContext};
+use pinpool::{BackendKind, Error, Pool};
+
+// === running a test on the stub ===
+
+/// The environment variable that tells a child which test it runs.
+const CHILD: &str = "PINPOOL_STUB_TEST";
+
+/// The name of the test function it is used in.
+macro_rules! test_name {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let path = path.strip_suffix("::here").expect("a function path");
+        path.rsplit("::").next().expect("a test name")
+    }};
+}
+
+/// In the test process: runs the calling test again in a child process on
+/// the stub, with `env` set, and returns `false` (the caller returns). In
+/// the child: returns `true`, and the caller runs the test's body.
+macro_rules! on_stub {
+    ($($key:literal = $value:expr),* $(,)?) => {
+        run_on_stub(test_name!(), &[$(($key, $value)),*])
+    };
+}
+
+fn run_on_stub(name: &str, env: &[(&str, &str)]) -> bool {
+    if std::env::var(CHILD).as_deref() == Ok(name) {
+        stub::check_loaded();
+        return true;
+    }
+    let dir = stub_dir();
+    let log = dir.join(format!("{name}-{}.log", std::process::id()));
+    let out = std::fs::File::create(&log).expect("create the child's log");
+    let path = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(old) if !old.is_empty() => {
+            let mut path = dir.as_os_str().to_owned();
+            path.push(":");
+            path.push(old);
+            path
+        }
+        _ => dir.as_os_str().to_owned(),
+    };
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, name)
+        .env("LD_LIBRARY_PATH", path)
+        .env_remove("STUB_CUDA_DEVICES")
+        .env_remove("STUB_CUDA_NUMA")
+        .env_remove("STUB_CUDA_FAIL")
+        .env_remove("PINPOOL_CONF")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("the log, twice"))
+        .stderr(out);
+    let mut child = command.spawn().expect("start the child test");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{name}: still running on the stub driver after 120 s:\n{}",
+                read(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let text = read(&log);
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        status.success() && text.contains("test result: ok. 1 passed"),
+        "{name} failed on the stub driver ({status}):\n{text}"
+    );
+    false
+}
+
+fn read(path: &Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+/// The directory holding the freshly built stub as `libcuda.so`.
+fn stub_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stub-cuda");
+        std::fs::create_dir_all(&dir).expect("create the stub's directory");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stub_driver/libcuda.c");
+        let partial = dir.join(format!("libcuda.so.{}", std::process::id()));
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let output = Command::new(&cc)
+            .args([
+                "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o",
+            ])
+            .arg(&partial)
+            .arg(&source)
+            .arg("-lpthread")
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("the stub-driver tests need a C compiler: could not run `{cc}`: {e}")
+            });
+        assert!(
+            output.status.success(),
+            "`{cc}` could not build the stub driver:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Renamed into place whole: a concurrent run never loads half a file.
+        std::fs::rename(&partial, dir.join("libcuda.so")).expect("install the stub");
+        dir
+    })
+}
+
+/// What the stub exports for tests, found with `dlsym`.
+mod stub {
+    use super::*;
+
+    /// A registration the stub saw.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Registration {
+        pub base: usize,
+        pub len: usize,
+        pub flags: u32,
+        pub ctx: sys::CUcontext,
+    }
+
+    fn handle() -> usize {
+        static HANDLE: OnceLock<usize> = OnceLock::new();
+        *HANDLE.get_or_init(|| {
+            // The name cudarc opens first, resolved the same way, so this is
+            // the library the driver calls reach.
+            let name = CString::new("libcuda.so").unwrap();
+            // SAFETY: a NUL-terminated name; loading the stub runs no
+            // initializers of its own.
+            let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW) };
+            assert!(!handle.is_null(), "libcuda.so does not load in the child");
+            handle as usize
+        })
+    }
+
+    fn symbol(name: &str) -> *mut c_void {
+        let cname = CString::new(name).unwrap();
+        // SAFETY: a live handle and a NUL-terminated name.
+        let sym = unsafe { libc::dlsym(handle() as *mut c_void, cname.as_ptr()) };
+        assert!(
+            !sym.is_null(),
+            "{name} is missing: libcuda.so is not the stub driver"
+        );
+        sym
+    }
+
+    /// Makes sure the driver cudarc will load is the stub.
+    pub fn check_loaded() {
+        symbol("stub_calls");
+    }
+
+    macro_rules! import {
+        ($name:literal: fn($($arg:ty),*) -> $ret:ty) => {{
+            // SAFETY: the stub defines the symbol with this C signature.
+            unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(symbol($name)) }
+        }};
+    }
+
+    /// Calls made to the driver function `name`, failed ones included.
+    pub fn calls(name: &str) -> i64 {
+        let f = import!("stub_calls": fn(*const c_char) -> c_long);
+        let cname = CString::new(name).unwrap();
+        // SAFETY: a NUL-terminated name.
+        let n = unsafe { f(cname.as_ptr()) };
+        assert!(n >= 0, "the stub does not know {name}");
+        n as i64
+    }
+
+    /// Fails the `nth` call of `name` from now on (0: every call) about
+    /// `device` (`None`: any) with `code`.
+    pub fn fail(name: &str, nth: i64, device: Option<i32>, code: i32) {
+        let f = import!("stub_fail": fn(*const c_char, c_long, c_int, c_int) -> c_int);
+        let cname = CString::new(name).unwrap();
+        // SAFETY: a NUL-terminated name and plain values.
+        let rc = unsafe { f(cname.as_ptr(), nth as c_long, device.unwrap_or(-1), code) };
+        assert_eq!(rc, 0, "the stub does not know {name}");
+    }
+
+    /// Lifts every failure.
+    pub fn heal() {
+        let f = import!("stub_heal": fn() -> ());
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// References held on `device`'s primary context.
+    pub fn primary_refs(device: i32) -> i64 {
+        let f = import!("stub_primary_refs": fn(c_int) -> c_long);
+        // SAFETY: a plain value.
+        unsafe { f(device) as i64 }
+    }
+
+    /// `device`'s primary context, retained or not.
+    pub fn primary(device: i32) -> sys::CUcontext {
+        let f = import!("stub_primary": fn(c_int) -> sys::CUcontext);
+        // SAFETY: a plain value.
+        unsafe { f(device) }
+    }
+
+    /// A context of the application's own, always valid.
+    pub fn user_context() -> sys::CUcontext {
+        let f = import!("stub_user_context": fn() -> sys::CUcontext);
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Live registrations.
+    pub fn registered() -> i64 {
+        let f = import!("stub_registered": fn() -> c_long);
+        // SAFETY: no arguments.
+        unsafe { f() as i64 }
+    }
+
+    /// Every successful registration so far, in order.
+    pub fn registrations() -> Vec<Registration> {
+        let f = import!("stub_registration": fn(c_long, *mut *mut c_void, *mut usize, *mut c_uint, *mut sys::CUcontext) -> c_int);
+        let mut all = Vec::new();
+        loop {
+            let (mut base, mut len, mut flags) = (std::ptr::null_mut(), 0, 0);
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: valid out-pointers.
+            if unsafe {
+                f(
+                    all.len() as c_long,
+                    &mut base,
+                    &mut len,
+                    &mut flags,
+                    &mut ctx,
+                )
+            } == 0
+            {
+                return all;
+            }
+            all.push(Registration {
+                base: base as usize,
+                len,
+                flags,
+                ctx,
+            });
+        }
+    }
+
+    /// Events created and not destroyed.
+    pub fn events_live() -> i64 {
+        let f = import!("stub_events_live": fn() -> c_long);
+        // SAFETY: no arguments.
+        unsafe { f() as i64 }
+    }
+
+    /// Calls that needed a current context (or the event's own) and had
+    /// none.
+    pub fn wrong_context() -> i64 {
+        let f = import!("stub_wrong_context": fn() -> c_long);
+        // SAFETY: no arguments.
+        unsafe { f() as i64 }
+    }
+}
+
+// === helpers ===
+
+const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
+const CUDA_ERROR_NO_DEVICE: i32 = 100;
+const CUDA_ERROR_NOT_READY: i32 = 600;
+const CUDA_ERROR_UNKNOWN: i32 = 999;
+
+/// Initializes the driver, as the pool does when it builds (the stub, like
+/// the driver, refuses other calls before).
+fn init() {
+    result::init().expect("cuInit on the stub");
+}
+
+/// The calling thread's current context (null if none).
+fn current() -> sys::CUcontext {
+    result::ctx::get_current()
+        .expect("cuCtxGetCurrent")
+        .unwrap_or(std::ptr::null_mut())
+}
+
+/// Makes `ctx` current on the calling thread.
+fn set_current(ctx: sys::CUcontext) {
+    // SAFETY: the stub's contexts are fixed pointers; it rejects dead ones.
+    unsafe { result::ctx::set_current(ctx) }.expect("cuCtxSetCurrent");
+}
+
+/// The contexts a thread may have when it calls the pool: none, or one of
+/// the application's own.
+fn starting_contexts() -> [(&'static str, sys::CUcontext); 2] {
+    [
+        ("no context", std::ptr::null_mut()),
+        ("the application's context", stub::user_context()),
+    ]
+}
+
+fn cuda_pool(devices: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Cuda)
+        .devices(devices)
+        .cleaner_threads(2)
+        .build()
+        .expect("the CUDA backend builds on the stub")
+}
+
+/// A pinned buffer of `size` bytes: a miss, dropped, flushed (registered by
+/// the cleaner), taken again.
+fn pinned(pool: &Pool, size: usize) -> pinpool::PinnedBuffer {
+    drop(pool.take(size));
+    pool.flush();
+    let buf = pool.take(size);
+    assert!(
+        buf.is_pinned(),
+        "a second take of {size} bytes is a pinned hit"
+    );
+    buf
+}
+
+/// Waits up to 10 s for `done`.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The driver error of a failed build.
+fn driver_error(result: Result<Pool, Error>) -> (&'static str, sys::CUresult) {
+    match result {
+        Err(Error::Cuda { op, source }) => (op, source.0),
+        Err(other) => panic!("expected a driver error, got {other}"),
+        Ok(pool) => panic!("expected a driver error, got a pool on {}", pool.backend()),
+    }
+}
+
+// === the tests ===
+
+#[test]
+fn dropping_the_last_handle_restores_the_context() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    init();
+    for (what, start) in starting_contexts() {
+        set_current(start);
+        let pool = cuda_pool(2);
+        drop(pinned(&pool, 4096));
+        pool.flush();
+        assert_eq!(current(), start, "with {what}: using the pool changed it");
+        // No buffer is out: the pool's state goes with this handle.
+        drop(pool);
+        assert_eq!(
+            current(),
+            start,
+            "with {what}: dropping the pool changed the current context"
+        );
+        assert_eq!(
+            (stub::primary_refs(0), stub::primary_refs(1)),
+            (0, 0),
+            "with {what}: the pool's contexts are released"
+        );
+        assert_eq!(
+            stub::registered(),
+            0,
+            "with {what}: everything unregistered"
+        );
+    }
+    // A buffer still out when the pool closes: the reaper lets the state go.
+    set_current(std::ptr::null_mut());
+    let pool = cuda_pool(2);
+    let buf = pinned(&pool, 4096);
+    drop(pool);
+    assert_eq!(current(), std::ptr::null_mut());
+    drop(buf);
+    eventually("the closed pool's contexts are released", || {
+        stub::primary_refs(0) == 0 && stub::primary_refs(1) == 0
+    });
+    assert_eq!(current(), std::ptr::null_mut());
+    assert_eq!(stub::registered(), 0);
+    assert_eq!(stub::wrong_context(), 0);
+}
+
+#[test]
+fn a_failed_build_restores_the_context() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "65") {
+        return;
+    }
+    init();
+    for (what, start) in starting_contexts() {
+        set_current(start);
+        for backend in [BackendKind::Cuda, BackendKind::Auto] {
+            match Pool::builder().backend(backend).build() {
+                Err(Error::InvalidConfig(why)) => assert!(why.contains("64"), "{why}"),
+                other => panic!("{backend} with 65 devices: {other:?}"),
+            }
+            assert_eq!(
+                current(),
+                start,
+                "with {what}: a failed {backend} build changed the current context"
+            );
+            assert!(
+                (0..65).all(|device| stub::primary_refs(device) == 0),
+                "with {what}: a failed {backend} build keeps contexts retained"
+            );
+        }
+    }
+    // A device whose context cannot be retained fails the build part-way.
+    stub::fail(
+        "cuDevicePrimaryCtxRetain",
+        0,
+        Some(1),
+        CUDA_ERROR_OUT_OF_MEMORY,
+    );
+    for (what, start) in starting_contexts() {
+        set_current(start);
+        let failed = Pool::builder()
+            .backend(BackendKind::Cuda)
+            .devices(2)
+            .build();
+        assert_eq!(
+            driver_error(failed),
+            (
+                "cuDevicePrimaryCtxRetain",
+                sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+            )
+        );
+        assert_eq!(current(), start, "with {what}");
+        assert_eq!(
+            (stub::primary_refs(0), stub::primary_refs(1)),
+            (0, 0),
+            "with {what}: device 0's context is released again"
+        );
+    }
+}
