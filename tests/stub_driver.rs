@@ -458,3 +458,69 @@ fn a_failed_build_restores_the_context() {
         );
     }
 }
+
+#[test]
+fn auto_is_an_error_when_a_device_fails() {
+    if !on_stub!(
+        "STUB_CUDA_DEVICES" = "2",
+        "STUB_CUDA_FAIL" = "cuDevicePrimaryCtxRetain#1=46",
+    ) {
+        return;
+    }
+    // Device 1 is busy (exclusive mode, another process): a pool on the
+    // host backend would run unpinned; the caller must hear of it.
+    let failed = Pool::builder().backend(BackendKind::Auto).build();
+    assert_eq!(
+        driver_error(failed),
+        (
+            "cuDevicePrimaryCtxRetain",
+            sys::CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE
+        )
+    );
+    assert_eq!(current(), std::ptr::null_mut());
+    assert_eq!((stub::primary_refs(0), stub::primary_refs(1)), (0, 0));
+    // Serving only the device that works is fine.
+    let pool = Pool::builder()
+        .backend(BackendKind::Auto)
+        .devices(1)
+        .build()
+        .expect("device 0 alone");
+    assert_eq!(pool.backend(), BackendKind::Cuda);
+    drop(pool);
+    assert_eq!(stub::primary_refs(0), 0);
+}
+
+#[test]
+fn auto_falls_back_when_the_driver_fails_to_initialize() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    for code in [CUDA_ERROR_NO_DEVICE, CUDA_ERROR_UNKNOWN] {
+        stub::fail("cuInit", 0, None, code);
+        let pool = Pool::builder().backend(BackendKind::Auto).build().unwrap();
+        assert_eq!(
+            pool.backend(),
+            BackendKind::Host,
+            "cuInit failing with {code}"
+        );
+        let failed = Pool::builder().backend(BackendKind::Cuda).build();
+        assert_eq!(driver_error(failed).0, "cuInit");
+        stub::heal();
+    }
+    let pool = Pool::builder().backend(BackendKind::Auto).build().unwrap();
+    assert_eq!(pool.backend(), BackendKind::Cuda);
+}
+
+#[test]
+fn auto_falls_back_without_a_device() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "0") {
+        return;
+    }
+    let pool = Pool::builder().backend(BackendKind::Auto).build().unwrap();
+    assert_eq!(pool.backend(), BackendKind::Host);
+    match Pool::builder().backend(BackendKind::Cuda).build() {
+        Err(Error::BackendUnavailable(why)) => assert!(why.contains("no device"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(stub::calls("cuDevicePrimaryCtxRetain"), 0);
+}

@@ -80,49 +80,78 @@ pub(crate) struct CudaBackend {
     contexts: Vec<Arc<CudaContext>>,
 }
 
+/// Why [`CudaBackend::new`] built no backend.
+#[derive(Debug)]
+pub(crate) enum Unusable {
+    /// There is no driver to use: the library cannot be loaded, `cuInit`
+    /// fails, or the driver reports no device. [`BackendKind::Auto`] runs
+    /// on the host backend instead.
+    NoDriver(Error),
+    /// The driver works, but serving the devices asked for failed (a
+    /// context cannot be retained, too many devices): an error for every
+    /// backend kind.
+    Failed(Error),
+}
+
+impl From<Unusable> for Error {
+    fn from(why: Unusable) -> Self {
+        match why {
+            Unusable::NoDriver(e) | Unusable::Failed(e) => e,
+        }
+    }
+}
+
 fn cuda(op: &'static str) -> impl FnOnce(DriverError) -> Error {
     move |source| Error::cuda(op, source)
 }
 
 impl CudaBackend {
     /// Loads the driver and retains the primary context of the first
-    /// `devices` devices (all of them if `None`).
-    pub(crate) fn new(devices: Option<usize>) -> Result<Self, Error> {
+    /// `devices` devices (all of them if `None`), leaving the caller's
+    /// current context as it was, on failure too.
+    pub(crate) fn new(devices: Option<usize>) -> Result<Self, Unusable> {
+        use Unusable::{Failed, NoDriver};
         // Loaded at run time, the driver may be missing; linked, the program
         // would not have started without it.
         #[cfg(feature = "dynamic-loading")]
         // SAFETY: only tries to open the driver library, with no side effects.
         if !unsafe { sys::is_culib_present() } {
-            return Err(Error::BackendUnavailable(
+            return Err(NoDriver(Error::BackendUnavailable(
                 "libcuda could not be loaded".into(),
-            ));
+            )));
         }
-        result::init().map_err(cuda("cuInit"))?;
-        let count = result::device::get_count().map_err(cuda("cuDeviceGetCount"))? as usize;
+        // `cuInit` fails with CUDA_ERROR_NO_DEVICE where the driver is
+        // installed but no GPU is visible, and with other codes where the
+        // driver cannot run at all (a kernel module of another version,
+        // no device nodes in a container): either way nothing can be pinned.
+        result::init().map_err(|e| NoDriver(Error::cuda("cuInit", e)))?;
+        let count =
+            result::device::get_count().map_err(|e| Failed(Error::cuda("cuDeviceGetCount", e)))?;
+        let count = usize::try_from(count).unwrap_or(0);
         if count == 0 {
-            return Err(Error::BackendUnavailable(
+            return Err(NoDriver(Error::BackendUnavailable(
                 "the driver reports no device".into(),
-            ));
+            )));
         }
         let wanted = devices.unwrap_or(count);
         if wanted > count {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Failed(Error::InvalidConfig(format!(
                 "{wanted} devices requested, but the driver reports {count}"
-            )));
+            ))));
         }
         if wanted > crate::config::MAX_DEVICES {
             // Before any context is retained (hundreds of milliseconds
             // each on a real device).
-            return Err(crate::config::too_many_devices(wanted));
+            return Err(Failed(crate::config::too_many_devices(wanted)));
         }
-        // `CudaContext::new` binds each context; the guard puts back the
-        // caller's, after the contexts of devices already done are
-        // released if a later one fails.
-        let _bound = Bound::restoring()?;
+        // Creating a context binds it; the guard puts back the caller's,
+        // after the contexts of devices already done are released if a
+        // later one fails.
+        let _bound = Bound::restoring().map_err(Failed)?;
         let contexts = (0..wanted)
             .map(CudaContext::new)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+            .map_err(|e| Failed(Error::cuda("cuDevicePrimaryCtxRetain", e)))?;
         Ok(Self { contexts })
     }
 
