@@ -524,3 +524,29 @@ fn auto_falls_back_without_a_device() {
     }
     assert_eq!(stub::calls("cuDevicePrimaryCtxRetain"), 0);
 }
+
+#[test]
+fn context_creation_errors_name_the_failing_call() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    init();
+    for call in [
+        "cuDeviceGet",
+        "cuDevicePrimaryCtxRetain",
+        "cuDeviceGetAttribute",
+        "cuCtxSetCurrent",
+        "cuCtxGetCurrent",
+    ] {
+        stub::fail(call, 1, None, CUDA_ERROR_OUT_OF_MEMORY);
+        let failed = Pool::builder().backend(BackendKind::Cuda).build();
+        assert_eq!(
+            driver_error(failed),
+            (call, sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            "{call} failing"
+        );
+        stub::heal();
+        assert_eq!(current(), std::ptr::null_mut(), "{call} failing");
+        assert_eq!(stub::primary_refs(0), 0, "{call} failing");
+    }
+}

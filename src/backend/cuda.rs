@@ -149,9 +149,9 @@ impl CudaBackend {
         // later one fails.
         let _bound = Bound::restoring().map_err(Failed)?;
         let contexts = (0..wanted)
-            .map(CudaContext::new)
+            .map(retain)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Failed(Error::cuda("cuDevicePrimaryCtxRetain", e)))?;
+            .map_err(Failed)?;
         Ok(Self { contexts })
     }
 
@@ -175,6 +175,46 @@ impl Drop for CudaBackend {
         self.contexts.clear();
         drop(bound);
     }
+}
+
+/// Device `ordinal`'s primary context, as cudarc's `CudaContext::new`
+/// makes it, with each driver call that can fail made here first so that
+/// an error names the call that failed. A reference of its own is held
+/// meanwhile, so that the context stays the same one (releasing the last
+/// reference destroys a primary context). Leaves the context bound (the
+/// caller restores the thread's).
+fn retain(ordinal: usize) -> Result<Arc<CudaContext>, Error> {
+    let index = i32::try_from(ordinal).map_err(|_| {
+        Error::InvalidConfig(format!("device {ordinal} is beyond the driver's range"))
+    })?;
+    let device = result::device::get(index).map_err(cuda("cuDeviceGet"))?;
+    // SAFETY: `device` is a device handle the driver just returned.
+    let held =
+        unsafe { result::primary_ctx::retain(device) }.map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+    let made = (|| {
+        // SAFETY: as above; the attribute is one cudarc reads of every
+        // context it makes.
+        unsafe {
+            result::device::get_attribute(
+                device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            )
+        }
+        .map_err(cuda("cuDeviceGetAttribute"))?;
+        // SAFETY: `held` is a live context: this function holds a
+        // reference to it.
+        unsafe { result::ctx::set_current(held) }.map_err(cuda("cuCtxSetCurrent"))?;
+        // Every call it makes has just succeeded.
+        CudaContext::new(ordinal).map_err(cuda("CudaContext::new"))
+    })();
+    // SAFETY: releases the reference retained above; a context made since
+    // holds its own.
+    if let Err(e) = unsafe { result::primary_ctx::release(device) } {
+        // Only keeps the primary context alive until the process exits.
+        tracing::warn!(device = ordinal, error = %e,
+            "pinpool: cuDevicePrimaryCtxRelease failed; the device's context stays retained");
+    }
+    made
 }
 
 impl Backend for CudaBackend {
