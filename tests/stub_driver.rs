@@ -550,3 +550,317 @@ fn context_creation_errors_name_the_failing_call() {
         assert_eq!(stub::primary_refs(0), 0, "{call} failing");
     }
 }
+
+#[test]
+fn every_public_call_restores_the_context() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    init();
+    // A stream of device 0's primary context, made through cudarc (which
+    // binds the context: the starting one is set after).
+    let ctx = CudaContext::new(0).expect("device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    for (what, start) in starting_contexts() {
+        set_current(start);
+        let check = |call: &str| {
+            assert_eq!(
+                current(),
+                start,
+                "with {what}: {call} changed the current context"
+            );
+        };
+        let pool = cuda_pool(2);
+        check("build");
+        let miss = pool.take(4096);
+        check("a missing take");
+        drop(miss);
+        pool.flush();
+        check("flush");
+        let mut hit = pool.take(4096);
+        assert!(hit.is_pinned());
+        check("a hit");
+        // SAFETY: the legacy stream of device 0's primary context, which
+        // the stub accepts; nothing reads the buffer.
+        unsafe { hit.record_last_use_raw(std::ptr::null_mut()) }.expect("recorded");
+        check("record_last_use_raw");
+        hit.record_last_use(&stream).expect("recorded");
+        check("record_last_use");
+        drop(hit);
+        check("dropping a buffer with events");
+        let other = pool.take_on(1, 1 << 20).expect("device 1");
+        check("take_on");
+        drop(other);
+        pool.reserve(1, &[(8192, 2), (1000, 3)]).expect("reserved");
+        check("reserve");
+        pool.flush();
+        check("flush");
+        let stats = pool.stats();
+        assert!(stats.registrations >= 3, "{stats:?}");
+        check("stats");
+        pool.trim();
+        check("trim");
+        pool.set_max_pooled_bytes(8192);
+        check("set_max_pooled_bytes");
+        pool.clear();
+        check("clear");
+        let mut region = vec![1u8; 1 << 16];
+        // SAFETY: `region` stays alive and unmoved until unregistered.
+        assert!(unsafe { pool.register_region(region.as_mut_ptr(), region.len()) });
+        check("register_region");
+        // SAFETY: registered above; no copy reads it.
+        unsafe { pool.unregister_region(region.as_mut_ptr()) };
+        check("unregister_region");
+        drop(pool.take(4096));
+        pool.shutdown();
+        check("shutdown");
+        let late = pinned(&pool, 4096);
+        let clone = pool.clone();
+        drop(pool);
+        check("dropping a handle");
+        drop(clone);
+        check("dropping the last handle");
+        drop(late);
+        check("dropping a buffer of a closed pool");
+        assert_eq!(stub::wrong_context(), 0, "with {what}");
+    }
+    drop(stream);
+    drop(ctx);
+    set_current(std::ptr::null_mut());
+    eventually("every registration is undone", || stub::registered() == 0);
+}
+
+#[test]
+fn registrations_are_portable_one_call_each_and_undone() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    let sizes = [1000, 4096, 1 << 20, 9 << 20];
+    let bufs: Vec<_> = sizes.iter().map(|&size| pinned(&pool, size)).collect();
+    let registrations = stub::registrations();
+    let stats = pool.stats();
+    assert_eq!(registrations.len() as u64, stats.registrations);
+    assert_eq!(
+        stub::calls("cuMemHostRegister_v2") as u64,
+        stats.registrations
+    );
+    for reg in &registrations {
+        assert_eq!(reg.flags, sys::CU_MEMHOSTREGISTER_PORTABLE, "{reg:?}");
+        assert_eq!(
+            reg.ctx,
+            stub::primary(0),
+            "registered in device 0's context"
+        );
+    }
+    for buf in &bufs {
+        let (start, end) = (buf.as_ptr() as usize, buf.as_ptr() as usize + buf.len());
+        let inside = registrations
+            .iter()
+            .filter(|r| r.base <= start && end <= r.base + r.len)
+            .count();
+        assert_eq!(
+            inside,
+            1,
+            "a buffer of {} bytes lies in one registration",
+            buf.len()
+        );
+        let mut flags = 0;
+        // SAFETY: a valid out-pointer; the buffer is live.
+        unsafe { sys::cuMemHostGetFlags(&mut flags, buf.as_ptr() as *mut c_void) }
+            .result()
+            .expect("the driver knows a pooled buffer");
+    }
+    drop(bufs);
+    pool.flush();
+    pool.clear();
+    assert_eq!(stub::registered(), 0, "clear unregisters every buffer");
+    assert_eq!(
+        stub::calls("cuMemHostUnregister") as u64,
+        stats.registrations,
+        "one unregistration per registration"
+    );
+    assert_eq!(stub::wrong_context(), 0);
+}
+
+#[test]
+fn driver_failures_are_counted_and_lose_nothing() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    // A registration fails: the buffer is freed, not pooled pageable.
+    stub::fail("cuMemHostRegister_v2", 1, None, CUDA_ERROR_OUT_OF_MEMORY);
+    drop(pool.take(1 << 20));
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.registration_failures, stats.pooled_buffers),
+        (1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stub::registered(), 0);
+    // An unregistration fails: the buffer is leaked, still registered.
+    let buf = pinned(&pool, 1 << 20);
+    drop(buf);
+    pool.flush();
+    stub::fail("cuMemHostUnregister", 1, None, CUDA_ERROR_UNKNOWN);
+    pool.clear();
+    let stats = pool.stats();
+    assert_eq!(stats.unregister_failures, 1, "{stats:?}");
+    assert!(stats.leaked_bytes >= 1 << 20, "{stats:?}");
+    assert_eq!(stub::registered(), 1, "leaked memory stays registered");
+    // A device synchronize fails (a pinned buffer dropped without events):
+    // the buffer is leaked.
+    let buf = pinned(&pool, 4096);
+    let leaked = pool.stats().leaked_bytes;
+    stub::fail("cuCtxSynchronize", 0, None, CUDA_ERROR_UNKNOWN);
+    drop(buf);
+    pool.flush();
+    stub::heal();
+    let stats = pool.stats();
+    assert!(stats.leaked_bytes > leaked, "{stats:?}");
+    // A failed event query: the buffer is leaked too.
+    let mut buf = pinned(&pool, 4096);
+    // SAFETY: device 0's legacy stream; the stub accepts it.
+    unsafe { buf.record_last_use_raw(std::ptr::null_mut()) }.unwrap();
+    let leaked = pool.stats().leaked_bytes;
+    stub::fail("cuEventQuery", 0, None, CUDA_ERROR_UNKNOWN);
+    drop(buf);
+    pool.flush();
+    stub::heal();
+    let stats = pool.stats();
+    assert!(
+        stats.leaked_bytes > leaked && stats.fence_failures >= 1,
+        "{stats:?}"
+    );
+    // Recording fails: the error reaches the caller, the buffer is fine.
+    let mut buf = pinned(&pool, 4096);
+    stub::fail("cuEventRecord", 1, None, CUDA_ERROR_UNKNOWN);
+    // SAFETY: as above.
+    match unsafe { buf.record_last_use_raw(std::ptr::null_mut()) } {
+        Err(Error::Cuda { op, .. }) => assert_eq!(op, "cuEventRecord"),
+        other => panic!("{other:?}"),
+    }
+    drop(buf);
+    pool.flush();
+    assert_eq!(current(), std::ptr::null_mut());
+}
+
+#[test]
+fn buffers_wait_for_their_events() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    let mut buf = pinned(&pool, 1 << 20);
+    let address = buf.as_ptr() as usize;
+    buf[..4].copy_from_slice(&[1, 2, 3, 4]);
+    let records = stub::calls("cuEventRecord");
+    // SAFETY: device 0's legacy stream; the stub accepts it.
+    unsafe { buf.record_last_use_raw(std::ptr::null_mut()) }.unwrap();
+    assert_eq!(stub::calls("cuEventRecord"), records + 1);
+    // The "copy" has not finished: the buffer is not reused.
+    stub::fail("cuEventQuery", 0, None, CUDA_ERROR_NOT_READY);
+    let syncs = stub::calls("cuCtxSynchronize");
+    drop(buf);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let flusher = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            pool.flush();
+            tx.send(()).unwrap();
+        })
+    };
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "flush returned while the buffer's copy runs"
+    );
+    let again = pool.take(1 << 20);
+    assert_ne!(
+        again.as_ptr() as usize,
+        address,
+        "reused under a running copy"
+    );
+    drop(again);
+    stub::heal();
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("flush returns once the copy is done");
+    flusher.join().unwrap();
+    assert_eq!(
+        stub::calls("cuCtxSynchronize"),
+        syncs,
+        "a buffer with an event needs no device synchronize"
+    );
+    // Without events, a device synchronize covers it.
+    let buf = pinned(&pool, 4096);
+    let syncs = stub::calls("cuCtxSynchronize");
+    drop(buf);
+    pool.flush();
+    assert!(stub::calls("cuCtxSynchronize") > syncs);
+    // Events are reused: none is created or destroyed in the steady state.
+    let round = || {
+        let mut buf = pool.take(1 << 20);
+        // SAFETY: as above.
+        unsafe { buf.record_last_use_raw(std::ptr::null_mut()) }.unwrap();
+        drop(buf);
+        pool.flush();
+    };
+    (0..4).for_each(|_| round());
+    let (live, created) = (stub::events_live(), stub::calls("cuEventCreate"));
+    (0..10).for_each(|_| round());
+    assert_eq!(
+        (stub::events_live(), stub::calls("cuEventCreate")),
+        (live, created)
+    );
+    assert_eq!(stub::wrong_context(), 0);
+}
+
+#[test]
+fn copies_through_cudarc_record_events_in_the_streams_context() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    let ctx = CudaContext::new(0).expect("device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    let mut dst = stream.alloc_zeros::<u8>(4096).expect("device memory");
+    let mut buf = pinned(&pool, 4096);
+    buf.fill(7);
+    let records = stub::calls("cuEventRecord");
+    stream
+        .memcpy_htod(&buf, &mut dst)
+        .expect("a copy from the buffer");
+    assert!(stub::calls("cuEventRecord") > records, "the copy is fenced");
+    let back = stream.clone_dtoh(&dst).expect("a copy back");
+    assert!(back.iter().all(|&b| b == 7));
+    // Into the buffer: host reads wait for it.
+    let zeros = stream.alloc_zeros::<u8>(4096).expect("device memory");
+    stream
+        .memcpy_dtoh(&zeros, &mut buf)
+        .expect("a copy into the buffer");
+    assert!(buf.iter().all(|&b| b == 0));
+    drop(buf);
+    pool.flush();
+    let again = pool.take(4096);
+    assert!(again.is_pinned() && again.iter().all(|&b| b == 0));
+    drop(again);
+    assert_eq!(stub::wrong_context(), 0);
+    drop((dst, zeros, stream, ctx));
+}
+
+#[test]
+fn takes_go_to_the_device_of_the_current_context() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    let pool = cuda_pool(2);
+    assert_eq!(pool.take(4096).device(), 0, "no context: device 0");
+    let ctx = CudaContext::new(1).expect("device 1"); // binds it
+    assert_eq!(current(), stub::primary(1));
+    assert_eq!(pool.take(4096).device(), 1);
+    assert_eq!(current(), stub::primary(1));
+    set_current(stub::user_context());
+    assert_eq!(pool.take(4096).device(), 0, "another context of device 0");
+    drop(ctx);
+}
