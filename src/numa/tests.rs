@@ -1,0 +1,587 @@
+//! Tests of NUMA placement: parsing, fake sysfs trees, trace lines, and
+//! the system calls on this machine.
+
+use std::fs;
+
+use super::*;
+use crate::sync::{thread, Arc, Mutex, OnceLock};
+
+// === a fake sysfs tree ===
+
+/// A sysfs-like tree in a directory of its own under the temporary
+/// directory, removed on drop.
+struct FakeSysfs {
+    root: PathBuf,
+}
+
+impl FakeSysfs {
+    fn new(name: &str) -> Self {
+        let root = std::env::temp_dir().join(format!("pinpool-numa-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("create the fake sysfs root");
+        Self { root }
+    }
+
+    /// Writes `text` to `path` under the root.
+    fn file(&self, path: &str, text: &str) -> &Self {
+        let path = self.root.join(path);
+        fs::create_dir_all(path.parent().expect("a parent")).expect("create a directory");
+        fs::write(path, text).expect("write a fake sysfs file");
+        self
+    }
+
+    fn online(&self, list: &str) -> &Self {
+        self.file("devices/system/node/online", list)
+    }
+
+    fn cpus(&self, node: u32, list: &str) -> &Self {
+        self.file(&format!("devices/system/node/node{node}/cpulist"), list)
+    }
+
+    fn pci(&self, name: &str, numa_node: &str) -> &Self {
+        self.file(&format!("bus/pci/devices/{name}/numa_node"), numa_node)
+    }
+
+    /// Two nodes of four CPUs each.
+    fn two_nodes(name: &str) -> Self {
+        let fake = Self::new(name);
+        fake.online("0-1\n").cpus(0, "0-3\n").cpus(1, "4-7\n");
+        fake
+    }
+
+    fn topology(&self) -> Topology {
+        Topology::from_root(&self.root)
+    }
+}
+
+impl Drop for FakeSysfs {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn hint(driver_node: Option<i32>, pci_bus_id: Option<&str>) -> DeviceHint {
+    DeviceHint {
+        driver_node,
+        pci_bus_id: pci_bus_id.map(String::from),
+    }
+}
+
+fn node_ids(placement: &Placement, devices: usize) -> Vec<Option<u32>> {
+    (0..devices)
+        .map(|device| placement.node(device).map(|node| node.id))
+        .collect()
+}
+
+/// Runs `f` with a subscriber that records every event, and returns
+/// the recorded lines.
+///
+/// Other tests hit the same callsites at the same time on threads
+/// without a subscriber. While one scoped dispatcher is the only one
+/// registered, tracing-core computes a new callsite's interest from
+/// the registering thread's dispatcher alone (its `has_just_one` fast
+/// path), so a callsite first hit on such a thread would be disabled
+/// for every thread, ours included. A second dispatcher, kept alive for
+/// the whole run, makes it ask every registered dispatcher instead.
+fn traced(f: impl FnOnce()) -> Vec<String> {
+    static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+    let buffer = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&buffer);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .without_time()
+        .with_writer(move || Capture(Arc::clone(&sink)))
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(buffer.lock().clone()).expect("utf-8 log");
+    text.lines().map(String::from).collect()
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Capture {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.lock().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+// === parsing ===
+
+#[test]
+fn cpulist_parses_the_kernel_format() {
+    let cases: &[(&str, &[usize])] = &[
+        ("0", &[0]),
+        ("0-3", &[0, 1, 2, 3]),
+        ("0,2-3", &[0, 2, 3]),
+        ("0-1,4,6-7\n", &[0, 1, 4, 6, 7]),
+        (" 8-9 , 1 \n", &[1, 8, 9]),
+        ("3,0-3,2", &[0, 1, 2, 3]),
+        ("5-5", &[5]),
+        ("", &[]),
+        ("\n", &[]),
+        ("  \t\n", &[]),
+    ];
+    for (text, want) in cases {
+        assert_eq!(parse_cpulist(text).as_deref(), Ok(*want), "{text:?}");
+    }
+}
+
+#[test]
+fn cpulist_rejects_garbage() {
+    let garbage = "a|0-|-1|1-0|0,,1|0,|,0|0-1-2|0x1|+1|1 2|0:3|65536|0-4294967295|\
+        99999999999999999999999|0-3:2";
+    for text in garbage.split('|') {
+        assert!(parse_cpulist(text).is_err(), "{text:?} parsed");
+    }
+}
+
+#[test]
+fn bus_ids_are_rewritten_as_sysfs_names() {
+    let cases = [
+        ("0000:3B:00.0", "0000:3b:00.0"),
+        ("00000000:3B:00.0", "0000:3b:00.0"),
+        ("0000:3b:00.0", "0000:3b:00.0"),
+        ("3B:00.0", "0000:3b:00.0"),
+        ("0001:C1:1F.7", "0001:c1:1f.7"),
+        ("10000:01:00.0", "10000:01:00.0"),
+        ("0000:3B:00.0\0\0\0", "0000:3b:00.0"),
+        (" 0000:3B:00.0\n", "0000:3b:00.0"),
+    ];
+    for (cuda, sysfs) in cases {
+        assert_eq!(sysfs_bus_id(cuda).as_deref(), Some(sysfs), "{cuda:?}");
+    }
+    for bad in [
+        "",
+        "garbage",
+        "0000:3G:00.0",
+        "0000:3b:20.0",
+        "0000:3b:00.8",
+        "0000:100:00.0",
+        "0:0000:3b:00.0",
+        "../../../etc:00.0",
+        "0000:3b:00",
+        "0000:+3b:00.0",
+        "123456789:3b:00.0",
+    ] {
+        assert_eq!(sysfs_bus_id(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn numa_mode_parses_auto_and_off() {
+    assert_eq!("auto".parse(), Ok(NumaMode::Auto));
+    assert_eq!(" OFF \n".parse(), Ok(NumaMode::Off));
+    assert!("on".parse::<NumaMode>().is_err());
+    assert!("".parse::<NumaMode>().is_err());
+    assert_eq!(NumaMode::default(), NumaMode::Auto);
+    for mode in [NumaMode::Auto, NumaMode::Off] {
+        assert_eq!(mode.to_string().parse(), Ok(mode));
+    }
+}
+
+// === topology ===
+
+#[test]
+fn topology_reads_nodes_and_cpus() {
+    let fake = FakeSysfs::new("read");
+    fake.online("0,2-3\n")
+        .cpus(0, "0-1,8-9\n")
+        .cpus(2, "\n")
+        .cpus(3, "junk");
+    let nodes = fake.topology().nodes.expect("readable topology");
+    let ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
+    assert_eq!(ids, [0, 2, 3]);
+    assert_eq!(nodes[0].cpus, [0, 1, 8, 9]);
+    assert_eq!((nodes[1].cpus.len(), &nodes[1].cpus_unusable), (0, &None));
+    assert!(nodes[2].cpus.is_empty());
+    assert!(matches!(
+        nodes[2].cpus_unusable,
+        Some(Miss::Malformed { .. })
+    ));
+}
+
+#[test]
+fn discovery_on_this_machine_never_panics() {
+    let topology = Topology::discover();
+    if let Ok(nodes) = &topology.nodes {
+        assert!(!nodes.is_empty());
+    }
+    let placement = Placement::choose(NumaMode::Auto, &topology, &[DeviceHint::default()]);
+    assert_eq!(placement.devices.len(), 1);
+}
+
+// === placement ===
+
+/// Two nodes, and PCI devices whose `numa_node` files hold good and
+/// bad values.
+fn devices_tree(name: &str) -> FakeSysfs {
+    let fake = FakeSysfs::two_nodes(name);
+    fake.pci("0000:3b:00.0", "0\n")
+        .pci("0000:86:00.0", "1\n")
+        .pci("0000:af:00.0", "-1\n")
+        .pci("0000:d8:00.0", "garbage\n")
+        .pci("0000:da:00.0", "")
+        .pci("0000:db:00.0", "7\n")
+        .pci("0000:dc:00.0", "-5\n");
+    fake
+}
+
+#[test]
+fn placement_prefers_the_driver_then_sysfs() {
+    let fake = devices_tree("sources");
+    let cases = [
+        // The driver wins over sysfs.
+        (hint(Some(1), Some("0000:3B:00.0")), 1, Source::Driver),
+        // No driver answer: sysfs, found from CUDA's spelling.
+        (hint(None, Some("0000:3B:00.0")), 0, Source::Sysfs),
+        // The driver does not know; nvidia-smi's eight-digit domain.
+        (hint(Some(-1), Some("00000000:86:00.0")), 1, Source::Sysfs),
+        // The driver names an offline node.
+        (hint(Some(9), Some("0000:86:00.0")), 1, Source::Sysfs),
+    ];
+    let hints: Vec<DeviceHint> = cases.iter().map(|(hint, ..)| hint.clone()).collect();
+    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    for (device, (hint, node, source)) in cases.iter().enumerate() {
+        let placed = placement.devices[device].as_ref().expect("placed");
+        assert_eq!(
+            (placement.nodes[placed.node].id, placed.source),
+            (*node, *source),
+            "{hint:?}"
+        );
+    }
+    assert_eq!(
+        placement.node(0).map(|n| n.cpus.clone()),
+        Some(vec![4, 5, 6, 7])
+    );
+    assert_eq!(
+        placement.node(cases.len()),
+        None,
+        "a device beyond the hints"
+    );
+}
+
+#[test]
+fn bad_device_data_falls_back_to_no_node() {
+    let fake = devices_tree("fallbacks");
+    let topology = fake.topology();
+    let why = |driver_node, pci_bus_id| {
+        let placement =
+            Placement::choose(NumaMode::Auto, &topology, &[hint(driver_node, pci_bus_id)]);
+        assert_eq!(placement.node(0), None);
+        match placement.devices[0].clone() {
+            Err(Fallback::NoNode { driver, sysfs }) => (driver, sysfs),
+            other => panic!("{other:?}"),
+        }
+    };
+    let malformed = |miss: &Miss| match miss {
+        Miss::Malformed { what, text } => (what.clone(), text.clone()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(why(None, None), (Miss::Absent, Miss::Absent));
+    assert_eq!(
+        why(None, Some("0000:AF:00.0")),
+        (Miss::Absent, Miss::Unknown)
+    );
+    assert_eq!(
+        why(Some(5), Some("0000:DB:00.0")),
+        (Miss::Offline(5), Miss::Offline(7))
+    );
+    let (driver, missing) = why(Some(-1), Some("0000:D9:00.0"));
+    assert_eq!(driver, Miss::Unknown);
+    assert!(matches!(
+        missing,
+        Miss::Unreadable {
+            kind: io::ErrorKind::NotFound,
+            ..
+        }
+    ));
+    assert_eq!(malformed(&why(None, Some("0000:D8:00.0")).1).1, "garbage\n");
+    assert_eq!(malformed(&why(None, Some("0000:DA:00.0")).1).1, "");
+    assert_eq!(
+        malformed(&why(None, Some("not-a-bus-id")).1),
+        ("PCI bus id".into(), "not-a-bus-id".into())
+    );
+    let (driver, sysfs) = why(Some(-3), Some("0000:DC:00.0"));
+    assert_eq!(malformed(&driver).1, "-3");
+    assert_eq!(malformed(&sysfs).1, "-5");
+    let long = "x".repeat(1000);
+    assert_eq!(malformed(&why(None, Some(&long)).1).1.len(), MAX_QUOTE);
+}
+
+#[test]
+fn numa_off_places_nothing() {
+    let fake = FakeSysfs::two_nodes("off");
+    fake.pci("0000:3b:00.0", "1\n");
+    let hints = [hint(Some(1), Some("0000:3B:00.0")), hint(Some(0), None)];
+    let placement = Placement::choose(NumaMode::Off, &fake.topology(), &hints);
+    assert_eq!(node_ids(&placement, 2), [None, None]);
+    assert!(placement.devices.iter().all(|d| d == &Err(Fallback::Off)));
+    assert!(placement.worker_node(0).is_none());
+}
+
+#[test]
+fn one_node_places_nothing() {
+    let fake = FakeSysfs::new("single");
+    fake.online("0\n")
+        .cpus(0, "0-7\n")
+        .pci("0000:3b:00.0", "0\n");
+    let hints = [
+        hint(Some(0), Some("0000:3B:00.0")),
+        hint(None, Some("0000:3B:00.0")),
+    ];
+    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    assert_eq!(node_ids(&placement, 2), [None, None]);
+    assert!(placement
+        .devices
+        .iter()
+        .all(|d| d == &Err(Fallback::SingleNode)));
+}
+
+#[test]
+fn unusable_node_lists_place_nothing() {
+    let hints = [hint(Some(0), None), hint(Some(1), None)];
+    let cases: [(&str, Option<&str>); 4] = [
+        ("missing", None),
+        ("junk", Some("zero-one\n")),
+        ("empty", Some("\n")),
+        ("huge", Some("0-99999999\n")),
+    ];
+    for (name, online) in cases {
+        let fake = FakeSysfs::new(&format!("online-{name}"));
+        if let Some(text) = online {
+            fake.online(text);
+        }
+        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+        assert_eq!(node_ids(&placement, 2), [None, None], "{name}");
+        assert!(
+            matches!(placement.devices[0], Err(Fallback::NoTopology(_))),
+            "{name}: {:?}",
+            placement.devices[0]
+        );
+    }
+}
+
+#[test]
+fn sparse_node_ids_and_cpuless_nodes() {
+    let fake = FakeSysfs::new("sparse");
+    fake.online("0,2\n")
+        .cpus(0, "0-3\n")
+        .cpus(2, "")
+        .pci("0000:3b:00.0", "2\n")
+        .pci("0000:86:00.0", "1\n");
+    let hints = [
+        hint(None, Some("0000:3b:00.0")),
+        hint(None, Some("0000:86:00.0")),
+    ];
+    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    assert_eq!(node_ids(&placement, 2), [Some(2), None]);
+    assert!(placement.node(0).is_some_and(|node| node.cpus.is_empty()));
+    assert_eq!(
+        placement.devices[1],
+        Err(Fallback::NoNode {
+            driver: Miss::Absent,
+            sysfs: Miss::Offline(1)
+        })
+    );
+}
+
+#[test]
+fn workers_take_used_nodes_in_turn() {
+    let fake = FakeSysfs::new("workers");
+    fake.online("0-3\n");
+    for node in 0..4 {
+        fake.cpus(node, &format!("{}-{}\n", node * 2, node * 2 + 1));
+    }
+    let hints = [
+        hint(Some(3), None),
+        hint(Some(1), None),
+        hint(Some(3), None),
+    ];
+    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    let workers: Vec<Option<u32>> = (0..5)
+        .map(|w| placement.worker_node(w).map(|n| n.id))
+        .collect();
+    assert_eq!(workers, [Some(1), Some(3), Some(1), Some(3), Some(1)]);
+    assert_eq!(
+        placement.worker_node(1).map(|n| n.cpus.clone()),
+        Some(vec![6, 7])
+    );
+}
+
+// === trace lines ===
+
+#[test]
+fn each_fallback_is_traced_once() {
+    let fake = FakeSysfs::two_nodes("trace");
+    fake.pci("0000:3b:00.0", "0\n")
+        .pci("0000:af:00.0", "nonsense\n");
+    let hints = [
+        hint(None, Some("0000:3b:00.0")),
+        hint(None, Some("0000:af:00.0")),
+        hint(None, None),
+    ];
+    let topology = fake.topology();
+    let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
+    let about = |device: usize| {
+        lines
+            .iter()
+            .filter(|l| l.contains("no NUMA node") && l.contains(&format!("device={device}")))
+            .count()
+    };
+    assert_eq!((about(0), about(1), about(2)), (0, 1, 1), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("nonsense")), "{lines:#?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("pinpool: NUMA placement"))
+            .count(),
+        1
+    );
+
+    let lines = traced(|| drop(Placement::choose(NumaMode::Off, &topology, &hints)));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("numa=off"), "{lines:#?}");
+
+    let empty = FakeSysfs::new("trace-empty");
+    let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &empty.topology(), &hints)));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("no NUMA topology"), "{lines:#?}");
+}
+
+#[test]
+fn unknown_cpus_of_a_used_node_are_traced_once() {
+    let fake = FakeSysfs::new("trace-cpus");
+    fake.online("0-1\n").cpus(0, "0-3\n");
+    let hints = [hint(Some(1), None), hint(Some(1), None)];
+    let topology = fake.topology();
+    let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
+    let cpus = lines.iter().filter(|l| l.contains("CPUs unknown")).count();
+    assert_eq!(cpus, 1, "{lines:#?}");
+}
+
+// === system calls ===
+
+/// Whether `e` means the sandbox forbids the call (skip the test).
+fn forbidden(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS))
+}
+
+/// A fresh anonymous mapping, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(pages: usize) -> Self {
+        let len = pages * crate::size_class::page_size();
+        // SAFETY: an anonymous private mapping with no address hint
+        // touches no existing memory; the result is checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap failed");
+        Self {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    fn touch(&self) {
+        let page = crate::size_class::page_size();
+        for offset in (0..self.len).step_by(page) {
+            // SAFETY: `offset < len`, inside the live mapping.
+            unsafe { self.ptr.add(offset).write_volatile(1) };
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is a mapping of `len` bytes made in `new`, used
+        // by nothing else.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn bind_range_places_touched_pages_on_node_zero() {
+    let pages = 16;
+    let mapping = Mapping::new(pages);
+    match bind_range(mapping.ptr, mapping.len, 0) {
+        Err(e) if forbidden(&e) => {
+            eprintln!("skipped: mbind is not permitted here ({e})");
+            return;
+        }
+        result => result.expect("mbind to node 0"),
+    }
+    match pages_on_node(mapping.ptr, mapping.len, 0) {
+        Err(e) if forbidden(&e) => {
+            eprintln!("skipped: move_pages is not permitted here ({e})");
+            return;
+        }
+        result => assert_eq!(result.expect("move_pages"), 0, "untouched pages"),
+    }
+    mapping.touch();
+    let on_node = pages_on_node(mapping.ptr, mapping.len, 0).expect("move_pages");
+    assert_eq!(on_node, pages);
+    assert_eq!(bind_range(mapping.ptr, 0, 0).ok(), Some(()), "empty range");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn bad_binds_are_errors_not_panics() {
+    let mapping = Mapping::new(2);
+    let misaligned = mapping.ptr.wrapping_add(1);
+    for (ptr, node) in [
+        (mapping.ptr, 1000),
+        (misaligned, 0),
+        (mapping.ptr, u32::MAX),
+    ] {
+        assert!(
+            bind_range(ptr, mapping.len - 1, node).is_err(),
+            "node {node}"
+        );
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn pinning_restricts_the_thread() {
+    let allowed = || {
+        let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list")
+            .to_owned();
+        parse_cpulist(&line).expect("kernel cpulist")
+    };
+    let first = allowed()[0];
+    thread::spawn(move || {
+        pin_current_thread(&[first]).expect("pin to an allowed CPU");
+        assert_eq!(allowed(), [first]);
+        let e = pin_current_thread(&[]).expect_err("no CPUs");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(pin_current_thread(&[MAX_ID - 1]).is_err(), "absent CPU");
+        assert!(pin_current_thread(&[MAX_ID]).is_err(), "out of range");
+        assert_eq!(allowed(), [first], "failures leave the mask alone");
+    })
+    .join()
+    .expect("pinning thread");
+}
