@@ -45,8 +45,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// CPU and node ids at or above this are rejected as malformed: kernels
-/// support at most 8192 CPUs and 1024 nodes, and a bound keeps a garbage
-/// range like `0-4294967295` from allocating gigabytes.
+/// support at most 8192 CPUs and 1024 nodes. Lists parse into an
+/// [`IdSet`] of this many bits (8 KiB), whatever their length.
 const MAX_ID: usize = 1 << 16;
 
 /// The most bytes read from one sysfs file (sysfs writes at most a page).
@@ -154,6 +154,126 @@ impl fmt::Display for Miss {
     }
 }
 
+// === impl IdSet ===
+
+/// Bits in one word of an [`IdSet`] (and of a kernel bitmap).
+const WORD_BITS: usize = libc::c_ulong::BITS as usize;
+
+/// A set of CPU or node ids below [`MAX_ID`]: a fixed bitset laid out as
+/// the kernel's bitmaps are (`unsigned long` words, id `i` in bit
+/// `i % WORD_BITS` of word `i / WORD_BITS`), so that it goes to and comes
+/// from `sched_setaffinity(2)`, `sched_getaffinity(2)` and `mbind(2)` as
+/// it is.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct IdSet {
+    words: Box<[libc::c_ulong]>,
+}
+
+impl IdSet {
+    /// The empty set.
+    pub(crate) fn new() -> Self {
+        Self {
+            words: vec![0; MAX_ID / WORD_BITS].into_boxed_slice(),
+        }
+    }
+
+    /// Adds the ids `first..=last` (both below [`MAX_ID`]), a word at a
+    /// time.
+    fn insert_range(&mut self, first: usize, last: usize) {
+        debug_assert!(first <= last && last < MAX_ID);
+        let (first_word, last_word) = (first / WORD_BITS, last / WORD_BITS);
+        for (index, word) in self.words[first_word..=last_word].iter_mut().enumerate() {
+            let index = first_word + index;
+            let low = if index == first_word {
+                first % WORD_BITS
+            } else {
+                0
+            };
+            let high = if index == last_word {
+                last % WORD_BITS
+            } else {
+                WORD_BITS - 1
+            };
+            *word |= (libc::c_ulong::MAX >> (WORD_BITS - 1 - high)) & (libc::c_ulong::MAX << low);
+        }
+    }
+
+    /// Adds `id`; `false` (and nothing added) if it is [`MAX_ID`] or more.
+    pub(crate) fn insert(&mut self, id: usize) -> bool {
+        if id >= MAX_ID {
+            return false;
+        }
+        self.insert_range(id, id);
+        true
+    }
+
+    /// Whether `id` is in the set.
+    #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
+    pub(crate) fn contains(&self, id: usize) -> bool {
+        id < MAX_ID && self.words[id / WORD_BITS] & (1 << (id % WORD_BITS)) != 0
+    }
+
+    /// How many ids the set holds.
+    #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
+    pub(crate) fn len(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Whether the set is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    /// The ids, ascending.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.words.iter().enumerate().flat_map(|(index, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                if rest == 0 {
+                    return None;
+                }
+                let bit = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                Some(index * WORD_BITS + bit)
+            })
+        })
+    }
+
+    /// The ids, ascending, in a vector.
+    #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
+    pub(crate) fn to_vec(&self) -> Vec<usize> {
+        self.iter().collect()
+    }
+
+    /// The words up to the last one with an id in it (none for the empty
+    /// set): what a system call that takes a bitmap needs to read.
+    fn used_words(&self) -> &[libc::c_ulong] {
+        let used = self
+            .words
+            .iter()
+            .rposition(|&w| w != 0)
+            .map_or(0, |i| i + 1);
+        &self.words[..used]
+    }
+}
+
+impl fmt::Debug for IdSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<usize> for IdSet {
+    /// The ids below [`MAX_ID`] among `ids` (others are left out).
+    fn from_iter<I: IntoIterator<Item = usize>>(ids: I) -> Self {
+        let mut set = Self::new();
+        for id in ids {
+            set.insert(id);
+        }
+        set
+    }
+}
+
 // === impl Node ===
 
 /// An online NUMA node.
@@ -161,9 +281,9 @@ impl fmt::Display for Miss {
 pub(crate) struct Node {
     /// The kernel's node id.
     pub(crate) id: u32,
-    /// The node's CPUs, ascending: empty for a node without CPUs (memory
-    /// only), or one whose CPU list could not be used.
-    pub(crate) cpus: Vec<usize>,
+    /// The node's CPUs: empty for a node without CPUs (memory only), or
+    /// one whose CPU list could not be used.
+    pub(crate) cpus: IdSet,
     /// Why the CPU list could not be used, if it could not.
     cpus_unusable: Option<Miss>,
 }
@@ -174,7 +294,7 @@ impl Node {
         let path = root.join(format!("devices/system/node/node{id}/cpulist"));
         let (cpus, cpus_unusable) = match read_list(&path) {
             Ok(cpus) => (cpus, None),
-            Err(miss) => (Vec::new(), Some(miss)),
+            Err(miss) => (IdSet::new(), Some(miss)),
         };
         Self {
             id,
@@ -213,10 +333,7 @@ impl Topology {
                 return Err(Miss::malformed(online.display(), ""));
             }
             // `read_list` bounds ids by `MAX_ID`, which fits in a u32.
-            Ok(ids
-                .into_iter()
-                .map(|id| Node::read(&root, id as u32))
-                .collect())
+            Ok(ids.iter().map(|id| Node::read(&root, id as u32)).collect())
         });
         Self { root, nodes }
     }
@@ -492,7 +609,7 @@ fn read_value(path: &Path) -> Result<String, Miss> {
 }
 
 /// Reads and parses a sysfs list file (`online`, `cpulist`).
-fn read_list(path: &Path) -> Result<Vec<usize>, Miss> {
+fn read_list(path: &Path) -> Result<IdSet, Miss> {
     let text = read_value(path)?;
     parse_cpulist(&text).map_err(|_| Miss::malformed(path.display(), &text))
 }
@@ -500,16 +617,17 @@ fn read_list(path: &Path) -> Result<Vec<usize>, Miss> {
 /// Parses the kernel's list format (`cpulist`, a node's `online`):
 /// comma-separated ids and inclusive ranges such as `0-3,8,10-11`, with
 /// whitespace around items and a trailing newline allowed. An empty list
-/// (a node without CPUs) is valid. Returns the ids ascending without
-/// duplicates; any other text (a stray character, an empty item, a
-/// reversed or open range, an id of [`MAX_ID`] or more) is an error naming
-/// the item.
-fn parse_cpulist(text: &str) -> Result<Vec<usize>, String> {
+/// (a node without CPUs) is valid. Any other text (a stray character, an
+/// empty item, a reversed or open range, an id of [`MAX_ID`] or more) is an
+/// error naming the item. Ranges go into a fixed bitset a word at a time,
+/// so time and memory stay small for any list a sysfs read returns,
+/// however its ranges overlap.
+fn parse_cpulist(text: &str) -> Result<IdSet, String> {
     let text = text.trim();
+    let mut ids = IdSet::new();
     if text.is_empty() {
-        return Ok(Vec::new());
+        return Ok(ids);
     }
-    let mut ids = Vec::new();
     for item in text.split(',').map(str::trim) {
         let (first, last) = match item.split_once('-') {
             Some((first, last)) => (parse_id(first, item)?, parse_id(last, item)?),
@@ -521,10 +639,8 @@ fn parse_cpulist(text: &str) -> Result<Vec<usize>, String> {
         if first > last {
             return Err(format!("reversed range `{item}`"));
         }
-        ids.extend(first..=last);
+        ids.insert_range(first, last);
     }
-    ids.sort_unstable();
-    ids.dedup();
     Ok(ids)
 }
 
@@ -615,7 +731,7 @@ pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> 
 /// should run. Empty `cpus` (a node without CPUs) is `InvalidInput`.
 ///
 /// A no-op returning `Ok` on systems other than Linux.
-pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+pub(crate) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {
     if cpus.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -659,31 +775,12 @@ mod linux {
 
     use libc::{c_int, c_long, c_ulong, c_void};
 
-    use super::MAX_ID;
+    use super::{IdSet, WORD_BITS};
     use crate::size_class::page_size;
 
     /// Pages asked about per `move_pages` call.
     #[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
     const BATCH: usize = 1024;
-
-    /// A kernel bitmap (`unsigned long` words) with the bits `ids` set.
-    fn bitmap(ids: impl IntoIterator<Item = usize>) -> io::Result<Vec<c_ulong>> {
-        let bits = c_ulong::BITS as usize;
-        let mut words = Vec::new();
-        for id in ids {
-            if id >= MAX_ID {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("id {id} out of range"),
-                ));
-            }
-            if words.len() <= id / bits {
-                words.resize(id / bits + 1, 0);
-            }
-            words[id / bits] |= 1 << (id % bits);
-        }
-        Ok(words)
-    }
 
     /// A system call's `-1` as the thread's `errno`.
     fn check(rc: c_long) -> io::Result<c_long> {
@@ -698,12 +795,21 @@ mod linux {
         if len == 0 {
             return Ok(());
         }
-        let mask = bitmap([node as usize])?;
+        let mut nodes = IdSet::new();
+        if !nodes.insert(node as usize) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("node {node} out of range"),
+            ));
+        }
+        let mask = nodes.used_words();
         // The kernel reads `maxnode - 1` bits of the mask (mbind(2) BUGS:
-        // it decrements `maxnode` first), so one more than the mask holds.
-        let maxnode = (mask.len() * c_ulong::BITS as usize + 1) as c_ulong;
+        // it decrements `maxnode` first), so one more than the mask holds;
+        // only the words up to the node's, as it refuses masks longer than
+        // a page of bits.
+        let maxnode = (mask.len() * WORD_BITS + 1) as c_ulong;
         // SAFETY:
-        // - mbind reads `mask.len()` words from `mask`, a live vector, and
+        // - mbind reads `mask.len()` words from `mask`, a live slice, and
         //   writes nothing to user memory;
         // - it changes only the placement of pages faulted in later, never
         //   the contents or mapping of `[ptr, ptr + len)`; without
@@ -723,12 +829,12 @@ mod linux {
         check(rc).map(drop)
     }
 
-    pub(super) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
-        let mask = bitmap(cpus.iter().copied())?;
-        let bytes = std::mem::size_of_val(mask.as_slice());
+    pub(super) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {
+        let mask = cpus.used_words();
+        let bytes = std::mem::size_of_val(mask);
         // SAFETY:
         // - pid 0 names the calling thread;
-        // - the kernel reads `bytes` bytes from `mask`, a live vector of
+        // - the kernel reads `bytes` bytes from `mask`, a live slice of
         //   that size; `cpu_set_t` is itself an array of `unsigned long`,
         //   so the pointer is suitably aligned, and the kernel accepts any
         //   whole number of words (it zero-extends a short mask);

@@ -129,7 +129,11 @@ fn cpulist_parses_the_kernel_format() {
         ("  \t\n", &[]),
     ];
     for (text, want) in cases {
-        assert_eq!(parse_cpulist(text).as_deref(), Ok(*want), "{text:?}");
+        assert_eq!(
+            parse_cpulist(text).map(|ids| ids.to_vec()).as_deref(),
+            Ok(*want),
+            "{text:?}"
+        );
     }
 }
 
@@ -198,7 +202,7 @@ fn topology_reads_nodes_and_cpus() {
     let nodes = fake.topology().nodes.expect("readable topology");
     let ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
     assert_eq!(ids, [0, 2, 3]);
-    assert_eq!(nodes[0].cpus, [0, 1, 8, 9]);
+    assert_eq!(nodes[0].cpus.to_vec(), [0, 1, 8, 9]);
     assert_eq!((nodes[1].cpus.len(), &nodes[1].cpus_unusable), (0, &None));
     assert!(nodes[2].cpus.is_empty());
     assert!(matches!(
@@ -257,7 +261,7 @@ fn placement_prefers_the_driver_then_sysfs() {
         );
     }
     assert_eq!(
-        placement.node(0).map(|n| n.cpus.clone()),
+        placement.node(0).map(|n| n.cpus.to_vec()),
         Some(vec![4, 5, 6, 7])
     );
     assert_eq!(
@@ -410,7 +414,7 @@ fn workers_take_used_nodes_in_turn() {
         .collect();
     assert_eq!(workers, [Some(1), Some(3), Some(1), Some(3), Some(1)]);
     assert_eq!(
-        placement.worker_node(1).map(|n| n.cpus.clone()),
+        placement.worker_node(1).map(|n| n.cpus.to_vec()),
         Some(vec![6, 7])
     );
 }
@@ -560,28 +564,80 @@ fn bad_binds_are_errors_not_panics() {
     }
 }
 
+/// The CPUs the calling thread may run on, as the kernel reports them.
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> Vec<usize> {
+    let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .to_owned();
+    parse_cpulist(&line).expect("kernel cpulist").to_vec()
+}
+
+fn ids(ids: &[usize]) -> IdSet {
+    ids.iter().copied().collect()
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn pinning_restricts_the_thread() {
-    let allowed = || {
-        let status = fs::read_to_string("/proc/thread-self/status").expect("status");
-        let line = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .expect("Cpus_allowed_list")
-            .to_owned();
-        parse_cpulist(&line).expect("kernel cpulist")
-    };
-    let first = allowed()[0];
+    let first = allowed_cpus()[0];
     thread::spawn(move || {
-        pin_current_thread(&[first]).expect("pin to an allowed CPU");
-        assert_eq!(allowed(), [first]);
-        let e = pin_current_thread(&[]).expect_err("no CPUs");
+        pin_current_thread(&ids(&[first])).expect("pin to an allowed CPU");
+        assert_eq!(allowed_cpus(), [first]);
+        let e = pin_current_thread(&IdSet::new()).expect_err("no CPUs");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert!(pin_current_thread(&[MAX_ID - 1]).is_err(), "absent CPU");
-        assert!(pin_current_thread(&[MAX_ID]).is_err(), "out of range");
-        assert_eq!(allowed(), [first], "failures leave the mask alone");
+        assert!(
+            pin_current_thread(&ids(&[MAX_ID - 1])).is_err(),
+            "absent CPU"
+        );
+        assert_eq!(allowed_cpus(), [first], "failures leave the mask alone");
     })
     .join()
     .expect("pinning thread");
+}
+
+#[test]
+fn id_sets_hold_ids_below_the_bound() {
+    let mut set = IdSet::new();
+    assert!(set.is_empty() && set.used_words().is_empty());
+    for id in [0, 1, 63, 64, 65, 4095, MAX_ID - 1] {
+        assert!(set.insert(id), "{id}");
+    }
+    assert!(!set.insert(MAX_ID) && !set.contains(MAX_ID));
+    assert_eq!(set.to_vec(), [0, 1, 63, 64, 65, 4095, MAX_ID - 1]);
+    assert_eq!(set.len(), 7);
+    assert!(set.contains(64) && !set.contains(2));
+    assert_eq!(set.used_words().len(), MAX_ID / WORD_BITS);
+    let mut range = IdSet::new();
+    range.insert_range(60, 130);
+    assert_eq!(range.to_vec(), (60..=130).collect::<Vec<_>>());
+    assert_eq!(range.used_words().len(), 130 / WORD_BITS + 1);
+    assert_eq!(format!("{:?}", ids(&[3, 1])), "{1, 3}");
+}
+
+#[test]
+fn a_long_list_of_overlapping_ranges_parses_quickly_in_little_memory() {
+    // The longest list a sysfs file read holds, each item the whole id
+    // range: expanded item by item, 4 GiB of ids before deduplication.
+    let item = format!("0-{}", MAX_ID - 1);
+    let items = MAX_FILE_BYTES as usize / (item.len() + 1);
+    let text = vec![item; items].join(",");
+    let started = std::time::Instant::now();
+    let ids = parse_cpulist(&text).expect("a valid list");
+    let took = started.elapsed();
+    assert_eq!(ids.len(), MAX_ID);
+    assert!(ids.iter().eq(0..MAX_ID));
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "parsing {} bytes took {took:?}",
+        text.len()
+    );
+    // The same through a node's cpulist file.
+    let fake = FakeSysfs::new("long-list");
+    fake.online("0\n").cpus(0, &text);
+    let nodes = fake.topology().nodes.expect("readable topology");
+    assert_eq!(nodes[0].cpus.len(), MAX_ID);
 }
