@@ -33,7 +33,8 @@
 //! node with `mbind(2)` before any of its pages is touched, so that every
 //! later fault (the caller writing a miss buffer, a cleaner pre-faulting,
 //! the driver pinning) allocates there; [`pin_current_thread`] restricts a
-//! cleaner worker to a node's CPUs with `sched_setaffinity(2)`; and
+//! cleaner worker to the node's CPUs among those it may already use, with
+//! `sched_setaffinity(2)`; and
 //! [`pages_on_node`] counts, with `move_pages(2)`, how many pages of a
 //! range ended up on a node (tests and diagnostics). All three are
 //! Linux-only; elsewhere the first two do nothing and the last reports
@@ -243,6 +244,18 @@ impl IdSet {
     #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
     pub(crate) fn to_vec(&self) -> Vec<usize> {
         self.iter().collect()
+    }
+
+    /// The ids in both sets.
+    pub(crate) fn intersection(&self, other: &Self) -> Self {
+        Self {
+            words: self
+                .words
+                .iter()
+                .zip(other.words.iter())
+                .map(|(a, b)| a & b)
+                .collect(),
+        }
     }
 
     /// The words up to the last one with an id in it (none for the empty
@@ -723,12 +736,15 @@ pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> 
     }
 }
 
-/// Restricts the calling thread to `cpus` (`sched_setaffinity(2)`), for a
-/// cleaner worker serving one node. The kernel intersects the set with the
-/// cgroup's `cpuset.cpus` and fails with `EINVAL` if nothing is left. The
-/// thread's previous mask is not consulted: a worker inherits the mask of
-/// the thread that spawned it, which says nothing about where the worker
-/// should run. Empty `cpus` (a node without CPUs) is `InvalidInput`.
+/// Restricts the calling thread to those of `cpus` it may already run on
+/// (`sched_getaffinity(2)`, then `sched_setaffinity(2)`), for a cleaner
+/// worker serving one node. A thread's mask is inherited from the thread
+/// that started it, so it carries the binding an operator gave the process
+/// (`taskset`, `numactl --physcpubind`, a batch scheduler's), which the
+/// kernel does not check a new mask against (it checks only the cgroup's
+/// `cpuset.cpus`): pinning only ever narrows the mask. If none of `cpus` is
+/// allowed (or `cpus` is empty, a node without CPUs) the mask is left as
+/// it is and the error is `InvalidInput`.
 ///
 /// A no-op returning `Ok` on systems other than Linux.
 pub(crate) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {
@@ -740,7 +756,15 @@ pub(crate) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {
     }
     #[cfg(target_os = "linux")]
     {
-        linux::pin_current_thread(cpus)
+        let allowed = linux::current_affinity()?;
+        let cpus = cpus.intersection(&allowed);
+        if cpus.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("none of the CPUs is one this thread may use ({allowed:?})"),
+            ));
+        }
+        linux::pin_current_thread(&cpus)
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -827,6 +851,21 @@ mod linux {
             )
         };
         check(rc).map(drop)
+    }
+
+    /// The CPUs the calling thread may run on.
+    pub(super) fn current_affinity() -> io::Result<IdSet> {
+        let mut set = IdSet::new();
+        let bytes = std::mem::size_of_val(&*set.words);
+        // SAFETY:
+        // - pid 0 names the calling thread;
+        // - the kernel writes at most `bytes` bytes (its own mask size, at
+        //   most 1 KiB for 8192 CPUs; it fails with EINVAL if `bytes` were
+        //   shorter) into `set.words`, a live, `unsigned long`-aligned
+        //   buffer of that size, and reads nothing from it.
+        let rc = unsafe { libc::sched_getaffinity(0, bytes, set.words.as_mut_ptr().cast()) };
+        check(c_long::from(rc))?;
+        Ok(set)
     }
 
     pub(super) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {

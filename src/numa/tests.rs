@@ -599,6 +599,52 @@ fn pinning_restricts_the_thread() {
     .expect("pinning thread");
 }
 
+/// Restricts the calling thread to `cpus` directly, as `taskset` or a
+/// batch scheduler's binding would.
+#[cfg(target_os = "linux")]
+fn set_affinity(cpus: &[usize]) {
+    // SAFETY: `cpu_set_t` is plain data, valid when zeroed.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: `cpu` is below CPU_SETSIZE (it came from the kernel's
+        // list of this thread's CPUs); `set` is a live set.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; the kernel reads `size_of` bytes
+    // of `set`.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    assert_eq!(rc, 0, "sched_setaffinity: {}", io::Error::last_os_error());
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn pinning_never_leaves_the_cpus_the_thread_may_use() {
+    let allowed = allowed_cpus();
+    let [a, b, ..] = allowed[..] else {
+        eprintln!("skipped: needs two CPUs, this thread may use {allowed:?}");
+        return;
+    };
+    thread::spawn(move || {
+        // An operator limited the process to CPU `a`; a node's CPUs are
+        // `b` only: the worker stays where it was allowed.
+        set_affinity(&[a]);
+        let pinned = pin_current_thread(&ids(&[b]));
+        assert_eq!(
+            allowed_cpus(),
+            [a],
+            "a thread limited to CPU {a} pinned to CPU {b}"
+        );
+        let e = pinned.expect_err("nothing to pin to");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        // A node with one of the allowed CPUs (and one absent): that one.
+        set_affinity(&[a, b]);
+        pin_current_thread(&ids(&[b, MAX_ID - 1])).expect("pin to CPU b");
+        assert_eq!(allowed_cpus(), [b]);
+    })
+    .join()
+    .expect("pinning thread");
+}
+
 #[test]
 fn id_sets_hold_ids_below_the_bound() {
     let mut set = IdSet::new();
