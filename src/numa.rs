@@ -4,10 +4,15 @@
 //! On a machine with several NUMA nodes a copy to a GPU reads host memory
 //! across the socket interconnect unless that memory sits on the node the
 //! GPU's PCIe root hangs off. The pool therefore places each device's
-//! blocks on the device's host node and pre-faults them from cleaner
-//! workers running on that node's CPUs. This module decides the placement
-//! and wraps the system calls; the backend supplies what the driver knows
-//! about each device, and the allocator and the cleaner act on the result.
+//! blocks on the device's host node. When every placed device is on one
+//! node, cleaner workers run on that node's CPUs (those the worker may
+//! use), so that pre-faulting and zeroing stay local too; with devices on
+//! several nodes they run unpinned, because the cleaner's work is not
+//! routed by node (any worker cleans any device's blocks), and the pages
+//! still land on each device's node through the blocks' memory policy.
+//! This module decides the placement and wraps the system calls; the
+//! backend supplies what the driver knows about each device, and the
+//! allocator and the cleaner act on the result.
 //!
 //! A device's node comes from, in order:
 //!
@@ -61,8 +66,9 @@ const MAX_QUOTE: usize = 64;
 /// Whether a pool places memory by NUMA node (the `numa` setting).
 ///
 /// With [`Auto`](NumaMode::Auto), on a machine with several NUMA nodes, each
-/// device's buffers are bound to the node its PCIe root hangs off, and
-/// cleaner workers pre-fault and zero them from that node's CPUs.
+/// device's buffers are bound to the node its PCIe root hangs off; when
+/// all the devices served are on one node, cleaner workers pre-fault and
+/// zero them from that node's CPUs.
 ///
 /// # Examples
 ///
@@ -554,14 +560,17 @@ impl Placement {
         Some(&self.nodes[placed.node])
     }
 
-    /// The node cleaner worker `worker` should run on: the nodes that hold
-    /// some device's blocks take workers in turn (ascending by id), so that
-    /// with at least as many workers as such nodes each node has one. None
-    /// if no device is placed.
-    pub(crate) fn worker_node(&self, worker: usize) -> Option<&Node> {
-        let used = self.used_nodes();
-        let index = *used.get(worker % used.len().max(1))?;
-        Some(&self.nodes[index])
+    /// The node every cleaner worker runs on: the one node holding the
+    /// placed devices' blocks. None if no device is placed, or if placed
+    /// devices are on several nodes: the cleaner's work queues are shared,
+    /// not routed by node, so a worker pinned to one node would pre-fault
+    /// and zero the others' blocks across the interconnect; unpinned, the
+    /// scheduler may at least run it anywhere.
+    pub(crate) fn worker_node(&self) -> Option<&Node> {
+        match self.used_nodes()[..] {
+            [index] => Some(&self.nodes[index]),
+            _ => None,
+        }
     }
 
     /// Indexes of the nodes holding some device's blocks, ascending.
@@ -576,8 +585,9 @@ impl Placement {
         used
     }
 
-    /// Says which device went where, and which used node's workers cannot
-    /// be pinned (its CPU list was unusable).
+    /// Says which device went where, and whether cleaner workers run
+    /// unpinned (devices on several nodes, or the one node's CPU list was
+    /// unusable).
     fn trace_placed(&self) {
         let placed: Vec<String> = self
             .devices
@@ -593,15 +603,21 @@ impl Placement {
             return;
         }
         tracing::info!(devices = %placed.join(", "), "pinpool: NUMA placement");
-        for index in self.used_nodes() {
-            let node = &self.nodes[index];
-            if let Some(miss) = &node.cpus_unusable {
-                tracing::debug!(
-                    node = node.id,
-                    reason = %miss,
-                    "pinpool: NUMA node CPUs unknown; its cleaner workers run unpinned"
-                );
+        match self.used_nodes()[..] {
+            [index] => {
+                let node = &self.nodes[index];
+                if let Some(miss) = &node.cpus_unusable {
+                    tracing::debug!(
+                        node = node.id,
+                        reason = %miss,
+                        "pinpool: NUMA node CPUs unknown; its cleaner workers run unpinned"
+                    );
+                }
             }
+            ref used => tracing::debug!(
+                nodes = used.len(),
+                "pinpool: devices on several NUMA nodes; cleaner workers run unpinned"
+            ),
         }
     }
 }

@@ -105,10 +105,13 @@ impl Shared {
             thread::Builder::new()
                 .name(format!("pinpool-cleaner-{index}"))
                 .spawn(move || {
-                    // Pre-faulting and zeroing a node's blocks from its own
-                    // CPUs keeps that traffic local; the pages land on the
-                    // node through the blocks' memory policy either way.
-                    if let Some(node) = shared.placement.worker_node(index) {
+                    // With every placed device on one node, pre-faulting
+                    // and zeroing from that node's CPUs keeps the traffic
+                    // local. Work is not routed by node, so with devices on
+                    // several nodes workers stay unpinned; the pages land
+                    // on each device's node through the blocks' memory
+                    // policy either way.
+                    if let Some(node) = shared.placement.worker_node() {
                         if let Err(error) = numa::pin_current_thread(&node.cpus) {
                             tracing::debug!(worker = index, node = node.id, %error,
                                 "pinpool: cleaner worker not pinned to its NUMA node");

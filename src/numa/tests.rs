@@ -327,7 +327,7 @@ fn numa_off_places_nothing() {
     let placement = Placement::choose(NumaMode::Off, &fake.topology(), &hints);
     assert_eq!(node_ids(&placement, 2), [None, None]);
     assert!(placement.devices.iter().all(|d| d == &Err(Fallback::Off)));
-    assert!(placement.worker_node(0).is_none());
+    assert!(placement.worker_node().is_none());
 }
 
 #[test]
@@ -397,25 +397,30 @@ fn sparse_node_ids_and_cpuless_nodes() {
 }
 
 #[test]
-fn workers_take_used_nodes_in_turn() {
+fn workers_are_pinned_only_when_the_devices_share_one_node() {
     let fake = FakeSysfs::new("workers");
     fake.online("0-3\n");
     for node in 0..4 {
         fake.cpus(node, &format!("{}-{}\n", node * 2, node * 2 + 1));
     }
+    let topology = fake.topology();
+    // Devices on nodes 1 and 3: cleaner work is not routed by node, so a
+    // worker pinned to one node would zero the other's blocks across the
+    // interconnect. No worker is pinned.
     let hints = [
         hint(Some(3), None),
         hint(Some(1), None),
         hint(Some(3), None),
     ];
-    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
-    let workers: Vec<Option<u32>> = (0..5)
-        .map(|w| placement.worker_node(w).map(|n| n.id))
-        .collect();
-    assert_eq!(workers, [Some(1), Some(3), Some(1), Some(3), Some(1)]);
+    let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
+    assert_eq!(placement.worker_node(), None, "devices on two nodes");
+    // Every placed device on node 3 (one unplaced): all workers there.
+    let hints = [hint(Some(3), None), hint(None, None), hint(Some(3), None)];
+    let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
     assert_eq!(
-        placement.worker_node(1).map(|n| n.cpus.to_vec()),
-        Some(vec![6, 7])
+        placement.worker_node().map(|n| (n.id, n.cpus.to_vec())),
+        Some((3, vec![6, 7])),
+        "devices on one node"
     );
 }
 
