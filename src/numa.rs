@@ -24,8 +24,12 @@
 //! 3. nothing: the kernel's default policy places its memory, as on a
 //!    machine without NUMA.
 //!
-//! The topology is read from sysfs (`devices/system/node/online` and each
-//! node's `cpulist`, both in the kernel's list format; see
+//! A node without memory (listed online but not in `has_memory`: CPUs
+//! only) is never a device's node: binding memory to it fails.
+//!
+//! The topology is read from sysfs (`devices/system/node/online`,
+//! `devices/system/node/has_memory` and each node's `cpulist`, all in the
+//! kernel's list format; see
 //! `Documentation/ABI/stable/sysfs-devices-node` and
 //! `Documentation/ABI/testing/sysfs-bus-pci` in the kernel tree) under a
 //! root that tests replace with a fake tree. [`NumaMode::Off`], a machine
@@ -124,6 +128,9 @@ enum Miss {
     Unknown,
     /// The source named a node that is not online.
     Offline(i64),
+    /// The source named a node without memory (CPUs only): binding memory
+    /// to it fails.
+    NoMemory(i64),
     /// A sysfs file could not be read.
     Unreadable {
         /// The file.
@@ -155,6 +162,7 @@ impl fmt::Display for Miss {
             Miss::Absent => f.write_str("not reported"),
             Miss::Unknown => f.write_str("unknown (-1)"),
             Miss::Offline(id) => write!(f, "node {id} is not online"),
+            Miss::NoMemory(id) => write!(f, "node {id} has no memory"),
             Miss::Unreadable { path, kind } => write!(f, "{}: {kind}", path.display()),
             Miss::Malformed { what, text } => write!(f, "{what}: unexpected {text:?}"),
         }
@@ -215,7 +223,6 @@ impl IdSet {
     }
 
     /// Whether `id` is in the set.
-    #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
     pub(crate) fn contains(&self, id: usize) -> bool {
         id < MAX_ID && self.words[id / WORD_BITS] & (1 << (id % WORD_BITS)) != 0
     }
@@ -305,11 +312,13 @@ pub(crate) struct Node {
     pub(crate) cpus: IdSet,
     /// Why the CPU list could not be used, if it could not.
     cpus_unusable: Option<Miss>,
+    /// Whether the node has memory (`has_memory` in sysfs lists it).
+    has_memory: bool,
 }
 
 impl Node {
     /// Reads node `id`'s CPU list under `root`.
-    fn read(root: &Path, id: u32) -> Self {
+    fn read(root: &Path, id: u32, has_memory: bool) -> Self {
         let path = root.join(format!("devices/system/node/node{id}/cpulist"));
         let (cpus, cpus_unusable) = match read_list(&path) {
             Ok(cpus) => (cpus, None),
@@ -319,6 +328,7 @@ impl Node {
             id,
             cpus,
             cpus_unusable,
+            has_memory,
         }
     }
 }
@@ -343,7 +353,9 @@ impl Topology {
 
     /// The topology described under `root`, a directory laid out like
     /// `/sys`. Never fails: what cannot be read is recorded, and
-    /// [`Placement::choose`] falls back on it.
+    /// [`Placement::choose`] falls back on it. Which nodes have memory
+    /// comes from `has_memory`; without it the topology is unusable (every
+    /// kernel with NUMA support writes it).
     pub(crate) fn from_root(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let online = root.join("devices/system/node/online");
@@ -351,8 +363,12 @@ impl Topology {
             if ids.is_empty() {
                 return Err(Miss::malformed(online.display(), ""));
             }
+            let memory = read_list(&root.join("devices/system/node/has_memory"))?;
             // `read_list` bounds ids by `MAX_ID`, which fits in a u32.
-            Ok(ids.iter().map(|id| Node::read(&root, id as u32)).collect())
+            Ok(ids
+                .iter()
+                .map(|id| Node::read(&root, id as u32, memory.contains(id)))
+                .collect())
         });
         Self { root, nodes }
     }
@@ -416,16 +432,21 @@ impl Topology {
     }
 }
 
-/// The index of node `id` among the online `nodes`, or why it is not one.
+/// The index of node `id` among the online `nodes`, or why it is not one
+/// that memory can be bound to.
 fn online(nodes: &[Node], id: i64) -> Result<usize, Miss> {
-    match id {
-        -1 => Err(Miss::Unknown),
-        id if id < 0 => Err(Miss::malformed("node id", &id.to_string())),
+    let index = match id {
+        -1 => return Err(Miss::Unknown),
+        id if id < 0 => return Err(Miss::malformed("node id", &id.to_string())),
         id => nodes
             .iter()
             .position(|node| i64::from(node.id) == id)
-            .ok_or(Miss::Offline(id)),
+            .ok_or(Miss::Offline(id))?,
+    };
+    if !nodes[index].has_memory {
+        return Err(Miss::NoMemory(id));
     }
+    Ok(index)
 }
 
 // === impl Placement ===

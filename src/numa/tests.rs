@@ -30,8 +30,17 @@ impl FakeSysfs {
         self
     }
 
+    /// The online nodes, every one with memory (until [`memory`] says
+    /// otherwise).
+    ///
+    /// [`memory`]: Self::memory
     fn online(&self, list: &str) -> &Self {
-        self.file("devices/system/node/online", list)
+        self.file("devices/system/node/online", list).memory(list)
+    }
+
+    /// The nodes with memory.
+    fn memory(&self, list: &str) -> &Self {
+        self.file("devices/system/node/has_memory", list)
     }
 
     fn cpus(&self, node: u32, list: &str) -> &Self {
@@ -393,6 +402,53 @@ fn sparse_node_ids_and_cpuless_nodes() {
             driver: Miss::Absent,
             sysfs: Miss::Offline(1)
         })
+    );
+}
+
+#[test]
+fn devices_are_not_placed_on_nodes_without_memory() {
+    let fake = FakeSysfs::two_nodes("memoryless");
+    // Node 1 has CPUs but no memory: binding a range to it fails (EINVAL)
+    // on every allocation.
+    fake.memory("0\n")
+        .pci("0000:3b:00.0", "1\n")
+        .pci("0000:86:00.0", "0\n");
+    let hints = [
+        hint(Some(1), None),
+        hint(Some(1), Some("0000:86:00.0")),
+        hint(None, Some("0000:3b:00.0")),
+        hint(Some(0), None),
+    ];
+    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    assert_eq!(
+        node_ids(&placement, 4),
+        [None, Some(0), None, Some(0)],
+        "{placement:?}"
+    );
+    assert_eq!(
+        placement.devices[0],
+        Err(Fallback::NoNode {
+            driver: Miss::NoMemory(1),
+            sysfs: Miss::Absent
+        })
+    );
+    assert_eq!(
+        placement.devices[2],
+        Err(Fallback::NoNode {
+            driver: Miss::Absent,
+            sysfs: Miss::NoMemory(1)
+        })
+    );
+    // Without the list of nodes with memory, nothing is placed.
+    fs::remove_file(fake.root.join("devices/system/node/has_memory")).expect("remove");
+    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    assert_eq!(node_ids(&placement, 4), [None; 4]);
+    assert!(
+        matches!(
+            &placement.devices[3],
+            Err(Fallback::NoTopology(Miss::Unreadable { path, .. })) if path.ends_with("has_memory")
+        ),
+        "{placement:?}"
     );
 }
 
