@@ -25,7 +25,11 @@
 //!    machine without NUMA.
 //!
 //! A node without memory (listed online but not in `has_memory`: CPUs
-//! only) is never a device's node: binding memory to it fails.
+//! only) is never a device's node: binding memory to it fails. Nor is any
+//! device placed when the thread building the pool has a memory policy of
+//! its own (`numactl --membind`, `--interleave`, `--preferred`,
+//! `--localalloc`, or `set_mempolicy(2)`: threads inherit it), or one that
+//! cannot be read: a range's policy would override the operator's choice.
 //!
 //! The topology is read from sysfs (`devices/system/node/online`,
 //! `devices/system/node/has_memory` and each node's `cpulist`, all in the
@@ -449,6 +453,73 @@ fn online(nodes: &[Node], id: i64) -> Result<usize, Miss> {
     Ok(index)
 }
 
+// === impl TaskPolicy ===
+
+/// The calling thread's memory policy (`get_mempolicy(2)`). Threads
+/// inherit it, so it is the process's when `numactl --membind`,
+/// `--interleave`, `--preferred` or `--localalloc` started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskPolicy {
+    /// `MPOL_DEFAULT`: no policy of its own.
+    Default,
+    /// Another mode (`MPOL_BIND`, `MPOL_INTERLEAVE`, ...), without its
+    /// mode flags.
+    Explicit(i32),
+    /// The policy could not be read: the OS error (a sandbox forbidding
+    /// the call, a kernel without NUMA support).
+    Unreadable(i32),
+}
+
+impl TaskPolicy {
+    /// The calling thread's policy (`Default` on systems other than
+    /// Linux, where nothing is placed anyway).
+    pub(crate) fn current() -> Self {
+        #[cfg(target_os = "linux")]
+        {
+            match linux::task_policy() {
+                // The mode flags (`MPOL_F_STATIC_NODES` and the like) sit
+                // above the mode's own bits.
+                Ok(mode) => match mode & MPOL_MODE_MASK {
+                    0 => TaskPolicy::Default,
+                    mode => TaskPolicy::Explicit(mode),
+                },
+                Err(e) => TaskPolicy::Unreadable(e.raw_os_error().unwrap_or(0)),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            TaskPolicy::Default
+        }
+    }
+}
+
+/// The bits of a memory policy that hold its mode (the flags start at bit
+/// 13, `MPOL_F_NUMA_BALANCING`).
+#[cfg(target_os = "linux")]
+const MPOL_MODE_MASK: i32 = (1 << 13) - 1;
+
+impl fmt::Display for TaskPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            TaskPolicy::Default => f.write_str("MPOL_DEFAULT"),
+            TaskPolicy::Explicit(mode) => match mode {
+                1 => f.write_str("MPOL_PREFERRED"),
+                2 => f.write_str("MPOL_BIND"),
+                3 => f.write_str("MPOL_INTERLEAVE"),
+                4 => f.write_str("MPOL_LOCAL"),
+                5 => f.write_str("MPOL_PREFERRED_MANY"),
+                6 => f.write_str("MPOL_WEIGHTED_INTERLEAVE"),
+                mode => write!(f, "mode {mode}"),
+            },
+            TaskPolicy::Unreadable(errno) => write!(
+                f,
+                "get_mempolicy failed: {}",
+                io::Error::from_raw_os_error(errno)
+            ),
+        }
+    }
+}
+
 // === impl Placement ===
 
 /// What the driver says about one device, gathered by the backend.
@@ -490,6 +561,9 @@ enum Fallback {
     /// The online node list could not be used (a kernel without NUMA
     /// support has none).
     NoTopology(Miss),
+    /// The task that builds the pool has a memory policy of its own (or
+    /// one that cannot be read): a range's policy would override it.
+    TaskPolicy(TaskPolicy),
     /// Neither the driver nor sysfs named an online node for the device.
     NoNode {
         /// Why the driver's answer was not used.
@@ -505,6 +579,7 @@ impl fmt::Display for Fallback {
             Fallback::Off => f.write_str("numa=off"),
             Fallback::SingleNode => f.write_str("the machine has one NUMA node"),
             Fallback::NoTopology(miss) => write!(f, "no NUMA topology: {miss}"),
+            Fallback::TaskPolicy(policy) => write!(f, "the task's memory policy is kept: {policy}"),
             Fallback::NoNode { driver, sysfs } => {
                 write!(f, "driver node: {driver}; sysfs numa_node: {sysfs}")
             }
@@ -538,7 +613,24 @@ impl Placement {
     /// no device can be placed at all, else one per unplaced device). An
     /// info line lists the devices placed.
     pub(crate) fn choose(mode: NumaMode, topology: &Topology, hints: &[DeviceHint]) -> Self {
-        let nodes = match topology.usable_nodes(mode) {
+        Self::choose_under(mode, topology, hints, TaskPolicy::current)
+    }
+
+    /// [`choose`](Self::choose) for a task whose memory policy `policy`
+    /// returns (asked only once the topology could place something).
+    fn choose_under(
+        mode: NumaMode,
+        topology: &Topology,
+        hints: &[DeviceHint],
+        policy: impl FnOnce() -> TaskPolicy,
+    ) -> Self {
+        let usable = topology
+            .usable_nodes(mode)
+            .and_then(|nodes| match policy() {
+                TaskPolicy::Default => Ok(nodes),
+                other => Err(Fallback::TaskPolicy(other)),
+            });
+        let nodes = match usable {
             Ok(nodes) => nodes,
             Err(fallback) => {
                 tracing::debug!(
@@ -842,6 +934,28 @@ mod linux {
     /// Pages asked about per `move_pages` call.
     #[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
     const BATCH: usize = 1024;
+
+    /// The calling thread's memory policy mode, flags included.
+    pub(super) fn task_policy() -> io::Result<c_int> {
+        let mut mode: c_int = 0;
+        // SAFETY:
+        // - the kernel writes one int to `mode`, a live local;
+        // - a null node mask with `maxnode` 0 asks for no mask, and a null
+        //   address with no flags for the calling thread's policy, so
+        //   nothing else is read or written.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_get_mempolicy,
+                &mut mode as *mut c_int,
+                std::ptr::null_mut::<c_ulong>(),
+                0 as c_ulong,
+                std::ptr::null_mut::<c_void>(),
+                0 as c_ulong,
+            )
+        };
+        check(rc)?;
+        Ok(mode)
+    }
 
     /// A system call's `-1` as the thread's `errno`.
     fn check(rc: c_long) -> io::Result<c_long> {

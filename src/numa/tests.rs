@@ -452,6 +452,120 @@ fn devices_are_not_placed_on_nodes_without_memory() {
     );
 }
 
+/// Sets the calling thread's memory policy to `mode` over `nodes`
+/// (`set_mempolicy(2)`), as `numactl --membind` or `--interleave` does for
+/// a process; `false` if a sandbox forbids it.
+#[cfg(target_os = "linux")]
+fn set_mempolicy(mode: libc::c_int, nodes: &[usize]) -> bool {
+    let nodes: IdSet = nodes.iter().copied().collect();
+    let mask = nodes.used_words();
+    // SAFETY: the kernel reads `mask.len()` words from a live slice (none
+    // for an empty mask, with a null pointer) and writes nothing.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            mode,
+            if mask.is_empty() {
+                std::ptr::null()
+            } else {
+                mask.as_ptr()
+            },
+            (mask.len() * WORD_BITS + 1) as libc::c_ulong,
+        )
+    };
+    if rc == 0 {
+        return true;
+    }
+    let e = io::Error::last_os_error();
+    assert!(forbidden(&e), "set_mempolicy: {e}");
+    eprintln!("skipped: set_mempolicy is not permitted here ({e})");
+    false
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn an_explicit_memory_policy_of_the_task_is_kept() {
+    let fake = FakeSysfs::two_nodes("task-policy");
+    let topology = fake.topology();
+    let hints = [hint(Some(0), None), hint(Some(1), None)];
+    thread::spawn(move || {
+        for (name, mode) in [
+            ("MPOL_BIND", libc::MPOL_BIND),
+            ("MPOL_INTERLEAVE", libc::MPOL_INTERLEAVE),
+            ("MPOL_PREFERRED", libc::MPOL_PREFERRED),
+        ] {
+            if !set_mempolicy(mode, &[0]) {
+                return;
+            }
+            let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
+            assert_eq!(
+                node_ids(&placement, 2),
+                [None, None],
+                "under a task policy of {name}, mbind would override it"
+            );
+            assert_eq!(
+                placement.devices[1],
+                Err(Fallback::TaskPolicy(TaskPolicy::Explicit(mode))),
+                "{name}"
+            );
+        }
+        // Mode flags are not part of the mode.
+        const MPOL_F_STATIC_NODES: libc::c_int = 1 << 15;
+        assert!(set_mempolicy(libc::MPOL_BIND | MPOL_F_STATIC_NODES, &[0]));
+        assert_eq!(TaskPolicy::current(), TaskPolicy::Explicit(libc::MPOL_BIND));
+        assert!(set_mempolicy(libc::MPOL_DEFAULT, &[]));
+        let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
+        assert_eq!(node_ids(&placement, 2), [Some(0), Some(1)]);
+    })
+    .join()
+    .expect("the thread with its own memory policy");
+}
+
+#[test]
+fn task_policies_are_fallbacks_once_the_topology_can_place() {
+    let hints = [hint(Some(0), None), hint(Some(1), None)];
+    let fake = FakeSysfs::two_nodes("policy-fallback");
+    let topology = fake.topology();
+    for policy in [
+        TaskPolicy::Explicit(libc::MPOL_INTERLEAVE),
+        TaskPolicy::Unreadable(libc::EPERM),
+    ] {
+        let lines = traced(|| {
+            let placement = Placement::choose_under(NumaMode::Auto, &topology, &hints, || policy);
+            assert!(placement
+                .devices
+                .iter()
+                .all(|d| d == &Err(Fallback::TaskPolicy(policy))));
+        });
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(lines[0].contains("memory policy is kept"), "{lines:#?}");
+    }
+    let lines = traced(|| {
+        let placement =
+            Placement::choose_under(NumaMode::Auto, &topology, &hints, || TaskPolicy::Default);
+        assert_eq!(node_ids(&placement, 2), [Some(0), Some(1)]);
+    });
+    assert!(
+        lines.iter().all(|l| !l.contains("memory policy")),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        TaskPolicy::Explicit(libc::MPOL_BIND).to_string(),
+        "MPOL_BIND"
+    );
+    // Off, or one node: the policy is not even read.
+    let single = FakeSysfs::new("policy-single");
+    single.online("0\n").cpus(0, "0-3\n");
+    for (mode, topology) in [
+        (NumaMode::Off, &topology),
+        (NumaMode::Auto, &single.topology()),
+    ] {
+        Placement::choose_under(mode, topology, &hints, || {
+            panic!("the task's policy read for nothing")
+        });
+    }
+}
+
 #[test]
 fn workers_are_pinned_only_when_the_devices_share_one_node() {
     let fake = FakeSysfs::new("workers");
