@@ -48,7 +48,7 @@ pub(crate) struct Shared {
     epoch: Instant,
     /// See [`Config::borrow_slack`].
     borrow_slack: u32,
-    /// Each device's host NUMA node, and the nodes cleaner workers run on.
+    /// Each device's host NUMA node, and the node cleaner workers run on.
     placement: Placement,
     /// Declared last, so dropped last: the caches hold references to the
     /// CUDA backend's contexts too, and only the backend's drop puts back

@@ -3,13 +3,14 @@
 //! `tests/stub_driver/libcuda.c` fakes the driver calls pinpool and cudarc
 //! make (see its header): a current context per thread, primary contexts as
 //! fixed pointers, registrations that need a current context, calls that
-//! fail on request. Each test builds it with the C compiler (`$CC`, else
-//! `cc`) into cargo's temporary directory and runs itself again in a child
-//! process with the stub first on `LD_LIBRARY_PATH`, which is where cudarc's
-//! run-time loading looks for `libcuda.so` (the dynamic loader reads the
-//! variable only at start-up, hence the child). The child checks it talks to
-//! the stub before anything else, so a real driver on the machine changes
-//! nothing. Without a C compiler the tests fail.
+//! fail on request. The test binary carries the source and builds it once
+//! with the C compiler (`$CC`, else `cc`) into cargo's temporary directory;
+//! each test runs itself again in a child process with the stub first on
+//! `LD_LIBRARY_PATH`, which is where cudarc's run-time loading looks for
+//! `libcuda.so` (the dynamic loader reads the variable only at start-up,
+//! hence the child). The child checks it talks to the stub before anything
+//! else, so a real driver on the machine changes nothing. Without a C
+//! compiler the tests fail.
 
 use std::ffi::{c_char, c_int, c_long, c_uint, c_void, CString};
 use std::path::{Path, PathBuf};
@@ -103,14 +104,27 @@ fn read(path: &Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
 }
 
-/// The directory holding the freshly built stub as `libcuda.so`.
+/// The stub's source, carried in the test binary.
+const STUB_SOURCE: &str = include_str!("stub_driver/libcuda.c");
+
+/// The directory holding the freshly built stub as `libcuda.so`: cargo's
+/// temporary directory for this test, or the system's where that is gone
+/// (the binary run elsewhere).
 fn stub_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stub-cuda");
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let base = if tmp.is_dir() {
+            tmp.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join("pinpool-stub-cuda");
         std::fs::create_dir_all(&dir).expect("create the stub's directory");
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stub_driver/libcuda.c");
-        let partial = dir.join(format!("libcuda.so.{}", std::process::id()));
+        let id = std::process::id();
+        let source = dir.join(format!("libcuda.{id}.c"));
+        std::fs::write(&source, STUB_SOURCE).expect("write the stub's source");
+        let partial = dir.join(format!("libcuda.so.{id}"));
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let output = Command::new(&cc)
             .args([
@@ -123,6 +137,7 @@ fn stub_dir() -> &'static Path {
             .unwrap_or_else(|e| {
                 panic!("the stub-driver tests need a C compiler: could not run `{cc}`: {e}")
             });
+        let _ = std::fs::remove_file(&source);
         assert!(
             output.status.success(),
             "`{cc}` could not build the stub driver:\n{}",
