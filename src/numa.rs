@@ -25,7 +25,9 @@
 //!    machine without NUMA.
 //!
 //! A node without memory (listed online but not in `has_memory`: CPUs
-//! only) is never a device's node: binding memory to it fails. Nor is any
+//! only), or one the cpuset of the thread building the pool does not let
+//! it allocate on (a container's `cpuset.mems`), is never a device's node:
+//! binding memory to it fails. Nor is any
 //! device placed when the thread building the pool has a memory policy of
 //! its own (`numactl --membind`, `--interleave`, `--preferred`,
 //! `--localalloc`, or `set_mempolicy(2)`: threads inherit it), or one that
@@ -62,6 +64,9 @@ use std::str::FromStr;
 /// support at most 8192 CPUs and 1024 nodes. Lists parse into an
 /// [`IdSet`] of this many bits (8 KiB), whatever their length.
 const MAX_ID: usize = 1 << 16;
+
+/// Node ids the kernel supports (`MAX_NUMNODES` is at most `1 << 10`).
+const MAX_NODES: usize = 1 << 10;
 
 /// The most bytes read from one sysfs file (sysfs writes at most a page).
 const MAX_FILE_BYTES: u64 = 64 << 10;
@@ -135,6 +140,9 @@ enum Miss {
     /// The source named a node without memory (CPUs only): binding memory
     /// to it fails.
     NoMemory(i64),
+    /// The source named a node the task's cpuset does not let it allocate
+    /// on (`cpuset.mems`): binding memory to it fails.
+    NotAllowed(i64),
     /// A sysfs file could not be read.
     Unreadable {
         /// The file.
@@ -167,6 +175,12 @@ impl fmt::Display for Miss {
             Miss::Unknown => f.write_str("unknown (-1)"),
             Miss::Offline(id) => write!(f, "node {id} is not online"),
             Miss::NoMemory(id) => write!(f, "node {id} has no memory"),
+            Miss::NotAllowed(id) => {
+                write!(
+                    f,
+                    "node {id} is not one the task may allocate on (cpuset.mems)"
+                )
+            }
             Miss::Unreadable { path, kind } => write!(f, "{}: {kind}", path.display()),
             Miss::Malformed { what, text } => write!(f, "{what}: unexpected {text:?}"),
         }
@@ -389,11 +403,12 @@ impl Topology {
         }
     }
 
-    /// A device's node among `nodes`: the driver's, else sysfs's.
-    fn place(&self, nodes: &[Node], hint: &DeviceHint) -> Result<Placed, Fallback> {
+    /// A device's node among `nodes` (those of them in `mems`): the
+    /// driver's, else sysfs's.
+    fn place(&self, nodes: &[Node], mems: &IdSet, hint: &DeviceHint) -> Result<Placed, Fallback> {
         let driver = match hint.driver_node {
             None => Miss::Absent,
-            Some(id) => match online(nodes, i64::from(id)) {
+            Some(id) => match online(nodes, mems, i64::from(id)) {
                 Ok(node) => {
                     return Ok(Placed {
                         node,
@@ -405,7 +420,7 @@ impl Topology {
         };
         let sysfs = match &hint.pci_bus_id {
             None => Miss::Absent,
-            Some(bus_id) => match self.pci_node(nodes, bus_id) {
+            Some(bus_id) => match self.pci_node(nodes, mems, bus_id) {
                 Ok(node) => {
                     return Ok(Placed {
                         node,
@@ -419,8 +434,8 @@ impl Topology {
     }
 
     /// The node of the PCI function `bus_id` (as CUDA writes it) among
-    /// `nodes`, from its `numa_node` file.
-    fn pci_node(&self, nodes: &[Node], bus_id: &str) -> Result<usize, Miss> {
+    /// `nodes` (those of them in `mems`), from its `numa_node` file.
+    fn pci_node(&self, nodes: &[Node], mems: &IdSet, bus_id: &str) -> Result<usize, Miss> {
         let name = sysfs_bus_id(bus_id).ok_or_else(|| Miss::malformed("PCI bus id", bus_id))?;
         let path = self
             .root
@@ -432,13 +447,14 @@ impl Topology {
             .trim()
             .parse::<i64>()
             .map_err(|_| Miss::malformed(path.display(), &text))?;
-        online(nodes, id)
+        online(nodes, mems, id)
     }
 }
 
 /// The index of node `id` among the online `nodes`, or why it is not one
-/// that memory can be bound to.
-fn online(nodes: &[Node], id: i64) -> Result<usize, Miss> {
+/// that memory can be bound to (it has none, or it is not in the task's
+/// `mems`).
+fn online(nodes: &[Node], mems: &IdSet, id: i64) -> Result<usize, Miss> {
     let index = match id {
         -1 => return Err(Miss::Unknown),
         id if id < 0 => return Err(Miss::malformed("node id", &id.to_string())),
@@ -450,7 +466,47 @@ fn online(nodes: &[Node], id: i64) -> Result<usize, Miss> {
     if !nodes[index].has_memory {
         return Err(Miss::NoMemory(id));
     }
+    if !mems.contains(nodes[index].id as usize) {
+        return Err(Miss::NotAllowed(id));
+    }
     Ok(index)
+}
+
+// === impl Task ===
+
+/// What the thread building a pool allows placement to do with memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Task {
+    /// Its memory policy: placement binds memory only under the default.
+    pub(crate) policy: TaskPolicy,
+    /// The nodes its cpuset lets it allocate on (`Mems_allowed`): binding
+    /// to another fails.
+    pub(crate) mems: IdSet,
+}
+
+impl Task {
+    /// The calling thread's (on systems other than Linux, the default
+    /// policy and every node).
+    pub(crate) fn current() -> Self {
+        let policy = TaskPolicy::current();
+        #[cfg(target_os = "linux")]
+        {
+            match linux::allowed_mems() {
+                Ok(mems) => Self { policy, mems },
+                Err(e) => Self {
+                    policy: TaskPolicy::Unreadable(e.raw_os_error().unwrap_or(0)),
+                    mems: IdSet::new(),
+                },
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Self {
+                policy,
+                mems: (0..MAX_NODES).collect(),
+            }
+        }
+    }
 }
 
 // === impl TaskPolicy ===
@@ -613,25 +669,26 @@ impl Placement {
     /// no device can be placed at all, else one per unplaced device). An
     /// info line lists the devices placed.
     pub(crate) fn choose(mode: NumaMode, topology: &Topology, hints: &[DeviceHint]) -> Self {
-        Self::choose_under(mode, topology, hints, TaskPolicy::current)
+        Self::choose_under(mode, topology, hints, Task::current)
     }
 
-    /// [`choose`](Self::choose) for a task whose memory policy `policy`
-    /// returns (asked only once the topology could place something).
+    /// [`choose`](Self::choose) for the task `task` describes (asked
+    /// only once the topology could place something).
     fn choose_under(
         mode: NumaMode,
         topology: &Topology,
         hints: &[DeviceHint],
-        policy: impl FnOnce() -> TaskPolicy,
+        task: impl FnOnce() -> Task,
     ) -> Self {
-        let usable = topology
-            .usable_nodes(mode)
-            .and_then(|nodes| match policy() {
-                TaskPolicy::Default => Ok(nodes),
+        let usable = topology.usable_nodes(mode).and_then(|nodes| {
+            let task = task();
+            match task.policy {
+                TaskPolicy::Default => Ok((nodes, task.mems)),
                 other => Err(Fallback::TaskPolicy(other)),
-            });
-        let nodes = match usable {
-            Ok(nodes) => nodes,
+            }
+        });
+        let (nodes, mems) = match usable {
+            Ok(usable) => usable,
             Err(fallback) => {
                 tracing::debug!(
                     devices = hints.len(),
@@ -648,7 +705,7 @@ impl Placement {
             .iter()
             .enumerate()
             .map(|(device, hint)| {
-                let choice = topology.place(nodes, hint);
+                let choice = topology.place(nodes, &mems, hint);
                 if let Err(fallback) = &choice {
                     tracing::debug!(
                         device,
@@ -928,12 +985,40 @@ mod linux {
 
     use libc::{c_int, c_long, c_ulong, c_void};
 
-    use super::{IdSet, WORD_BITS};
+    use super::{IdSet, MAX_NODES, WORD_BITS};
     use crate::size_class::page_size;
 
     /// Pages asked about per `move_pages` call.
     #[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
     const BATCH: usize = 1024;
+
+    /// The nodes the calling thread's cpuset lets it allocate on.
+    pub(super) fn allowed_mems() -> io::Result<IdSet> {
+        let mut mems = IdSet::new();
+        // One more than the bits wanted (the kernel counts `maxnode - 1`),
+        // at least the kernel's node count and at most a page of bits.
+        let maxnode = (MAX_NODES + 1) as c_ulong;
+        // SAFETY:
+        // - MPOL_F_MEMS_ALLOWED asks for the allowed nodes only: the mode
+        //   pointer may be null, and the address is ignored;
+        // - the kernel writes `MAX_NODES` bits (128 bytes) of mask into
+        //   `mems.words`, a live, `unsigned long`-aligned buffer of 8 KiB.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_get_mempolicy,
+                std::ptr::null_mut::<c_int>(),
+                mems.words.as_mut_ptr(),
+                maxnode,
+                std::ptr::null_mut::<c_void>(),
+                MPOL_F_MEMS_ALLOWED,
+            )
+        };
+        check(rc)?;
+        Ok(mems)
+    }
+
+    /// `get_mempolicy(2)`'s flag asking for the allowed nodes.
+    const MPOL_F_MEMS_ALLOWED: c_ulong = 1 << 2;
 
     /// The calling thread's memory policy mode, flags included.
     pub(super) fn task_policy() -> io::Result<c_int> {

@@ -76,6 +76,12 @@ fn hint(driver_node: Option<i32>, pci_bus_id: Option<&str>) -> DeviceHint {
     }
 }
 
+/// [`Placement::choose`] for a task with the default memory policy,
+/// allowed every node (whatever this test process's own are).
+fn choose(mode: NumaMode, topology: &Topology, hints: &[DeviceHint]) -> Placement {
+    Placement::choose_under(mode, topology, hints, || Task::with(TaskPolicy::Default))
+}
+
 fn node_ids(placement: &Placement, devices: usize) -> Vec<Option<u32>> {
     (0..devices)
         .map(|device| placement.node(device).map(|node| node.id))
@@ -260,7 +266,7 @@ fn placement_prefers_the_driver_then_sysfs() {
         (hint(Some(9), Some("0000:86:00.0")), 1, Source::Sysfs),
     ];
     let hints: Vec<DeviceHint> = cases.iter().map(|(hint, ..)| hint.clone()).collect();
-    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    let placement = choose(NumaMode::Auto, &fake.topology(), &hints);
     for (device, (hint, node, source)) in cases.iter().enumerate() {
         let placed = placement.devices[device].as_ref().expect("placed");
         assert_eq!(
@@ -285,8 +291,7 @@ fn bad_device_data_falls_back_to_no_node() {
     let fake = devices_tree("fallbacks");
     let topology = fake.topology();
     let why = |driver_node, pci_bus_id| {
-        let placement =
-            Placement::choose(NumaMode::Auto, &topology, &[hint(driver_node, pci_bus_id)]);
+        let placement = choose(NumaMode::Auto, &topology, &[hint(driver_node, pci_bus_id)]);
         assert_eq!(placement.node(0), None);
         match placement.devices[0].clone() {
             Err(Fallback::NoNode { driver, sysfs }) => (driver, sysfs),
@@ -333,7 +338,7 @@ fn numa_off_places_nothing() {
     let fake = FakeSysfs::two_nodes("off");
     fake.pci("0000:3b:00.0", "1\n");
     let hints = [hint(Some(1), Some("0000:3B:00.0")), hint(Some(0), None)];
-    let placement = Placement::choose(NumaMode::Off, &fake.topology(), &hints);
+    let placement = choose(NumaMode::Off, &fake.topology(), &hints);
     assert_eq!(node_ids(&placement, 2), [None, None]);
     assert!(placement.devices.iter().all(|d| d == &Err(Fallback::Off)));
     assert!(placement.worker_node().is_none());
@@ -349,7 +354,7 @@ fn one_node_places_nothing() {
         hint(Some(0), Some("0000:3B:00.0")),
         hint(None, Some("0000:3B:00.0")),
     ];
-    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    let placement = choose(NumaMode::Auto, &fake.topology(), &hints);
     assert_eq!(node_ids(&placement, 2), [None, None]);
     assert!(placement
         .devices
@@ -371,7 +376,7 @@ fn unusable_node_lists_place_nothing() {
         if let Some(text) = online {
             fake.online(text);
         }
-        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+        let placement = choose(NumaMode::Auto, &fake.topology(), &hints);
         assert_eq!(node_ids(&placement, 2), [None, None], "{name}");
         assert!(
             matches!(placement.devices[0], Err(Fallback::NoTopology(_))),
@@ -393,7 +398,7 @@ fn sparse_node_ids_and_cpuless_nodes() {
         hint(None, Some("0000:3b:00.0")),
         hint(None, Some("0000:86:00.0")),
     ];
-    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    let placement = choose(NumaMode::Auto, &fake.topology(), &hints);
     assert_eq!(node_ids(&placement, 2), [Some(2), None]);
     assert!(placement.node(0).is_some_and(|node| node.cpus.is_empty()));
     assert_eq!(
@@ -419,7 +424,7 @@ fn devices_are_not_placed_on_nodes_without_memory() {
         hint(None, Some("0000:3b:00.0")),
         hint(Some(0), None),
     ];
-    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    let placement = choose(NumaMode::Auto, &fake.topology(), &hints);
     assert_eq!(
         node_ids(&placement, 4),
         [None, Some(0), None, Some(0)],
@@ -441,7 +446,7 @@ fn devices_are_not_placed_on_nodes_without_memory() {
     );
     // Without the list of nodes with memory, nothing is placed.
     fs::remove_file(fake.root.join("devices/system/node/has_memory")).expect("remove");
-    let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
+    let placement = choose(NumaMode::Auto, &fake.topology(), &hints);
     assert_eq!(node_ids(&placement, 4), [None; 4]);
     assert!(
         matches!(
@@ -515,10 +520,71 @@ fn an_explicit_memory_policy_of_the_task_is_kept() {
         assert_eq!(TaskPolicy::current(), TaskPolicy::Explicit(libc::MPOL_BIND));
         assert!(set_mempolicy(libc::MPOL_DEFAULT, &[]));
         let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
-        assert_eq!(node_ids(&placement, 2), [Some(0), Some(1)]);
+        assert!(
+            placement
+                .devices
+                .iter()
+                .all(|d| !matches!(d, Err(Fallback::TaskPolicy(_)))),
+            "{placement:?}"
+        );
     })
     .join()
     .expect("the thread with its own memory policy");
+}
+
+impl Task {
+    /// A task with `policy`, allowed every node.
+    fn with(policy: TaskPolicy) -> Self {
+        Task {
+            policy,
+            mems: (0..MAX_NODES).collect(),
+        }
+    }
+}
+
+#[test]
+fn devices_are_not_placed_on_nodes_the_task_may_not_allocate_on() {
+    // A cpuset (a container's `cpuset.mems`) allows node 0 only: binding
+    // to node 1 fails on every allocation.
+    let fake = FakeSysfs::two_nodes("mems-allowed");
+    fake.pci("0000:86:00.0", "0\n");
+    let hints = [
+        hint(Some(1), None),
+        hint(Some(1), Some("0000:86:00.0")),
+        hint(Some(0), None),
+    ];
+    let placement = Placement::choose_under(NumaMode::Auto, &fake.topology(), &hints, || Task {
+        policy: TaskPolicy::Default,
+        mems: ids(&[0]),
+    });
+    assert_eq!(
+        node_ids(&placement, 3),
+        [None, Some(0), Some(0)],
+        "{placement:?}"
+    );
+    assert_eq!(
+        placement.devices[0],
+        Err(Fallback::NoNode {
+            driver: Miss::NotAllowed(1),
+            sysfs: Miss::Absent
+        })
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_tasks_allowed_nodes_are_the_kernels() {
+    let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Mems_allowed_list:"))
+        .expect("Mems_allowed_list");
+    let task = Task::current();
+    if let TaskPolicy::Unreadable(errno) = task.policy {
+        eprintln!("skipped: get_mempolicy is not permitted here (errno {errno})");
+        return;
+    }
+    assert_eq!(task.mems, parse_cpulist(line).expect("kernel list"));
 }
 
 #[test]
@@ -531,7 +597,8 @@ fn task_policies_are_fallbacks_once_the_topology_can_place() {
         TaskPolicy::Unreadable(libc::EPERM),
     ] {
         let lines = traced(|| {
-            let placement = Placement::choose_under(NumaMode::Auto, &topology, &hints, || policy);
+            let placement =
+                Placement::choose_under(NumaMode::Auto, &topology, &hints, || Task::with(policy));
             assert!(placement
                 .devices
                 .iter()
@@ -541,8 +608,9 @@ fn task_policies_are_fallbacks_once_the_topology_can_place() {
         assert!(lines[0].contains("memory policy is kept"), "{lines:#?}");
     }
     let lines = traced(|| {
-        let placement =
-            Placement::choose_under(NumaMode::Auto, &topology, &hints, || TaskPolicy::Default);
+        let placement = Placement::choose_under(NumaMode::Auto, &topology, &hints, || {
+            Task::with(TaskPolicy::Default)
+        });
         assert_eq!(node_ids(&placement, 2), [Some(0), Some(1)]);
     });
     assert!(
@@ -582,11 +650,11 @@ fn workers_are_pinned_only_when_the_devices_share_one_node() {
         hint(Some(1), None),
         hint(Some(3), None),
     ];
-    let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
+    let placement = choose(NumaMode::Auto, &topology, &hints);
     assert_eq!(placement.worker_node(), None, "devices on two nodes");
     // Every placed device on node 3 (one unplaced): all workers there.
     let hints = [hint(Some(3), None), hint(None, None), hint(Some(3), None)];
-    let placement = Placement::choose(NumaMode::Auto, &topology, &hints);
+    let placement = choose(NumaMode::Auto, &topology, &hints);
     assert_eq!(
         placement.worker_node().map(|n| (n.id, n.cpus.to_vec())),
         Some((3, vec![6, 7])),
@@ -607,7 +675,7 @@ fn each_fallback_is_traced_once() {
         hint(None, None),
     ];
     let topology = fake.topology();
-    let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
+    let lines = traced(|| drop(choose(NumaMode::Auto, &topology, &hints)));
     let about = |device: usize| {
         lines
             .iter()
@@ -624,12 +692,12 @@ fn each_fallback_is_traced_once() {
         1
     );
 
-    let lines = traced(|| drop(Placement::choose(NumaMode::Off, &topology, &hints)));
+    let lines = traced(|| drop(choose(NumaMode::Off, &topology, &hints)));
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(lines[0].contains("numa=off"), "{lines:#?}");
 
     let empty = FakeSysfs::new("trace-empty");
-    let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &empty.topology(), &hints)));
+    let lines = traced(|| drop(choose(NumaMode::Auto, &empty.topology(), &hints)));
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(lines[0].contains("no NUMA topology"), "{lines:#?}");
 }
@@ -640,7 +708,7 @@ fn unknown_cpus_of_a_used_node_are_traced_once() {
     fake.online("0-1\n").cpus(0, "0-3\n");
     let hints = [hint(Some(1), None), hint(Some(1), None)];
     let topology = fake.topology();
-    let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
+    let lines = traced(|| drop(choose(NumaMode::Auto, &topology, &hints)));
     let cpus = lines.iter().filter(|l| l.contains("CPUs unknown")).count();
     assert_eq!(cpus, 1, "{lines:#?}");
 }
