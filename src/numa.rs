@@ -620,7 +620,8 @@ enum Fallback {
     /// The task that builds the pool has a memory policy of its own (or
     /// one that cannot be read): a range's policy would override it.
     TaskPolicy(TaskPolicy),
-    /// Neither the driver nor sysfs named an online node for the device.
+    /// Neither the driver nor sysfs named an online node for the device
+    /// that memory can be bound to.
     NoNode {
         /// Why the driver's answer was not used.
         driver: Miss,
