@@ -64,7 +64,14 @@ fn run_on_stub(name: &str, env: &[(&str, &str)]) -> bool {
     };
     let mut command = Command::new(std::env::current_exe().expect("the test binary"));
     command
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        // Ignored tests too: the parent runs only those it was asked for.
+        .args([
+            name,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "--include-ignored",
+        ])
         .env(CHILD, name)
         .env("LD_LIBRARY_PATH", path)
         .env_remove("STUB_CUDA_DEVICES")
@@ -878,4 +885,43 @@ fn takes_go_to_the_device_of_the_current_context() {
     set_current(stub::user_context());
     assert_eq!(pool.take(4096).device(), 0, "another context of device 0");
     drop(ctx);
+}
+
+#[test]
+fn closing_synchronizes_on_the_callers_thread_and_keeps_its_context() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    init();
+    for (what, start) in starting_contexts() {
+        set_current(start);
+        let pool = cuda_pool(2);
+        // Pinned buffers of both devices, without events: the cleaner
+        // synchronizes their devices before releasing them.
+        let bufs = [pinned(&pool, 4096), {
+            drop(pool.take_on(1, 4096).unwrap());
+            pool.flush();
+            pool.take_on(1, 4096).unwrap()
+        }];
+        assert!(bufs.iter().all(|b| b.is_pinned()));
+        pool.shutdown();
+        // Dropped on another thread after the workers stopped: closing
+        // the pool finds them queued and finishes them here.
+        std::thread::spawn(move || drop(bufs)).join().unwrap();
+        let syncs = stub::calls("cuCtxSynchronize");
+        drop(pool);
+        assert!(
+            stub::calls("cuCtxSynchronize") > syncs,
+            "with {what}: closing ran no synchronize here"
+        );
+        assert_eq!(
+            current(),
+            start,
+            "with {what}: closing the pool changed the current context"
+        );
+        eventually("the closed pool's contexts are released", || {
+            stub::primary_refs(0) == 0 && stub::primary_refs(1) == 0
+        });
+    }
+    assert_eq!(stub::wrong_context(), 0);
 }
