@@ -925,3 +925,66 @@ fn closing_synchronizes_on_the_callers_thread_and_keeps_its_context() {
     }
     assert_eq!(stub::wrong_context(), 0);
 }
+
+#[test]
+#[ignore = "FAILS: register_region and unregister_region bind the primary context of the thread's current device, and fail when the pool does not serve that device"]
+fn regions_register_whatever_device_is_current() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    // The pool serves device 0 only; the application works on device 1.
+    let pool = cuda_pool(1);
+    let ctx = CudaContext::new(1).expect("device 1"); // binds it
+    let mut region = vec![1u8; 1 << 16];
+    // SAFETY: `region` stays alive and unmoved until unregistered.
+    let registered = unsafe { pool.register_region(region.as_mut_ptr(), region.len()) };
+    assert!(
+        registered,
+        "a portable registration failed because the current device is not served"
+    );
+    assert_eq!(
+        current(),
+        stub::primary(1),
+        "register_region kept the context"
+    );
+    assert_eq!(stub::registered(), 1);
+    // SAFETY: registered above; no copy reads it.
+    unsafe { pool.unregister_region(region.as_mut_ptr()) };
+    assert_eq!(
+        stub::registered(),
+        0,
+        "the region is still registered when its memory goes back"
+    );
+    drop(region);
+    drop(ctx);
+}
+
+#[test]
+#[ignore = "FAILS: unregister_region binds the primary context of the thread's current device, and fails when the pool does not serve that device"]
+fn regions_unregister_under_another_current_device() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    let mut region = vec![1u8; 1 << 16];
+    // No context current: device 0.
+    // SAFETY: `region` stays alive and unmoved until unregistered.
+    assert!(unsafe { pool.register_region(region.as_mut_ptr(), region.len()) });
+    assert_eq!(stub::registered(), 1);
+    // Another thread, working on device 1, gives the region back.
+    let address = region.as_mut_ptr() as usize;
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let ctx = CudaContext::new(1).expect("device 1");
+            // SAFETY: registered above; no copy reads it.
+            unsafe { pool.unregister_region(address as *mut u8) };
+            assert_eq!(current(), ctx.cu_ctx());
+        });
+    });
+    assert_eq!(
+        stub::registered(),
+        0,
+        "unregister_region failed silently: the region stays registered"
+    );
+    drop(region);
+}
