@@ -1022,7 +1022,7 @@ impl Pool {
             return false;
         }
         // SAFETY: forwarded from the caller.
-        match unsafe { backend.register(backend.current_device(), ptr, len) } {
+        match unsafe { backend.register(region_device(&**backend), ptr, len) } {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(error = %e, "pinpool: register_region failed; the region stays pageable");
@@ -1056,9 +1056,23 @@ impl Pool {
             return;
         }
         // SAFETY: forwarded from the caller.
-        if let Err(e) = unsafe { backend.unregister(backend.current_device(), ptr) } {
+        if let Err(e) = unsafe { backend.unregister(region_device(&**backend), ptr) } {
             tracing::debug!(error = %e, "pinpool: unregister_region failed");
         }
+    }
+}
+
+/// The device whose context a region is registered or unregistered in:
+/// the calling thread's current device if the pool serves it, else device
+/// 0. Registrations are portable, so any of the pool's contexts will do,
+/// and a region may be given back under another current device than it
+/// was registered under.
+fn region_device(backend: &dyn Backend) -> usize {
+    let device = backend.current_device();
+    if device < backend.device_count() {
+        device
+    } else {
+        0
     }
 }
 

@@ -927,7 +927,6 @@ fn closing_synchronizes_on_the_callers_thread_and_keeps_its_context() {
 }
 
 #[test]
-#[ignore = "FAILS: register_region and unregister_region bind the primary context of the thread's current device, and fail when the pool does not serve that device"]
 fn regions_register_whatever_device_is_current() {
     if !on_stub!("STUB_CUDA_DEVICES" = "2") {
         return;
@@ -960,7 +959,6 @@ fn regions_register_whatever_device_is_current() {
 }
 
 #[test]
-#[ignore = "FAILS: unregister_region binds the primary context of the thread's current device, and fails when the pool does not serve that device"]
 fn regions_unregister_under_another_current_device() {
     if !on_stub!("STUB_CUDA_DEVICES" = "2") {
         return;
