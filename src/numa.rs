@@ -80,8 +80,9 @@ const MAX_QUOTE: usize = 64;
 ///
 /// With [`Auto`](NumaMode::Auto), on a machine with several NUMA nodes, each
 /// device's buffers are bound to the node its PCIe root hangs off; when
-/// all the devices served are on one node, cleaner workers pre-fault and
-/// zero them from that node's CPUs.
+/// every device placed is on one node (devices whose node is unknown do
+/// not count), cleaner workers pre-fault and zero buffers from that node's
+/// CPUs, among those they may already use.
 ///
 /// # Examples
 ///
