@@ -1010,3 +1010,41 @@ fn a_dropped_pool_and_its_users_leave_no_context_retained() {
         stub::primary_refs(0) == 0
     });
 }
+
+#[test]
+fn a_released_context_current_on_the_thread_is_put_back() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    init();
+    // The application made device 1's primary context current through
+    // cudarc and let it go: the thread's current context is a released
+    // one, which the driver keeps current (and lets be made current again).
+    drop(CudaContext::new(1).expect("device 1"));
+    let released = stub::primary(1);
+    assert_eq!((current(), stub::primary_refs(1)), (released, 0));
+    let check = |call: &str| {
+        assert_eq!(current(), released, "{call} changed the current context");
+    };
+    let pool = cuda_pool(1);
+    check("build");
+    let buf = pinned(&pool, 4096);
+    assert_eq!(buf.device(), 0, "a released context's device is unknown: 0");
+    check("take");
+    drop(buf);
+    let mut region = vec![1u8; 1 << 16];
+    // SAFETY: `region` stays alive and unmoved until unregistered.
+    assert!(unsafe { pool.register_region(region.as_mut_ptr(), region.len()) });
+    check("register_region");
+    // SAFETY: registered above; no copy reads it.
+    unsafe { pool.unregister_region(region.as_mut_ptr()) };
+    check("unregister_region");
+    pool.clear();
+    check("clear");
+    pool.shutdown();
+    check("shutdown");
+    drop(pool);
+    check("dropping the pool");
+    assert_eq!(stub::registered(), 0);
+    assert_eq!(stub::primary_refs(0), 0);
+}

@@ -12,9 +12,12 @@
  *   CUDA_ERROR_INVALID_CONTEXT without one, and cuEventRecord fails unless
  *   the event's own context is current;
  * - primary contexts are fixed pointers, one per device, reference-counted
- *   by cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease_v2; a released
- *   one cannot be made current; one extra "application" context
- *   (stub_user_context) is always valid;
+ *   by cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease_v2; as with the
+ *   driver, releasing the last reference leaves the context current, a
+ *   released one can still be made current, calls that need a context
+ *   fail under it with CUDA_ERROR_CONTEXT_IS_DESTROYED (cuCtxGetDevice
+ *   succeeds and reports device -1), and retaining it again revives it;
+ *   one extra "application" context (stub_user_context) is always valid;
  * - registrations are recorded (base, length, flags); overlapping ones and
  *   unregistering a pointer that is not a registered base fail as the
  *   driver does;
@@ -57,6 +60,7 @@ enum {
     INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400,
     NOT_READY = 600,
+    CONTEXT_IS_DESTROYED = 709,
     ALREADY_REGISTERED = 712,
     NOT_REGISTERED = 713,
     UNKNOWN = 999,
@@ -257,14 +261,31 @@ static int live_context(CUcontext ctx) {
     return dev >= 0 && dev < devices && primary_refs[dev] > 0;
 }
 
-/* The calling thread's context, if it is usable. With the lock held. */
-static int has_context(void) {
+/* Whether `ctx` is a context the driver knows: the application's own, or
+   a device's primary context, retained or not. */
+static int known_context(CUcontext ctx) {
+    int dev = device_of(ctx);
+    return ctx == &user_context || (dev >= 0 && dev < devices);
+}
+
+/* Why the calling thread's context cannot be used (SUCCESS if it can): none
+   is current, or it is a released primary context. With the lock held. */
+static CUresult context_error(void) {
     if (current && live_context(current)) {
-        return 1;
+        return SUCCESS;
     }
     wrong_context++;
-    return 0;
+    return current ? CONTEXT_IS_DESTROYED : INVALID_CONTEXT;
 }
+
+/* Returns the calling thread's context error, if any, from a call. */
+#define NEED_CONTEXT()                                                         \
+    do {                                                                       \
+        CUresult why_ = context_error();                                       \
+        if (why_ != SUCCESS) {                                                 \
+            LEAVE(why_);                                                       \
+        }                                                                      \
+    } while (0)
 
 /* === initialization and devices === */
 
@@ -356,7 +377,7 @@ CUresult cuCtxGetCurrent(CUcontext *ctx) {
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
     ENTER(cuCtxSetCurrent);
-    if (ctx && !live_context(ctx)) {
+    if (ctx && !known_context(ctx)) {
         LEAVE(INVALID_CONTEXT);
     }
     current = ctx;
@@ -365,9 +386,12 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 
 CUresult cuCtxGetDevice(CUdevice *device) {
     ENTER(cuCtxGetDevice);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
+    if (current && !live_context(current)) {
+        /* What the driver does under a released primary context. */
+        *device = -1;
+        LEAVE(SUCCESS);
     }
+    NEED_CONTEXT();
     int dev = device_of(current);
     *device = dev < 0 ? 0 : dev;
     LEAVE(SUCCESS);
@@ -375,7 +399,8 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 
 CUresult cuCtxSynchronize(void) {
     ENTER(cuCtxSynchronize);
-    LEAVE(has_context() ? SUCCESS : INVALID_CONTEXT);
+    NEED_CONTEXT();
+    LEAVE(SUCCESS);
 }
 
 /* === registration === */
@@ -391,9 +416,7 @@ static int find_region(uintptr_t p) {
 
 CUresult cuMemHostRegister_v2(void *p, size_t len, unsigned flags) {
     ENTER(cuMemHostRegister_v2);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     uintptr_t base = (uintptr_t)p;
     if (!p || len == 0) {
         LEAVE(INVALID_VALUE);
@@ -416,9 +439,7 @@ CUresult cuMemHostRegister_v2(void *p, size_t len, unsigned flags) {
 
 CUresult cuMemHostUnregister(void *p) {
     ENTER(cuMemHostUnregister);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     int i = find_region((uintptr_t)p);
     if (i < 0 || regions[i].base != (uintptr_t)p) {
         LEAVE(NOT_REGISTERED);
@@ -442,9 +463,7 @@ CUresult cuMemHostGetFlags(unsigned *flags, void *p) {
 CUresult cuEventCreate(CUevent *event, unsigned flags) {
     (void)flags;
     ENTER(cuEventCreate);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     struct stub_event *e = calloc(1, sizeof *e);
     if (!e) {
         LEAVE(OUT_OF_MEMORY);
@@ -461,10 +480,11 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
     if (!event) {
         LEAVE(INVALID_HANDLE);
     }
-    if (current != event->ctx || !live_context(current)) {
+    if (current != event->ctx) {
         wrong_context++;
         LEAVE(INVALID_CONTEXT);
     }
+    NEED_CONTEXT();
     event->recorded = 1;
     LEAVE(SUCCESS);
 }
@@ -492,9 +512,7 @@ CUresult cuEventDestroy_v2(CUevent event) {
 CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
     (void)flags;
     ENTER(cuStreamCreate);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     streams_live++;
     *stream = stream_storage;
     LEAVE(SUCCESS);
@@ -526,9 +544,7 @@ CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t len) {
     ENTER(cuMemAlloc_v2);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     void *p = calloc(1, len ? len : 1);
     if (!p) {
         LEAVE(OUT_OF_MEMORY);
@@ -546,9 +562,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t len, CUstream stream) {
     (void)stream;
     ENTER(cuMemsetD8Async);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     memset((void *)(uintptr_t)dst, value, len);
     LEAVE(SUCCESS);
 }
@@ -556,9 +570,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t len, CUstr
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t len, CUstream stream) {
     (void)stream;
     ENTER(cuMemcpyHtoDAsync_v2);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     memcpy((void *)(uintptr_t)dst, src, len);
     LEAVE(SUCCESS);
 }
@@ -566,9 +578,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t len, CUst
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t len, CUstream stream) {
     (void)stream;
     ENTER(cuMemcpyDtoHAsync_v2);
-    if (!has_context()) {
-        LEAVE(INVALID_CONTEXT);
-    }
+    NEED_CONTEXT();
     memcpy(dst, (const void *)(uintptr_t)src, len);
     LEAVE(SUCCESS);
 }
@@ -585,6 +595,7 @@ CUresult cuGetErrorString(CUresult code, const char **text) {
     case INVALID_DEVICE: *text = "invalid device ordinal"; break;
     case INVALID_CONTEXT: *text = "invalid device context"; break;
     case NOT_READY: *text = "device not ready"; break;
+    case CONTEXT_IS_DESTROYED: *text = "context is destroyed"; break;
     case ALREADY_REGISTERED: *text = "part or all of the requested memory range is already mapped"; break;
     case NOT_REGISTERED: *text = "pointer does not correspond to a registered memory region"; break;
     default: *text = "unknown error (stub)";
