@@ -1048,3 +1048,34 @@ fn a_released_context_current_on_the_thread_is_put_back() {
     assert_eq!(stub::registered(), 0);
     assert_eq!(stub::primary_refs(0), 0);
 }
+
+#[test]
+fn a_pool_dropped_in_thread_teardown_releases_everything() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "2") {
+        return;
+    }
+    use std::cell::RefCell;
+    thread_local! {
+        static HELD: RefCell<Vec<Box<dyn std::any::Any>>> = const { RefCell::new(Vec::new()) };
+    }
+    let pool = cuda_pool(2);
+    drop(pinned(&pool, 4096));
+    pool.flush();
+    let buf = pinned(&pool, 1 << 20);
+    // A thread that never used CUDA holds the last handle and a buffer
+    // until its thread-locals are destroyed.
+    std::thread::spawn(move || {
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            held.push(Box::new(pool));
+            held.push(Box::new(buf));
+        });
+    })
+    .join()
+    .expect("the thread tears down cleanly");
+    eventually("the pool's contexts are released", || {
+        stub::primary_refs(0) == 0 && stub::primary_refs(1) == 0
+    });
+    assert_eq!(stub::registered(), 0, "everything unregistered");
+    assert_eq!(stub::wrong_context(), 0);
+}
