@@ -11,6 +11,14 @@ use crate::size_class::SizeClasses;
 /// that every thread's per-device bookkeeping stays small.
 pub const MAX_DEVICES: usize = 64;
 
+/// The error for a backend reporting more devices than a pool serves.
+pub(crate) fn too_many_devices(devices: usize) -> Error {
+    Error::InvalidConfig(format!(
+        "the backend reports {devices} devices; a pool serves at most {MAX_DEVICES}: \
+         serve the first ones with `devices`"
+    ))
+}
+
 /// Default cap on pooled bytes: 4 GiB.
 pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
 

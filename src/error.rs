@@ -69,7 +69,9 @@ pub enum Error {
     },
     /// A CUDA driver call failed.
     Cuda {
-        /// The driver call that failed.
+        /// The driver call that failed (`CudaContext::new` for a failure
+        /// inside cudarc's making of a context after each of its driver
+        /// calls had just succeeded).
         op: &'static str,
         /// The driver's error.
         source: cudarc::driver::DriverError,

@@ -4,10 +4,15 @@
 //! On a machine with several NUMA nodes a copy to a GPU reads host memory
 //! across the socket interconnect unless that memory sits on the node the
 //! GPU's PCIe root hangs off. The pool therefore places each device's
-//! blocks on the device's host node and pre-faults them from cleaner
-//! workers running on that node's CPUs. This module decides the placement
-//! and wraps the system calls; the backend supplies what the driver knows
-//! about each device, and the allocator and the cleaner act on the result.
+//! blocks on the device's host node. When every placed device is on one
+//! node, cleaner workers run on that node's CPUs (those the worker may
+//! use), so that pre-faulting and zeroing stay local too; with devices on
+//! several nodes they run unpinned, because the cleaner's work is not
+//! routed by node (any worker cleans any device's blocks), and the pages
+//! still land on each device's node through the blocks' memory policy.
+//! This module decides the placement and wraps the system calls; the
+//! backend supplies what the driver knows about each device, and the
+//! allocator and the cleaner act on the result.
 //!
 //! A device's node comes from, in order:
 //!
@@ -19,8 +24,18 @@
 //! 3. nothing: the kernel's default policy places its memory, as on a
 //!    machine without NUMA.
 //!
-//! The topology is read from sysfs (`devices/system/node/online` and each
-//! node's `cpulist`, both in the kernel's list format; see
+//! A node without memory (listed online but not in `has_memory`: CPUs
+//! only), or one the cpuset of the thread building the pool does not let
+//! it allocate on (a container's `cpuset.mems`), is never a device's node:
+//! binding memory to it fails. Nor is any
+//! device placed when the thread building the pool has a memory policy of
+//! its own (`numactl --membind`, `--interleave`, `--preferred`,
+//! `--localalloc`, or `set_mempolicy(2)`: threads inherit it), or one that
+//! cannot be read: a range's policy would override the operator's choice.
+//!
+//! The topology is read from sysfs (`devices/system/node/online`,
+//! `devices/system/node/has_memory` and each node's `cpulist`, all in the
+//! kernel's list format; see
 //! `Documentation/ABI/stable/sysfs-devices-node` and
 //! `Documentation/ABI/testing/sysfs-bus-pci` in the kernel tree) under a
 //! root that tests replace with a fake tree. [`NumaMode::Off`], a machine
@@ -33,7 +48,8 @@
 //! node with `mbind(2)` before any of its pages is touched, so that every
 //! later fault (the caller writing a miss buffer, a cleaner pre-faulting,
 //! the driver pinning) allocates there; [`pin_current_thread`] restricts a
-//! cleaner worker to a node's CPUs with `sched_setaffinity(2)`; and
+//! cleaner worker to the node's CPUs among those it may already use, with
+//! `sched_setaffinity(2)`; and
 //! [`pages_on_node`] counts, with `move_pages(2)`, how many pages of a
 //! range ended up on a node (tests and diagnostics). All three are
 //! Linux-only; elsewhere the first two do nothing and the last reports
@@ -45,9 +61,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// CPU and node ids at or above this are rejected as malformed: kernels
-/// support at most 8192 CPUs and 1024 nodes, and a bound keeps a garbage
-/// range like `0-4294967295` from allocating gigabytes.
+/// support at most 8192 CPUs and 1024 nodes. Lists parse into an
+/// [`IdSet`] of this many bits (8 KiB), whatever their length.
 const MAX_ID: usize = 1 << 16;
+
+/// Node ids the kernel supports (`MAX_NUMNODES` is at most `1 << 10`).
+const MAX_NODES: usize = 1 << 10;
 
 /// The most bytes read from one sysfs file (sysfs writes at most a page).
 const MAX_FILE_BYTES: u64 = 64 << 10;
@@ -60,8 +79,10 @@ const MAX_QUOTE: usize = 64;
 /// Whether a pool places memory by NUMA node (the `numa` setting).
 ///
 /// With [`Auto`](NumaMode::Auto), on a machine with several NUMA nodes, each
-/// device's buffers are bound to the node its PCIe root hangs off, and
-/// cleaner workers pre-fault and zero them from that node's CPUs.
+/// device's buffers are bound to the node its PCIe root hangs off; when
+/// every device placed is on one node (devices whose node is unknown do
+/// not count), cleaner workers pre-fault and zero buffers from that node's
+/// CPUs, among those they may already use.
 ///
 /// # Examples
 ///
@@ -117,6 +138,12 @@ enum Miss {
     Unknown,
     /// The source named a node that is not online.
     Offline(i64),
+    /// The source named a node without memory (CPUs only): binding memory
+    /// to it fails.
+    NoMemory(i64),
+    /// The source named a node the task's cpuset does not let it allocate
+    /// on (`cpuset.mems`): binding memory to it fails.
+    NotAllowed(i64),
     /// A sysfs file could not be read.
     Unreadable {
         /// The file.
@@ -148,9 +175,147 @@ impl fmt::Display for Miss {
             Miss::Absent => f.write_str("not reported"),
             Miss::Unknown => f.write_str("unknown (-1)"),
             Miss::Offline(id) => write!(f, "node {id} is not online"),
+            Miss::NoMemory(id) => write!(f, "node {id} has no memory"),
+            Miss::NotAllowed(id) => {
+                write!(
+                    f,
+                    "node {id} is not one the task may allocate on (cpuset.mems)"
+                )
+            }
             Miss::Unreadable { path, kind } => write!(f, "{}: {kind}", path.display()),
             Miss::Malformed { what, text } => write!(f, "{what}: unexpected {text:?}"),
         }
+    }
+}
+
+// === impl IdSet ===
+
+/// Bits in one word of an [`IdSet`] (and of a kernel bitmap).
+const WORD_BITS: usize = libc::c_ulong::BITS as usize;
+
+/// A set of CPU or node ids below [`MAX_ID`]: a fixed bitset laid out as
+/// the kernel's bitmaps are (`unsigned long` words, id `i` in bit
+/// `i % WORD_BITS` of word `i / WORD_BITS`), so that it goes to and comes
+/// from `sched_setaffinity(2)`, `sched_getaffinity(2)` and `mbind(2)` as
+/// it is.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct IdSet {
+    words: Box<[libc::c_ulong]>,
+}
+
+impl IdSet {
+    /// The empty set.
+    pub(crate) fn new() -> Self {
+        Self {
+            words: vec![0; MAX_ID / WORD_BITS].into_boxed_slice(),
+        }
+    }
+
+    /// Adds the ids `first..=last` (both below [`MAX_ID`]), a word at a
+    /// time.
+    fn insert_range(&mut self, first: usize, last: usize) {
+        debug_assert!(first <= last && last < MAX_ID);
+        let (first_word, last_word) = (first / WORD_BITS, last / WORD_BITS);
+        for (index, word) in self.words[first_word..=last_word].iter_mut().enumerate() {
+            let index = first_word + index;
+            let low = if index == first_word {
+                first % WORD_BITS
+            } else {
+                0
+            };
+            let high = if index == last_word {
+                last % WORD_BITS
+            } else {
+                WORD_BITS - 1
+            };
+            *word |= (libc::c_ulong::MAX >> (WORD_BITS - 1 - high)) & (libc::c_ulong::MAX << low);
+        }
+    }
+
+    /// Adds `id`; `false` (and nothing added) if it is [`MAX_ID`] or more.
+    pub(crate) fn insert(&mut self, id: usize) -> bool {
+        if id >= MAX_ID {
+            return false;
+        }
+        self.insert_range(id, id);
+        true
+    }
+
+    /// Whether `id` is in the set.
+    pub(crate) fn contains(&self, id: usize) -> bool {
+        id < MAX_ID && self.words[id / WORD_BITS] & (1 << (id % WORD_BITS)) != 0
+    }
+
+    /// How many ids the set holds.
+    #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
+    pub(crate) fn len(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Whether the set is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    /// The ids, ascending.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.words.iter().enumerate().flat_map(|(index, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                if rest == 0 {
+                    return None;
+                }
+                let bit = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                Some(index * WORD_BITS + bit)
+            })
+        })
+    }
+
+    /// The ids, ascending, in a vector.
+    #[cfg_attr(not(test), allow(dead_code))] // tests and diagnostics
+    pub(crate) fn to_vec(&self) -> Vec<usize> {
+        self.iter().collect()
+    }
+
+    /// The ids in both sets.
+    pub(crate) fn intersection(&self, other: &Self) -> Self {
+        Self {
+            words: self
+                .words
+                .iter()
+                .zip(other.words.iter())
+                .map(|(a, b)| a & b)
+                .collect(),
+        }
+    }
+
+    /// The words up to the last one with an id in it (none for the empty
+    /// set): what a system call that takes a bitmap needs to read.
+    fn used_words(&self) -> &[libc::c_ulong] {
+        let used = self
+            .words
+            .iter()
+            .rposition(|&w| w != 0)
+            .map_or(0, |i| i + 1);
+        &self.words[..used]
+    }
+}
+
+impl fmt::Debug for IdSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<usize> for IdSet {
+    /// The ids below [`MAX_ID`] among `ids` (others are left out).
+    fn from_iter<I: IntoIterator<Item = usize>>(ids: I) -> Self {
+        let mut set = Self::new();
+        for id in ids {
+            set.insert(id);
+        }
+        set
     }
 }
 
@@ -161,25 +326,28 @@ impl fmt::Display for Miss {
 pub(crate) struct Node {
     /// The kernel's node id.
     pub(crate) id: u32,
-    /// The node's CPUs, ascending: empty for a node without CPUs (memory
-    /// only), or one whose CPU list could not be used.
-    pub(crate) cpus: Vec<usize>,
+    /// The node's CPUs: empty for a node without CPUs (memory only), or
+    /// one whose CPU list could not be used.
+    pub(crate) cpus: IdSet,
     /// Why the CPU list could not be used, if it could not.
     cpus_unusable: Option<Miss>,
+    /// Whether the node has memory (`has_memory` in sysfs lists it).
+    has_memory: bool,
 }
 
 impl Node {
     /// Reads node `id`'s CPU list under `root`.
-    fn read(root: &Path, id: u32) -> Self {
+    fn read(root: &Path, id: u32, has_memory: bool) -> Self {
         let path = root.join(format!("devices/system/node/node{id}/cpulist"));
         let (cpus, cpus_unusable) = match read_list(&path) {
             Ok(cpus) => (cpus, None),
-            Err(miss) => (Vec::new(), Some(miss)),
+            Err(miss) => (IdSet::new(), Some(miss)),
         };
         Self {
             id,
             cpus,
             cpus_unusable,
+            has_memory,
         }
     }
 }
@@ -204,7 +372,9 @@ impl Topology {
 
     /// The topology described under `root`, a directory laid out like
     /// `/sys`. Never fails: what cannot be read is recorded, and
-    /// [`Placement::choose`] falls back on it.
+    /// [`Placement::choose`] falls back on it. Which nodes have memory
+    /// comes from `has_memory`; without it the topology is unusable (every
+    /// kernel with NUMA support writes it).
     pub(crate) fn from_root(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let online = root.join("devices/system/node/online");
@@ -212,10 +382,11 @@ impl Topology {
             if ids.is_empty() {
                 return Err(Miss::malformed(online.display(), ""));
             }
+            let memory = read_list(&root.join("devices/system/node/has_memory"))?;
             // `read_list` bounds ids by `MAX_ID`, which fits in a u32.
             Ok(ids
-                .into_iter()
-                .map(|id| Node::read(&root, id as u32))
+                .iter()
+                .map(|id| Node::read(&root, id as u32, memory.contains(id)))
                 .collect())
         });
         Self { root, nodes }
@@ -233,11 +404,12 @@ impl Topology {
         }
     }
 
-    /// A device's node among `nodes`: the driver's, else sysfs's.
-    fn place(&self, nodes: &[Node], hint: &DeviceHint) -> Result<Placed, Fallback> {
+    /// A device's node among `nodes` (those of them in `mems`): the
+    /// driver's, else sysfs's.
+    fn place(&self, nodes: &[Node], mems: &IdSet, hint: &DeviceHint) -> Result<Placed, Fallback> {
         let driver = match hint.driver_node {
             None => Miss::Absent,
-            Some(id) => match online(nodes, i64::from(id)) {
+            Some(id) => match online(nodes, mems, i64::from(id)) {
                 Ok(node) => {
                     return Ok(Placed {
                         node,
@@ -249,7 +421,7 @@ impl Topology {
         };
         let sysfs = match &hint.pci_bus_id {
             None => Miss::Absent,
-            Some(bus_id) => match self.pci_node(nodes, bus_id) {
+            Some(bus_id) => match self.pci_node(nodes, mems, bus_id) {
                 Ok(node) => {
                     return Ok(Placed {
                         node,
@@ -263,8 +435,8 @@ impl Topology {
     }
 
     /// The node of the PCI function `bus_id` (as CUDA writes it) among
-    /// `nodes`, from its `numa_node` file.
-    fn pci_node(&self, nodes: &[Node], bus_id: &str) -> Result<usize, Miss> {
+    /// `nodes` (those of them in `mems`), from its `numa_node` file.
+    fn pci_node(&self, nodes: &[Node], mems: &IdSet, bus_id: &str) -> Result<usize, Miss> {
         let name = sysfs_bus_id(bus_id).ok_or_else(|| Miss::malformed("PCI bus id", bus_id))?;
         let path = self
             .root
@@ -276,19 +448,132 @@ impl Topology {
             .trim()
             .parse::<i64>()
             .map_err(|_| Miss::malformed(path.display(), &text))?;
-        online(nodes, id)
+        online(nodes, mems, id)
     }
 }
 
-/// The index of node `id` among the online `nodes`, or why it is not one.
-fn online(nodes: &[Node], id: i64) -> Result<usize, Miss> {
-    match id {
-        -1 => Err(Miss::Unknown),
-        id if id < 0 => Err(Miss::malformed("node id", &id.to_string())),
+/// The index of node `id` among the online `nodes`, or why it is not one
+/// that memory can be bound to (it has none, or it is not in the task's
+/// `mems`).
+fn online(nodes: &[Node], mems: &IdSet, id: i64) -> Result<usize, Miss> {
+    let index = match id {
+        -1 => return Err(Miss::Unknown),
+        id if id < 0 => return Err(Miss::malformed("node id", &id.to_string())),
         id => nodes
             .iter()
             .position(|node| i64::from(node.id) == id)
-            .ok_or(Miss::Offline(id)),
+            .ok_or(Miss::Offline(id))?,
+    };
+    if !nodes[index].has_memory {
+        return Err(Miss::NoMemory(id));
+    }
+    if !mems.contains(nodes[index].id as usize) {
+        return Err(Miss::NotAllowed(id));
+    }
+    Ok(index)
+}
+
+// === impl Task ===
+
+/// What the thread building a pool allows placement to do with memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Task {
+    /// Its memory policy: placement binds memory only under the default.
+    pub(crate) policy: TaskPolicy,
+    /// The nodes its cpuset lets it allocate on (`Mems_allowed`): binding
+    /// to another fails.
+    pub(crate) mems: IdSet,
+}
+
+impl Task {
+    /// The calling thread's (on systems other than Linux, the default
+    /// policy and every node).
+    pub(crate) fn current() -> Self {
+        let policy = TaskPolicy::current();
+        #[cfg(target_os = "linux")]
+        {
+            match linux::allowed_mems() {
+                Ok(mems) => Self { policy, mems },
+                Err(e) => Self {
+                    policy: TaskPolicy::Unreadable(e.raw_os_error().unwrap_or(0)),
+                    mems: IdSet::new(),
+                },
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Self {
+                policy,
+                mems: (0..MAX_NODES).collect(),
+            }
+        }
+    }
+}
+
+// === impl TaskPolicy ===
+
+/// The calling thread's memory policy (`get_mempolicy(2)`). Threads
+/// inherit it, so it is the process's when `numactl --membind`,
+/// `--interleave`, `--preferred` or `--localalloc` started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskPolicy {
+    /// `MPOL_DEFAULT`: no policy of its own.
+    Default,
+    /// Another mode (`MPOL_BIND`, `MPOL_INTERLEAVE`, ...), without its
+    /// mode flags.
+    Explicit(i32),
+    /// The policy could not be read: the OS error (a sandbox forbidding
+    /// the call, a kernel without NUMA support).
+    Unreadable(i32),
+}
+
+impl TaskPolicy {
+    /// The calling thread's policy (`Default` on systems other than
+    /// Linux, where nothing is placed anyway).
+    pub(crate) fn current() -> Self {
+        #[cfg(target_os = "linux")]
+        {
+            match linux::task_policy() {
+                // The mode flags (`MPOL_F_STATIC_NODES` and the like) sit
+                // above the mode's own bits.
+                Ok(mode) => match mode & MPOL_MODE_MASK {
+                    0 => TaskPolicy::Default,
+                    mode => TaskPolicy::Explicit(mode),
+                },
+                Err(e) => TaskPolicy::Unreadable(e.raw_os_error().unwrap_or(0)),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            TaskPolicy::Default
+        }
+    }
+}
+
+/// The bits of a memory policy that hold its mode (the flags start at bit
+/// 13, `MPOL_F_NUMA_BALANCING`).
+#[cfg(target_os = "linux")]
+const MPOL_MODE_MASK: i32 = (1 << 13) - 1;
+
+impl fmt::Display for TaskPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            TaskPolicy::Default => f.write_str("MPOL_DEFAULT"),
+            TaskPolicy::Explicit(mode) => match mode {
+                1 => f.write_str("MPOL_PREFERRED"),
+                2 => f.write_str("MPOL_BIND"),
+                3 => f.write_str("MPOL_INTERLEAVE"),
+                4 => f.write_str("MPOL_LOCAL"),
+                5 => f.write_str("MPOL_PREFERRED_MANY"),
+                6 => f.write_str("MPOL_WEIGHTED_INTERLEAVE"),
+                mode => write!(f, "mode {mode}"),
+            },
+            TaskPolicy::Unreadable(errno) => write!(
+                f,
+                "get_mempolicy failed: {}",
+                io::Error::from_raw_os_error(errno)
+            ),
+        }
     }
 }
 
@@ -333,7 +618,11 @@ enum Fallback {
     /// The online node list could not be used (a kernel without NUMA
     /// support has none).
     NoTopology(Miss),
-    /// Neither the driver nor sysfs named an online node for the device.
+    /// The task that builds the pool has a memory policy of its own (or
+    /// one that cannot be read): a range's policy would override it.
+    TaskPolicy(TaskPolicy),
+    /// Neither the driver nor sysfs named an online node for the device
+    /// that memory can be bound to.
     NoNode {
         /// Why the driver's answer was not used.
         driver: Miss,
@@ -348,6 +637,7 @@ impl fmt::Display for Fallback {
             Fallback::Off => f.write_str("numa=off"),
             Fallback::SingleNode => f.write_str("the machine has one NUMA node"),
             Fallback::NoTopology(miss) => write!(f, "no NUMA topology: {miss}"),
+            Fallback::TaskPolicy(policy) => write!(f, "the task's memory policy is kept: {policy}"),
             Fallback::NoNode { driver, sysfs } => {
                 write!(f, "driver node: {driver}; sysfs numa_node: {sysfs}")
             }
@@ -381,8 +671,26 @@ impl Placement {
     /// no device can be placed at all, else one per unplaced device). An
     /// info line lists the devices placed.
     pub(crate) fn choose(mode: NumaMode, topology: &Topology, hints: &[DeviceHint]) -> Self {
-        let nodes = match topology.usable_nodes(mode) {
-            Ok(nodes) => nodes,
+        Self::choose_under(mode, topology, hints, Task::current)
+    }
+
+    /// [`choose`](Self::choose) for the task `task` describes (asked
+    /// only once the topology could place something).
+    fn choose_under(
+        mode: NumaMode,
+        topology: &Topology,
+        hints: &[DeviceHint],
+        task: impl FnOnce() -> Task,
+    ) -> Self {
+        let usable = topology.usable_nodes(mode).and_then(|nodes| {
+            let task = task();
+            match task.policy {
+                TaskPolicy::Default => Ok((nodes, task.mems)),
+                other => Err(Fallback::TaskPolicy(other)),
+            }
+        });
+        let (nodes, mems) = match usable {
+            Ok(usable) => usable,
             Err(fallback) => {
                 tracing::debug!(
                     devices = hints.len(),
@@ -399,7 +707,7 @@ impl Placement {
             .iter()
             .enumerate()
             .map(|(device, hint)| {
-                let choice = topology.place(nodes, hint);
+                let choice = topology.place(nodes, &mems, hint);
                 if let Err(fallback) = &choice {
                     tracing::debug!(
                         device,
@@ -424,14 +732,17 @@ impl Placement {
         Some(&self.nodes[placed.node])
     }
 
-    /// The node cleaner worker `worker` should run on: the nodes that hold
-    /// some device's blocks take workers in turn (ascending by id), so that
-    /// with at least as many workers as such nodes each node has one. None
-    /// if no device is placed.
-    pub(crate) fn worker_node(&self, worker: usize) -> Option<&Node> {
-        let used = self.used_nodes();
-        let index = *used.get(worker % used.len().max(1))?;
-        Some(&self.nodes[index])
+    /// The node every cleaner worker runs on: the one node holding the
+    /// placed devices' blocks. None if no device is placed, or if placed
+    /// devices are on several nodes: the cleaner's work queues are shared,
+    /// not routed by node, so a worker pinned to one node would pre-fault
+    /// and zero the others' blocks across the interconnect; unpinned, the
+    /// scheduler may at least run it anywhere.
+    pub(crate) fn worker_node(&self) -> Option<&Node> {
+        match self.used_nodes()[..] {
+            [index] => Some(&self.nodes[index]),
+            _ => None,
+        }
     }
 
     /// Indexes of the nodes holding some device's blocks, ascending.
@@ -446,8 +757,9 @@ impl Placement {
         used
     }
 
-    /// Says which device went where, and which used node's workers cannot
-    /// be pinned (its CPU list was unusable).
+    /// Says which device went where, and whether cleaner workers run
+    /// unpinned (devices on several nodes, or the one node's CPU list was
+    /// unusable).
     fn trace_placed(&self) {
         let placed: Vec<String> = self
             .devices
@@ -463,15 +775,21 @@ impl Placement {
             return;
         }
         tracing::info!(devices = %placed.join(", "), "pinpool: NUMA placement");
-        for index in self.used_nodes() {
-            let node = &self.nodes[index];
-            if let Some(miss) = &node.cpus_unusable {
-                tracing::debug!(
-                    node = node.id,
-                    reason = %miss,
-                    "pinpool: NUMA node CPUs unknown; its cleaner workers run unpinned"
-                );
+        match self.used_nodes()[..] {
+            [index] => {
+                let node = &self.nodes[index];
+                if let Some(miss) = &node.cpus_unusable {
+                    tracing::debug!(
+                        node = node.id,
+                        reason = %miss,
+                        "pinpool: NUMA node CPUs unknown; its cleaner workers run unpinned"
+                    );
+                }
             }
+            ref used => tracing::debug!(
+                nodes = used.len(),
+                "pinpool: devices on several NUMA nodes; cleaner workers run unpinned"
+            ),
         }
     }
 }
@@ -492,7 +810,7 @@ fn read_value(path: &Path) -> Result<String, Miss> {
 }
 
 /// Reads and parses a sysfs list file (`online`, `cpulist`).
-fn read_list(path: &Path) -> Result<Vec<usize>, Miss> {
+fn read_list(path: &Path) -> Result<IdSet, Miss> {
     let text = read_value(path)?;
     parse_cpulist(&text).map_err(|_| Miss::malformed(path.display(), &text))
 }
@@ -500,16 +818,17 @@ fn read_list(path: &Path) -> Result<Vec<usize>, Miss> {
 /// Parses the kernel's list format (`cpulist`, a node's `online`):
 /// comma-separated ids and inclusive ranges such as `0-3,8,10-11`, with
 /// whitespace around items and a trailing newline allowed. An empty list
-/// (a node without CPUs) is valid. Returns the ids ascending without
-/// duplicates; any other text (a stray character, an empty item, a
-/// reversed or open range, an id of [`MAX_ID`] or more) is an error naming
-/// the item.
-fn parse_cpulist(text: &str) -> Result<Vec<usize>, String> {
+/// (a node without CPUs) is valid. Any other text (a stray character, an
+/// empty item, a reversed or open range, an id of [`MAX_ID`] or more) is an
+/// error naming the item. Ranges go into a fixed bitset a word at a time,
+/// so time and memory stay small for any list a sysfs read returns,
+/// however its ranges overlap.
+fn parse_cpulist(text: &str) -> Result<IdSet, String> {
     let text = text.trim();
+    let mut ids = IdSet::new();
     if text.is_empty() {
-        return Ok(Vec::new());
+        return Ok(ids);
     }
-    let mut ids = Vec::new();
     for item in text.split(',').map(str::trim) {
         let (first, last) = match item.split_once('-') {
             Some((first, last)) => (parse_id(first, item)?, parse_id(last, item)?),
@@ -521,10 +840,8 @@ fn parse_cpulist(text: &str) -> Result<Vec<usize>, String> {
         if first > last {
             return Err(format!("reversed range `{item}`"));
         }
-        ids.extend(first..=last);
+        ids.insert_range(first, last);
     }
-    ids.sort_unstable();
-    ids.dedup();
     Ok(ids)
 }
 
@@ -607,15 +924,18 @@ pub(crate) fn bind_range(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> 
     }
 }
 
-/// Restricts the calling thread to `cpus` (`sched_setaffinity(2)`), for a
-/// cleaner worker serving one node. The kernel intersects the set with the
-/// cgroup's `cpuset.cpus` and fails with `EINVAL` if nothing is left. The
-/// thread's previous mask is not consulted: a worker inherits the mask of
-/// the thread that spawned it, which says nothing about where the worker
-/// should run. Empty `cpus` (a node without CPUs) is `InvalidInput`.
+/// Restricts the calling thread to those of `cpus` it may already run on
+/// (`sched_getaffinity(2)`, then `sched_setaffinity(2)`), for a cleaner
+/// worker serving one node. A thread's mask is inherited from the thread
+/// that started it, so it carries the binding an operator gave the process
+/// (`taskset`, `numactl --physcpubind`, a batch scheduler's), which the
+/// kernel does not check a new mask against (it checks only the cgroup's
+/// `cpuset.cpus`): pinning only ever narrows the mask. If none of `cpus` is
+/// allowed (or `cpus` is empty, a node without CPUs) the mask is left as
+/// it is and the error is `InvalidInput`.
 ///
 /// A no-op returning `Ok` on systems other than Linux.
-pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+pub(crate) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {
     if cpus.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -624,7 +944,15 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
     }
     #[cfg(target_os = "linux")]
     {
-        linux::pin_current_thread(cpus)
+        let allowed = linux::current_affinity()?;
+        let cpus = cpus.intersection(&allowed);
+        if cpus.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("none of the CPUs is one this thread may use ({allowed:?})"),
+            ));
+        }
+        linux::pin_current_thread(&cpus)
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -659,30 +987,61 @@ mod linux {
 
     use libc::{c_int, c_long, c_ulong, c_void};
 
-    use super::MAX_ID;
+    use super::{IdSet, MAX_NODES, WORD_BITS};
     use crate::size_class::page_size;
 
     /// Pages asked about per `move_pages` call.
     #[cfg_attr(not(test), allow(dead_code))] // for tests and diagnostics
     const BATCH: usize = 1024;
 
-    /// A kernel bitmap (`unsigned long` words) with the bits `ids` set.
-    fn bitmap(ids: impl IntoIterator<Item = usize>) -> io::Result<Vec<c_ulong>> {
-        let bits = c_ulong::BITS as usize;
-        let mut words = Vec::new();
-        for id in ids {
-            if id >= MAX_ID {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("id {id} out of range"),
-                ));
-            }
-            if words.len() <= id / bits {
-                words.resize(id / bits + 1, 0);
-            }
-            words[id / bits] |= 1 << (id % bits);
-        }
-        Ok(words)
+    /// The nodes the calling thread's cpuset lets it allocate on.
+    pub(super) fn allowed_mems() -> io::Result<IdSet> {
+        let mut mems = IdSet::new();
+        // One more than the bits wanted (the kernel counts `maxnode - 1`),
+        // at least the kernel's node count and at most a page of bits.
+        let maxnode = (MAX_NODES + 1) as c_ulong;
+        // SAFETY:
+        // - MPOL_F_MEMS_ALLOWED asks for the allowed nodes only: the mode
+        //   pointer may be null, and the address is ignored;
+        // - the kernel writes `MAX_NODES` bits (128 bytes) of mask into
+        //   `mems.words`, a live, `unsigned long`-aligned buffer of 8 KiB.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_get_mempolicy,
+                std::ptr::null_mut::<c_int>(),
+                mems.words.as_mut_ptr(),
+                maxnode,
+                std::ptr::null_mut::<c_void>(),
+                MPOL_F_MEMS_ALLOWED,
+            )
+        };
+        check(rc)?;
+        Ok(mems)
+    }
+
+    /// `get_mempolicy(2)`'s flag asking for the allowed nodes.
+    const MPOL_F_MEMS_ALLOWED: c_ulong = 1 << 2;
+
+    /// The calling thread's memory policy mode, flags included.
+    pub(super) fn task_policy() -> io::Result<c_int> {
+        let mut mode: c_int = 0;
+        // SAFETY:
+        // - the kernel writes one int to `mode`, a live local;
+        // - a null node mask with `maxnode` 0 asks for no mask, and a null
+        //   address with no flags for the calling thread's policy, so
+        //   nothing else is read or written.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_get_mempolicy,
+                &mut mode as *mut c_int,
+                std::ptr::null_mut::<c_ulong>(),
+                0 as c_ulong,
+                std::ptr::null_mut::<c_void>(),
+                0 as c_ulong,
+            )
+        };
+        check(rc)?;
+        Ok(mode)
     }
 
     /// A system call's `-1` as the thread's `errno`.
@@ -698,12 +1057,21 @@ mod linux {
         if len == 0 {
             return Ok(());
         }
-        let mask = bitmap([node as usize])?;
+        let mut nodes = IdSet::new();
+        if !nodes.insert(node as usize) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("node {node} out of range"),
+            ));
+        }
+        let mask = nodes.used_words();
         // The kernel reads `maxnode - 1` bits of the mask (mbind(2) BUGS:
-        // it decrements `maxnode` first), so one more than the mask holds.
-        let maxnode = (mask.len() * c_ulong::BITS as usize + 1) as c_ulong;
+        // it decrements `maxnode` first), so one more than the mask holds;
+        // only the words up to the node's, as it refuses masks longer than
+        // a page of bits.
+        let maxnode = (mask.len() * WORD_BITS + 1) as c_ulong;
         // SAFETY:
-        // - mbind reads `mask.len()` words from `mask`, a live vector, and
+        // - mbind reads `mask.len()` words from `mask`, a live slice, and
         //   writes nothing to user memory;
         // - it changes only the placement of pages faulted in later, never
         //   the contents or mapping of `[ptr, ptr + len)`; without
@@ -723,12 +1091,27 @@ mod linux {
         check(rc).map(drop)
     }
 
-    pub(super) fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
-        let mask = bitmap(cpus.iter().copied())?;
-        let bytes = std::mem::size_of_val(mask.as_slice());
+    /// The CPUs the calling thread may run on.
+    pub(super) fn current_affinity() -> io::Result<IdSet> {
+        let mut set = IdSet::new();
+        let bytes = std::mem::size_of_val(&*set.words);
         // SAFETY:
         // - pid 0 names the calling thread;
-        // - the kernel reads `bytes` bytes from `mask`, a live vector of
+        // - the kernel writes at most `bytes` bytes (its own mask size, at
+        //   most 1 KiB for 8192 CPUs; it fails with EINVAL if `bytes` were
+        //   shorter) into `set.words`, a live, `unsigned long`-aligned
+        //   buffer of that size, and reads nothing from it.
+        let rc = unsafe { libc::sched_getaffinity(0, bytes, set.words.as_mut_ptr().cast()) };
+        check(c_long::from(rc))?;
+        Ok(set)
+    }
+
+    pub(super) fn pin_current_thread(cpus: &IdSet) -> io::Result<()> {
+        let mask = cpus.used_words();
+        let bytes = std::mem::size_of_val(mask);
+        // SAFETY:
+        // - pid 0 names the calling thread;
+        // - the kernel reads `bytes` bytes from `mask`, a live slice of
         //   that size; `cpu_set_t` is itself an array of `unsigned long`,
         //   so the pointer is suitably aligned, and the kernel accepts any
         //   whole number of words (it zero-extends a short mask);
@@ -783,590 +1166,4 @@ mod linux {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::fs;
-
-    use super::*;
-    use crate::sync::{thread, Arc, Mutex, OnceLock};
-
-    // === a fake sysfs tree ===
-
-    /// A sysfs-like tree in a directory of its own under the temporary
-    /// directory, removed on drop.
-    struct FakeSysfs {
-        root: PathBuf,
-    }
-
-    impl FakeSysfs {
-        fn new(name: &str) -> Self {
-            let root =
-                std::env::temp_dir().join(format!("pinpool-numa-{}-{name}", std::process::id()));
-            let _ = fs::remove_dir_all(&root);
-            fs::create_dir_all(&root).expect("create the fake sysfs root");
-            Self { root }
-        }
-
-        /// Writes `text` to `path` under the root.
-        fn file(&self, path: &str, text: &str) -> &Self {
-            let path = self.root.join(path);
-            fs::create_dir_all(path.parent().expect("a parent")).expect("create a directory");
-            fs::write(path, text).expect("write a fake sysfs file");
-            self
-        }
-
-        fn online(&self, list: &str) -> &Self {
-            self.file("devices/system/node/online", list)
-        }
-
-        fn cpus(&self, node: u32, list: &str) -> &Self {
-            self.file(&format!("devices/system/node/node{node}/cpulist"), list)
-        }
-
-        fn pci(&self, name: &str, numa_node: &str) -> &Self {
-            self.file(&format!("bus/pci/devices/{name}/numa_node"), numa_node)
-        }
-
-        /// Two nodes of four CPUs each.
-        fn two_nodes(name: &str) -> Self {
-            let fake = Self::new(name);
-            fake.online("0-1\n").cpus(0, "0-3\n").cpus(1, "4-7\n");
-            fake
-        }
-
-        fn topology(&self) -> Topology {
-            Topology::from_root(&self.root)
-        }
-    }
-
-    impl Drop for FakeSysfs {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.root);
-        }
-    }
-
-    fn hint(driver_node: Option<i32>, pci_bus_id: Option<&str>) -> DeviceHint {
-        DeviceHint {
-            driver_node,
-            pci_bus_id: pci_bus_id.map(String::from),
-        }
-    }
-
-    fn node_ids(placement: &Placement, devices: usize) -> Vec<Option<u32>> {
-        (0..devices)
-            .map(|device| placement.node(device).map(|node| node.id))
-            .collect()
-    }
-
-    /// Runs `f` with a subscriber that records every event, and returns
-    /// the recorded lines.
-    ///
-    /// Other tests hit the same callsites at the same time on threads
-    /// without a subscriber. While one scoped dispatcher is the only one
-    /// registered, tracing-core computes a new callsite's interest from
-    /// the registering thread's dispatcher alone (its `has_just_one` fast
-    /// path), so a callsite first hit on such a thread would be disabled
-    /// for every thread, ours included. A second dispatcher, kept alive for
-    /// the whole run, makes it ask every registered dispatcher instead.
-    fn traced(f: impl FnOnce()) -> Vec<String> {
-        static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
-        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&buffer);
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || Capture(Arc::clone(&sink)))
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8(buffer.lock().clone()).expect("utf-8 log");
-        text.lines().map(String::from).collect()
-    }
-
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Capture {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0.lock().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    // === parsing ===
-
-    #[test]
-    fn cpulist_parses_the_kernel_format() {
-        let cases: &[(&str, &[usize])] = &[
-            ("0", &[0]),
-            ("0-3", &[0, 1, 2, 3]),
-            ("0,2-3", &[0, 2, 3]),
-            ("0-1,4,6-7\n", &[0, 1, 4, 6, 7]),
-            (" 8-9 , 1 \n", &[1, 8, 9]),
-            ("3,0-3,2", &[0, 1, 2, 3]),
-            ("5-5", &[5]),
-            ("", &[]),
-            ("\n", &[]),
-            ("  \t\n", &[]),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_cpulist(text).as_deref(), Ok(*want), "{text:?}");
-        }
-    }
-
-    #[test]
-    fn cpulist_rejects_garbage() {
-        let garbage = "a|0-|-1|1-0|0,,1|0,|,0|0-1-2|0x1|+1|1 2|0:3|65536|0-4294967295|\
-            99999999999999999999999|0-3:2";
-        for text in garbage.split('|') {
-            assert!(parse_cpulist(text).is_err(), "{text:?} parsed");
-        }
-    }
-
-    #[test]
-    fn bus_ids_are_rewritten_as_sysfs_names() {
-        let cases = [
-            ("0000:3B:00.0", "0000:3b:00.0"),
-            ("00000000:3B:00.0", "0000:3b:00.0"),
-            ("0000:3b:00.0", "0000:3b:00.0"),
-            ("3B:00.0", "0000:3b:00.0"),
-            ("0001:C1:1F.7", "0001:c1:1f.7"),
-            ("10000:01:00.0", "10000:01:00.0"),
-            ("0000:3B:00.0\0\0\0", "0000:3b:00.0"),
-            (" 0000:3B:00.0\n", "0000:3b:00.0"),
-        ];
-        for (cuda, sysfs) in cases {
-            assert_eq!(sysfs_bus_id(cuda).as_deref(), Some(sysfs), "{cuda:?}");
-        }
-        for bad in [
-            "",
-            "garbage",
-            "0000:3G:00.0",
-            "0000:3b:20.0",
-            "0000:3b:00.8",
-            "0000:100:00.0",
-            "0:0000:3b:00.0",
-            "../../../etc:00.0",
-            "0000:3b:00",
-            "0000:+3b:00.0",
-            "123456789:3b:00.0",
-        ] {
-            assert_eq!(sysfs_bus_id(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn numa_mode_parses_auto_and_off() {
-        assert_eq!("auto".parse(), Ok(NumaMode::Auto));
-        assert_eq!(" OFF \n".parse(), Ok(NumaMode::Off));
-        assert!("on".parse::<NumaMode>().is_err());
-        assert!("".parse::<NumaMode>().is_err());
-        assert_eq!(NumaMode::default(), NumaMode::Auto);
-        for mode in [NumaMode::Auto, NumaMode::Off] {
-            assert_eq!(mode.to_string().parse(), Ok(mode));
-        }
-    }
-
-    // === topology ===
-
-    #[test]
-    fn topology_reads_nodes_and_cpus() {
-        let fake = FakeSysfs::new("read");
-        fake.online("0,2-3\n")
-            .cpus(0, "0-1,8-9\n")
-            .cpus(2, "\n")
-            .cpus(3, "junk");
-        let nodes = fake.topology().nodes.expect("readable topology");
-        let ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
-        assert_eq!(ids, [0, 2, 3]);
-        assert_eq!(nodes[0].cpus, [0, 1, 8, 9]);
-        assert_eq!((nodes[1].cpus.len(), &nodes[1].cpus_unusable), (0, &None));
-        assert!(nodes[2].cpus.is_empty());
-        assert!(matches!(
-            nodes[2].cpus_unusable,
-            Some(Miss::Malformed { .. })
-        ));
-    }
-
-    #[test]
-    fn discovery_on_this_machine_never_panics() {
-        let topology = Topology::discover();
-        if let Ok(nodes) = &topology.nodes {
-            assert!(!nodes.is_empty());
-        }
-        let placement = Placement::choose(NumaMode::Auto, &topology, &[DeviceHint::default()]);
-        assert_eq!(placement.devices.len(), 1);
-    }
-
-    // === placement ===
-
-    /// Two nodes, and PCI devices whose `numa_node` files hold good and
-    /// bad values.
-    fn devices_tree(name: &str) -> FakeSysfs {
-        let fake = FakeSysfs::two_nodes(name);
-        fake.pci("0000:3b:00.0", "0\n")
-            .pci("0000:86:00.0", "1\n")
-            .pci("0000:af:00.0", "-1\n")
-            .pci("0000:d8:00.0", "garbage\n")
-            .pci("0000:da:00.0", "")
-            .pci("0000:db:00.0", "7\n")
-            .pci("0000:dc:00.0", "-5\n");
-        fake
-    }
-
-    #[test]
-    fn placement_prefers_the_driver_then_sysfs() {
-        let fake = devices_tree("sources");
-        let cases = [
-            // The driver wins over sysfs.
-            (hint(Some(1), Some("0000:3B:00.0")), 1, Source::Driver),
-            // No driver answer: sysfs, found from CUDA's spelling.
-            (hint(None, Some("0000:3B:00.0")), 0, Source::Sysfs),
-            // The driver does not know; nvidia-smi's eight-digit domain.
-            (hint(Some(-1), Some("00000000:86:00.0")), 1, Source::Sysfs),
-            // The driver names an offline node.
-            (hint(Some(9), Some("0000:86:00.0")), 1, Source::Sysfs),
-        ];
-        let hints: Vec<DeviceHint> = cases.iter().map(|(hint, ..)| hint.clone()).collect();
-        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
-        for (device, (hint, node, source)) in cases.iter().enumerate() {
-            let placed = placement.devices[device].as_ref().expect("placed");
-            assert_eq!(
-                (placement.nodes[placed.node].id, placed.source),
-                (*node, *source),
-                "{hint:?}"
-            );
-        }
-        assert_eq!(
-            placement.node(0).map(|n| n.cpus.clone()),
-            Some(vec![4, 5, 6, 7])
-        );
-        assert_eq!(
-            placement.node(cases.len()),
-            None,
-            "a device beyond the hints"
-        );
-    }
-
-    #[test]
-    fn bad_device_data_falls_back_to_no_node() {
-        let fake = devices_tree("fallbacks");
-        let topology = fake.topology();
-        let why = |driver_node, pci_bus_id| {
-            let placement =
-                Placement::choose(NumaMode::Auto, &topology, &[hint(driver_node, pci_bus_id)]);
-            assert_eq!(placement.node(0), None);
-            match placement.devices[0].clone() {
-                Err(Fallback::NoNode { driver, sysfs }) => (driver, sysfs),
-                other => panic!("{other:?}"),
-            }
-        };
-        let malformed = |miss: &Miss| match miss {
-            Miss::Malformed { what, text } => (what.clone(), text.clone()),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(why(None, None), (Miss::Absent, Miss::Absent));
-        assert_eq!(
-            why(None, Some("0000:AF:00.0")),
-            (Miss::Absent, Miss::Unknown)
-        );
-        assert_eq!(
-            why(Some(5), Some("0000:DB:00.0")),
-            (Miss::Offline(5), Miss::Offline(7))
-        );
-        let (driver, missing) = why(Some(-1), Some("0000:D9:00.0"));
-        assert_eq!(driver, Miss::Unknown);
-        assert!(matches!(
-            missing,
-            Miss::Unreadable {
-                kind: io::ErrorKind::NotFound,
-                ..
-            }
-        ));
-        assert_eq!(malformed(&why(None, Some("0000:D8:00.0")).1).1, "garbage\n");
-        assert_eq!(malformed(&why(None, Some("0000:DA:00.0")).1).1, "");
-        assert_eq!(
-            malformed(&why(None, Some("not-a-bus-id")).1),
-            ("PCI bus id".into(), "not-a-bus-id".into())
-        );
-        let (driver, sysfs) = why(Some(-3), Some("0000:DC:00.0"));
-        assert_eq!(malformed(&driver).1, "-3");
-        assert_eq!(malformed(&sysfs).1, "-5");
-        let long = "x".repeat(1000);
-        assert_eq!(malformed(&why(None, Some(&long)).1).1.len(), MAX_QUOTE);
-    }
-
-    #[test]
-    fn numa_off_places_nothing() {
-        let fake = FakeSysfs::two_nodes("off");
-        fake.pci("0000:3b:00.0", "1\n");
-        let hints = [hint(Some(1), Some("0000:3B:00.0")), hint(Some(0), None)];
-        let placement = Placement::choose(NumaMode::Off, &fake.topology(), &hints);
-        assert_eq!(node_ids(&placement, 2), [None, None]);
-        assert!(placement.devices.iter().all(|d| d == &Err(Fallback::Off)));
-        assert!(placement.worker_node(0).is_none());
-    }
-
-    #[test]
-    fn one_node_places_nothing() {
-        let fake = FakeSysfs::new("single");
-        fake.online("0\n")
-            .cpus(0, "0-7\n")
-            .pci("0000:3b:00.0", "0\n");
-        let hints = [
-            hint(Some(0), Some("0000:3B:00.0")),
-            hint(None, Some("0000:3B:00.0")),
-        ];
-        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
-        assert_eq!(node_ids(&placement, 2), [None, None]);
-        assert!(placement
-            .devices
-            .iter()
-            .all(|d| d == &Err(Fallback::SingleNode)));
-    }
-
-    #[test]
-    fn unusable_node_lists_place_nothing() {
-        let hints = [hint(Some(0), None), hint(Some(1), None)];
-        let cases: [(&str, Option<&str>); 4] = [
-            ("missing", None),
-            ("junk", Some("zero-one\n")),
-            ("empty", Some("\n")),
-            ("huge", Some("0-99999999\n")),
-        ];
-        for (name, online) in cases {
-            let fake = FakeSysfs::new(&format!("online-{name}"));
-            if let Some(text) = online {
-                fake.online(text);
-            }
-            let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
-            assert_eq!(node_ids(&placement, 2), [None, None], "{name}");
-            assert!(
-                matches!(placement.devices[0], Err(Fallback::NoTopology(_))),
-                "{name}: {:?}",
-                placement.devices[0]
-            );
-        }
-    }
-
-    #[test]
-    fn sparse_node_ids_and_cpuless_nodes() {
-        let fake = FakeSysfs::new("sparse");
-        fake.online("0,2\n")
-            .cpus(0, "0-3\n")
-            .cpus(2, "")
-            .pci("0000:3b:00.0", "2\n")
-            .pci("0000:86:00.0", "1\n");
-        let hints = [
-            hint(None, Some("0000:3b:00.0")),
-            hint(None, Some("0000:86:00.0")),
-        ];
-        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
-        assert_eq!(node_ids(&placement, 2), [Some(2), None]);
-        assert!(placement.node(0).is_some_and(|node| node.cpus.is_empty()));
-        assert_eq!(
-            placement.devices[1],
-            Err(Fallback::NoNode {
-                driver: Miss::Absent,
-                sysfs: Miss::Offline(1)
-            })
-        );
-    }
-
-    #[test]
-    fn workers_take_used_nodes_in_turn() {
-        let fake = FakeSysfs::new("workers");
-        fake.online("0-3\n");
-        for node in 0..4 {
-            fake.cpus(node, &format!("{}-{}\n", node * 2, node * 2 + 1));
-        }
-        let hints = [
-            hint(Some(3), None),
-            hint(Some(1), None),
-            hint(Some(3), None),
-        ];
-        let placement = Placement::choose(NumaMode::Auto, &fake.topology(), &hints);
-        let workers: Vec<Option<u32>> = (0..5)
-            .map(|w| placement.worker_node(w).map(|n| n.id))
-            .collect();
-        assert_eq!(workers, [Some(1), Some(3), Some(1), Some(3), Some(1)]);
-        assert_eq!(
-            placement.worker_node(1).map(|n| n.cpus.clone()),
-            Some(vec![6, 7])
-        );
-    }
-
-    // === trace lines ===
-
-    #[test]
-    fn each_fallback_is_traced_once() {
-        let fake = FakeSysfs::two_nodes("trace");
-        fake.pci("0000:3b:00.0", "0\n")
-            .pci("0000:af:00.0", "nonsense\n");
-        let hints = [
-            hint(None, Some("0000:3b:00.0")),
-            hint(None, Some("0000:af:00.0")),
-            hint(None, None),
-        ];
-        let topology = fake.topology();
-        let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
-        let about = |device: usize| {
-            lines
-                .iter()
-                .filter(|l| l.contains("no NUMA node") && l.contains(&format!("device={device}")))
-                .count()
-        };
-        assert_eq!((about(0), about(1), about(2)), (0, 1, 1), "{lines:#?}");
-        assert!(lines.iter().any(|l| l.contains("nonsense")), "{lines:#?}");
-        assert_eq!(
-            lines
-                .iter()
-                .filter(|l| l.contains("pinpool: NUMA placement"))
-                .count(),
-            1
-        );
-
-        let lines = traced(|| drop(Placement::choose(NumaMode::Off, &topology, &hints)));
-        assert_eq!(lines.len(), 1, "{lines:#?}");
-        assert!(lines[0].contains("numa=off"), "{lines:#?}");
-
-        let empty = FakeSysfs::new("trace-empty");
-        let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &empty.topology(), &hints)));
-        assert_eq!(lines.len(), 1, "{lines:#?}");
-        assert!(lines[0].contains("no NUMA topology"), "{lines:#?}");
-    }
-
-    #[test]
-    fn unknown_cpus_of_a_used_node_are_traced_once() {
-        let fake = FakeSysfs::new("trace-cpus");
-        fake.online("0-1\n").cpus(0, "0-3\n");
-        let hints = [hint(Some(1), None), hint(Some(1), None)];
-        let topology = fake.topology();
-        let lines = traced(|| drop(Placement::choose(NumaMode::Auto, &topology, &hints)));
-        let cpus = lines.iter().filter(|l| l.contains("CPUs unknown")).count();
-        assert_eq!(cpus, 1, "{lines:#?}");
-    }
-
-    // === system calls ===
-
-    /// Whether `e` means the sandbox forbids the call (skip the test).
-    fn forbidden(e: &io::Error) -> bool {
-        matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS))
-    }
-
-    /// A fresh anonymous mapping, unmapped on drop.
-    struct Mapping {
-        ptr: *mut u8,
-        len: usize,
-    }
-
-    impl Mapping {
-        fn new(pages: usize) -> Self {
-            let len = pages * crate::size_class::page_size();
-            // SAFETY: an anonymous private mapping with no address hint
-            // touches no existing memory; the result is checked below.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(ptr, libc::MAP_FAILED, "mmap failed");
-            Self {
-                ptr: ptr.cast(),
-                len,
-            }
-        }
-
-        fn touch(&self) {
-            let page = crate::size_class::page_size();
-            for offset in (0..self.len).step_by(page) {
-                // SAFETY: `offset < len`, inside the live mapping.
-                unsafe { self.ptr.add(offset).write_volatile(1) };
-            }
-        }
-    }
-
-    impl Drop for Mapping {
-        fn drop(&mut self) {
-            // SAFETY: `ptr` is a mapping of `len` bytes made in `new`, used
-            // by nothing else.
-            unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn bind_range_places_touched_pages_on_node_zero() {
-        let pages = 16;
-        let mapping = Mapping::new(pages);
-        match bind_range(mapping.ptr, mapping.len, 0) {
-            Err(e) if forbidden(&e) => {
-                eprintln!("skipped: mbind is not permitted here ({e})");
-                return;
-            }
-            result => result.expect("mbind to node 0"),
-        }
-        match pages_on_node(mapping.ptr, mapping.len, 0) {
-            Err(e) if forbidden(&e) => {
-                eprintln!("skipped: move_pages is not permitted here ({e})");
-                return;
-            }
-            result => assert_eq!(result.expect("move_pages"), 0, "untouched pages"),
-        }
-        mapping.touch();
-        let on_node = pages_on_node(mapping.ptr, mapping.len, 0).expect("move_pages");
-        assert_eq!(on_node, pages);
-        assert_eq!(bind_range(mapping.ptr, 0, 0).ok(), Some(()), "empty range");
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn bad_binds_are_errors_not_panics() {
-        let mapping = Mapping::new(2);
-        let misaligned = mapping.ptr.wrapping_add(1);
-        for (ptr, node) in [
-            (mapping.ptr, 1000),
-            (misaligned, 0),
-            (mapping.ptr, u32::MAX),
-        ] {
-            assert!(
-                bind_range(ptr, mapping.len - 1, node).is_err(),
-                "node {node}"
-            );
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn pinning_restricts_the_thread() {
-        let allowed = || {
-            let status = fs::read_to_string("/proc/thread-self/status").expect("status");
-            let line = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .expect("Cpus_allowed_list")
-                .to_owned();
-            parse_cpulist(&line).expect("kernel cpulist")
-        };
-        let first = allowed()[0];
-        thread::spawn(move || {
-            pin_current_thread(&[first]).expect("pin to an allowed CPU");
-            assert_eq!(allowed(), [first]);
-            let e = pin_current_thread(&[]).expect_err("no CPUs");
-            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-            assert!(pin_current_thread(&[MAX_ID - 1]).is_err(), "absent CPU");
-            assert!(pin_current_thread(&[MAX_ID]).is_err(), "out of range");
-            assert_eq!(allowed(), [first], "failures leave the mask alone");
-        })
-        .join()
-        .expect("pinning thread");
-    }
-}
+mod tests;

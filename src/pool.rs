@@ -37,7 +37,6 @@ pub(crate) struct Shared {
     /// The settings built with; the cap in them is the one at build time
     /// (the live one is `caches.cap()`).
     config: Config,
-    pub(crate) backend: Box<dyn Backend>,
     pub(crate) caches: Box<Caches>,
     pub(crate) shards: Box<[Shard]>,
     pub(crate) admission: Admission,
@@ -51,8 +50,13 @@ pub(crate) struct Shared {
     epoch: Instant,
     /// See [`Config::borrow_slack`].
     borrow_slack: u32,
-    /// Each device's host NUMA node, and the nodes cleaner workers run on.
+    /// Each device's host NUMA node, and the node cleaner workers run on.
     placement: Placement,
+    /// Declared last, so dropped last: the caches hold references to the
+    /// CUDA backend's contexts too, and only the backend's drop puts back
+    /// the thread's current context that releasing the last reference to a
+    /// context changes (see [`CudaBackend`](crate::backend::cuda::CudaBackend)).
+    pub(crate) backend: Box<dyn Backend>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -103,10 +107,13 @@ impl Shared {
             this.backend.spawn(
                 format!("pinpool-cleaner-{index}"),
                 Box::new(move || {
-                    // Pre-faulting and zeroing a node's blocks from its own
-                    // CPUs keeps that traffic local; the pages land on the
-                    // node through the blocks' memory policy either way.
-                    if let Some(node) = shared.placement.worker_node(index) {
+                    // With every placed device on one node, pre-faulting
+                    // and zeroing from that node's CPUs keeps the traffic
+                    // local. Work is not routed by node, so with devices on
+                    // several nodes workers stay unpinned; the pages land
+                    // on each device's node through the blocks' memory
+                    // policy either way.
+                    if let Some(node) = shared.placement.worker_node() {
                         if let Err(error) = numa::pin_current_thread(&node.cpus) {
                             tracing::debug!(worker = index, node = node.id, %error,
                                 "pinpool: cleaner worker not pinned to its NUMA node");
@@ -700,11 +707,7 @@ impl Pool {
         barrier::init();
         let devices = backend.device_count();
         if devices > crate::config::MAX_DEVICES {
-            return Err(Error::InvalidConfig(format!(
-                "the backend reports {devices} devices; a pool serves at most {}: \
-                 serve the first ones with `devices`",
-                crate::config::MAX_DEVICES
-            )));
+            return Err(crate::config::too_many_devices(devices));
         }
         let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();
@@ -1047,7 +1050,7 @@ impl Pool {
             return false;
         }
         // SAFETY: forwarded from the caller.
-        match unsafe { backend.register(backend.current_device(), ptr, len) } {
+        match unsafe { backend.register(region_device(&**backend), ptr, len) } {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(error = %e, "pinpool: register_region failed; the region stays pageable");
@@ -1081,9 +1084,23 @@ impl Pool {
             return;
         }
         // SAFETY: forwarded from the caller.
-        if let Err(e) = unsafe { backend.unregister(backend.current_device(), ptr) } {
+        if let Err(e) = unsafe { backend.unregister(region_device(&**backend), ptr) } {
             tracing::debug!(error = %e, "pinpool: unregister_region failed");
         }
+    }
+}
+
+/// The device whose context a region is registered or unregistered in:
+/// the calling thread's current device if the pool serves it, else device
+/// 0. Registrations are portable, so any of the pool's contexts will do,
+/// and a region may be given back under another current device than it
+/// was registered under.
+fn region_device(backend: &dyn Backend) -> usize {
+    let device = backend.current_device();
+    if device < backend.device_count() {
+        device
+    } else {
+        0
     }
 }
 

@@ -643,3 +643,136 @@ fn a_miss_shed_past_the_registration_backlog_leaves_its_events_to_the_cleaner() 
     assert_eq!(pool.stats().in_cleaner, 0);
     pool.shutdown();
 }
+
+/// The current context of the calling thread (null if none).
+fn current_context() -> sys::CUcontext {
+    result::ctx::get_current()
+        .unwrap()
+        .unwrap_or(std::ptr::null_mut())
+}
+
+/// Dropping the last handle with no buffer out drops the pool's state on
+/// the calling thread, releasing the pool's references to the primary
+/// contexts there: the thread's current context stays what it was.
+#[test]
+#[ignore = "needs a GPU"]
+fn dropping_the_last_handle_keeps_the_threads_context() {
+    let ctx = gpu();
+    std::thread::spawn(move || {
+        // SAFETY: null unbinds.
+        unsafe { result::ctx::set_current(std::ptr::null_mut()) }.unwrap();
+        let pool = cuda_pool();
+        drop(pinned(&pool, 1 << 20));
+        pool.flush();
+        drop(pool);
+        assert_eq!(
+            current_context(),
+            std::ptr::null_mut(),
+            "dropping the pool changed the current context"
+        );
+        let mut own: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; device 0 exists (see `gpu`).
+        unsafe { sys::cuCtxCreate_v2(&mut own, 0, 0) }
+            .result()
+            .expect("cuCtxCreate");
+        let pool = cuda_pool();
+        drop(pinned(&pool, 1 << 20));
+        pool.flush();
+        assert_eq!(current_context(), own);
+        drop(pool);
+        assert_eq!(
+            current_context(),
+            own,
+            "dropping the pool changed the current context"
+        );
+        // SAFETY: created above; nothing uses it any more.
+        unsafe { sys::cuCtxDestroy_v2(own) }.result().unwrap();
+        drop(ctx);
+    })
+    .join()
+    .expect("the test's thread");
+}
+
+/// Cleaner workers never run outside the CPUs the thread that started them
+/// may use (an operator's `taskset`), whatever NUMA placement decides.
+#[test]
+#[ignore = "needs a GPU"]
+fn cleaner_workers_stay_inside_the_starting_threads_cpus() {
+    let _ctx = gpu();
+    let nodes = std::fs::read_to_string("/sys/devices/system/node/online").unwrap_or_default();
+    println!("NUMA nodes online: {}", nodes.trim());
+    std::thread::spawn(|| {
+        let cpu = *thread_cpus().last().unwrap();
+        // SAFETY: `cpu_set_t` is plain data, valid when zeroed.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` came from the kernel's list, below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: pid 0 is this thread; the kernel reads the set.
+        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+        assert_eq!(rc, 0);
+        let pool = cuda_pool();
+        drop(pinned(&pool, 1 << 20));
+        let workers = cleaner_cpus();
+        assert!(!workers.is_empty(), "no cleaner worker found");
+        for allowed in &workers {
+            assert_eq!(allowed, &[cpu], "a cleaner worker escaped CPU {cpu}");
+        }
+        drop(pool);
+    })
+    .join()
+    .expect("the test's thread");
+}
+
+/// A process under an explicit memory policy (`numactl --membind`) keeps
+/// it: the pool binds no range of its own. (On a machine with one NUMA
+/// node nothing is ever bound, and this passes trivially; it says so.)
+#[test]
+#[ignore = "needs a GPU"]
+fn an_explicit_memory_policy_of_the_process_is_kept() {
+    let _ctx = gpu();
+    let memory = std::fs::read_to_string("/sys/devices/system/node/has_memory").unwrap();
+    println!("NUMA nodes with memory: {}", memory.trim());
+    std::thread::spawn(move || {
+        // MPOL_BIND over every node with memory: the explicit policy
+        // `numactl --membind=all` sets.
+        let mut mask = [0 as libc::c_ulong; 16];
+        for node in parse_list(&memory) {
+            mask[node / 64] |= 1 << (node % 64);
+        }
+        // SAFETY: the kernel reads the mask's words; nothing is written.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_set_mempolicy,
+                libc::MPOL_BIND,
+                mask.as_ptr(),
+                (mask.len() * 64 + 1) as libc::c_ulong,
+            )
+        };
+        assert_eq!(rc, 0, "set_mempolicy: {}", std::io::Error::last_os_error());
+        let pool = cuda_pool();
+        let buf = pool.take(8 << 20); // a miss: a fresh mapping
+        let mut mode: libc::c_int = -1;
+        const MPOL_F_ADDR: libc::c_ulong = 2;
+        // SAFETY: the kernel writes one int; `buf` is a live mapping.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_get_mempolicy,
+                &mut mode as *mut libc::c_int,
+                std::ptr::null_mut::<libc::c_ulong>(),
+                0 as libc::c_ulong,
+                buf.as_ptr() as *mut c_void,
+                MPOL_F_ADDR,
+            )
+        };
+        assert_eq!(rc, 0, "get_mempolicy: {}", std::io::Error::last_os_error());
+        assert_ne!(
+            mode,
+            libc::MPOL_PREFERRED,
+            "the pool overrode the process's MPOL_BIND"
+        );
+        drop(buf);
+        drop(pool);
+    })
+    .join()
+    .expect("the test's thread");
+}

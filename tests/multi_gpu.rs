@@ -165,3 +165,63 @@ fn a_buffer_dropped_under_another_device_waits_for_its_copy_and_goes_home() {
     drop((zeros, ones));
     pool.shutdown();
 }
+
+/// Cleaner workers are pinned to a NUMA node only when every device the
+/// pool serves is on it (among the CPUs they may use); with devices on
+/// several nodes they run unpinned, since any worker cleans any device's
+/// buffers. The test says which case the machine is.
+#[test]
+#[ignore = "needs two GPUs"]
+fn cleaner_workers_are_pinned_only_when_the_devices_share_a_node() {
+    let (_ctx0, _ctx1) = two_gpus();
+    let count = CudaContext::device_count().unwrap() as usize;
+    let nodes: Vec<Option<usize>> = (0..count).map(device_node).collect();
+    let online = parse_list(&std::fs::read_to_string("/sys/devices/system/node/online").unwrap());
+    println!("devices' NUMA nodes: {nodes:?}; nodes online: {online:?}");
+    let allowed = thread_cpus();
+    let pool = Pool::builder()
+        .backend(BackendKind::Cuda)
+        .cleaner_threads(4)
+        .build()
+        .unwrap();
+    drop(pool.take(1 << 20)); // the workers run
+    pool.flush();
+    let workers = cleaner_cpus();
+    assert!(!workers.is_empty(), "no cleaner worker found");
+    let mut used: Vec<usize> = nodes.iter().flatten().copied().collect();
+    used.sort_unstable();
+    used.dedup();
+    match used[..] {
+        [node] if online.len() > 1 => {
+            let path = format!("/sys/devices/system/node/node{node}/cpulist");
+            let cpus = parse_list(&std::fs::read_to_string(path).unwrap());
+            let mut expected: Vec<usize> = allowed
+                .iter()
+                .copied()
+                .filter(|c| cpus.contains(c))
+                .collect();
+            if expected.is_empty() {
+                // None of the node's CPUs may be used: left unpinned.
+                expected = allowed.clone();
+            }
+            println!("every device on node {node}: workers pinned to {expected:?}");
+            for worker in &workers {
+                assert_eq!(worker, &expected, "a worker not on node {node}'s CPUs");
+            }
+        }
+        _ => {
+            println!(
+                "devices on {} node(s) of {}: workers unpinned",
+                used.len(),
+                online.len()
+            );
+            for worker in &workers {
+                assert_eq!(
+                    worker, &allowed,
+                    "a worker pinned with devices on several nodes"
+                );
+            }
+        }
+    }
+    drop(pool);
+}

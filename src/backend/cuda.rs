@@ -5,7 +5,10 @@
 //! context for its duration with a [`Bound`] guard, which puts back
 //! whatever the thread had before: user threads that reach these paths
 //! (`clear`, `shutdown`, `register_region`, event bookkeeping) keep their
-//! current device.
+//! current device. Building the backend (cudarc binds each context it
+//! makes) and dropping it (cudarc binds each context it releases) put the
+//! thread's context back too, so neither a pool's build, failed or not,
+//! nor the drop of its last handle changes it.
 
 use std::sync::Arc;
 
@@ -67,9 +70,35 @@ fn current() -> Result<sys::CUcontext, Error> {
 }
 
 /// The primary contexts of the devices the pool serves.
+///
+/// Dropping it releases them with the thread's current context put back:
+/// cudarc's `CudaContext::drop` binds the context it releases and leaves it
+/// bound. A pool's state holds its backend last, so these are the last of
+/// its references to the contexts (see [`Shared`](crate::pool::Shared)).
 #[derive(Debug)]
 pub(crate) struct CudaBackend {
     contexts: Vec<Arc<CudaContext>>,
+}
+
+/// Why [`CudaBackend::new`] built no backend.
+#[derive(Debug)]
+pub(crate) enum Unusable {
+    /// There is no driver to use: the library cannot be loaded, `cuInit`
+    /// fails, or the driver reports no device. [`BackendKind::Auto`] runs
+    /// on the host backend instead.
+    NoDriver(Error),
+    /// The driver works, but serving the devices asked for failed (a
+    /// context cannot be retained, too many devices): an error for every
+    /// backend kind.
+    Failed(Error),
+}
+
+impl From<Unusable> for Error {
+    fn from(why: Unusable) -> Self {
+        match why {
+            Unusable::NoDriver(e) | Unusable::Failed(e) => e,
+        }
+    }
 }
 
 fn cuda(op: &'static str) -> impl FnOnce(DriverError) -> Error {
@@ -78,37 +107,51 @@ fn cuda(op: &'static str) -> impl FnOnce(DriverError) -> Error {
 
 impl CudaBackend {
     /// Loads the driver and retains the primary context of the first
-    /// `devices` devices (all of them if `None`).
-    pub(crate) fn new(devices: Option<usize>) -> Result<Self, Error> {
+    /// `devices` devices (all of them if `None`), leaving the caller's
+    /// current context as it was, on failure too.
+    pub(crate) fn new(devices: Option<usize>) -> Result<Self, Unusable> {
+        use Unusable::{Failed, NoDriver};
         // Loaded at run time, the driver may be missing; linked, the program
         // would not have started without it.
         #[cfg(feature = "dynamic-loading")]
         // SAFETY: only tries to open the driver library, with no side effects.
         if !unsafe { sys::is_culib_present() } {
-            return Err(Error::BackendUnavailable(
+            return Err(NoDriver(Error::BackendUnavailable(
                 "libcuda could not be loaded".into(),
-            ));
+            )));
         }
-        result::init().map_err(cuda("cuInit"))?;
-        let count = result::device::get_count().map_err(cuda("cuDeviceGetCount"))? as usize;
+        // `cuInit` fails with CUDA_ERROR_NO_DEVICE where the driver is
+        // installed but no GPU is visible, and with other codes where the
+        // driver cannot run at all (a kernel module of another version,
+        // no device nodes in a container): either way nothing can be pinned.
+        result::init().map_err(|e| NoDriver(Error::cuda("cuInit", e)))?;
+        let count =
+            result::device::get_count().map_err(|e| Failed(Error::cuda("cuDeviceGetCount", e)))?;
+        let count = usize::try_from(count).unwrap_or(0);
         if count == 0 {
-            return Err(Error::BackendUnavailable(
+            return Err(NoDriver(Error::BackendUnavailable(
                 "the driver reports no device".into(),
-            ));
+            )));
         }
         let wanted = devices.unwrap_or(count);
         if wanted > count {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Failed(Error::InvalidConfig(format!(
                 "{wanted} devices requested, but the driver reports {count}"
-            )));
+            ))));
         }
-        // `CudaContext::new` binds each context; the guard puts back the
-        // caller's.
-        let _bound = Bound::restoring()?;
+        if wanted > crate::config::MAX_DEVICES {
+            // Before any context is retained (hundreds of milliseconds
+            // each on a real device).
+            return Err(Failed(crate::config::too_many_devices(wanted)));
+        }
+        // Creating a context binds it; the guard puts back the caller's,
+        // after the contexts of devices already done are released if a
+        // later one fails.
+        let _bound = Bound::restoring().map_err(Failed)?;
         let contexts = (0..wanted)
-            .map(CudaContext::new)
+            .map(retain)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+            .map_err(Failed)?;
         Ok(Self { contexts })
     }
 
@@ -121,6 +164,57 @@ impl CudaBackend {
         })?;
         Bound::to(ctx.cu_ctx())
     }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // cudarc's drop of the last reference binds the context and
+        // releases it; put the thread's own back. If even reading it fails
+        // (the driver is shutting down), the releases go ahead regardless.
+        let bound = Bound::restoring();
+        self.contexts.clear();
+        drop(bound);
+    }
+}
+
+/// Device `ordinal`'s primary context, as cudarc's `CudaContext::new`
+/// makes it, with each driver call that can fail made here first so that
+/// an error names the call that failed. A reference of its own is held
+/// meanwhile, so that the context stays the same one (releasing the last
+/// reference destroys a primary context). Leaves the context bound (the
+/// caller restores the thread's).
+fn retain(ordinal: usize) -> Result<Arc<CudaContext>, Error> {
+    let index = i32::try_from(ordinal).map_err(|_| {
+        Error::InvalidConfig(format!("device {ordinal} is beyond the driver's range"))
+    })?;
+    let device = result::device::get(index).map_err(cuda("cuDeviceGet"))?;
+    // SAFETY: `device` is a device handle the driver just returned.
+    let held =
+        unsafe { result::primary_ctx::retain(device) }.map_err(cuda("cuDevicePrimaryCtxRetain"))?;
+    let made = (|| {
+        // SAFETY: as above; the attribute is one cudarc reads of every
+        // context it makes.
+        unsafe {
+            result::device::get_attribute(
+                device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            )
+        }
+        .map_err(cuda("cuDeviceGetAttribute"))?;
+        // SAFETY: `held` is a live context: this function holds a
+        // reference to it.
+        unsafe { result::ctx::set_current(held) }.map_err(cuda("cuCtxSetCurrent"))?;
+        // Every call it makes has just succeeded.
+        CudaContext::new(ordinal).map_err(cuda("CudaContext::new"))
+    })();
+    // SAFETY: releases the reference retained above; a context made since
+    // holds its own.
+    if let Err(e) = unsafe { result::primary_ctx::release(device) } {
+        // Only keeps the primary context alive until the process exits.
+        tracing::warn!(device = ordinal, error = %e,
+            "pinpool: cuDevicePrimaryCtxRelease failed; the device's context stays retained");
+    }
+    made
 }
 
 impl Backend for CudaBackend {

@@ -32,7 +32,10 @@ pub(crate) mod host;
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 #[non_exhaustive]
 pub enum BackendKind {
-    /// CUDA when the driver loads and reports a device, otherwise host.
+    /// CUDA when the driver loads, initializes and reports a device;
+    /// otherwise host. A driver that works but cannot serve a device (its
+    /// context cannot be retained: busy, out of memory) is an error, not a
+    /// pool that silently runs unpinned.
     #[default]
     Auto,
     /// The CUDA driver: buffers are page-locked; building fails without it.
@@ -119,11 +122,22 @@ pub(crate) fn select(kind: BackendKind, devices: Option<usize>) -> Result<Box<dy
                 );
                 Ok(Box::new(backend))
             }
-            Err(e @ Error::InvalidConfig(_)) => Err(e),
-            Err(why) => {
-                tracing::info!(reason = %why, "pinpool: using the host backend (buffers are not page-locked)");
+            Err(cuda::Unusable::NoDriver(why)) => {
+                let expected = match &why {
+                    Error::Cuda { source, .. } => {
+                        source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE
+                    }
+                    _ => true,
+                };
+                if expected {
+                    tracing::info!(reason = %why, "pinpool: using the host backend (buffers are not page-locked)");
+                } else {
+                    // A driver that is installed but does not start.
+                    tracing::warn!(reason = %why, "pinpool: using the host backend (buffers are not page-locked)");
+                }
                 Ok(host())
             }
+            Err(cuda::Unusable::Failed(e)) => Err(e),
         },
     }
 }

@@ -114,3 +114,69 @@ pub fn flush_in_background(pool: &Pool) -> std::sync::mpsc::Receiver<()> {
     });
     rx
 }
+
+/// The ids of a kernel list (`0-3,8`), as sysfs and `/proc` write them.
+pub fn parse_list(list: &str) -> Vec<usize> {
+    let mut ids = Vec::new();
+    for item in list.trim().split(',').filter(|item| !item.is_empty()) {
+        let (first, last) = item.split_once('-').unwrap_or((item, item));
+        ids.extend(first.parse::<usize>().unwrap()..=last.parse::<usize>().unwrap());
+    }
+    ids
+}
+
+/// The CPUs a task may run on, from its `status` file.
+fn allowed_in(status: &str) -> Vec<usize> {
+    parse_list(
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .expect("Cpus_allowed_list"),
+    )
+}
+
+/// The CPUs the calling thread may run on.
+pub fn thread_cpus() -> Vec<usize> {
+    allowed_in(&std::fs::read_to_string("/proc/thread-self/status").unwrap())
+}
+
+/// The allowed CPUs of every live cleaner worker of the process.
+pub fn cleaner_cpus() -> Vec<Vec<usize>> {
+    let mut workers = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = task.unwrap().path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        // `pinpool-cleaner-N`, cut to the kernel's 15 characters.
+        if comm.starts_with("pinpool-clean") {
+            let status = std::fs::read_to_string(path.join("status")).unwrap();
+            workers.push(allowed_in(&status));
+        }
+    }
+    workers
+}
+
+/// Device `ordinal`'s host NUMA node as sysfs gives it (`None` if the
+/// firmware does not say).
+pub fn device_node(ordinal: usize) -> Option<usize> {
+    let device = result::device::get(ordinal as i32).expect("cuDeviceGet");
+    let mut id = [0 as std::ffi::c_char; 64];
+    // SAFETY: a writable buffer of the length passed; the driver writes a
+    // NUL-terminated string into it.
+    unsafe { sys::cuDeviceGetPCIBusId(id.as_mut_ptr(), id.len() as i32, device) }
+        .result()
+        .expect("cuDeviceGetPCIBusId");
+    // SAFETY: NUL-terminated by the driver, inside `id`.
+    let id = unsafe { std::ffi::CStr::from_ptr(id.as_ptr()) }
+        .to_string_lossy()
+        .to_lowercase();
+    // sysfs spells the domain with four digits where CUDA may use eight.
+    let (domain, rest) = id.split_once(':').expect("a PCI bus id");
+    let domain = u32::from_str_radix(domain, 16).expect("a hex domain");
+    let path = format!("/sys/bus/pci/devices/{domain:04x}:{rest}/numa_node");
+    let node: i64 = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .parse()
+        .expect("a node id");
+    usize::try_from(node).ok()
+}
