@@ -150,7 +150,9 @@ pub struct Stats {
     pub peak_pooled_bytes: usize,
     /// The cap on pooled bytes.
     pub max_pooled_bytes: usize,
-    /// Buffers dropped and not yet recycled or released.
+    /// Buffers dropped, or pinned ahead of demand (by `reserve` or by
+    /// provisioning, which may run after a flush returns), and not yet made
+    /// ready or released.
     pub in_cleaner: usize,
     /// Buffers made ready again (by the cleaner, or by a taker cleaning a
     /// small dirty buffer of its own instead of missing).
