@@ -472,3 +472,45 @@ fn a_reaper_that_starts_later_takes_over_pools_closed_while_it_could_not() {
     }
     assert_eq!(refused.unregistered(), refused.registered());
 }
+
+/// A copy pipeline deeper than the cleaner's recycling backlog: more
+/// pinned buffers wait for their copies at once than the backlog holds
+/// queued. The waiting ones are parked, not queued, so they must not fill
+/// the backlog: no later drop is shed, and every buffer comes back pinned.
+#[test]
+fn copies_in_flight_past_the_recycling_backlog_keep_their_pinned_buffers() {
+    use pinpool::testing::TestFence;
+    // Past the recycling backlog (4096 buffers).
+    const N: usize = 5000;
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults)
+        .cleaner_threads(2)
+        .provision(false)
+        .max_pooled_bytes(256 << 20)
+        .thread_cache_bytes(0)
+        .build()
+        .unwrap();
+    pool.reserve(0, &[(4096, N)]).unwrap();
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, N);
+    let mut bufs: Vec<_> = (0..N).map(|_| pool.take(4096)).collect();
+    assert!(bufs.iter().all(|b| b.is_pinned() && b.was_pooled()));
+    let fence = TestFence::default();
+    for buf in &mut bufs {
+        fence.record(buf);
+    }
+    // Dropped in batches the cleaner parks as they come (a batch never
+    // fills the queue on its own).
+    while !bufs.is_empty() {
+        let rest = bufs.split_off(bufs.len().saturating_sub(500));
+        drop(rest);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fence.complete();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.zeroing_skipped, 0, "drops were shed: {stats:#?}");
+    assert_eq!(stats.pooled_buffers, N, "{stats:#?}");
+    assert_eq!(stats.pinned_bytes, (N * 4096) as u64);
+}
