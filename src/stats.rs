@@ -192,7 +192,7 @@ pub struct Stats {
     /// or unmapped.
     pub leaked_bytes: u64,
     /// Dropped buffers freed instead of re-zeroed because the cleaner's
-    /// recycling backlog (bytes to zero, or buffers held) was full: freed
+    /// recycling backlog (bytes to zero, or buffers queued) was full: freed
     /// by their droppers if pageable, released in bulk by the cleaner if
     /// pinned.
     pub zeroing_skipped: u64,

@@ -212,9 +212,9 @@ pub(crate) struct Cleaner {
     register_backlog: usize,
     /// Dirty bytes queued for zeroing.
     zero_queued: AtomicUsize,
-    /// Buffers queued for recycling (`Job::Clean`): with the parked ones,
-    /// at most [`RECYCLE_BACKLOG`] (give or take the drops racing at the
-    /// bound).
+    /// Buffers queued for recycling (`Job::Clean`, not yet run): at most
+    /// [`RECYCLE_BACKLOG`] (give or take the drops racing at the bound).
+    /// Buffers parked for their copies are not counted.
     recycle_queued: HintCounter,
     /// Fences of buffers freed by their droppers.
     spent: Spent,
@@ -398,11 +398,14 @@ impl Cleaner {
         // Relaxed: bounds, as above. What is pinned ahead of demand is
         // queued whatever the backlog.
         let limit = (cap / 2).clamp(ZERO_BACKLOG_MIN, ZERO_BACKLOG);
-        // The buffers the cleaner holds to recycle: queued, or parked for
-        // their copies or a device synchronize.
-        let held = self.recycle_queued.load(Ordering::Relaxed) + self.parking.len();
+        // The buffers queued to recycle. Parked ones (waiting for their
+        // copies or a device synchronize) are not counted: they hold no
+        // queue, only the memory a copy pipeline of the caller's keeps in
+        // flight, and shedding them would cost the pinned memory of every
+        // copy past the bound.
+        let queued = self.recycle_queued.load(Ordering::Relaxed);
         let full =
-            self.zero_queued.load(Ordering::Relaxed) + dirty > limit || held >= RECYCLE_BACKLOG;
+            self.zero_queued.load(Ordering::Relaxed) + dirty > limit || queued >= RECYCLE_BACKLOG;
         if full && !ahead {
             Counters::add(&home.caches().counters.zeroing_skipped, 1);
             self.shed(home, returned);

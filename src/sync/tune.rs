@@ -103,7 +103,8 @@ pub(crate) const FLUSH_POLL: Duration = Duration::from_millis(1);
 /// worker`. Beyond it a pool-miss buffer is freed rather than registered.
 pub(crate) const REGISTER_BACKLOG: usize = 64;
 
-/// Buffers queued for the cleaner to recycle, at most. Beyond it a dropped
+/// Buffers queued for the cleaner to recycle, at most (those parked for
+/// their copies are not counted: they hold no queue). Beyond it a dropped
 /// buffer is shed (`Cleaner::shed`: a pageable one freed, a pinned one
 /// released in bulk), so that drops outrunning the cleaner keep its queue,
 /// and the wait of a flush behind it, bounded: a few milliseconds of work
