@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use crate::error::Error;
 use crate::fence::Fences;
+use crate::flush::Ticket;
 use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
 use crate::sync::tune::CHUNK;
@@ -97,11 +98,9 @@ pub(crate) struct Meta {
     /// locked only by copies made through cudarc, which see the buffer
     /// through `&`.
     fences: Mutex<Fences>,
-    /// Whether the buffer was dropped and not yet made ready (counted in
-    /// the flush parity `parity` until then).
-    pub(crate) returned: bool,
-    /// The flush parity the drop was counted in.
-    pub(crate) parity: u8,
+    /// While the buffer is dropped and not yet ready, released or leaked:
+    /// its drop's flush ticket (see `flush`).
+    ticket: Option<Ticket>,
     /// For a pinned buffer dropped without events: the device synchronizes
     /// started before the drop (see `cleaner::device_sync`).
     pub(crate) sync_gen: u64,
@@ -303,8 +302,7 @@ impl Meta {
             pooled: false,
             copies_pending: AtomicU8::new(0),
             fences: Mutex::new(Fences::default()),
-            returned: false,
-            parity: 0,
+            ticket: None,
             sync_gen: 0,
             dropped_at: None,
             reserved: false,
@@ -480,6 +478,23 @@ impl Block {
     pub(crate) fn meta_mut(&mut self) -> &mut Meta {
         // SAFETY: as in `meta`, and `&mut self` makes the access exclusive.
         unsafe { self.meta.as_mut() }
+    }
+
+    /// Carries the flush ticket of the block's drop (see `flush`) until
+    /// [`take_ticket`](Self::take_ticket).
+    #[inline]
+    pub(crate) fn set_ticket(&mut self, ticket: Ticket) {
+        let meta = self.meta_mut();
+        debug_assert!(meta.ticket.is_none(), "a block dropped twice");
+        meta.ticket = Some(ticket);
+    }
+
+    /// The flush ticket of the block's drop, for the caller to close once
+    /// the block is ready, released or leaked; `None` for a block that was
+    /// not dropped (a miss, or one swept out of a shard).
+    #[inline]
+    pub(crate) fn take_ticket(&mut self) -> Option<Ticket> {
+        self.meta_mut().ticket.take()
     }
 
     /// The block's class.

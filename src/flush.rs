@@ -26,6 +26,8 @@
 //! one written only by the cache's owner (a load and a store, no
 //! read-modify-write), and one that other threads update with `fetch_add`.
 
+use std::ptr::NonNull;
+
 use crossbeam_utils::CachePadded;
 
 use crate::sync::tune::FLUSH_POLL;
@@ -55,7 +57,7 @@ fn bump(counter: &AtomicU64, order: Ordering) {
 impl OwnerCounts {
     /// Counts a drop by the owner in `parity`.
     #[inline]
-    pub(crate) fn dropped(&self, parity: usize) {
+    fn dropped(&self, parity: usize) {
         // Relaxed: a flush that must see this drop happens after it, which
         // orders its reads; a racing flush may or may not see it.
         bump(&self.drops[parity], Ordering::Relaxed);
@@ -64,7 +66,7 @@ impl OwnerCounts {
     /// Counts a completion by the owner (no wake-up: flushes poll for
     /// these).
     #[inline]
-    pub(crate) fn done(&self, parity: usize) {
+    fn done(&self, parity: usize) {
         // Release pairs with the Acquire sum in `Flush::balanced`: what the
         // owner did to the buffer happens before the flush returns.
         bump(&self.done[parity], Ordering::Release);
@@ -80,7 +82,7 @@ impl OwnerCounts {
 impl SharedCounts {
     /// Counts a drop by a thread other than the owner in `parity`.
     #[inline]
-    pub(crate) fn dropped(&self, parity: usize) {
+    fn dropped(&self, parity: usize) {
         // Relaxed: as in `OwnerCounts::dropped`.
         self.drops[parity].fetch_add(1, Ordering::Relaxed);
     }
@@ -88,7 +90,7 @@ impl SharedCounts {
     /// Counts a completion by a thread other than the owner; the caller
     /// then calls [`Flush::notify`].
     #[inline]
-    pub(crate) fn done(&self, parity: usize) {
+    fn done(&self, parity: usize) {
         // Release: as in `OwnerCounts::done`.
         self.done[parity].fetch_add(1, Ordering::Release);
     }
@@ -96,6 +98,133 @@ impl SharedCounts {
 
 /// One cache's counters, as the barrier sums them.
 pub(crate) type Counts<'a> = (&'a OwnerCounts, &'a SharedCounts);
+
+/// One cache's flush books: its two sets of counters and the barrier they
+/// count for. Tickets point here, so a buffer's completion needs only its
+/// ticket.
+#[derive(Debug)]
+pub(crate) struct Books {
+    owner: OwnerCounts,
+    shared: CachePadded<SharedCounts>,
+    flush: NonNull<Flush>,
+}
+
+// SAFETY: the counters are atomics; `flush` points to the barrier of the
+// pool whose caches hold these books, which outlives them.
+unsafe impl Send for Books {}
+// SAFETY: as above.
+unsafe impl Sync for Books {}
+
+impl Books {
+    /// Books counting for `flush`, which must outlive them.
+    pub(crate) fn new(flush: NonNull<Flush>) -> Self {
+        Self {
+            owner: OwnerCounts::default(),
+            shared: CachePadded::new(SharedCounts::default()),
+            flush,
+        }
+    }
+
+    /// Points the books at `flush` (once their pool has its address).
+    pub(crate) fn set_flush(&mut self, flush: NonNull<Flush>) {
+        self.flush = flush;
+    }
+
+    fn flush(&self) -> &Flush {
+        // SAFETY: the barrier outlives the books (see `new`).
+        unsafe { self.flush.as_ref() }
+    }
+
+    /// The books' counters, as the barrier sums them.
+    pub(crate) fn counts(&self) -> Counts<'_> {
+        (&self.owner, &self.shared)
+    }
+
+    /// Counts a drop in the parity of now and returns its ticket: the one
+    /// place a drop is counted. `by_owner`: the caller owns these books
+    /// (no read-modify-write); otherwise any thread may call.
+    #[inline]
+    pub(crate) fn open(&self, by_owner: bool) -> Ticket {
+        let parity = self.flush().parity();
+        if by_owner {
+            self.owner.dropped(parity);
+        } else {
+            self.shared.dropped(parity);
+        }
+        Ticket {
+            books: NonNull::from(self),
+            parity: parity as u8,
+        }
+    }
+}
+
+/// A counted drop, carried in its buffer's metadata until the buffer is
+/// ready again, released or leaked, and then closed: [`close`] and
+/// [`close_quietly`] take it by value, so a ticket closes at most once.
+/// One dropped unclosed is a bug: debug builds assert, and release builds
+/// close it then (as a thread other than the owner), so that no flush
+/// waits for it forever.
+///
+/// [`close`]: Ticket::close
+/// [`close_quietly`]: Ticket::close_quietly
+#[derive(Debug)]
+#[must_use = "a ticket is closed when its buffer is ready, released or leaked"]
+pub(crate) struct Ticket {
+    books: NonNull<Books>,
+    parity: u8,
+}
+
+// SAFETY: the books are `Sync` and outlive every buffer counted in them:
+// a pool's caches are freed only after every buffer is back or leaked.
+unsafe impl Send for Ticket {}
+// SAFETY: as above.
+unsafe impl Sync for Ticket {}
+
+impl Ticket {
+    fn books(&self) -> &Books {
+        // SAFETY: see the `Send` impl.
+        unsafe { self.books.as_ref() }
+    }
+
+    /// Counts the buffer's completion (ready again, or released) in the
+    /// books its drop was counted in: the one place a completion is
+    /// counted. `by_owner`: the caller owns the books (no shared write, no
+    /// wake-up: flushes poll for these); otherwise waiting flushes are
+    /// woken.
+    #[inline]
+    pub(crate) fn close(self, by_owner: bool) {
+        let books = self.books();
+        let parity = usize::from(self.parity);
+        if by_owner {
+            books.owner.done(parity);
+        } else {
+            books.shared.done(parity);
+            books.flush().notify();
+        }
+        std::mem::forget(self);
+    }
+
+    /// As [`close`](Self::close) by a thread other than the owner, without
+    /// waking flushes: the caller closes a batch and then calls
+    /// [`Flush::notify`] once, so that a flush waiting on a large batch is
+    /// not woken by every buffer of it.
+    pub(crate) fn close_quietly(self) {
+        self.books().shared.done(usize::from(self.parity));
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        debug_assert!(
+            std::thread::panicking(),
+            "a flush ticket was dropped without being closed"
+        );
+        let books = self.books();
+        books.shared.done(usize::from(self.parity));
+        books.flush().notify();
+    }
+}
 
 /// Drops minus completions over `counts` (both parities): buffers in flight.
 pub(crate) fn in_flight<'a>(counts: impl Iterator<Item = Counts<'a>>) -> u64 {

@@ -209,10 +209,10 @@ impl Shared {
         match block.fences_mut().poll() {
             Ok(true) => {
                 block.zero_dirty();
-                let meta = block.meta_mut();
-                meta.returned = false;
-                let parity = usize::from(meta.parity);
-                home.complete(parity, owner);
+                block
+                    .take_ticket()
+                    .expect("a deferred block was dropped")
+                    .close(owner);
                 taker.count_cleaned();
                 taker.count_hit(block.slot(), 0);
                 Some(block)
@@ -610,15 +610,23 @@ impl Retire for Arc<Shared> {
     }
 
     fn retire(&self, mut block: Block) {
-        block.meta_mut().returned = false;
+        let ticket = block.take_ticket();
         cleaner::release(&*self.backend, self.counters(), block);
+        if let Some(ticket) = ticket {
+            // No flush waits on a closed pool; the books stay balanced.
+            ticket.close_quietly();
+        }
     }
 
     fn abandon(&self, mut block: Block) {
         Counters::add(&self.counters().fence_failures, 1);
         block.fences_mut().abandon();
+        let ticket = block.take_ticket();
         let leaked = block.leak();
         Counters::add(&self.counters().leaked_bytes, leaked as u64);
+        if let Some(ticket) = ticket {
+            ticket.close_quietly();
+        }
     }
 }
 

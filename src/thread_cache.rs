@@ -43,7 +43,7 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::{Block, Meta};
-use crate::flush::{Counts, Flush, OwnerCounts, SharedCounts};
+use crate::flush::{Books, Counts, Flush};
 use crate::remote::RemoteList;
 use crate::size_class::{Classes, SizeClass};
 use crate::slots::Slots;
@@ -259,7 +259,6 @@ struct OwnerPart {
     /// [`PerThread::get_or`]).
     token: AtomicU64,
     lists: UnsafeCell<Lists>,
-    counts: OwnerCounts,
     /// Per slot.
     slots: Slots<SlotCounts>,
     /// Footprint bytes this cache took out of the pool, for the cap's
@@ -292,7 +291,6 @@ struct SharedPart {
     /// Pinned buffers dropped through this cache while the cleaner's
     /// recycling backlog was full, for the cleaner to release in bulk.
     released: RemoteList,
-    counts: SharedCounts,
     /// Drops by other threads in progress (closing waits for them).
     busy: AtomicUsize,
     /// Footprint bytes taken through the orphan cache (no owner).
@@ -311,6 +309,8 @@ struct SharedPart {
 pub(crate) struct ThreadCache {
     owner: CachePadded<OwnerPart>,
     shared: CachePadded<SharedPart>,
+    /// The flush counters of the drops through this cache.
+    books: CachePadded<Books>,
 }
 
 // SAFETY: the lists in the `UnsafeCell` are touched only under the owner /
@@ -330,7 +330,13 @@ fn bump(counter: &AtomicU64, by: u64) {
 // === impl ThreadCache ===
 
 impl ThreadCache {
-    fn new(classes: &Classes, devices: usize, caches: NonNull<Caches>, orphan: bool) -> Self {
+    fn new(
+        classes: &Classes,
+        devices: usize,
+        caches: NonNull<Caches>,
+        flush: NonNull<Flush>,
+        orphan: bool,
+    ) -> Self {
         let slots = classes.count() * devices;
         Self {
             owner: CachePadded::new(OwnerPart {
@@ -338,7 +344,6 @@ impl ThreadCache {
                 orphan,
                 token: AtomicU64::new(per_thread::NOBODY),
                 lists: UnsafeCell::new(Lists::default()),
-                counts: OwnerCounts::default(),
                 slots: Slots::new(slots),
                 taken_bytes: AtomicU64::new(0),
                 deferred: AtomicUsize::new(0),
@@ -354,12 +359,12 @@ impl ThreadCache {
                 remote: RemoteList::new(slots),
                 returns: RemoteList::new(slots),
                 released: RemoteList::new(slots),
-                counts: SharedCounts::default(),
                 busy: AtomicUsize::new(0),
                 taken_bytes: AtomicU64::new(0),
                 injected: AtomicU64::new(0),
                 drops: Slots::new(slots),
             }),
+            books: CachePadded::new(Books::new(flush)),
         }
     }
 
@@ -552,11 +557,7 @@ impl ThreadCache {
         let mut held = Some(block);
         let counted = self.as_owner(|lists| {
             let mut block = held.take().expect("taken once");
-            let parity = caches.flush.parity();
-            let meta = block.meta_mut();
-            meta.parity = parity as u8;
-            meta.returned = true;
-            self.owner.counts.dropped(parity);
+            block.set_ticket(self.books.open(true));
             let slot = block.slot();
             bump(&self.owner.slots[slot].drops, 1);
             if keep && lists.deferred < MAX_DEFERRED {
@@ -589,11 +590,7 @@ impl ThreadCache {
             caches.sink().late(block);
             return;
         }
-        let parity = caches.flush.parity();
-        let meta = block.meta_mut();
-        meta.parity = parity as u8;
-        meta.returned = true;
-        shared.counts.dropped(parity);
+        block.set_ticket(self.books.open(false));
         // Relaxed: a statistic.
         self.shared.drops[block.slot()].fetch_add(1, Ordering::Relaxed);
         if keep {
@@ -609,14 +606,10 @@ impl ThreadCache {
     /// not own it (a buffer pinned ahead of demand enters the cleaner this
     /// way, through the orphan cache), so that `flush` waits for it.
     pub(crate) fn count_returned(&self, block: &mut Block) {
-        let parity = self.caches().flush.parity();
-        let meta = block.meta_mut();
-        meta.parity = parity as u8;
-        meta.returned = true;
         // Relaxed: read when the pool closes, after the handle's release
         // (reserve) or the workers' join (provisioning), as the drop counts.
         self.shared.injected.fetch_add(1, Ordering::Relaxed);
-        self.shared.counts.dropped(parity);
+        block.set_ticket(self.books.open(false));
     }
 
     /// The orphan cache (no owner), home of buffers pinned ahead of demand.
@@ -636,27 +629,6 @@ impl ThreadCache {
         // below it to the cleaner; neither loses it.
         let fits = block.footprint() <= self.caches().cap();
         block.dirty() <= SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
-    }
-
-    /// Counts the completion (ready again, or released) of a buffer whose
-    /// drop was counted here in `parity`. The owner counts without a shared
-    /// write; others notify waiting flushes.
-    #[inline]
-    pub(crate) fn complete(&self, parity: usize, by_owner: bool) {
-        if by_owner {
-            self.owner.counts.done(parity);
-        } else {
-            self.shared.counts.done(parity);
-            self.caches().flush.notify();
-        }
-    }
-
-    /// As [`complete`](Self::complete) by a thread other than the owner,
-    /// without waking flushes: the caller completes a batch and then
-    /// notifies once (`Flush::notify`), so that a flush waiting on a large
-    /// batch is not woken by every buffer of it.
-    pub(crate) fn complete_quietly(&self, parity: usize) {
-        self.shared.counts.done(parity);
     }
 
     /// Counts a take served by a buffer of a larger class.
@@ -853,13 +825,13 @@ impl ThreadCache {
     pub(crate) fn activity(&self) -> u64 {
         // Relaxed: a heuristic.
         crate::flush::drops(std::iter::once(self.counts()))
-            + self.owner.counts.completions()
+            + self.counts().0.completions()
             + self.owner.ready_bytes.load(Ordering::Relaxed) as u64
     }
 
     /// The cache's flush counters.
     pub(crate) fn counts(&self) -> Counts<'_> {
-        (&self.owner.counts, &self.shared.counts)
+        self.books.counts()
     }
 
     /// The remote list of ready buffers, for eviction and `clear` (under
@@ -967,7 +939,13 @@ impl Caches {
         pins: bool,
         contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
     ) -> Box<Self> {
-        let orphan = ThreadCache::new(&classes, devices, NonNull::dangling(), true);
+        let orphan = ThreadCache::new(
+            &classes,
+            devices,
+            NonNull::dangling(),
+            NonNull::dangling(),
+            true,
+        );
         let slots = devices * classes.count();
         let mut caches = Box::new(Self {
             map: PerThread::new(),
@@ -985,6 +963,8 @@ impl Caches {
         });
         // The box gave `Caches` its address: point the orphan at it.
         caches.orphan.owner.caches = NonNull::from(&*caches);
+        let flush = NonNull::from(&caches.flush);
+        caches.orphan.books.set_flush(flush);
         caches
     }
 
@@ -1024,7 +1004,15 @@ impl Caches {
     #[inline]
     pub(crate) fn local(&self) -> (&ThreadCache, bool) {
         let cache = self.map.get_or(
-            || ThreadCache::new(&self.classes, self.devices, NonNull::from(self), false),
+            || {
+                ThreadCache::new(
+                    &self.classes,
+                    self.devices,
+                    NonNull::from(self),
+                    NonNull::from(&self.flush),
+                    false,
+                )
+            },
             |cache, token| {
                 // Relaxed: written only by the owner; readers compare it
                 // with their own token, and tokens are never reused, so a

@@ -136,9 +136,7 @@ impl Drop for Returned {
             return;
         };
         let counters = &self.home().caches().counters;
-        let meta = block.meta_mut();
-        meta.returned = false;
-        let parity = usize::from(meta.parity);
+        let ticket = block.take_ticket();
         if self.quiet && !block.is_pinned() {
             tracing::error!("pinpool: a cleaner job failed part-way; freeing its buffer");
             block.fences_mut().release();
@@ -153,7 +151,9 @@ impl Drop for Returned {
             let leaked = block.leak();
             Counters::add(&counters.leaked_bytes, leaked as u64);
         }
-        self.home().complete(parity, false);
+        if let Some(ticket) = ticket {
+            ticket.close(false);
+        }
     }
 }
 
@@ -442,12 +442,12 @@ impl Cleaner {
             return;
         }
         let fences = std::mem::take(block.fences_mut());
-        let meta = block.meta_mut();
-        meta.returned = false;
-        let parity = usize::from(meta.parity);
+        let ticket = block.take_ticket();
         Counters::add(&home.caches().counters.released, 1);
         drop(block);
-        home.complete(parity, home.is_owned_here());
+        if let Some(ticket) = ticket {
+            ticket.close(home.is_owned_here());
+        }
         if !fences.is_bare() && self.spent.push(fences) {
             self.lanes.push(Lane::Recycle, Job::Spent);
         }
@@ -497,13 +497,12 @@ impl Cleaner {
                 Self::fail(env, returned, e);
                 continue;
             }
-            let meta = returned.block_mut().meta_mut();
-            meta.returned = false;
-            let parity = usize::from(meta.parity);
-            let home = returned.home;
-            release(env.backend, env.counters(), returned.into_block());
-            // SAFETY: see `Returned`'s `Send` impl.
-            unsafe { home.as_ref() }.complete_quietly(parity);
+            let mut block = returned.into_block();
+            let ticket = block.take_ticket();
+            release(env.backend, env.counters(), block);
+            if let Some(ticket) = ticket {
+                ticket.close_quietly();
+            }
             released = true;
         }
         if released {
@@ -715,13 +714,13 @@ impl Cleaner {
             bytes = block.footprint(),
             "pinpool: waiting for a buffer's copies failed; leaking the buffer"
         );
-        let meta = block.meta_mut();
-        meta.returned = false;
-        let parity = usize::from(meta.parity);
+        let ticket = block.take_ticket();
         block.fences_mut().abandon();
         let leaked = block.leak();
         Counters::add(&counters.leaked_bytes, leaked as u64);
-        returned.home().complete(parity, false);
+        if let Some(ticket) = ticket {
+            ticket.close(false);
+        }
     }
 
     /// Finishes the parked buffers whose copies are done. Those waiting for
@@ -891,9 +890,7 @@ impl Cleaner {
             counters.record_ready(at.elapsed());
         }
         Counters::add(&counters.recycled, 1);
-        let meta = block.meta_mut();
-        meta.returned = false;
-        let parity = usize::from(meta.parity);
+        let ticket = block.take_ticket();
         let (home, to_shard) = (returned.home, returned.to_shard);
         let block = returned.into_block();
         // SAFETY: see `Returned`'s `Send` impl.
@@ -903,18 +900,19 @@ impl Cleaner {
             let evicted = env.admission.admit(env.places, block, place);
             release_all(env, evicted);
         }
-        home.complete(parity, false);
+        if let Some(ticket) = ticket {
+            ticket.close(false);
+        }
     }
 
     /// Frees a quiescent returned buffer and counts its completion.
-    fn release_returned(&self, env: Env<'_>, mut returned: Returned) {
-        let meta = returned.block_mut().meta_mut();
-        meta.returned = false;
-        let parity = usize::from(meta.parity);
-        let home = returned.home;
-        release(env.backend, env.counters(), returned.into_block());
-        // SAFETY: see `Returned`'s `Send` impl.
-        unsafe { home.as_ref() }.complete(parity, false);
+    fn release_returned(&self, env: Env<'_>, returned: Returned) {
+        let mut block = returned.into_block();
+        let ticket = block.take_ticket();
+        release(env.backend, env.counters(), block);
+        if let Some(ticket) = ticket {
+            ticket.close(false);
+        }
     }
 
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
