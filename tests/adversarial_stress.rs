@@ -230,9 +230,11 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
                         }
                     });
                 }
-                // Control.
+                // Control; at the deadline it stops the takers after their
+                // current round, so a slow machine (or a sanitizer) makes
+                // the run no longer than the watchdog allows.
                 {
-                    let pool = &pool;
+                    let (pool, shared) = (&pool, &shared);
                     s.spawn(move || {
                         let mut rng = Rng(12345);
                         while Instant::now() < deadline {
@@ -249,6 +251,7 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
                             }
                             std::thread::sleep(Duration::from_micros(rng.below(2000)));
                         }
+                        shared.stop.store(true, Ordering::Relaxed);
                         pool.set_max_pooled_bytes(final_cap);
                     });
                 }
