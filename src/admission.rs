@@ -32,6 +32,7 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Block;
+use crate::remote::Inbox;
 use crate::shard::Shard;
 use crate::size_class::SizeClass;
 use crate::sync::{fence, AtomicUsize, Mutex, Ordering};
@@ -72,7 +73,7 @@ impl Admission {
         &self,
         at: Places<'_>,
         mut block: Block,
-        home: Option<&ThreadCache>,
+        home: Option<&Inbox>,
     ) -> Vec<Block> {
         // Idle from now on: idle trimming measures from here.
         block.meta_mut().ready_since = Some(Instant::now());
@@ -117,10 +118,10 @@ impl Admission {
 
     /// Offers `block` to `home`, else its shard; hands it back if both are
     /// full.
-    fn place(at: Places<'_>, block: Block, home: Option<&ThreadCache>) -> Result<(), Block> {
+    fn place(at: Places<'_>, block: Block, home: Option<&Inbox>) -> Result<(), Block> {
         match home {
             Some(home) if home.has_room(block.footprint()) => {
-                home.push_ready(block);
+                home.ready.push(block);
                 Ok(())
             }
             _ => at.shards[block.device()].push(block),
@@ -260,7 +261,7 @@ impl Admission {
             if !over(self) {
                 return;
             }
-            if cache.remote().is_empty() {
+            if cache.inbox().ready.is_empty() {
                 continue;
             }
             // The buffers kept go back at once. Only one thread evicts at
@@ -268,7 +269,7 @@ impl Admission {
             // meanwhile adopts it inside its owner's operation, which the
             // lock-out below waits for.
             let mut keep = Vec::new();
-            for block in cache.remote().take_all() {
+            for block in cache.inbox().ready.take_all() {
                 if over(self) && block.class() == class {
                     take(block, evicted);
                 } else {
@@ -276,7 +277,7 @@ impl Admission {
                 }
             }
             for block in keep {
-                cache.remote().push(block);
+                cache.inbox().ready.push(block);
             }
         }
         if !over(self) {
@@ -329,7 +330,7 @@ impl Admission {
             shard.drain().into_iter().for_each(&mut gather);
         }
         for cache in at.caches.iter() {
-            cache.remote().take_all().for_each(&mut gather);
+            cache.inbox().ready.take_all().for_each(&mut gather);
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
         let mut from_lists = Vec::new();
@@ -375,7 +376,7 @@ impl Admission {
             out.extend(shard.drain());
         }
         for cache in at.caches.iter() {
-            out.extend(cache.remote().take_all());
+            out.extend(cache.inbox().ready.take_all());
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
         locked.each(|cache, lists| out.extend(lists.take_ready(cache, None)));

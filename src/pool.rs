@@ -14,6 +14,7 @@ use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::backend::{self, Backend, BackendKind};
 use crate::buffer::PinnedBuffer;
+use crate::cleaner::intake::Intake;
 use crate::cleaner::{self, Cleaner, Env, Late, Returned};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
@@ -25,7 +26,7 @@ use crate::size_class::{Classes, SizeClass};
 use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
 use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
 use crate::sync::{barrier, Arc, AtomicBool, Ordering};
-use crate::thread_cache::{Caches, Found, Sink, ThreadCache};
+use crate::thread_cache::{Caches, Found, ThreadCache};
 use std::ptr::NonNull;
 use std::time::Instant;
 
@@ -222,11 +223,13 @@ impl Shared {
                 None
             }
             Ok(false) => {
-                self.cleaner.submit(home, block, self.caches.cap());
+                self.caches
+                    .intake
+                    .submit(home.origin(self.caches.cap(), false), block);
                 None
             }
             Err(e) => {
-                Returned::new(block, home).fail_now(self.env(), &e);
+                Returned::new(block, home.inbox(), self.counters()).fail_now(self.env(), &e);
                 None
             }
         }
@@ -337,8 +340,10 @@ impl Shared {
             taker.count_hit(block.slot(), block.footprint());
             if let Some((block, home)) = deferred {
                 // SAFETY: caches live as long as the pool.
-                self.cleaner
-                    .submit(unsafe { &*home }, block, self.caches.cap());
+                let home = unsafe { &*home };
+                self.caches
+                    .intake
+                    .submit(home.origin(self.caches.cap(), false), block);
             }
             return Some(block);
         }
@@ -396,7 +401,9 @@ impl Shared {
         let orphan = this.caches.local().0.orphan();
         for mut block in blocks {
             orphan.count_returned(&mut block);
-            this.cleaner.submit_reserved(orphan, block, cap);
+            this.caches
+                .intake
+                .submit_ahead(orphan.origin(cap, false), block);
         }
         Ok(())
     }
@@ -461,7 +468,7 @@ impl Shared {
             returned.extend(cache.returns().take_all());
             // Emptied by the drain above; a buffer still there waits with
             // the reaper like any other.
-            returned.extend(cache.released().take_all());
+            returned.extend(cache.inbox().released.take_all());
         }
         let mut locked = this.caches.lock_out(this.caches.iter());
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
@@ -486,7 +493,7 @@ impl Shared {
                 );
             }
             reaper::send(Message::Closed {
-                key: Arc::as_ptr(this) as usize,
+                key: this.caches.intake.key(),
                 pool: Box::new(Arc::clone(this)),
                 outstanding,
                 returned,
@@ -566,20 +573,6 @@ impl Shared {
         stats.recycled = stats.cleaned_by_takers;
         stats.fill_from(self.counters());
         stats
-    }
-}
-
-impl Sink for Shared {
-    fn route(&self, home: &ThreadCache, block: Block) {
-        self.cleaner.submit(home, block, self.caches.cap());
-    }
-
-    fn late(&self, mut block: Block) {
-        self.cleaner.note_drop(&mut block);
-        reaper::send(Message::Late {
-            pool: self as *const Self as *const () as usize,
-            block,
-        });
     }
 }
 
@@ -727,6 +720,7 @@ impl Pool {
         } else {
             Placement::unplaced(devices)
         };
+        let intake = Arc::new(Intake::new(config.cleaner_threads, devices, pins));
         let shared = Arc::new(Shared {
             caches: Caches::new(
                 classes,
@@ -735,12 +729,13 @@ impl Pool {
                 config.max_pooled_bytes,
                 pins,
                 backend.contexts(),
+                Arc::clone(&intake),
             ),
             shards: (0..devices)
                 .map(|device| Shard::new(count, placement.node(device).map(|n| n.id)))
                 .collect(),
             admission: Admission::new(),
-            cleaner: Cleaner::new(config.cleaner_threads, devices, pins),
+            cleaner: Cleaner::new(config.cleaner_threads, devices, intake),
             provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
             closed: AtomicBool::new(false),
             device_zero: backend.kind() == BackendKind::Host,
@@ -750,9 +745,6 @@ impl Pool {
             config,
             backend,
         });
-        // SAFETY: the caches live inside `shared`, so their sink outlives
-        // them.
-        unsafe { shared.caches.set_sink(&*shared) };
         Shared::start_cleaner(&shared);
         Ok(Self {
             handle: Arc::new(CachePadded::new(Handle {

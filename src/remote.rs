@@ -1,5 +1,6 @@
-//! A thread cache's remote list: where other threads (and the cleaner)
-//! return buffers to the cache's owner.
+//! A thread cache's remote lists: where other threads (and the cleaner)
+//! hand buffers to the cache's owner, and the [`Inbox`] of the lists the
+//! cleaner fills.
 //!
 //! A multi-producer stack of blocks linked through their metadata (never
 //! through the buffers' bytes): a return is one CAS onto the head, and the
@@ -8,6 +9,8 @@
 //! the head it linked to, and the only other write is the swap to empty.
 //! This is mimalloc's thread-free list (Leijen, Zorn and de Moura, 2019)
 //! and sharded-slab's remote-free stack.
+
+use crossbeam_utils::CachePadded;
 
 use crate::alloc::{Block, Meta};
 use crate::slots::Slots;
@@ -19,10 +22,10 @@ pub(crate) struct RemoteList {
     head: AtomicPtr<Meta>,
     /// Footprint bytes of the blocks on the list: raised before a push and
     /// lowered by the swap that takes them.
-    ready_bytes: AtomicUsize,
+    bytes: AtomicUsize,
     /// Blocks on the list per slot, counted the same way (written by
     /// pushers and the owner's swap: on lines of its own).
-    ready: Slots<AtomicU32>,
+    per_slot: Slots<AtomicU32>,
 }
 
 impl RemoteList {
@@ -30,15 +33,15 @@ impl RemoteList {
     pub(crate) fn new(slots: usize) -> Self {
         Self {
             head: AtomicPtr::new(std::ptr::null_mut()),
-            ready_bytes: AtomicUsize::new(0),
-            ready: Slots::new(slots),
+            bytes: AtomicUsize::new(0),
+            per_slot: Slots::new(slots),
         }
     }
 
     /// Blocks of `slot` on the list (a statistic or a hint).
-    pub(crate) fn ready_in(&self, slot: usize) -> u32 {
+    pub(crate) fn count_in(&self, slot: usize) -> u32 {
         // Relaxed: a statistic or a hint.
-        self.ready[slot].load(Ordering::Relaxed)
+        self.per_slot[slot].load(Ordering::Relaxed)
     }
 
     /// Whether the list looks empty. Relaxed: a stale answer either way
@@ -51,17 +54,16 @@ impl RemoteList {
     /// Footprint bytes of the blocks on the list (a bound on a cache's
     /// size; a racing read may be off by the blocks in transit).
     #[inline]
-    pub(crate) fn ready_bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         // Relaxed: a bound on a cache's size, publishing nothing.
-        self.ready_bytes.load(Ordering::Relaxed)
+        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Pushes `block`; returns whether the list was empty before.
     pub(crate) fn push(&self, block: Block) -> bool {
-        // Relaxed: counts; see `ready_bytes`.
-        self.ready_bytes
-            .fetch_add(block.footprint(), Ordering::Relaxed);
-        self.ready[block.slot()].fetch_add(1, Ordering::Relaxed);
+        // Relaxed: counts; see `bytes`.
+        self.bytes.fetch_add(block.footprint(), Ordering::Relaxed);
+        self.per_slot[block.slot()].fetch_add(1, Ordering::Relaxed);
         let node = block.into_raw();
         // Relaxed: only the expected value of the CAS, which re-checks it.
         let mut head = self.head.load(Ordering::Relaxed);
@@ -93,12 +95,66 @@ impl RemoteList {
         let mut bytes = 0;
         for meta in taken.peek() {
             bytes += meta.footprint_bytes();
-            // Relaxed: see `ready_bytes`.
-            self.ready[meta.slot()].fetch_sub(1, Ordering::Relaxed);
+            // Relaxed: see `bytes`.
+            self.per_slot[meta.slot()].fetch_sub(1, Ordering::Relaxed);
         }
-        // Relaxed: see `ready_bytes`.
-        self.ready_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        // Relaxed: see `bytes`.
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         taken
+    }
+}
+
+/// What the cleaner hands one thread cache: the ready buffers it made for
+/// the cache's owner, and the pinned buffers dropped through the cache that
+/// it is to release in bulk. Cleaner jobs point here, not at the cache, so
+/// that finishing a buffer reaches nothing above the lists.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    /// Ready buffers for the owner, who collects them on its next take.
+    pub(crate) ready: RemoteList,
+    /// Pinned buffers dropped through the cache past the cleaner's
+    /// recycling backlog, for the cleaner to release in bulk.
+    pub(crate) released: RemoteList,
+    /// Footprint bytes in the owner's own ready lists: written by the owner
+    /// (or a thief that has locked it out), read to bound the cache.
+    listed: CachePadded<AtomicUsize>,
+    /// The most ready bytes the cache holds.
+    limit: usize,
+}
+
+impl Inbox {
+    /// An empty inbox for a pool of `slots` slots, whose cache holds at
+    /// most `limit` ready bytes.
+    pub(crate) fn new(slots: usize, limit: usize) -> Self {
+        Self {
+            ready: RemoteList::new(slots),
+            released: RemoteList::new(slots),
+            listed: CachePadded::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// Whether the cache can take `bytes` more ready bytes (a racing read
+    /// may over- or under-state the room by one buffer; the cap is kept by
+    /// the pool's estimate, not by this).
+    pub(crate) fn has_room(&self, bytes: usize) -> bool {
+        self.listed() + self.ready.bytes() + bytes <= self.limit
+    }
+
+    /// Footprint bytes in the owner's ready lists.
+    pub(crate) fn listed(&self) -> usize {
+        // Relaxed: a soft limit and a hint.
+        self.listed.load(Ordering::Relaxed)
+    }
+
+    /// Records that the owner's ready lists gained (`grew`) or lost
+    /// `bytes`. Only the owner, or a thief that has locked it out, calls.
+    pub(crate) fn relist(&self, bytes: usize, grew: bool) {
+        // Relaxed: one writer at a time (the owner / thief handshake
+        // orders them); readers take it as a hint.
+        let now = self.listed.load(Ordering::Relaxed);
+        let next = if grew { now + bytes } else { now - bytes };
+        self.listed.store(next, Ordering::Relaxed);
     }
 }
 

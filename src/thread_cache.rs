@@ -43,15 +43,16 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::{Block, Meta};
+use crate::cleaner::intake::{Intake, Origin};
 use crate::flush::{Books, Counts, Flush};
-use crate::remote::RemoteList;
+use crate::remote::{Inbox, RemoteList};
 use crate::size_class::{Classes, SizeClass};
 use crate::slots::Slots;
 use crate::stats::Counters;
 use crate::sync::per_thread::{self, PerThread};
 use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
 use crate::sync::{
-    barrier, fence, spin, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard,
+    barrier, fence, spin, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard,
     Ordering, UnsafeCell,
 };
 
@@ -59,15 +60,6 @@ use crate::sync::{
 const THIEF: u32 = 1;
 /// Request bit: the pool is closed; drops go to the reaper.
 const CLOSED: u32 = 2;
-
-/// Where drops that a cache does not keep go (implemented by the pool).
-pub(crate) trait Sink: Sync {
-    /// A dropped buffer, counted in `home`'s flush counters, that needs the
-    /// cleaner. Called inside the dropping thread's active window.
-    fn route(&self, home: &ThreadCache, block: Block);
-    /// A buffer dropped after the pool closed.
-    fn late(&self, block: Block);
-}
 
 /// What an owner's take found in its own cache.
 #[derive(Debug)]
@@ -266,8 +258,6 @@ struct OwnerPart {
     taken_bytes: AtomicU64,
     /// Buffers in the deferred lists.
     deferred: AtomicUsize,
-    /// Footprint bytes in the ready lists.
-    ready_bytes: AtomicUsize,
     /// When this owner last locked other owners out to steal (microseconds
     /// since the pool was built): steals that interrupt every thread are
     /// rate-limited.
@@ -284,13 +274,11 @@ struct OwnerPart {
 struct SharedPart {
     request: AtomicU32,
     lock: Mutex<()>,
-    /// Ready buffers the cleaner returned to this owner.
-    remote: RemoteList,
+    /// What the cleaner hands this cache: ready buffers for the owner,
+    /// and pinned buffers to release in bulk.
+    inbox: Inbox,
     /// Buffers other threads dropped (not yet cleaned).
     returns: RemoteList,
-    /// Pinned buffers dropped through this cache while the cleaner's
-    /// recycling backlog was full, for the cleaner to release in bulk.
-    released: RemoteList,
     /// Drops by other threads in progress (closing waits for them).
     busy: AtomicUsize,
     /// Footprint bytes taken through the orphan cache (no owner).
@@ -333,6 +321,7 @@ impl ThreadCache {
     fn new(
         classes: &Classes,
         devices: usize,
+        limit: usize,
         caches: NonNull<Caches>,
         flush: NonNull<Flush>,
         orphan: bool,
@@ -347,7 +336,6 @@ impl ThreadCache {
                 slots: Slots::new(slots),
                 taken_bytes: AtomicU64::new(0),
                 deferred: AtomicUsize::new(0),
-                ready_bytes: AtomicUsize::new(0),
                 last_steal: AtomicU64::new(0),
                 cleaned: AtomicU64::new(0),
                 borrowed: AtomicU64::new(0),
@@ -356,9 +344,8 @@ impl ThreadCache {
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
                 lock: Mutex::new(()),
-                remote: RemoteList::new(slots),
+                inbox: Inbox::new(slots, limit),
                 returns: RemoteList::new(slots),
-                released: RemoteList::new(slots),
                 busy: AtomicUsize::new(0),
                 taken_bytes: AtomicU64::new(0),
                 injected: AtomicU64::new(0),
@@ -418,7 +405,7 @@ impl ThreadCache {
         let caches = self.caches();
         let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
-            if !self.shared.remote.is_empty() || !self.shared.returns.is_empty() {
+            if !self.shared.inbox.ready.is_empty() || !self.shared.returns.is_empty() {
                 self.collect(lists);
             }
             let found = lists.slot(caches.slots, slot);
@@ -477,7 +464,7 @@ impl ThreadCache {
     /// thief that locks the owner out sees the buffers in one place or the
     /// other).
     fn collect(&self, lists: &mut Lists) {
-        self.adopt(lists, self.shared.remote.take_all());
+        self.adopt(lists, self.shared.inbox.ready.take_all());
         let classes = &self.caches().classes;
         for block in self.shared.returns.take_all() {
             let (device, class) = (block.device(), block.class());
@@ -507,8 +494,8 @@ impl ThreadCache {
         let caches = self.caches();
         self.as_owner(|lists| {
             for other in caches.iter().filter(|c| !std::ptr::eq(*c, self)) {
-                if !other.shared.remote.is_empty() {
-                    self.adopt(lists, other.shared.remote.take_all());
+                if !other.shared.inbox.ready.is_empty() {
+                    self.adopt(lists, other.shared.inbox.ready.take_all());
                 }
             }
             let slot = caches.classes.slot(device, class);
@@ -525,11 +512,7 @@ impl ThreadCache {
         let n = &self.owner.slots[slot].ready;
         // Relaxed: statistics and hints, with one writer at a time.
         n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        let bytes = &self.owner.ready_bytes;
-        bytes.store(
-            bytes.load(Ordering::Relaxed) + block.footprint(),
-            Ordering::Relaxed,
-        );
+        self.shared.inbox.relist(block.footprint(), true);
     }
 
     /// Accounts for `block` leaving the ready list of `slot`.
@@ -537,11 +520,7 @@ impl ThreadCache {
         let n = &self.owner.slots[slot].ready;
         // Relaxed: as in `enready`.
         n.store(n.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
-        let bytes = &self.owner.ready_bytes;
-        bytes.store(
-            bytes.load(Ordering::Relaxed) - block.footprint(),
-            Ordering::Relaxed,
-        );
+        self.shared.inbox.relist(block.footprint(), false);
     }
 
     /// Gives a dropped buffer back: to the owner's deferred list, this
@@ -566,12 +545,12 @@ impl ThreadCache {
                 self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             } else {
                 // Inside the active window, so closing cannot miss it.
-                caches.sink().route(self, block);
+                caches.intake.submit(self.origin(caches.cap(), true), block);
             }
         });
         if counted.is_none() {
             caches
-                .sink()
+                .intake
                 .late(held.take().expect("the closure did not run"));
         }
     }
@@ -587,7 +566,7 @@ impl ThreadCache {
         fence(Ordering::SeqCst);
         if shared.request.load(Ordering::Relaxed) & CLOSED != 0 {
             shared.busy.fetch_sub(1, Ordering::Release);
-            caches.sink().late(block);
+            caches.intake.late(block);
             return;
         }
         block.set_ticket(self.books.open(false));
@@ -596,7 +575,9 @@ impl ThreadCache {
         if keep {
             shared.returns.push(block);
         } else {
-            caches.sink().route(self, block);
+            caches
+                .intake
+                .submit(self.origin(caches.cap(), false), block);
         }
         // Release: the close's Acquire read of `busy` sees the push.
         shared.busy.fetch_sub(1, Ordering::Release);
@@ -663,24 +644,6 @@ impl ThreadCache {
     pub(crate) fn cleaned(&self) -> u64 {
         // Relaxed: a statistic.
         self.owner.cleaned.load(Ordering::Relaxed)
-    }
-
-    /// Hands a ready buffer to the owner through the remote list (the
-    /// cleaner's return path). The caller has checked [`has_room`].
-    ///
-    /// [`has_room`]: Self::has_room
-    pub(crate) fn push_ready(&self, block: Block) {
-        self.shared.remote.push(block);
-    }
-
-    /// Whether the cache can take `bytes` more ready bytes (a racing read
-    /// may over- or under-state the room by one buffer; the cap is kept by
-    /// the pool's estimate, not by this).
-    pub(crate) fn has_room(&self, bytes: usize) -> bool {
-        // Relaxed: a soft limit.
-        let held =
-            self.owner.ready_bytes.load(Ordering::Relaxed) + self.shared.remote.ready_bytes();
-        held + bytes <= self.caches().limit
     }
 
     /// Counts a take that hit, of `bytes` pooled footprint bytes (0 for a
@@ -791,7 +754,8 @@ impl ThreadCache {
     /// estimate while the cache is in use).
     pub(crate) fn ready_in(&self, slot: usize) -> u32 {
         // Relaxed: a statistic or a hint.
-        self.owner.slots[slot].ready.load(Ordering::Relaxed) + self.shared.remote.ready_in(slot)
+        self.owner.slots[slot].ready.load(Ordering::Relaxed)
+            + self.shared.inbox.ready.count_in(slot)
     }
 
     /// Footprint bytes taken out of the pool through this cache, ever.
@@ -813,7 +777,7 @@ impl ThreadCache {
     /// Whether ready buffers sit in this cache's lists (a hint: Relaxed; a
     /// stale answer moves a sweep to its next round).
     pub(crate) fn has_ready(&self) -> bool {
-        self.owner.ready_bytes.load(Ordering::Relaxed) > 0
+        self.shared.inbox.listed() > 0
     }
 
     /// A figure that changes whenever the owner drops, reuses a deferred
@@ -826,7 +790,7 @@ impl ThreadCache {
         // Relaxed: a heuristic.
         crate::flush::drops(std::iter::once(self.counts()))
             + self.counts().0.completions()
-            + self.owner.ready_bytes.load(Ordering::Relaxed) as u64
+            + self.shared.inbox.listed() as u64
     }
 
     /// The cache's flush counters.
@@ -834,22 +798,27 @@ impl ThreadCache {
         self.books.counts()
     }
 
-    /// The remote list of ready buffers, for eviction and `clear` (under
-    /// the admission lock).
-    pub(crate) fn remote(&self) -> &RemoteList {
-        &self.shared.remote
+    /// This cache as the origin of a buffer handed to the cleaner now,
+    /// under `cap`, by its owner or not.
+    pub(crate) fn origin(&self, cap: usize, by_owner: bool) -> Origin<'_> {
+        Origin {
+            home: &self.shared.inbox,
+            counters: &self.caches().counters,
+            cap,
+            by_owner,
+        }
+    }
+
+    /// What the cleaner hands this cache (its ready list is taken for
+    /// eviction and `clear` under the admission lock).
+    pub(crate) fn inbox(&self) -> &Inbox {
+        &self.shared.inbox
     }
 
     /// The remote list of buffers dropped by other threads, for flushes,
     /// sweeps and closing: a swap takes it whole.
     pub(crate) fn returns(&self) -> &RemoteList {
         &self.shared.returns
-    }
-
-    /// The list of pinned buffers dropped through this cache that the
-    /// cleaner is to release in bulk (see `Cleaner::shed`).
-    pub(crate) fn released(&self) -> &RemoteList {
-        &self.shared.released
     }
 }
 
@@ -878,16 +847,9 @@ pub(crate) struct Caches {
     /// it could not be pooled either.
     cap: AtomicUsize,
     pins: bool,
-    sink: crate::sync::OnceLock<SinkRef>,
+    /// Where the drops the caches do not keep go: the cleaner's intake.
+    pub(crate) intake: Arc<Intake>,
 }
-
-/// A pointer to the pool that owns the caches.
-struct SinkRef(NonNull<dyn Sink>);
-
-// SAFETY: the sink is the pool, `Sync`, and outlives its caches.
-unsafe impl Send for SinkRef {}
-// SAFETY: as above.
-unsafe impl Sync for SinkRef {}
 
 impl std::fmt::Debug for Caches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -938,10 +900,12 @@ impl Caches {
         cap: usize,
         pins: bool,
         contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
+        intake: Arc<Intake>,
     ) -> Box<Self> {
         let orphan = ThreadCache::new(
             &classes,
             devices,
+            limit,
             NonNull::dangling(),
             NonNull::dangling(),
             true,
@@ -959,7 +923,7 @@ impl Caches {
             limit,
             cap: AtomicUsize::new(cap),
             pins,
-            sink: crate::sync::OnceLock::new(),
+            intake,
         });
         // The box gave `Caches` its address: point the orphan at it.
         caches.orphan.owner.caches = NonNull::from(&*caches);
@@ -985,20 +949,6 @@ impl Caches {
         self.cap.store(cap, Ordering::Relaxed);
     }
 
-    /// Sets where drops go; once, before any cache is used.
-    ///
-    /// # Safety
-    /// `sink` outlives these caches.
-    pub(crate) unsafe fn set_sink(&self, sink: &(dyn Sink + 'static)) {
-        let _ = self.sink.set(SinkRef(NonNull::from(sink)));
-    }
-
-    fn sink(&self) -> &dyn Sink {
-        let sink = self.sink.get().expect("the pool sets its sink when built");
-        // SAFETY: the sink outlives the caches (see `set_sink`).
-        unsafe { sink.0.as_ref() }
-    }
-
     /// The calling thread's cache and whether the thread owns it: its own,
     /// or the orphan cache (not owned) while the thread is being torn down.
     #[inline]
@@ -1008,6 +958,7 @@ impl Caches {
                 ThreadCache::new(
                     &self.classes,
                     self.devices,
+                    self.limit,
                     NonNull::from(self),
                     NonNull::from(&self.flush),
                     false,
@@ -1077,7 +1028,7 @@ impl Caches {
         LockedOut { entries }
     }
 
-    /// Closes every cache: from now on drops go to [`Sink::late`]. Returns
+    /// Closes every cache: from now on drops go to [`Intake::late`]. Returns
     /// once no drop that missed the close is still under way.
     pub(crate) fn close(&self) {
         for cache in self.iter() {

@@ -33,10 +33,11 @@
 //! [`CHUNK`]: crate::sync::tune::CHUNK
 
 pub(crate) mod device_sync;
+pub(crate) mod intake;
+pub(crate) mod job;
 pub(crate) mod parking;
 pub(crate) mod spent;
 
-use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
@@ -45,18 +46,16 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
 use crate::stats::Counters;
-use crate::sync::lanes::{Lane, Lanes, Popped};
-use crate::sync::track::Contents;
-use crate::sync::tune::{
-    CHUNK, POLL, RECYCLE_BACKLOG, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG,
-    ZERO_BACKLOG_MIN,
-};
+use crate::sync::lanes::{Lane, Popped};
+use crate::sync::tune::{CHUNK, POLL, SWEEPS, SWEEP_MAX, SWEEP_MIN};
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
 
-use device_sync::{DeviceSyncs, Synced};
+use device_sync::Synced;
+use intake::Intake;
+pub(crate) use job::Returned;
+use job::{Chunked, Job};
 use parking::Parking;
-use spent::Spent;
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -73,114 +72,11 @@ impl Env<'_> {
     }
 }
 
-/// A dropped buffer on its way through the cleaner, with the cache its
-/// drop was counted in. If a job panics while holding one, its `Drop`
-/// frees the buffer if it is known to be quiescent and unregistered, leaks
-/// it otherwise, and counts the completion: nothing is lost and no flush
-/// hangs.
-#[derive(Debug)]
-pub(crate) struct Returned {
-    block: Option<Block>,
-    home: NonNull<ThreadCache>,
-    /// Freed once quiescent rather than recycled.
-    release: bool,
-    /// Its copies are known to have finished.
-    quiet: bool,
-    /// Goes to its device's shard, not back to its home cache (whose owner
-    /// went idle).
-    to_shard: bool,
-}
-
-// SAFETY: a returned buffer owns its block; `home` points into the pool's
-// caches, which outlive every job (jobs are drained before a pool goes).
-unsafe impl Send for Returned {}
-
 impl Returned {
-    pub(crate) fn new(block: Block, home: &ThreadCache) -> Self {
-        Self {
-            block: Some(block),
-            home: NonNull::from(home),
-            release: false,
-            quiet: false,
-            to_shard: false,
-        }
-    }
-
-    fn block(&self) -> &Block {
-        self.block.as_ref().expect("held until finished")
-    }
-
-    fn block_mut(&mut self) -> &mut Block {
-        self.block.as_mut().expect("held until finished")
-    }
-
-    fn home(&self) -> &ThreadCache {
-        // SAFETY: see the `Send` impl.
-        unsafe { self.home.as_ref() }
-    }
-
     /// Leaks the buffer at once (its fence failed) and counts it.
     pub(crate) fn fail_now(self, env: Env<'_>, e: &Error) {
         Cleaner::fail(env, self, e);
     }
-
-    /// Takes the block out, completing nothing yet.
-    pub(crate) fn into_block(mut self) -> Block {
-        self.block.take().expect("held until finished")
-    }
-}
-
-impl Drop for Returned {
-    fn drop(&mut self) {
-        let Some(mut block) = self.block.take() else {
-            return;
-        };
-        let counters = &self.home().caches().counters;
-        let ticket = block.take_ticket();
-        if self.quiet && !block.is_pinned() {
-            tracing::error!("pinpool: a cleaner job failed part-way; freeing its buffer");
-            block.fences_mut().release();
-            Counters::add(&counters.released, 1);
-            drop(block);
-        } else {
-            tracing::error!(
-                bytes = block.footprint(),
-                "pinpool: a cleaner job failed part-way; leaking its buffer"
-            );
-            block.fences_mut().abandon();
-            let leaked = block.leak();
-            Counters::add(&counters.leaked_bytes, leaked as u64);
-        }
-        if let Some(ticket) = ticket {
-            ticket.close(false);
-        }
-    }
-}
-
-/// What the cleaner receives.
-pub(crate) enum Job {
-    /// A dropped buffer to clean and recycle.
-    Clean(Returned),
-    /// A dropped pool-miss buffer to register on its first cycle.
-    Register(Returned),
-    /// Collect the caches' release lists: pinned buffers shed past the
-    /// backlog, to free once their copies are done (see `Cleaner::shed`).
-    Bulk,
-    /// Collect the fences of buffers their droppers freed (see [`Spent`]).
-    Spent,
-    /// Chunk `index` of a large buffer's zeroing / pre-faulting.
-    Chunk(Arc<Chunked>, usize),
-}
-
-/// A large buffer being zeroed / pre-faulted by several workers.
-pub(crate) struct Chunked {
-    returned: Mutex<Option<Returned>>,
-    contents: Contents,
-    base: usize,
-    dirty: usize,
-    end: usize,
-    /// Chunks not yet done; the worker that takes it to zero finishes.
-    remaining: AtomicUsize,
 }
 
 /// How long worker 0 waits before sweeping idle caches, and what it saw of
@@ -194,7 +90,6 @@ struct Sweep {
 
 /// The cleaner; see the module docs.
 pub(crate) struct Cleaner {
-    lanes: Lanes<Job>,
     workers: Mutex<Vec<thread::JoinHandle<()>>>,
     /// Whether workers run (a hint: set under `workers`).
     running: AtomicBool,
@@ -202,22 +97,12 @@ pub(crate) struct Cleaner {
     /// `started` indices run (see `start`).
     started: HintCounter,
     width: usize,
-    pins: bool,
+    /// Where drops come in: the lanes, the backlogs, the device
+    /// synchronizes (shared with the thread caches).
+    intake: Arc<Intake>,
     parking: Parking,
-    syncs: DeviceSyncs,
     /// Per device: the synchronize run for closed pools' late buffers.
     late_syncs: Box<[LateSync]>,
-    /// Registrations queued or running, and the most allowed.
-    register_queued: AtomicUsize,
-    register_backlog: usize,
-    /// Dirty bytes queued for zeroing.
-    zero_queued: AtomicUsize,
-    /// Buffers queued for recycling (`Job::Clean`, not yet run): at most
-    /// [`RECYCLE_BACKLOG`] (give or take the drops racing at the bound).
-    /// Buffers parked for their copies are not counted.
-    recycle_queued: HintCounter,
-    /// Fences of buffers freed by their droppers.
-    spent: Spent,
     sweep: Mutex<Sweep>,
 }
 
@@ -225,7 +110,7 @@ impl std::fmt::Debug for Cleaner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cleaner")
             .field("width", &self.width)
-            .field("lanes", &self.lanes)
+            .field("intake", &self.intake)
             .field("parked", &self.parking.len())
             .finish_non_exhaustive()
     }
@@ -275,22 +160,15 @@ enum Failed {
 
 impl Cleaner {
     /// A stopped cleaner of `width` workers for `devices` devices.
-    pub(crate) fn new(width: usize, devices: usize, pins: bool) -> Self {
+    pub(crate) fn new(width: usize, devices: usize, intake: Arc<Intake>) -> Self {
         Self {
-            lanes: Lanes::new(),
+            intake,
             workers: Mutex::new(Vec::new()),
             running: AtomicBool::new(false),
             started: HintCounter::new(0),
             width,
-            pins,
             parking: Parking::new(),
-            syncs: DeviceSyncs::new(devices),
             late_syncs: (0..devices).map(|_| LateSync::new()).collect(),
-            register_queued: AtomicUsize::new(0),
-            register_backlog: REGISTER_BACKLOG + 16 * width,
-            zero_queued: AtomicUsize::new(0),
-            recycle_queued: HintCounter::new(0),
-            spent: Spent::new(),
             sweep: Mutex::new(Sweep {
                 wait: SWEEP_MIN,
                 due: Instant::now(),
@@ -335,7 +213,7 @@ impl Cleaner {
     /// Stops and joins the workers. Queued jobs stay queued.
     pub(crate) fn stop(&self) {
         let mut workers = self.workers.lock();
-        self.lanes.stop(workers.len());
+        self.intake.lanes.stop(workers.len());
         for handle in workers.drain(..) {
             if handle.join().is_err() {
                 tracing::error!("pinpool: a cleaner worker panicked");
@@ -343,114 +221,6 @@ impl Cleaner {
         }
         self.started.store(0, Ordering::Relaxed);
         self.running.store(false, Ordering::Relaxed);
-    }
-
-    /// Takes a dropped buffer that its cache does not keep. Never blocks:
-    /// atomics and a channel send only (it runs inside the dropping
-    /// thread's active window, where taking a lock could deadlock with a
-    /// thief).
-    pub(crate) fn submit(&self, home: &ThreadCache, block: Block, cap: usize) {
-        self.submit_to(home, block, cap, false, false);
-    }
-
-    /// Takes a fresh buffer to pin and pool ahead of demand (`reserve`, or
-    /// provisioning), counted in `home` (the orphan cache): it goes to its
-    /// shard. One that `reserve` asked for (`meta.reserved`) is registered
-    /// whatever the registration backlog; a provisioned one yields to it.
-    /// Neither counts against the recycling backlog: both are fresh and
-    /// clean, as many as the caller asked for.
-    pub(crate) fn submit_reserved(&self, home: &ThreadCache, block: Block, cap: usize) {
-        self.submit_to(home, block, cap, true, true);
-    }
-
-    /// As [`submit`](Self::submit); the buffer goes to its shard once ready
-    /// if `to_shard`, and is pinned ahead of demand if `ahead`.
-    fn submit_to(
-        &self,
-        home: &ThreadCache,
-        mut block: Block,
-        cap: usize,
-        to_shard: bool,
-        ahead: bool,
-    ) {
-        let register = self.pins && !block.is_pinned();
-        self.note_drop(&mut block);
-        let meta = block.meta_mut();
-        meta.dropped_at = Some(Instant::now());
-        let reserved = meta.reserved;
-        let mut returned = Returned::new(block, home);
-        returned.to_shard = to_shard;
-        if register {
-            // Relaxed: a bound on a queue length, publishing nothing; a
-            // racing read lets a few drops past it or sheds a few below it.
-            if !reserved && self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
-                // Registrations are backed up: free this miss buffer rather
-                // than let misses breed an ever longer queue.
-                Counters::add(&home.caches().counters.registrations_skipped, 1);
-                self.shed(home, returned);
-            } else {
-                self.register_queued.fetch_add(1, Ordering::Relaxed);
-                self.lanes.push(Lane::Register, Job::Register(returned));
-            }
-            return;
-        }
-        let dirty = returned.block().dirty();
-        // Relaxed: bounds, as above. What is pinned ahead of demand is
-        // queued whatever the backlog.
-        let limit = (cap / 2).clamp(ZERO_BACKLOG_MIN, ZERO_BACKLOG);
-        // The buffers queued to recycle. Parked ones (waiting for their
-        // copies or a device synchronize) are not counted: they hold no
-        // queue, only the memory a copy pipeline of the caller's keeps in
-        // flight, and shedding them would cost the pinned memory of every
-        // copy past the bound.
-        let queued = self.recycle_queued.load(Ordering::Relaxed);
-        let full =
-            self.zero_queued.load(Ordering::Relaxed) + dirty > limit || queued >= RECYCLE_BACKLOG;
-        if full && !ahead {
-            Counters::add(&home.caches().counters.zeroing_skipped, 1);
-            self.shed(home, returned);
-            return;
-        }
-        self.zero_queued.fetch_add(dirty, Ordering::Relaxed);
-        self.recycle_queued.fetch_add(1, Ordering::Relaxed);
-        self.lanes.push(Lane::Recycle, Job::Clean(returned));
-    }
-
-    /// Takes a dropped buffer that a full backlog (registrations, bytes to
-    /// zero, or buffers to recycle) has no room for, so that dropping
-    /// faster than the cleaner works grows no queue (and no flush's wait)
-    /// without bound, while the dropping thread still never blocks, calls
-    /// the backend or takes a lock:
-    ///
-    /// - a pageable buffer is freed here (nothing of CUDA to undo, and no
-    ///   copy can still read it: copies from pageable memory are staged
-    ///   before they return); its fences and spare events, which only the
-    ///   driver destroys and the event pool's lock takes back, go to the
-    ///   cleaner ([`Spent`]);
-    /// - a pinned one needs the driver to be unregistered: it goes on its
-    ///   home cache's release list, which the cleaner frees in bulk once
-    ///   the buffers' copies are done.
-    ///
-    /// Either list queues one collecting job when a push finds it empty,
-    /// so the queue gains at most one job per collection.
-    fn shed(&self, home: &ThreadCache, returned: Returned) {
-        let mut block = returned.into_block();
-        if block.is_pinned() {
-            if home.released().push(block) {
-                self.lanes.push(Lane::Recycle, Job::Bulk);
-            }
-            return;
-        }
-        let fences = std::mem::take(block.fences_mut());
-        let ticket = block.take_ticket();
-        Counters::add(&home.caches().counters.released, 1);
-        drop(block);
-        if let Some(ticket) = ticket {
-            ticket.close(home.is_owned_here());
-        }
-        if !fences.is_bare() && self.spent.push(fences) {
-            self.lanes.push(Lane::Recycle, Job::Spent);
-        }
     }
 
     /// Frees, in bulk, the pinned buffers that [`shed`](Self::shed) put on
@@ -463,7 +233,7 @@ impl Cleaner {
         let mut batch = Vec::new();
         let mut notes: Vec<(usize, u64)> = Vec::new();
         for cache in env.places.caches.iter() {
-            for mut block in cache.released().take_all() {
+            for mut block in cache.inbox().released.take_all() {
                 if block.fences_mut().is_empty() {
                     let (device, note) = (block.device(), block.meta_mut().sync_gen);
                     match notes.iter_mut().find(|(d, _)| *d == device) {
@@ -471,14 +241,14 @@ impl Cleaner {
                         None => notes.push((device, note)),
                     }
                 }
-                let mut returned = Returned::new(block, cache);
+                let mut returned = Returned::new(block, cache.inbox(), env.counters());
                 returned.release = true;
                 batch.push(returned);
             }
         }
         let mut failed: Vec<(usize, Error)> = Vec::new();
         for (device, note) in notes {
-            match self.syncs.wait(env.backend, device, note) {
+            match self.intake.syncs.wait(env.backend, device, note) {
                 Ok(true) => Counters::add(&env.counters().device_syncs, 1),
                 Ok(false) => {}
                 Err(e) => failed.push((device, e)),
@@ -510,18 +280,6 @@ impl Cleaner {
         }
     }
 
-    /// Notes, on a dropped pinned buffer without recorded events, the
-    /// device synchronizes started so far: one numbered above the note
-    /// covers the copies that may still read it. Every path that takes a
-    /// dropped buffer in (the cleaner's, a closed pool's) notes it before
-    /// anything can release it.
-    pub(crate) fn note_drop(&self, block: &mut Block) {
-        if block.is_pinned() && block.fences_mut().is_empty() {
-            let note = self.syncs.started(block.device());
-            block.meta_mut().sync_gen = note;
-        }
-    }
-
     /// Where a closed pool's late buffer stands; the reaper, the only
     /// caller, never blocks here: a device synchronize the buffer needs is
     /// [`Late::NeedsSync`], for the caller to run off the reaper's thread
@@ -537,7 +295,7 @@ impl Cleaner {
             return Ok(Late::Settled);
         }
         let (device, note) = (block.device(), block.meta_mut().sync_gen);
-        if self.syncs.settled(device, note) {
+        if self.intake.syncs.settled(device, note) {
             return Ok(Late::Settled);
         }
         let late = &self.late_syncs[device];
@@ -561,7 +319,7 @@ impl Cleaner {
     /// asked for (blocking the calling thread).
     pub(crate) fn run_late_sync(&self, env: Env<'_>, device: usize, note: u64) {
         let late = &self.late_syncs[device];
-        match self.syncs.wait(env.backend, device, note) {
+        match self.intake.syncs.wait(env.backend, device, note) {
             Ok(synced) => {
                 if synced {
                     Counters::add(&env.counters().device_syncs, 1);
@@ -601,7 +359,7 @@ impl Cleaner {
             } else {
                 None
             };
-            let popped = self.lanes.pop(register, register_first, timeout);
+            let popped = self.intake.lanes.pop(register, register_first, timeout);
             if matches!(popped, Popped::Stop) {
                 break;
             }
@@ -628,18 +386,19 @@ impl Cleaner {
     fn run(&self, env: Env<'_>, job: Job) {
         match job {
             Job::Clean(returned) => {
-                self.zero_queued
+                self.intake
+                    .zero_queued
                     .fetch_sub(returned.block().dirty(), Ordering::Relaxed);
-                self.recycle_queued.fetch_sub(1, Ordering::Relaxed);
+                self.intake.recycle_queued.fetch_sub(1, Ordering::Relaxed);
                 self.process(env, returned);
             }
             Job::Register(returned) => {
-                self.register_queued.fetch_sub(1, Ordering::Relaxed);
+                self.intake.register_queued.fetch_sub(1, Ordering::Relaxed);
                 self.process(env, returned);
             }
             Job::Bulk => self.release_bulk(env),
             Job::Spent => {
-                for mut fences in self.spent.take_all() {
+                for mut fences in self.intake.spent.take_all() {
                     // Spare events back to the pool; the rest destroyed.
                     fences.release();
                 }
@@ -653,13 +412,13 @@ impl Cleaner {
     /// Buffers whose copies are still running stay parked.
     pub(crate) fn drain_inline(&self, env: Env<'_>) {
         loop {
-            while let Some(job) = self.lanes.try_pop() {
+            while let Some(job) = self.intake.lanes.try_pop() {
                 self.run(env, job);
             }
             self.poll_parked(env);
             // A parked buffer that became ready may have queued the chunks
             // of its zeroing: run those too, or nobody will.
-            if self.lanes.len() == 0 {
+            if self.intake.lanes.len() == 0 {
                 break;
             }
         }
@@ -694,7 +453,7 @@ impl Cleaner {
         }
         if block.is_pinned() {
             let (device, note) = (block.device(), block.meta_mut().sync_gen);
-            match self.syncs.try_sync(env.backend, device, note)? {
+            match self.intake.syncs.try_sync(env.backend, device, note)? {
                 Synced::Already => {}
                 Synced::Ran => Counters::add(&env.counters().device_syncs, 1),
                 Synced::Busy => return Ok(false),
@@ -708,7 +467,7 @@ impl Cleaner {
     fn fail(env: Env<'_>, mut returned: Returned, e: &Error) {
         let counters = env.counters();
         Counters::add(&counters.fence_failures, 1);
-        let mut block = returned.block.take().expect("held until finished");
+        let mut block = returned.take_block().expect("held until finished");
         tracing::error!(
             error = %e,
             bytes = block.footprint(),
@@ -735,7 +494,7 @@ impl Cleaner {
                 let block = returned.block_mut();
                 if block.fences_mut().is_empty() && block.is_pinned() {
                     let (device, note) = (block.device(), block.meta_mut().sync_gen);
-                    if self.syncs.settled(device, note) {
+                    if self.intake.syncs.settled(device, note) {
                         return Some(Ok(()));
                     }
                     if let Some(i) = failed.iter().position(|(d, _)| *d == device) {
@@ -759,7 +518,7 @@ impl Cleaner {
             }
             let mut ran = false;
             for (device, note) in syncs_wanted {
-                match self.syncs.try_sync(env.backend, device, note) {
+                match self.intake.syncs.try_sync(env.backend, device, note) {
                     Ok(Synced::Ran) => {
                         Counters::add(&env.counters().device_syncs, 1);
                         ran = true;
@@ -803,7 +562,7 @@ impl Cleaner {
     /// pre-faults the rest; splits the work across workers when large.
     fn prepare(&self, env: Env<'_>, returned: Returned) {
         let block = returned.block();
-        let register = self.pins && !block.is_pinned();
+        let register = self.intake.pins && !block.is_pinned();
         let dirty = block.dirty();
         let end = if register { block.footprint() } else { dirty };
         let base = block.as_ptr();
@@ -834,7 +593,9 @@ impl Cleaner {
         // a worker draining a batch of large buffers hands all of their
         // chunks out before zeroing any itself.
         for chunk in 0..chunks {
-            self.lanes.push(lane, Job::Chunk(Arc::clone(&task), chunk));
+            self.intake
+                .lanes
+                .push(lane, Job::Chunk(Arc::clone(&task), chunk));
         }
     }
 
@@ -860,7 +621,7 @@ impl Cleaner {
     /// head of one, whose siblings are carved then), then admits it.
     fn finish(&self, env: Env<'_>, mut returned: Returned) {
         let counters = env.counters();
-        let pins = self.pins;
+        let pins = self.intake.pins;
         let block = returned.block_mut();
         block.meta_mut().dirty = 0;
         if pins && !block.is_pinned() {
@@ -940,14 +701,16 @@ impl Cleaner {
         let mut moved = 0;
         for cache in &candidates {
             for block in cache.returns().take_all() {
-                self.submit_to(cache, block, cap, only_idle, false);
+                self.intake
+                    .submit_swept(cache.origin(cap, false), block, only_idle);
                 moved += 1;
             }
         }
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             for block in lists.take_deferred(cache) {
-                self.submit_to(cache, block, cap, only_idle, false);
+                self.intake
+                    .submit_swept(cache.origin(cap, false), block, only_idle);
                 moved += 1;
             }
             if only_idle {
@@ -1007,7 +770,7 @@ impl Cleaner {
         let cap = env.places.caches.cap();
         for mut block in plan.provision {
             orphan.count_returned(&mut block);
-            self.submit_reserved(orphan, block, cap);
+            self.intake.submit_ahead(orphan.origin(cap, false), block);
         }
     }
 }
