@@ -30,28 +30,22 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
+use crate::counter::Counter;
 use crate::sync::tune::FLUSH_POLL;
-use crate::sync::{fence, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{fence, AtomicUsize, Condvar, Mutex, Ordering};
 
 /// A cache's flush counters written only by its owner.
 #[derive(Debug, Default)]
 pub(crate) struct OwnerCounts {
-    drops: [AtomicU64; 2],
-    done: [AtomicU64; 2],
+    drops: [Counter; 2],
+    done: [Counter; 2],
 }
 
 /// A cache's flush counters that any thread may update.
 #[derive(Debug, Default)]
 pub(crate) struct SharedCounts {
-    drops: [AtomicU64; 2],
-    done: [AtomicU64; 2],
-}
-
-/// Adds one to a counter only one thread writes.
-#[inline]
-fn bump(counter: &AtomicU64, order: Ordering) {
-    // Relaxed load: the caller is the counter's only writer.
-    counter.store(counter.load(Ordering::Relaxed) + 1, order);
+    drops: [Counter; 2],
+    done: [Counter; 2],
 }
 
 impl OwnerCounts {
@@ -60,7 +54,7 @@ impl OwnerCounts {
     fn dropped(&self, parity: usize) {
         // Relaxed: a flush that must see this drop happens after it, which
         // orders its reads; a racing flush may or may not see it.
-        bump(&self.drops[parity], Ordering::Relaxed);
+        self.drops[parity].bump(1);
     }
 
     /// Counts a completion by the owner (no wake-up: flushes poll for
@@ -69,13 +63,13 @@ impl OwnerCounts {
     fn done(&self, parity: usize) {
         // Release pairs with the Acquire sum in `Flush::balanced`: what the
         // owner did to the buffer happens before the flush returns.
-        bump(&self.done[parity], Ordering::Release);
+        self.done[parity].bump_with(1, Ordering::Release);
     }
 
     /// Completions by the owner, both parities (an activity hint).
     pub(crate) fn completions(&self) -> u64 {
-        // Relaxed: a hint, publishing nothing.
-        self.done.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+        // A hint, publishing nothing.
+        self.done.iter().map(Counter::get).sum()
     }
 }
 
@@ -84,7 +78,7 @@ impl SharedCounts {
     #[inline]
     fn dropped(&self, parity: usize) {
         // Relaxed: as in `OwnerCounts::dropped`.
-        self.drops[parity].fetch_add(1, Ordering::Relaxed);
+        self.drops[parity].add(1);
     }
 
     /// Counts a completion by a thread other than the owner; the caller
@@ -92,7 +86,7 @@ impl SharedCounts {
     #[inline]
     fn done(&self, parity: usize) {
         // Release: as in `OwnerCounts::done`.
-        self.done[parity].fetch_add(1, Ordering::Release);
+        self.done[parity].add_with(1, Ordering::Release);
     }
 }
 
@@ -230,9 +224,8 @@ impl Drop for Ticket {
 pub(crate) fn in_flight<'a>(counts: impl Iterator<Item = Counts<'a>>) -> u64 {
     counts
         .map(|(o, s)| {
-            let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-            let drops: u64 = (0..2).map(|p| load(&o.drops[p]) + load(&s.drops[p])).sum();
-            let done: u64 = (0..2).map(|p| load(&o.done[p]) + load(&s.done[p])).sum();
+            let drops: u64 = (0..2).map(|p| o.drops[p].get() + s.drops[p].get()).sum();
+            let done: u64 = (0..2).map(|p| o.done[p].get() + s.done[p].get()).sum();
             drops.saturating_sub(done)
         })
         .sum()
@@ -247,7 +240,7 @@ pub(crate) fn drops<'a>(counts: impl Iterator<Item = Counts<'a>>) -> u64 {
             (0..2)
                 // Relaxed: a snapshot; the close reads it after its
                 // barrier and wait for drops under way, which order them.
-                .map(|p| o.drops[p].load(Ordering::Relaxed) + s.drops[p].load(Ordering::Relaxed))
+                .map(|p| o.drops[p].get() + s.drops[p].get())
                 .sum::<u64>()
         })
         .sum()
@@ -344,14 +337,13 @@ impl Flush {
         let done: u64 = counts
             .iter()
             .map(|(o, s)| {
-                o.done[parity].load(Ordering::Acquire) + s.done[parity].load(Ordering::Acquire)
+                o.done[parity].get_with(Ordering::Acquire)
+                    + s.done[parity].get_with(Ordering::Acquire)
             })
             .sum();
         let drops: u64 = counts
             .iter()
-            .map(|(o, s)| {
-                o.drops[parity].load(Ordering::Relaxed) + s.drops[parity].load(Ordering::Relaxed)
-            })
+            .map(|(o, s)| o.drops[parity].get() + s.drops[parity].get())
             .sum();
         done == drops
     }

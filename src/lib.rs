@@ -45,6 +45,7 @@ mod backend;
 mod buffer;
 mod cleaner;
 mod config;
+mod counter;
 mod error;
 mod fence;
 mod flush;

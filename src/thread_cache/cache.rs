@@ -1,65 +1,27 @@
-//! The per-thread caches in front of the shards.
-//!
-//! Each thread that takes buffers has one [`ThreadCache`] per pool, split as
-//! sharded-slab splits a shard: an *owner part* that only its thread writes
-//! on the fast path, and a *shared part* that other threads write, each on
-//! its own cache line.
-//!
-//! - The owner part holds, per slot (device and size class), a LIFO of
-//!   *ready* buffers and a FIFO of *deferred* ones: buffers the owner
-//!   dropped whose dirty prefix is small, left for the owner to re-zero on
-//!   its next take of that class once their fences have completed. A tight
-//!   take / write / drop loop therefore never leaves its own cache. The
-//!   owner's counters (hits, misses, flush counts) are written with a load
-//!   and a store, no read-modify-write.
-//! - The shared part holds two [remote lists](crate::remote): buffers the
-//!   cleaner made ready for this owner, and buffers other threads dropped;
-//!   the owner collects each with one swap on its next take.
-//!
-//! A take or a drop by the owner takes no lock, writes no cache line another
-//! thread writes, reads no clock and touches no reference count: it marks
-//! itself *active*, runs the light half of an [asymmetric
-//! barrier](crate::sync::barrier), checks that no other thread has asked
-//! for the lists, works on them, and marks itself inactive (two stores and a
-//! load around plain list operations).
-//!
-//! Other threads need the lists only on slow paths: a miss stealing from an
-//! idle or exited thread, `flush` moving deferred buffers along, eviction,
-//! `clear`, the cleaner's sweep of idle caches, and closing the pool. Such
-//! a *thief* takes the cache's lock, sets the request word, runs the heavy
-//! half of the barrier and waits until the owner is not active; from then
-//! on an owner that starts an operation sees the request and waits for the
-//! lock instead. The barrier makes the handshake Dekker's: either the thief
-//! sees the owner active, or the owner sees the request. Closing the pool
-//! sets a bit in the same word, so a drop after the pool is gone never
-//! touches a list.
-//!
-//! Caches outlive their threads (see [`PerThread`]), so buffers cached by an
-//! exited thread stay reachable. A thread being torn down gets no cache:
-//! its takes go through the *orphan* cache, which no thread owns.
+//! One thread's cache: the owner part, the shared part and the flush
+//! books, the owner's take and drop, and the thieves' side (see the parent
+//! module for the handshake).
 
 use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
-use crate::alloc::{Block, Meta};
-use crate::cleaner::intake::{Intake, Origin};
+use crate::alloc::Block;
+use crate::cleaner::intake::Origin;
+use crate::counter::Counter;
 use crate::flush::{Books, Counts, Flush};
 use crate::remote::{Inbox, RemoteList};
 use crate::size_class::{Classes, SizeClass};
 use crate::slots::Slots;
-use crate::stats::Counters;
-use crate::sync::per_thread::{self, PerThread};
+use crate::sync::per_thread::{self};
 use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
 use crate::sync::{
-    barrier, fence, spin, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard,
-    Ordering, UnsafeCell,
+    barrier, fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, UnsafeCell,
 };
 
-/// Request bit: a thief holds the cache's lock and works on its lists.
-const THIEF: u32 = 1;
-/// Request bit: the pool is closed; drops go to the reaper.
-const CLOSED: u32 = 2;
+use super::counts::SlotCounts;
+use super::lists::Lists;
+use super::{Caches, CLOSED};
 
 /// What an owner's take found in its own cache.
 #[derive(Debug)]
@@ -72,190 +34,24 @@ pub(crate) enum Found {
     Deferred(Block, usize),
 }
 
-/// Ready and deferred buffers of one slot.
-#[derive(Debug, Default)]
-struct Slot {
-    ready: Vec<Block>,
-    deferred: Deferred,
-}
-
-/// A slot's deferred buffers, oldest first: a FIFO linked through the
-/// blocks' metadata (`Meta::next`, which only the remote lists use
-/// otherwise, and a block in a cache's lists is on none), so that deferring
-/// and reusing a buffer write nothing but the slot and the block's own
-/// metadata.
-#[derive(Debug)]
-struct Deferred {
-    head: *mut Meta,
-    tail: *mut Meta,
-    len: usize,
-}
-
-impl Default for Deferred {
-    fn default() -> Self {
-        Self {
-            head: std::ptr::null_mut(),
-            tail: std::ptr::null_mut(),
-            len: 0,
-        }
-    }
-}
-
-impl Deferred {
-    #[inline]
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Adds `block` as the newest.
-    #[inline]
-    fn push_back(&mut self, block: Block) {
-        let node = block.into_raw();
-        // SAFETY: `node` came from `into_raw`: a live metadata box that this
-        // list now owns, linked nowhere else.
-        unsafe { (*node).next = std::ptr::null_mut() };
-        if self.tail.is_null() {
-            self.head = node;
-        } else {
-            // SAFETY: a non-null `tail` is a live node this list owns.
-            unsafe { (*self.tail).next = node };
-        }
-        self.tail = node;
-        self.len += 1;
-    }
-
-    /// Adds `block` as the oldest.
-    fn push_front(&mut self, block: Block) {
-        let node = block.into_raw();
-        // SAFETY: as in `push_back`.
-        unsafe { (*node).next = self.head };
-        if self.tail.is_null() {
-            self.tail = node;
-        }
-        self.head = node;
-        self.len += 1;
-    }
-
-    /// Takes the oldest.
-    #[inline]
-    fn pop_front(&mut self) -> Option<Block> {
-        let node = self.head;
-        if node.is_null() {
-            return None;
-        }
-        // SAFETY: a non-null `head` is a live node this list owns.
-        self.head = unsafe { (*node).next };
-        if self.head.is_null() {
-            self.tail = std::ptr::null_mut();
-        }
-        self.len -= 1;
-        // SAFETY: `node` came from `into_raw` and is unlinked now: the block
-        // returned is its only owner.
-        Some(unsafe { Block::from_raw(node) })
-    }
-
-    /// Takes every block, oldest first.
-    fn drain(&mut self) -> impl Iterator<Item = Block> + '_ {
-        std::iter::from_fn(move || self.pop_front())
-    }
-}
-
-impl Drop for Deferred {
-    fn drop(&mut self) {
-        // Lists are drained before a pool goes away; dropping a block here
-        // unmaps it (or leaks it if still pinned), as a `Vec` of them would.
-        for block in self.drain() {
-            drop(block);
-        }
-    }
-}
-
-/// Room reserved in a slot's ready list on first use: 16 entries (128
-/// bytes), of which a tight loop uses the first few, so the entries the
-/// owner writes never share a cache line with another thread's allocation.
-const SLOT_ROOM: usize = 16;
-
-impl Slot {
-    #[inline]
-    fn push_ready(&mut self, block: Block) {
-        if self.ready.capacity() == 0 {
-            self.ready.reserve(SLOT_ROOM);
-        }
-        self.ready.push(block);
-    }
-
-    #[inline]
-    fn defer(&mut self, block: Block) {
-        self.deferred.push_back(block);
-    }
-}
-
-/// A cache's lists: only its owner inside an operation, or a thief that has
-/// locked the owner out, touches them.
-#[derive(Debug, Default)]
-pub(crate) struct Lists {
-    /// Per slot (device and class); allocated for all devices on first use.
-    slots: Vec<Slot>,
-    deferred: usize,
-}
-
-impl Lists {
-    #[inline]
-    fn slot(&mut self, slots: usize, slot: usize) -> &mut Slot {
-        if self.slots.is_empty() {
-            self.allocate(slots);
-        }
-        &mut self.slots[slot]
-    }
-
-    #[cold]
-    fn allocate(&mut self, slots: usize) {
-        self.slots = (0..slots).map(|_| Slot::default()).collect();
-    }
-
-    /// Every slot, with its index.
-    fn slots(&mut self) -> impl Iterator<Item = (usize, &mut Slot)> {
-        self.slots.iter_mut().enumerate()
-    }
-}
-
-/// A slot's counters written by the owner (the orphan cache adds with
-/// `fetch_add`), read by statistics and hints: one take or drop touches one
-/// of these, and two share a cache line.
-#[derive(Debug, Default)]
-#[repr(align(32))]
-struct SlotCounts {
-    /// Takes served from the pool.
-    hits: AtomicU64,
-    /// Takes that allocated.
-    misses: AtomicU64,
-    /// Drops by the owner of buffers taken through this cache (drops by
-    /// other threads are `SharedPart::drops`), for the buffers in use per
-    /// class (takes minus drops).
-    drops: AtomicU64,
-    /// Ready buffers in the lists (owner-written; hints for thieves,
-    /// stats).
-    ready: AtomicU32,
-}
-
 /// State written by the owner (and by a thief that has locked it out).
 #[derive(Debug)]
-struct OwnerPart {
+pub(super) struct OwnerPart {
     /// Inside an operation on the lists.
-    active: AtomicBool,
+    pub(super) active: AtomicBool,
     /// Whether this is the orphan cache (no owner: its counters are updated
     /// with read-modify-writes).
     orphan: bool,
     /// The owning thread's token ([`per_thread::current_token`]), set by
     /// the owner when it looks its cache up without its memo (see
     /// [`PerThread::get_or`]).
-    token: AtomicU64,
-    lists: UnsafeCell<Lists>,
+    pub(super) token: AtomicU64,
+    pub(super) lists: UnsafeCell<Lists>,
     /// Per slot.
     slots: Slots<SlotCounts>,
     /// Footprint bytes this cache took out of the pool, for the cap's
     /// estimate (see `admission`).
-    taken_bytes: AtomicU64,
+    taken_bytes: Counter,
     /// Buffers in the deferred lists.
     deferred: AtomicUsize,
     /// When this owner last locked other owners out to steal (microseconds
@@ -263,42 +59,42 @@ struct OwnerPart {
     /// rate-limited.
     last_steal: AtomicU64,
     /// Deferred buffers this cache's owner re-zeroed itself.
-    cleaned: AtomicU64,
+    cleaned: Counter,
     /// Takes served by a buffer of a larger class.
-    borrowed: AtomicU64,
-    caches: NonNull<Caches>,
+    borrowed: Counter,
+    pub(super) caches: NonNull<Caches>,
 }
 
 /// State other threads write.
 #[derive(Debug)]
-struct SharedPart {
-    request: AtomicU32,
-    lock: Mutex<()>,
+pub(super) struct SharedPart {
+    pub(super) request: AtomicU32,
+    pub(super) lock: Mutex<()>,
     /// What the cleaner hands this cache: ready buffers for the owner,
     /// and pinned buffers to release in bulk.
     inbox: Inbox,
     /// Buffers other threads dropped (not yet cleaned).
-    returns: RemoteList,
+    pub(super) returns: RemoteList,
     /// Drops by other threads in progress (closing waits for them).
-    busy: AtomicUsize,
+    pub(super) busy: AtomicUsize,
     /// Footprint bytes taken through the orphan cache (no owner).
-    taken_bytes: AtomicU64,
+    taken_bytes: Counter,
     /// Buffers counted as dropped through this cache without a take: those
     /// pinned ahead of demand (`count_returned`), so that closing counts
     /// the buffers still out as takes plus these minus drops.
-    injected: AtomicU64,
+    injected: Counter,
     /// Drops per slot by threads other than the owner of buffers taken
     /// through this cache (`fetch_add`; see `SlotCounts::drops`).
-    drops: Slots<AtomicU64>,
+    drops: Slots<Counter>,
 }
 
 /// One thread's cache; see the module docs.
 #[derive(Debug)]
 pub(crate) struct ThreadCache {
-    owner: CachePadded<OwnerPart>,
-    shared: CachePadded<SharedPart>,
+    pub(super) owner: CachePadded<OwnerPart>,
+    pub(super) shared: CachePadded<SharedPart>,
     /// The flush counters of the drops through this cache.
-    books: CachePadded<Books>,
+    pub(super) books: CachePadded<Books>,
 }
 
 // SAFETY: the lists in the `UnsafeCell` are touched only under the owner /
@@ -308,17 +104,10 @@ unsafe impl Send for ThreadCache {}
 // SAFETY: as above.
 unsafe impl Sync for ThreadCache {}
 
-/// Adds one to a counter written by one thread at a time.
-#[inline]
-fn bump(counter: &AtomicU64, by: u64) {
-    // Relaxed: a statistic; the caller is its only writer.
-    counter.store(counter.load(Ordering::Relaxed) + by, Ordering::Relaxed);
-}
-
 // === impl ThreadCache ===
 
 impl ThreadCache {
-    fn new(
+    pub(super) fn new(
         classes: &Classes,
         devices: usize,
         limit: usize,
@@ -334,11 +123,11 @@ impl ThreadCache {
                 token: AtomicU64::new(per_thread::NOBODY),
                 lists: UnsafeCell::new(Lists::default()),
                 slots: Slots::new(slots),
-                taken_bytes: AtomicU64::new(0),
+                taken_bytes: Counter::default(),
                 deferred: AtomicUsize::new(0),
                 last_steal: AtomicU64::new(0),
-                cleaned: AtomicU64::new(0),
-                borrowed: AtomicU64::new(0),
+                cleaned: Counter::default(),
+                borrowed: Counter::default(),
                 caches,
             }),
             shared: CachePadded::new(SharedPart {
@@ -347,8 +136,8 @@ impl ThreadCache {
                 inbox: Inbox::new(slots, limit),
                 returns: RemoteList::new(slots),
                 busy: AtomicUsize::new(0),
-                taken_bytes: AtomicU64::new(0),
-                injected: AtomicU64::new(0),
+                taken_bytes: Counter::default(),
+                injected: Counter::default(),
                 drops: Slots::new(slots),
             }),
             books: CachePadded::new(Books::new(flush)),
@@ -538,7 +327,7 @@ impl ThreadCache {
             let mut block = held.take().expect("taken once");
             block.set_ticket(self.books.open(true));
             let slot = block.slot();
-            bump(&self.owner.slots[slot].drops, 1);
+            self.owner.slots[slot].drops.bump(1);
             if keep && lists.deferred < MAX_DEFERRED {
                 lists.slot(caches.slots, slot).defer(block);
                 lists.deferred += 1;
@@ -570,8 +359,7 @@ impl ThreadCache {
             return;
         }
         block.set_ticket(self.books.open(false));
-        // Relaxed: a statistic.
-        self.shared.drops[block.slot()].fetch_add(1, Ordering::Relaxed);
+        self.shared.drops[block.slot()].add(1);
         if keep {
             shared.returns.push(block);
         } else {
@@ -589,7 +377,7 @@ impl ThreadCache {
     pub(crate) fn count_returned(&self, block: &mut Block) {
         // Relaxed: read when the pool closes, after the handle's release
         // (reserve) or the workers' join (provisioning), as the drop counts.
-        self.shared.injected.fetch_add(1, Ordering::Relaxed);
+        self.shared.injected.add(1);
         block.set_ticket(self.books.open(false));
     }
 
@@ -615,42 +403,30 @@ impl ThreadCache {
     /// Counts a take served by a buffer of a larger class.
     #[inline]
     pub(crate) fn count_borrowed(&self) {
-        if self.is_orphan() {
-            // Relaxed: a statistic.
-            self.owner.borrowed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            bump(&self.owner.borrowed, 1);
-        }
+        self.owner.borrowed.count(1, !self.is_orphan());
     }
 
     /// Takes served by a buffer of a larger class.
     pub(crate) fn borrowed(&self) -> u64 {
-        // Relaxed: a statistic.
-        self.owner.borrowed.load(Ordering::Relaxed)
+        self.owner.borrowed.get()
     }
 
     /// Counts a deferred buffer that the taker re-zeroed itself.
     #[inline]
     pub(crate) fn count_cleaned(&self) {
-        if self.is_orphan() {
-            // Relaxed: a statistic.
-            self.owner.cleaned.fetch_add(1, Ordering::Relaxed);
-        } else {
-            bump(&self.owner.cleaned, 1);
-        }
+        self.owner.cleaned.count(1, !self.is_orphan());
     }
 
     /// Deferred buffers the takers re-zeroed themselves.
     pub(crate) fn cleaned(&self) -> u64 {
-        // Relaxed: a statistic.
-        self.owner.cleaned.load(Ordering::Relaxed)
+        self.owner.cleaned.get()
     }
 
     /// Counts a take that hit, of `bytes` pooled footprint bytes (0 for a
     /// buffer the taker re-zeroed itself).
     #[inline]
     pub(crate) fn count_hit(&self, slot: usize, pooled_bytes: usize) {
-        self.count(&self.owner.slots[slot].hits);
+        self.owner.slots[slot].hits.count(1, !self.is_orphan());
         if pooled_bytes > 0 {
             self.count_taken_bytes(pooled_bytes);
         }
@@ -659,7 +435,7 @@ impl ThreadCache {
     /// Counts a take that allocated.
     #[inline]
     pub(crate) fn count_miss(&self, slot: usize) {
-        self.count(&self.owner.slots[slot].misses);
+        self.owner.slots[slot].misses.count(1, !self.is_orphan());
     }
 
     /// Tallies pooled bytes taken through this cache (a steal or a shard
@@ -667,21 +443,9 @@ impl ThreadCache {
     #[inline]
     fn count_taken_bytes(&self, bytes: usize) {
         if self.is_orphan() {
-            self.shared
-                .taken_bytes
-                .fetch_add(bytes as u64, Ordering::Relaxed);
+            self.shared.taken_bytes.add(bytes as u64);
         } else {
-            bump(&self.owner.taken_bytes, bytes as u64);
-        }
-    }
-
-    #[inline]
-    fn count(&self, counter: &AtomicU64) {
-        if self.is_orphan() {
-            // Relaxed: a statistic.
-            counter.fetch_add(1, Ordering::Relaxed);
-        } else {
-            bump(counter, 1);
+            self.owner.taken_bytes.bump(bytes as u64);
         }
     }
 
@@ -712,11 +476,9 @@ impl ThreadCache {
     /// Buffers of `slot` taken through this cache and not yet dropped (a
     /// racing read may be off by the takes and drops under way).
     pub(crate) fn in_use(&self, slot: usize) -> u64 {
-        // Relaxed: a statistic and a provisioning hint.
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let counts = &self.owner.slots[slot];
-        (load(&counts.hits) + load(&counts.misses))
-            .saturating_sub(load(&counts.drops) + load(&self.shared.drops[slot]))
+        (counts.hits.get() + counts.misses.get())
+            .saturating_sub(counts.drops.get() + self.shared.drops[slot].get())
     }
 
     /// Takes through this cache, ever (hits and misses of every slot; exact
@@ -736,18 +498,14 @@ impl ThreadCache {
     /// [`count_returned`](Self::count_returned)); exact when the pool
     /// closes, as [`takes`](Self::takes).
     pub(crate) fn injected(&self) -> u64 {
-        // Relaxed: see `count_returned`.
-        self.shared.injected.load(Ordering::Relaxed)
+        // See `count_returned` for why this is exact then.
+        self.shared.injected.get()
     }
 
     /// Hits and misses of `slot` (statistics).
     pub(crate) fn hits_misses(&self, slot: usize) -> (u64, u64) {
         let counts = &self.owner.slots[slot];
-        // Relaxed: statistics.
-        (
-            counts.hits.load(Ordering::Relaxed),
-            counts.misses.load(Ordering::Relaxed),
-        )
+        (counts.hits.get(), counts.misses.get())
     }
 
     /// Ready buffers of `slot` in this cache's lists and remote list (an
@@ -760,10 +518,9 @@ impl ThreadCache {
 
     /// Footprint bytes taken out of the pool through this cache, ever.
     pub(crate) fn taken_bytes(&self) -> u64 {
-        // Relaxed: folded into the cap's estimate under its lock; a stale
-        // value leaves the estimate high, which is the safe direction.
-        self.owner.taken_bytes.load(Ordering::Relaxed)
-            + self.shared.taken_bytes.load(Ordering::Relaxed)
+        // Folded into the cap's estimate under its lock; a stale value
+        // leaves the estimate high, which is the safe direction.
+        self.owner.taken_bytes.get() + self.shared.taken_bytes.get()
     }
 
     /// Whether dropped buffers wait in this cache for their owner (deferred,
@@ -822,233 +579,7 @@ impl ThreadCache {
     }
 }
 
-// === impl Caches ===
-
-/// Every cache of a pool, the flush barrier over them, and where drops go.
-pub(crate) struct Caches {
-    map: PerThread<ThreadCache>,
-    /// The cache of takes made during thread teardown: no owner.
-    orphan: ThreadCache,
-    pub(crate) flush: Flush,
-    pub(crate) classes: Classes,
-    /// The pool's statistics counters (written off the fast path, by the
-    /// cleaner among others: on lines of their own, away from the fields
-    /// every take reads).
-    pub(crate) counters: CachePadded<Counters>,
-    /// The devices' primary contexts (CUDA backend), for raw-stream fences.
-    pub(crate) contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
-    devices: usize,
-    /// Devices times classes.
-    slots: usize,
-    limit: usize,
-    /// The pool's cap on pooled bytes, as last set: the only copy of it
-    /// (admission, the settings and the statistics read it here). A buffer
-    /// above it is never kept back in its owner's cache (deferred), since
-    /// it could not be pooled either.
-    cap: AtomicUsize,
-    pins: bool,
-    /// Where the drops the caches do not keep go: the cleaner's intake.
-    pub(crate) intake: Arc<Intake>,
-}
-
-impl std::fmt::Debug for Caches {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Caches")
-            .field("devices", &self.devices)
-            .field("limit", &self.limit)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Thieves at work on some caches, owners locked out; see the module docs.
-pub(crate) struct LockedOut<'a> {
-    entries: Vec<(&'a ThreadCache, MutexGuard<'a, ()>)>,
-}
-
-impl LockedOut<'_> {
-    /// Runs `f` on each locked-out cache and its lists.
-    pub(crate) fn each(&mut self, mut f: impl FnMut(&ThreadCache, &mut Lists)) {
-        for (cache, _) in &self.entries {
-            // SAFETY: the owner is locked out (see `Caches::lock_out`), and
-            // this thief holds the cache's lock.
-            cache
-                .owner
-                .lists
-                .with_mut(|lists| f(cache, unsafe { &mut *lists }));
-        }
-    }
-}
-
-impl Drop for LockedOut<'_> {
-    fn drop(&mut self) {
-        for (cache, _) in &self.entries {
-            // Release publishes the list changes to the owner's next
-            // Acquire load of the request word.
-            cache.shared.request.fetch_and(!THIEF, Ordering::Release);
-        }
-    }
-}
-
-impl Caches {
-    /// Caches for a pool of `devices` devices with `classes`, at most
-    /// `limit` ready bytes each, under the pool's `cap`, on a backend that
-    /// `pins` or not.
-    pub(crate) fn new(
-        classes: Classes,
-        devices: usize,
-        limit: usize,
-        cap: usize,
-        pins: bool,
-        contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
-        intake: Arc<Intake>,
-    ) -> Box<Self> {
-        let orphan = ThreadCache::new(
-            &classes,
-            devices,
-            limit,
-            NonNull::dangling(),
-            NonNull::dangling(),
-            true,
-        );
-        let slots = devices * classes.count();
-        let mut caches = Box::new(Self {
-            map: PerThread::new(),
-            orphan,
-            flush: Flush::new(),
-            classes,
-            counters: CachePadded::new(Counters::default()),
-            contexts,
-            slots,
-            devices,
-            limit,
-            cap: AtomicUsize::new(cap),
-            pins,
-            intake,
-        });
-        // The box gave `Caches` its address: point the orphan at it.
-        caches.orphan.owner.caches = NonNull::from(&*caches);
-        let flush = NonNull::from(&caches.flush);
-        caches.orphan.books.set_flush(flush);
-        caches
-    }
-
-    /// The cap on pooled bytes now (see the `cap` field).
-    #[inline]
-    pub(crate) fn cap(&self) -> usize {
-        // Relaxed: a setting. A reader racing a change sees the old or the
-        // new cap; admission's fence pair with `Admission::set_cap` (see
-        // `admission`) makes one of them enforce the new one.
-        self.cap.load(Ordering::Relaxed)
-    }
-
-    /// Records a new cap on pooled bytes (see the `cap` field); the caller
-    /// then enforces it (`Admission::set_cap`).
-    pub(crate) fn set_cap(&self, cap: usize) {
-        // Relaxed: a setting; ordered before the setter's eviction by its
-        // SeqCst fence (see `admission`).
-        self.cap.store(cap, Ordering::Relaxed);
-    }
-
-    /// The calling thread's cache and whether the thread owns it: its own,
-    /// or the orphan cache (not owned) while the thread is being torn down.
-    #[inline]
-    pub(crate) fn local(&self) -> (&ThreadCache, bool) {
-        let cache = self.map.get_or(
-            || {
-                ThreadCache::new(
-                    &self.classes,
-                    self.devices,
-                    self.limit,
-                    NonNull::from(self),
-                    NonNull::from(&self.flush),
-                    false,
-                )
-            },
-            |cache, token| {
-                // Relaxed: written only by the owner; readers compare it
-                // with their own token, and tokens are never reused, so a
-                // stale value matches no other thread.
-                if cache.owner.token.load(Ordering::Relaxed) != token {
-                    cache.owner.token.store(token, Ordering::Relaxed);
-                }
-            },
-        );
-        match cache {
-            Some(cache) => (cache, true),
-            None => (&self.orphan, false),
-        }
-    }
-
-    /// Every cache, the orphan's included.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
-        self.map.iter().chain(std::iter::once(&self.orphan))
-    }
-
-    /// The devices served.
-    #[inline]
-    pub(crate) fn devices(&self) -> usize {
-        self.devices
-    }
-
-    /// Devices times classes.
-    pub(crate) fn slots(&self) -> usize {
-        self.slots
-    }
-
-    /// Every cache's flush counters.
-    pub(crate) fn counts(&self) -> impl Iterator<Item = Counts<'_>> {
-        self.iter().map(ThreadCache::counts)
-    }
-
-    /// Locks the owners of `caches` out of their lists (see the module
-    /// docs). Locks are taken in iteration order, so two thieves never
-    /// deadlock; an owner never holds a cache lock while waiting for
-    /// another.
-    pub(crate) fn lock_out<'a>(
-        &'a self,
-        caches: impl Iterator<Item = &'a ThreadCache>,
-    ) -> LockedOut<'a> {
-        let entries: Vec<_> = caches.map(|c| (c, c.shared.lock.lock())).collect();
-        for (cache, _) in &entries {
-            // Relaxed: ordered before the `active` loads by the barrier.
-            cache.shared.request.fetch_or(THIEF, Ordering::Relaxed);
-        }
-        if !entries.is_empty() {
-            barrier::heavy();
-        }
-        for (cache, _) in &entries {
-            let mut round = 0;
-            // Acquire pairs with the owner's Release store that ends its
-            // operation: its list changes are visible once this reads false.
-            while cache.owner.active.load(Ordering::Acquire) {
-                spin(round);
-                round += 1;
-            }
-        }
-        LockedOut { entries }
-    }
-
-    /// Closes every cache: from now on drops go to [`Intake::late`]. Returns
-    /// once no drop that missed the close is still under way.
-    pub(crate) fn close(&self) {
-        for cache in self.iter() {
-            // SeqCst: the Dekker pair of `give_back_remote`'s.
-            cache.shared.request.fetch_or(CLOSED, Ordering::SeqCst);
-        }
-        barrier::heavy();
-        for cache in self.iter() {
-            let mut round = 0;
-            // Acquire (both): pairs with the Release stores that end an
-            // owner's operation and a remote drop.
-            while cache.owner.active.load(Ordering::Acquire)
-                || cache.shared.busy.load(Ordering::SeqCst) > 0
-            {
-                spin(round);
-                round += 1;
-            }
-        }
-    }
-}
+// === thief side ===
 
 // === impl Lists (thief side) ===
 
