@@ -1,32 +1,41 @@
-//! The pool: what its handles share, the take path, and the life cycle
-//! (flush, clear, shutdown, close).
+//! The pool: what its handles share ([`Shared`]), the handle ([`Pool`])
+//! and its builder glue. The rest of the pool's work lives in the children:
 //!
-//! A take looks in the calling thread's cache ([`thread_cache`]), then its
-//! device's [shard](crate::shard), then other threads' caches (a steal),
-//! and on a miss maps a fresh pageable buffer. A drop goes back through the
-//! buffer's cache to the [cleaner], which hands ready
-//! buffers to [admission](crate::admission). IMPLEMENTATION.md tells the
-//! whole journey.
+//! - `take.rs`: the take path. A take looks in the calling thread's cache
+//!   ([`thread_cache`]), then its device's [shard](crate::shard), then
+//!   borrows a ready buffer of a larger class within the borrow slack,
+//!   then steals from other threads' caches, and on a miss maps a fresh
+//!   pageable buffer.
+//! - `life.rs`: the life cycle: `reserve`, `flush`, `clear`, `shutdown`,
+//!   and the close when the last handle goes (with what the reaper does
+//!   for a closed pool's late buffers).
+//! - `snapshot.rs`: the statistics snapshot.
+//!
+//! A drop goes down the other way: the buffer, its thread cache, and the
+//! cleaner's [intake](crate::cleaner::intake); the cleaner hands ready
+//! buffers to [admission](crate::admission). The [design
+//! account](crate::implementation) tells the whole journey.
 //!
 //! [`thread_cache`]: crate::thread_cache
 
+mod life;
+mod snapshot;
+mod take;
+
 use crate::admission::{Admission, Places};
-use crate::alloc::Block;
 use crate::backend::{self, Backend, BackendKind};
 use crate::buffer::PinnedBuffer;
 use crate::cleaner::intake::Intake;
-use crate::cleaner::{self, Cleaner, Env, Late, Returned};
+use crate::cleaner::{Cleaner, Env};
 use crate::config::{Config, PoolBuilder};
 use crate::error::Error;
 use crate::numa::{self, Placement, Topology};
 use crate::provision::Provisioner;
-use crate::reaper::{self, Message, Retire};
 use crate::shard::Shard;
-use crate::size_class::{Classes, SizeClass};
-use crate::stats::{ClassStats, Counters, DeviceStats, Stats};
-use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
+use crate::size_class::Classes;
+use crate::stats::{Counters, Stats};
 use crate::sync::{barrier, Arc, AtomicBool, Ordering};
-use crate::thread_cache::{Caches, Found, ThreadCache};
+use crate::thread_cache::Caches;
 use std::ptr::NonNull;
 use std::time::Instant;
 
@@ -97,7 +106,7 @@ impl Shared {
     }
 
     /// Starts the cleaner's workers unless they run or the pool is closed.
-    fn start_cleaner(this: &Arc<Self>) {
+    pub(super) fn start_cleaner(this: &Arc<Self>) {
         // Relaxed: `closed` is set before the last handle's close stops the
         // workers; a start that misses it is stopped by that close.
         if this.cleaner.is_running() || this.closed.load(Ordering::Relaxed) {
@@ -124,502 +133,6 @@ impl Shared {
                 }),
             )
         });
-    }
-
-    /// The take path; see the module docs. `caches` is `this.caches`,
-    /// reached from the handle without going through `this` (a take served
-    /// by the calling thread's own lists reads nothing else of the pool).
-    #[inline]
-    fn take(
-        this: &Arc<Self>,
-        caches: &Caches,
-        device: usize,
-        min_size: usize,
-    ) -> Result<PinnedBuffer, Error> {
-        let class = caches.classes.class_for(min_size)?;
-        if device >= caches.devices() {
-            return Err(Error::UnknownDevice {
-                device,
-                devices: caches.devices(),
-            });
-        }
-        let (cache, owned) = caches.local();
-        let found = if owned {
-            cache.take(device, class)
-        } else {
-            None
-        };
-        let block = match found {
-            Some(Found::Ready(block)) => {
-                cache.count_hit(block.slot(), block.footprint());
-                Some(block)
-            }
-            Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
-            None => None,
-        };
-        if let Some(block) = block {
-            // The cache's own lists hold blocks of their slot's class only.
-            let len = block.len();
-            return Ok(PinnedBuffer::new(block, cache, true, len));
-        }
-        let (block, pooled) = Self::take_slow(this, cache, owned, device, class)?;
-        // A borrowed block is longer than the class asked for: the buffer
-        // shows the class's length.
-        let len = this.classes().size(class);
-        Ok(PinnedBuffer::new(block, cache, pooled, len))
-    }
-
-    /// The owner's reuse of its own oldest deferred buffer: if its copies
-    /// are still running and more of the class are in flight behind it,
-    /// waits for it a little (see [`SELF_WAIT`]) rather than miss.
-    ///
-    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
-    #[inline]
-    fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
-        if behind >= SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
-            Self::wait_briefly(&mut block);
-        }
-        self.reuse(cache, cache, block)
-    }
-
-    /// Polls `block`'s fences with growing pauses (so that many threads do
-    /// not hammer the driver), for at most [`SELF_WAIT`].
-    ///
-    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
-    #[cold]
-    fn wait_briefly(block: &mut Block) {
-        let deadline = Instant::now() + SELF_WAIT;
-        let mut pause = 64u32;
-        while Instant::now() < deadline {
-            for _ in 0..pause {
-                std::hint::spin_loop();
-            }
-            pause = (pause * 2).min(4096);
-            if !matches!(block.fences_mut().poll(), Ok(false)) {
-                return;
-            }
-        }
-    }
-
-    /// Re-zeroes a deferred buffer of `home` for `taker` if its fences have
-    /// completed; otherwise hands it back (to `home` if the taker owns it,
-    /// else to the cleaner).
-    #[inline]
-    fn reuse(&self, taker: &ThreadCache, home: &ThreadCache, mut block: Block) -> Option<Block> {
-        let owner = std::ptr::eq(taker, home);
-        match block.fences_mut().poll() {
-            Ok(true) => {
-                block.zero_dirty();
-                block
-                    .take_ticket()
-                    .expect("a deferred block was dropped")
-                    .close(owner);
-                taker.count_cleaned();
-                taker.count_hit(block.slot(), 0);
-                Some(block)
-            }
-            Ok(false) if owner => {
-                home.put_back(block);
-                None
-            }
-            Ok(false) => {
-                self.caches
-                    .intake
-                    .submit(home.origin(self.caches.cap(), false), block);
-                None
-            }
-            Err(e) => {
-                Returned::new(block, home.inbox(), self.counters()).fail_now(self.env(), &e);
-                None
-            }
-        }
-    }
-
-    /// The take past the calling thread's own lists (`owned`: whether the
-    /// thread owns `cache`, as [`Caches::local`] found).
-    #[cold]
-    fn take_slow(
-        this: &Arc<Self>,
-        cache: &ThreadCache,
-        owned: bool,
-        device: usize,
-        class: SizeClass,
-    ) -> Result<(Block, bool), Error> {
-        Self::start_cleaner(this);
-        if let Some(block) = this.shards[device].pop(class) {
-            cache.count_hit(block.slot(), block.footprint());
-            return Ok((block, true));
-        }
-        if let Some(block) = this.borrow(cache, owned, device, class) {
-            // Counted in the class served, so taken bytes stay exact.
-            cache.count_hit(block.slot(), block.footprint());
-            cache.count_borrowed();
-            return Ok((block, true));
-        }
-        if let Some(block) = this.steal(cache, owned, device, class) {
-            return Ok((block, true));
-        }
-        let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
-        cache.count_miss(block.slot());
-        tracing::trace!(
-            bytes = block.len(),
-            device,
-            "pinpool: pool miss, allocated a pageable buffer"
-        );
-        Ok((block, false))
-    }
-
-    /// An idle ready buffer of a larger class within the borrowing slack:
-    /// from the taker's own lists, then the shard. It keeps its class, and
-    /// goes back to it when dropped.
-    fn borrow(
-        &self,
-        taker: &ThreadCache,
-        owned: bool,
-        device: usize,
-        class: SizeClass,
-    ) -> Option<Block> {
-        let slack = self.borrow_slack;
-        if slack == 0 {
-            return None;
-        }
-        let classes = self.classes();
-        if owned {
-            if let Some(block) = taker.borrow_ready(device, classes.borrowable(class, slack)) {
-                return Some(block);
-            }
-        }
-        classes
-            .borrowable(class, slack)
-            .find_map(|larger| self.shards[device].pop(larger))
-    }
-
-    /// Takes a buffer of (`device`, `class`) from another thread's cache:
-    /// its remote list, then (locking its owner out) its ready and deferred
-    /// lists.
-    #[cold]
-    fn steal(
-        &self,
-        taker: &ThreadCache,
-        owned: bool,
-        device: usize,
-        class: SizeClass,
-    ) -> Option<Block> {
-        let classes = self.classes();
-        let slot = classes.slot(device, class);
-        let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
-        if owned {
-            if let Some(block) = taker.adopt_remote_lists(device, class) {
-                taker.count_hit(block.slot(), block.footprint());
-                return Some(block);
-            }
-        }
-        // Locking owners out interrupts every running thread: at most once
-        // per `STEAL_EVERY` per thread. Idle caches are swept to the shards
-        // by the cleaner meanwhile.
-        let now = self.epoch.elapsed().as_micros() as u64;
-        if !taker.may_steal(now, STEAL_EVERY.as_micros() as u64) {
-            return None;
-        }
-        let candidates = others().filter(|c| c.ready_in(slot) > 0 || c.has_waiting());
-        let mut locked = self.caches.lock_out(candidates);
-        let mut ready = None;
-        let mut deferred = None;
-        locked.each(|cache, lists| {
-            if ready.is_none() {
-                ready = lists.steal_ready(cache, device, class);
-            }
-            if ready.is_none() && deferred.is_none() {
-                deferred = lists
-                    .steal_deferred(cache, device, class)
-                    .map(|b| (b, std::ptr::from_ref(cache)));
-            }
-        });
-        drop(locked);
-        if let Some(block) = ready {
-            taker.count_hit(block.slot(), block.footprint());
-            if let Some((block, home)) = deferred {
-                // SAFETY: caches live as long as the pool.
-                let home = unsafe { &*home };
-                self.caches
-                    .intake
-                    .submit(home.origin(self.caches.cap(), false), block);
-            }
-            return Some(block);
-        }
-        let (block, home) = deferred?;
-        // SAFETY: caches live as long as the pool.
-        self.reuse(taker, unsafe { &*home }, block)
-    }
-
-    /// Pins buffers ahead of demand; see [`Pool::reserve`].
-    fn reserve(this: &Arc<Self>, device: usize, wanted: &[(usize, usize)]) -> Result<(), Error> {
-        if device >= this.shards.len() {
-            return Err(Error::UnknownDevice {
-                device,
-                devices: this.shards.len(),
-            });
-        }
-        let classes = this.classes();
-        let mut plan = Vec::with_capacity(wanted.len());
-        // In u128, so that no count overflows it (a footprint is at most
-        // 2^40 bytes, a count below 2^64), and a cap of `usize::MAX` (no
-        // cap) still bounds the reservation by the host's memory.
-        let mut bytes = 0u128;
-        for &(size, count) in wanted {
-            let class = classes.class_for(size)?;
-            bytes = bytes.saturating_add(classes.footprint(class) as u128 * count as u128);
-            plan.push((class, count));
-        }
-        let memory = crate::alloc::host_memory();
-        if bytes > u128::from(memory) {
-            return Err(Error::ReserveExceedsMemory { bytes, memory });
-        }
-        // At most the host's memory: fits a usize.
-        let bytes = bytes as usize;
-        let cap = this.caches.cap();
-        if bytes > cap {
-            return Err(Error::ReserveTooLarge { bytes, cap });
-        }
-        let mut blocks = Vec::new();
-        for (class, mut count) in plan {
-            let node = this.shards[device].node();
-            // A sub-page class's block is the head of a slab that its
-            // registration carves into up to `per_slab` buffers.
-            let per_slab = classes.per_slab(class);
-            while count > 0 {
-                let buffers = count.min(per_slab);
-                let mut block = Block::allocate_for(classes, class, device, node, buffers)?;
-                let meta = block.meta_mut();
-                meta.dirty = 0;
-                meta.reserved = true;
-                blocks.push(block);
-                count -= buffers;
-            }
-        }
-        Self::start_cleaner(this);
-        let orphan = this.caches.local().0.orphan();
-        for mut block in blocks {
-            orphan.count_returned(&mut block);
-            this.caches
-                .intake
-                .submit_ahead(orphan.origin(cap, false), block);
-        }
-        Ok(())
-    }
-
-    /// Blocks until every buffer dropped before the call is ready again or
-    /// released.
-    pub(crate) fn flush(this: &Arc<Self>) {
-        Self::start_cleaner(this);
-        this.caches.flush.wait(
-            || this.caches.counts(),
-            || {
-                this.cleaner
-                    .move_waiting(this.places(), this.caches.cap(), false);
-                if !this.cleaner.is_running() {
-                    Self::start_cleaner(this);
-                }
-                if !this.cleaner.is_running() {
-                    // No worker could start (or one is being stopped by a
-                    // shutdown): do the work here.
-                    this.cleaner.drain_inline(this.env());
-                }
-            },
-        );
-    }
-
-    /// Unregisters and frees every pooled buffer.
-    pub(crate) fn clear(&self) {
-        let blocks = self.admission.clear(self.places());
-        if !blocks.is_empty() {
-            tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
-        }
-        cleaner::release_all(self.env(), blocks);
-    }
-
-    pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
-        let evicted = self.admission.set_cap(self.places(), bytes);
-        cleaner::release_all(self.env(), evicted);
-    }
-
-    pub(crate) fn shutdown(this: &Arc<Self>) {
-        Self::flush(this);
-        this.cleaner.stop();
-        this.cleaner.drain_inline(this.env());
-        this.clear();
-    }
-
-    /// Shuts down for good (the last handle is gone).
-    fn close(this: &Arc<Self>) {
-        this.closed.store(true, Ordering::Relaxed);
-        // From here on every drop goes to the reaper (whose channel keeps
-        // what is sent before its thread starts, below).
-        this.caches.close();
-        this.cleaner.stop();
-        this.cleaner.drain_inline(this.env());
-        let mut returned: Vec<Block> = this
-            .cleaner
-            .take_parked()
-            .into_iter()
-            .map(Returned::into_block)
-            .collect();
-        for cache in this.caches.iter() {
-            returned.extend(cache.returns().take_all());
-            // Emptied by the drain above; a buffer still there waits with
-            // the reaper like any other.
-            returned.extend(cache.inbox().released.take_all());
-        }
-        let mut locked = this.caches.lock_out(this.caches.iter());
-        locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
-        drop(locked);
-        this.clear();
-        // Buffers pinned ahead of demand were counted as drops without a
-        // take: they count as taken too.
-        let taken: u64 = this.caches.iter().map(|c| c.takes() + c.injected()).sum();
-        let dropped = crate::flush::drops(this.caches.counts());
-        let outstanding = taken.saturating_sub(dropped);
-        // Every close tries to start the reaper, so that one that could not
-        // start earlier takes over what earlier closes left it.
-        let reaping = reaper::start(&*this.backend);
-        if outstanding > 0 || !returned.is_empty() {
-            if !reaping {
-                tracing::error!(
-                    outstanding,
-                    returned = returned.len(),
-                    "pinpool: a pool closed with buffers out, but could not start the reaper \
-                     thread: the pool's state and those buffers are kept (leaked) until a \
-                     later close starts it"
-                );
-            }
-            reaper::send(Message::Closed {
-                key: this.caches.intake.key(),
-                pool: Box::new(Arc::clone(this)),
-                outstanding,
-                returned,
-            });
-        }
-    }
-
-    fn stats(&self) -> Stats {
-        let classes = self.classes();
-        let devices = self.shards.len();
-        let count = classes.count();
-        let mut stats = Stats {
-            backend: self.backend.kind(),
-            devices,
-            ..Stats::default()
-        };
-        let mut pooled = vec![0usize; devices * count];
-        let mut hits = vec![0u64; devices * count];
-        let mut misses = vec![0u64; devices * count];
-        for cache in self.caches.iter() {
-            for (slot, n) in pooled.iter_mut().enumerate() {
-                *n += cache.ready_in(slot) as usize;
-                let (h, m) = cache.hits_misses(slot);
-                hits[slot] += h;
-                misses[slot] += m;
-            }
-            stats.cleaned_by_takers += cache.cleaned();
-            stats.borrowed += cache.borrowed();
-        }
-        for (device, shard) in self.shards.iter().enumerate() {
-            for class in classes.all() {
-                pooled[classes.slot(device, class)] += shard.len(class);
-            }
-        }
-        stats.hits = hits.iter().sum();
-        stats.misses = misses.iter().sum();
-        stats.taken_bytes = (0..devices * count)
-            .map(|slot| {
-                (hits[slot] + misses[slot]) * classes.size(SizeClass::at(slot % count)) as u64
-            })
-            .sum();
-        let by_device = |v: &[u64], d: usize| v[d * count..(d + 1) * count].iter().sum::<u64>();
-        let by_class =
-            |v: &[u64], c: SizeClass| (0..devices).map(|d| v[classes.slot(d, c)]).sum::<u64>();
-        stats.pooled_buffers = pooled.iter().sum();
-        stats.per_device = (0..devices)
-            .map(|device| {
-                let slots = &pooled[device * count..(device + 1) * count];
-                DeviceStats {
-                    device,
-                    pooled_buffers: slots.iter().sum(),
-                    pooled_bytes: classes
-                        .all()
-                        .map(|c| slots[c.index()] * classes.footprint(c))
-                        .sum(),
-                    hits: by_device(&hits, device),
-                    misses: by_device(&misses, device),
-                }
-            })
-            .collect();
-        stats.per_class = classes
-            .all()
-            .map(|class| ClassStats {
-                size: classes.size(class),
-                pooled_buffers: (0..devices).map(|d| pooled[classes.slot(d, class)]).sum(),
-                hits: by_class(&hits, class),
-                misses: by_class(&misses, class),
-            })
-            .filter(|c| c.pooled_buffers > 0 || c.hits > 0 || c.misses > 0)
-            .collect();
-        let places = self.places();
-        stats.pooled_bytes = self.admission.pooled_bytes(places);
-        stats.peak_pooled_bytes = self.admission.peak(places);
-        stats.max_pooled_bytes = self.caches.cap();
-        stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;
-        stats.evictions = self.admission.evictions() as u64;
-        stats.recycled = stats.cleaned_by_takers;
-        stats.fill_from(self.counters());
-        stats
-    }
-}
-
-impl Retire for Arc<Shared> {
-    fn settled(&self, block: &mut Block) -> Result<bool, Error> {
-        match self.cleaner.settle_late(block)? {
-            Late::Settled => Ok(true),
-            Late::Waiting => Ok(false),
-            Late::NeedsSync(device, note) => {
-                // Off the reaper's thread, so that one device's slow
-                // synchronize holds up no other late buffer. Loom models run
-                // the reaper inline and the synchronize with it.
-                #[cfg(not(all(loom, feature = "loom")))]
-                {
-                    let shared = Arc::clone(self);
-                    let spawned = self.backend.spawn(
-                        "pinpool-late-sync".into(),
-                        Box::new(move || shared.cleaner.run_late_sync(shared.env(), device, note)),
-                    );
-                    if spawned.is_ok() {
-                        return Ok(false);
-                    }
-                }
-                self.cleaner.run_late_sync(self.env(), device, note);
-                Ok(false)
-            }
-        }
-    }
-
-    fn retire(&self, mut block: Block) {
-        let ticket = block.take_ticket();
-        cleaner::release(&*self.backend, self.counters(), block);
-        if let Some(ticket) = ticket {
-            // No flush waits on a closed pool; the books stay balanced.
-            ticket.close_quietly();
-        }
-    }
-
-    fn abandon(&self, mut block: Block) {
-        Counters::add(&self.counters().fence_failures, 1);
-        block.fences_mut().abandon();
-        let ticket = block.take_ticket();
-        let leaked = block.leak();
-        Counters::add(&self.counters().leaked_bytes, leaked as u64);
-        if let Some(ticket) = ticket {
-            ticket.close_quietly();
-        }
     }
 }
 

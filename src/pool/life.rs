@@ -1,0 +1,213 @@
+//! The pool's life cycle: reserve, flush, clear, shutdown, close, and the
+//! reaper's side of a closed pool (see the parent module).
+
+use crate::alloc::Block;
+use crate::cleaner::{self, Late, Returned};
+use crate::error::Error;
+use crate::reaper::{self, Message, Retire};
+use crate::stats::Counters;
+use crate::sync::{Arc, Ordering};
+
+use super::Shared;
+
+impl Shared {
+    /// Pins buffers ahead of demand; see [`Pool::reserve`].
+    pub(super) fn reserve(
+        this: &Arc<Self>,
+        device: usize,
+        wanted: &[(usize, usize)],
+    ) -> Result<(), Error> {
+        if device >= this.shards.len() {
+            return Err(Error::UnknownDevice {
+                device,
+                devices: this.shards.len(),
+            });
+        }
+        let classes = this.classes();
+        let mut plan = Vec::with_capacity(wanted.len());
+        // In u128, so that no count overflows it (a footprint is at most
+        // 2^40 bytes, a count below 2^64), and a cap of `usize::MAX` (no
+        // cap) still bounds the reservation by the host's memory.
+        let mut bytes = 0u128;
+        for &(size, count) in wanted {
+            let class = classes.class_for(size)?;
+            bytes = bytes.saturating_add(classes.footprint(class) as u128 * count as u128);
+            plan.push((class, count));
+        }
+        let memory = crate::alloc::host_memory();
+        if bytes > u128::from(memory) {
+            return Err(Error::ReserveExceedsMemory { bytes, memory });
+        }
+        // At most the host's memory: fits a usize.
+        let bytes = bytes as usize;
+        let cap = this.caches.cap();
+        if bytes > cap {
+            return Err(Error::ReserveTooLarge { bytes, cap });
+        }
+        let mut blocks = Vec::new();
+        for (class, mut count) in plan {
+            let node = this.shards[device].node();
+            // A sub-page class's block is the head of a slab that its
+            // registration carves into up to `per_slab` buffers.
+            let per_slab = classes.per_slab(class);
+            while count > 0 {
+                let buffers = count.min(per_slab);
+                let mut block = Block::allocate_for(classes, class, device, node, buffers)?;
+                let meta = block.meta_mut();
+                meta.dirty = 0;
+                meta.reserved = true;
+                blocks.push(block);
+                count -= buffers;
+            }
+        }
+        Self::start_cleaner(this);
+        let orphan = this.caches.local().0.orphan();
+        for mut block in blocks {
+            orphan.count_returned(&mut block);
+            this.caches
+                .intake
+                .submit_ahead(orphan.origin(cap, false), block);
+        }
+        Ok(())
+    }
+
+    /// Blocks until every buffer dropped before the call is ready again or
+    /// released.
+    pub(crate) fn flush(this: &Arc<Self>) {
+        Self::start_cleaner(this);
+        this.caches.flush.wait(
+            || this.caches.counts(),
+            || {
+                this.cleaner
+                    .move_waiting(this.places(), this.caches.cap(), false);
+                if !this.cleaner.is_running() {
+                    Self::start_cleaner(this);
+                }
+                if !this.cleaner.is_running() {
+                    // No worker could start (or one is being stopped by a
+                    // shutdown): do the work here.
+                    this.cleaner.drain_inline(this.env());
+                }
+            },
+        );
+    }
+
+    /// Unregisters and frees every pooled buffer.
+    pub(crate) fn clear(&self) {
+        let blocks = self.admission.clear(self.places());
+        if !blocks.is_empty() {
+            tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
+        }
+        cleaner::release_all(self.env(), blocks);
+    }
+
+    pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
+        let evicted = self.admission.set_cap(self.places(), bytes);
+        cleaner::release_all(self.env(), evicted);
+    }
+
+    pub(crate) fn shutdown(this: &Arc<Self>) {
+        Self::flush(this);
+        this.cleaner.stop();
+        this.cleaner.drain_inline(this.env());
+        this.clear();
+    }
+
+    /// Shuts down for good (the last handle is gone).
+    pub(super) fn close(this: &Arc<Self>) {
+        this.closed.store(true, Ordering::Relaxed);
+        // From here on every drop goes to the reaper (whose channel keeps
+        // what is sent before its thread starts, below).
+        this.caches.close();
+        this.cleaner.stop();
+        this.cleaner.drain_inline(this.env());
+        let mut returned: Vec<Block> = this
+            .cleaner
+            .take_parked()
+            .into_iter()
+            .map(Returned::into_block)
+            .collect();
+        for cache in this.caches.iter() {
+            returned.extend(cache.returns().take_all());
+            // Emptied by the drain above; a buffer still there waits with
+            // the reaper like any other.
+            returned.extend(cache.inbox().released.take_all());
+        }
+        let mut locked = this.caches.lock_out(this.caches.iter());
+        locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
+        drop(locked);
+        this.clear();
+        // Buffers pinned ahead of demand were counted as drops without a
+        // take: they count as taken too.
+        let taken: u64 = this.caches.iter().map(|c| c.takes() + c.injected()).sum();
+        let dropped = crate::flush::drops(this.caches.counts());
+        let outstanding = taken.saturating_sub(dropped);
+        // Every close tries to start the reaper, so that one that could not
+        // start earlier takes over what earlier closes left it.
+        let reaping = reaper::start(&*this.backend);
+        if outstanding > 0 || !returned.is_empty() {
+            if !reaping {
+                tracing::error!(
+                    outstanding,
+                    returned = returned.len(),
+                    "pinpool: a pool closed with buffers out, but could not start the reaper \
+                     thread: the pool's state and those buffers are kept (leaked) until a \
+                     later close starts it"
+                );
+            }
+            reaper::send(Message::Closed {
+                key: this.caches.intake.key(),
+                pool: Box::new(Arc::clone(this)),
+                outstanding,
+                returned,
+            });
+        }
+    }
+}
+
+impl Retire for Arc<Shared> {
+    fn settled(&self, block: &mut Block) -> Result<bool, Error> {
+        match self.cleaner.settle_late(block)? {
+            Late::Settled => Ok(true),
+            Late::Waiting => Ok(false),
+            Late::NeedsSync(device, note) => {
+                // Off the reaper's thread, so that one device's slow
+                // synchronize holds up no other late buffer. Loom models run
+                // the reaper inline and the synchronize with it.
+                #[cfg(not(all(loom, feature = "loom")))]
+                {
+                    let shared = Arc::clone(self);
+                    let spawned = self.backend.spawn(
+                        "pinpool-late-sync".into(),
+                        Box::new(move || shared.cleaner.run_late_sync(shared.env(), device, note)),
+                    );
+                    if spawned.is_ok() {
+                        return Ok(false);
+                    }
+                }
+                self.cleaner.run_late_sync(self.env(), device, note);
+                Ok(false)
+            }
+        }
+    }
+
+    fn retire(&self, mut block: Block) {
+        let ticket = block.take_ticket();
+        cleaner::release(&*self.backend, self.counters(), block);
+        if let Some(ticket) = ticket {
+            // No flush waits on a closed pool; the books stay balanced.
+            ticket.close_quietly();
+        }
+    }
+
+    fn abandon(&self, mut block: Block) {
+        Counters::add(&self.counters().fence_failures, 1);
+        block.fences_mut().abandon();
+        let ticket = block.take_ticket();
+        let leaked = block.leak();
+        Counters::add(&self.counters().leaked_bytes, leaked as u64);
+        if let Some(ticket) = ticket {
+            ticket.close_quietly();
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The statistics snapshot (see [`Stats`]).
+
+use crate::size_class::SizeClass;
+use crate::stats::{ClassStats, DeviceStats, Stats};
+
+use super::Shared;
+
+impl Shared {
+    pub(super) fn stats(&self) -> Stats {
+        let classes = self.classes();
+        let devices = self.shards.len();
+        let count = classes.count();
+        let mut stats = Stats {
+            backend: self.backend.kind(),
+            devices,
+            ..Stats::default()
+        };
+        let mut pooled = vec![0usize; devices * count];
+        let mut hits = vec![0u64; devices * count];
+        let mut misses = vec![0u64; devices * count];
+        for cache in self.caches.iter() {
+            for (slot, n) in pooled.iter_mut().enumerate() {
+                *n += cache.ready_in(slot) as usize;
+                let (h, m) = cache.hits_misses(slot);
+                hits[slot] += h;
+                misses[slot] += m;
+            }
+            stats.cleaned_by_takers += cache.cleaned();
+            stats.borrowed += cache.borrowed();
+        }
+        for (device, shard) in self.shards.iter().enumerate() {
+            for class in classes.all() {
+                pooled[classes.slot(device, class)] += shard.len(class);
+            }
+        }
+        stats.hits = hits.iter().sum();
+        stats.misses = misses.iter().sum();
+        stats.taken_bytes = (0..devices * count)
+            .map(|slot| {
+                (hits[slot] + misses[slot]) * classes.size(SizeClass::at(slot % count)) as u64
+            })
+            .sum();
+        let by_device = |v: &[u64], d: usize| v[d * count..(d + 1) * count].iter().sum::<u64>();
+        let by_class =
+            |v: &[u64], c: SizeClass| (0..devices).map(|d| v[classes.slot(d, c)]).sum::<u64>();
+        stats.pooled_buffers = pooled.iter().sum();
+        stats.per_device = (0..devices)
+            .map(|device| {
+                let slots = &pooled[device * count..(device + 1) * count];
+                DeviceStats {
+                    device,
+                    pooled_buffers: slots.iter().sum(),
+                    pooled_bytes: classes
+                        .all()
+                        .map(|c| slots[c.index()] * classes.footprint(c))
+                        .sum(),
+                    hits: by_device(&hits, device),
+                    misses: by_device(&misses, device),
+                }
+            })
+            .collect();
+        stats.per_class = classes
+            .all()
+            .map(|class| ClassStats {
+                size: classes.size(class),
+                pooled_buffers: (0..devices).map(|d| pooled[classes.slot(d, class)]).sum(),
+                hits: by_class(&hits, class),
+                misses: by_class(&misses, class),
+            })
+            .filter(|c| c.pooled_buffers > 0 || c.hits > 0 || c.misses > 0)
+            .collect();
+        let places = self.places();
+        stats.pooled_bytes = self.admission.pooled_bytes(places);
+        stats.peak_pooled_bytes = self.admission.peak(places);
+        stats.max_pooled_bytes = self.caches.cap();
+        stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;
+        stats.evictions = self.admission.evictions() as u64;
+        stats.recycled = stats.cleaned_by_takers;
+        stats.fill_from(self.counters());
+        stats
+    }
+}

@@ -1,0 +1,242 @@
+//! The take path: own cache, shard, borrow, steal, miss (see the parent
+//! module).
+
+use crate::alloc::Block;
+use crate::buffer::PinnedBuffer;
+use crate::cleaner::Returned;
+use crate::error::Error;
+use crate::size_class::SizeClass;
+use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
+use crate::sync::Arc;
+use crate::thread_cache::{Caches, Found, ThreadCache};
+use std::time::Instant;
+
+use super::Shared;
+
+impl Shared {
+    /// The take path; see the module docs. `caches` is `this.caches`,
+    /// reached from the handle without going through `this` (a take served
+    /// by the calling thread's own lists reads nothing else of the pool).
+    #[inline]
+    pub(super) fn take(
+        this: &Arc<Self>,
+        caches: &Caches,
+        device: usize,
+        min_size: usize,
+    ) -> Result<PinnedBuffer, Error> {
+        let class = caches.classes.class_for(min_size)?;
+        if device >= caches.devices() {
+            return Err(Error::UnknownDevice {
+                device,
+                devices: caches.devices(),
+            });
+        }
+        let (cache, owned) = caches.local();
+        let found = if owned {
+            cache.take(device, class)
+        } else {
+            None
+        };
+        let block = match found {
+            Some(Found::Ready(block)) => {
+                cache.count_hit(block.slot(), block.footprint());
+                Some(block)
+            }
+            Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
+            None => None,
+        };
+        if let Some(block) = block {
+            // The cache's own lists hold blocks of their slot's class only.
+            let len = block.len();
+            return Ok(PinnedBuffer::new(block, cache, true, len));
+        }
+        let (block, pooled) = Self::take_slow(this, cache, owned, device, class)?;
+        // A borrowed block is longer than the class asked for: the buffer
+        // shows the class's length.
+        let len = this.classes().size(class);
+        Ok(PinnedBuffer::new(block, cache, pooled, len))
+    }
+
+    /// The owner's reuse of its own oldest deferred buffer: if its copies
+    /// are still running and more of the class are in flight behind it,
+    /// waits for it a little (see [`SELF_WAIT`]) rather than miss.
+    ///
+    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
+    #[inline]
+    fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
+        if behind >= SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
+            Self::wait_briefly(&mut block);
+        }
+        self.reuse(cache, cache, block)
+    }
+
+    /// Polls `block`'s fences with growing pauses (so that many threads do
+    /// not hammer the driver), for at most [`SELF_WAIT`].
+    ///
+    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
+    #[cold]
+    fn wait_briefly(block: &mut Block) {
+        let deadline = Instant::now() + SELF_WAIT;
+        let mut pause = 64u32;
+        while Instant::now() < deadline {
+            for _ in 0..pause {
+                std::hint::spin_loop();
+            }
+            pause = (pause * 2).min(4096);
+            if !matches!(block.fences_mut().poll(), Ok(false)) {
+                return;
+            }
+        }
+    }
+
+    /// Re-zeroes a deferred buffer of `home` for `taker` if its fences have
+    /// completed; otherwise hands it back (to `home` if the taker owns it,
+    /// else to the cleaner).
+    #[inline]
+    fn reuse(&self, taker: &ThreadCache, home: &ThreadCache, mut block: Block) -> Option<Block> {
+        let owner = std::ptr::eq(taker, home);
+        match block.fences_mut().poll() {
+            Ok(true) => {
+                block.zero_dirty();
+                block
+                    .take_ticket()
+                    .expect("a deferred block was dropped")
+                    .close(owner);
+                taker.count_cleaned();
+                taker.count_hit(block.slot(), 0);
+                Some(block)
+            }
+            Ok(false) if owner => {
+                home.put_back(block);
+                None
+            }
+            Ok(false) => {
+                self.caches
+                    .intake
+                    .submit(home.origin(self.caches.cap(), false), block);
+                None
+            }
+            Err(e) => {
+                Returned::new(block, home.inbox(), self.counters()).fail_now(self.env(), &e);
+                None
+            }
+        }
+    }
+
+    /// The take past the calling thread's own lists (`owned`: whether the
+    /// thread owns `cache`, as [`Caches::local`] found).
+    #[cold]
+    fn take_slow(
+        this: &Arc<Self>,
+        cache: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Result<(Block, bool), Error> {
+        Self::start_cleaner(this);
+        if let Some(block) = this.shards[device].pop(class) {
+            cache.count_hit(block.slot(), block.footprint());
+            return Ok((block, true));
+        }
+        if let Some(block) = this.borrow(cache, owned, device, class) {
+            // Counted in the class served, so taken bytes stay exact.
+            cache.count_hit(block.slot(), block.footprint());
+            cache.count_borrowed();
+            return Ok((block, true));
+        }
+        if let Some(block) = this.steal(cache, owned, device, class) {
+            return Ok((block, true));
+        }
+        let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
+        cache.count_miss(block.slot());
+        tracing::trace!(
+            bytes = block.len(),
+            device,
+            "pinpool: pool miss, allocated a pageable buffer"
+        );
+        Ok((block, false))
+    }
+
+    /// An idle ready buffer of a larger class within the borrowing slack:
+    /// from the taker's own lists, then the shard. It keeps its class, and
+    /// goes back to it when dropped.
+    fn borrow(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        let slack = self.borrow_slack;
+        if slack == 0 {
+            return None;
+        }
+        let classes = self.classes();
+        if owned {
+            if let Some(block) = taker.borrow_ready(device, classes.borrowable(class, slack)) {
+                return Some(block);
+            }
+        }
+        classes
+            .borrowable(class, slack)
+            .find_map(|larger| self.shards[device].pop(larger))
+    }
+
+    /// Takes a buffer of (`device`, `class`) from another thread's cache:
+    /// its remote list, then (locking its owner out) its ready and deferred
+    /// lists.
+    #[cold]
+    fn steal(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        let classes = self.classes();
+        let slot = classes.slot(device, class);
+        let others = || self.caches.iter().filter(move |c| !std::ptr::eq(*c, taker));
+        if owned {
+            if let Some(block) = taker.adopt_remote_lists(device, class) {
+                taker.count_hit(block.slot(), block.footprint());
+                return Some(block);
+            }
+        }
+        // Locking owners out interrupts every running thread: at most once
+        // per `STEAL_EVERY` per thread. Idle caches are swept to the shards
+        // by the cleaner meanwhile.
+        let now = self.epoch.elapsed().as_micros() as u64;
+        if !taker.may_steal(now, STEAL_EVERY.as_micros() as u64) {
+            return None;
+        }
+        let candidates = others().filter(|c| c.ready_in(slot) > 0 || c.has_waiting());
+        let mut locked = self.caches.lock_out(candidates);
+        let mut ready = None;
+        let mut deferred = None;
+        locked.each(|cache, lists| {
+            if ready.is_none() {
+                ready = lists.steal_ready(cache, device, class);
+            }
+            if ready.is_none() && deferred.is_none() {
+                deferred = lists
+                    .steal_deferred(cache, device, class)
+                    .map(|b| (b, std::ptr::from_ref(cache)));
+            }
+        });
+        drop(locked);
+        if let Some(block) = ready {
+            taker.count_hit(block.slot(), block.footprint());
+            if let Some((block, home)) = deferred {
+                // SAFETY: caches live as long as the pool.
+                let home = unsafe { &*home };
+                self.caches
+                    .intake
+                    .submit(home.origin(self.caches.cap(), false), block);
+            }
+            return Some(block);
+        }
+        let (block, home) = deferred?;
+        // SAFETY: caches live as long as the pool.
+        self.reuse(taker, unsafe { &*home }, block)
+    }
+}
