@@ -35,27 +35,33 @@
 pub(crate) mod device_sync;
 pub(crate) mod intake;
 pub(crate) mod job;
+mod late;
 pub(crate) mod parking;
+mod release;
 pub(crate) mod spent;
+mod sweep;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Unpinned};
+use crate::alloc::clean_range;
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
 use crate::stats::Counters;
 use crate::sync::lanes::{Lane, Popped};
-use crate::sync::tune::{CHUNK, POLL, SWEEPS, SWEEP_MAX, SWEEP_MIN};
+use crate::sync::tune::{CHUNK, POLL, SWEEPS, SWEEP_MIN};
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
-use crate::thread_cache::ThreadCache;
 
 use device_sync::Synced;
 use intake::Intake;
 pub(crate) use job::Returned;
 use job::{Chunked, Job};
+pub(crate) use late::Late;
+use late::LateSync;
 use parking::Parking;
+pub(crate) use release::{release, release_all};
+use sweep::Sweep;
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -77,15 +83,6 @@ impl Returned {
     pub(crate) fn fail_now(self, env: Env<'_>, e: &Error) {
         Cleaner::fail(env, self, e);
     }
-}
-
-/// How long worker 0 waits before sweeping idle caches, and what it saw of
-/// each cache last time.
-#[derive(Debug)]
-struct Sweep {
-    wait: Duration,
-    due: Instant,
-    seen: std::collections::HashMap<usize, u64>,
 }
 
 /// The cleaner; see the module docs.
@@ -121,34 +118,6 @@ impl std::fmt::Debug for Cleaner {
 /// See [`Cleaner::work`]: one pop in this many tries the register lane
 /// first.
 const REGISTER_TURN: u32 = 8;
-
-/// Where a closed pool's late buffer stands; see [`Cleaner::settle_late`].
-#[derive(Debug)]
-pub(crate) enum Late {
-    /// Its copies have finished: retire it.
-    Settled,
-    /// Not yet: look again later.
-    Waiting,
-    /// It needs a synchronize of this device above this note: run it with
-    /// [`Cleaner::run_late_sync`], then look again.
-    NeedsSync(usize, u64),
-}
-
-/// The state of a device's synchronize for late buffers.
-#[derive(Debug)]
-struct LateSync {
-    running: AtomicBool,
-    failed: Mutex<Option<Error>>,
-}
-
-impl LateSync {
-    fn new() -> Self {
-        Self {
-            running: AtomicBool::new(false),
-            failed: Mutex::new(None),
-        }
-    }
-}
 
 /// Why a parked buffer's wait ended without its copies known finished.
 enum Failed {
@@ -278,60 +247,6 @@ impl Cleaner {
         if released {
             env.places.caches.flush.notify();
         }
-    }
-
-    /// Where a closed pool's late buffer stands; the reaper, the only
-    /// caller, never blocks here: a device synchronize the buffer needs is
-    /// [`Late::NeedsSync`], for the caller to run off the reaper's thread
-    /// ([`run_late_sync`](Self::run_late_sync)), one per device at a time.
-    pub(crate) fn settle_late(&self, block: &mut Block) -> Result<Late, Error> {
-        if !block.fences_mut().is_empty() {
-            return Ok(match block.fences_mut().poll()? {
-                true => Late::Settled,
-                false => Late::Waiting,
-            });
-        }
-        if !block.is_pinned() {
-            return Ok(Late::Settled);
-        }
-        let (device, note) = (block.device(), block.meta_mut().sync_gen);
-        if self.intake.syncs.settled(device, note) {
-            return Ok(Late::Settled);
-        }
-        let late = &self.late_syncs[device];
-        // Acquire pairs with the Release store in `run_late_sync`: seeing
-        // the last synchronize over means seeing its failure, if any,
-        // recorded below.
-        if late.running.swap(true, Ordering::Acquire) {
-            return Ok(Late::Waiting);
-        }
-        if let Some(e) = late.failed.lock().take() {
-            // The synchronize this buffer may have waited for failed: its
-            // copies are not known to have finished. Later buffers get a
-            // new one. Release: as in `run_late_sync`.
-            late.running.store(false, Ordering::Release);
-            return Err(e);
-        }
-        Ok(Late::NeedsSync(device, note))
-    }
-
-    /// Runs the device synchronize that [`settle_late`](Self::settle_late)
-    /// asked for (blocking the calling thread).
-    pub(crate) fn run_late_sync(&self, env: Env<'_>, device: usize, note: u64) {
-        let late = &self.late_syncs[device];
-        match self.intake.syncs.wait(env.backend, device, note) {
-            Ok(synced) => {
-                if synced {
-                    Counters::add(&env.counters().device_syncs, 1);
-                }
-                // A synchronize above the note completed: an older failure
-                // no longer says anything about the buffers waiting now.
-                *late.failed.lock() = None;
-            }
-            Err(e) => *late.failed.lock() = Some(e),
-        }
-        // Release: see `settle_late`.
-        late.running.store(false, Ordering::Release);
     }
 
     /// A worker's loop.
@@ -674,175 +589,5 @@ impl Cleaner {
         if let Some(ticket) = ticket {
             ticket.close(false);
         }
-    }
-
-    /// Moves buffers waiting in `caches` for their owners to the cleaner:
-    /// all of them (`flush`), or only those of caches whose owner has been
-    /// idle since the last sweep, whose ready buffers also go to the shards
-    /// (where any thread finds them without locking an owner out) and whose
-    /// dropped buffers go there once clean.
-    pub(crate) fn move_waiting(&self, at: Places<'_>, cap: usize, only_idle: bool) -> usize {
-        let caches = at.caches;
-        let mut sweep = self.sweep.lock();
-        let candidates: Vec<&ThreadCache> = caches
-            .iter()
-            .filter(|c| {
-                let activity = c.activity();
-                let key = *c as *const ThreadCache as usize;
-                let last = sweep.seen.insert(key, activity);
-                if only_idle {
-                    last == Some(activity) && (c.has_waiting() || c.has_ready())
-                } else {
-                    c.has_waiting()
-                }
-            })
-            .collect();
-        drop(sweep);
-        let mut moved = 0;
-        for cache in &candidates {
-            for block in cache.returns().take_all() {
-                self.intake
-                    .submit_swept(cache.origin(cap, false), block, only_idle);
-                moved += 1;
-            }
-        }
-        let mut locked = caches.lock_out(candidates.into_iter());
-        locked.each(|cache, lists| {
-            for block in lists.take_deferred(cache) {
-                self.intake
-                    .submit_swept(cache.origin(cap, false), block, only_idle);
-                moved += 1;
-            }
-            if only_idle {
-                for block in lists.take_ready(cache, None) {
-                    moved += 1;
-                    if let Err(block) = at.shards[block.device()].push(block) {
-                        // The shard's class is full (2^32 buffers): keep it.
-                        lists.put_ready(cache, block);
-                    }
-                }
-            }
-        });
-        moved
-    }
-
-    /// Worker 0, idle: sweeps caches whose owners went idle, backing off
-    /// while sweeps find nothing.
-    fn sweep_if_due(&self, env: Env<'_>) {
-        {
-            let sweep = self.sweep.lock();
-            if Instant::now() < sweep.due {
-                return;
-            }
-        }
-        let moved = self.move_waiting(env.places, env.places.caches.cap(), true);
-        let mut sweep = self.sweep.lock();
-        sweep.wait = if moved > 0 {
-            SWEEP_MIN
-        } else {
-            (sweep.wait * 2).min(SWEEP_MAX)
-        };
-        sweep.due = Instant::now() + sweep.wait;
-    }
-}
-
-impl Cleaner {
-    /// Runs a provisioning tick (see [`Provisioner`]): releases what it
-    /// trimmed and pins what it provisions. `force` trims now
-    /// (`Pool::trim`).
-    pub(crate) fn provision(&self, env: Env<'_>, force: bool) {
-        let quiet = crate::flush::in_flight(env.places.caches.counts()) == 0;
-        let plan = env
-            .provisioner
-            .tick(env.places, env.admission, quiet, force);
-        let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
-        Counters::add(&env.counters().trimmed_bytes, trimmed);
-        release_all(env, plan.trimmed);
-        if plan.provision.is_empty() {
-            return;
-        }
-        let orphan = &env
-            .places
-            .caches
-            .iter()
-            .last()
-            .expect("the orphan cache is last");
-        let cap = env.places.caches.cap();
-        for mut block in plan.provision {
-            orphan.count_returned(&mut block);
-            self.intake.submit_ahead(orphan.origin(cap, false), block);
-        }
-    }
-}
-
-/// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
-/// fails is leaked (unmapping registered memory would be worse).
-pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
-    block.fences_mut().release();
-    Counters::add(&counters.released, 1);
-    if !block.is_pinned() {
-        drop(block);
-        return;
-    }
-    let device = block.device();
-    match block.unpin() {
-        Unpinned::Alone(mut block) => {
-            // SAFETY: the block was registered by this backend, and every
-            // caller knows its copies have finished (ready, or fences done).
-            if unsafe { unregister(backend, counters, device, block.as_ptr(), block.footprint()) } {
-                block.set_pinned(false);
-                drop(block);
-            } else {
-                // Counted leaked by `unregister`: the block's own mapping.
-                let _ = block.leak();
-            }
-        }
-        // Other buffers of the slab are live: it stays registered.
-        Unpinned::Shared => {}
-        Unpinned::Last(slab) if slab.registered() => {
-            // SAFETY: the slab was registered by this backend at its base,
-            // and no buffer of it is left, so no copy from it is in flight.
-            if unsafe { unregister(backend, counters, device, slab.base(), slab.len()) } {
-                slab.set_unregistered();
-                slab.free();
-            } else {
-                slab.leak();
-            }
-        }
-        Unpinned::Last(slab) => slab.free(),
-    }
-}
-
-/// Unregisters the `bytes` registered at `ptr`, counting the outcome; false
-/// if it failed, and the caller must leak the memory.
-///
-/// # Safety
-/// As [`Backend::unregister`].
-unsafe fn unregister(
-    backend: &dyn Backend,
-    counters: &Counters,
-    device: usize,
-    ptr: *mut u8,
-    bytes: usize,
-) -> bool {
-    // SAFETY: the caller's guarantee.
-    match unsafe { backend.unregister(device, ptr) } {
-        Ok(()) => {
-            Counters::add(&counters.unregistered_bytes, bytes as u64);
-            true
-        }
-        Err(e) => {
-            Counters::add(&counters.unregister_failures, 1);
-            Counters::add(&counters.leaked_bytes, bytes as u64);
-            tracing::error!(error = %e, bytes, "pinpool: unregistering failed; leaking the memory");
-            false
-        }
-    }
-}
-
-/// Releases every block of `blocks` (evicted or cleared: quiescent).
-pub(crate) fn release_all(env: Env<'_>, blocks: Vec<Block>) {
-    for block in blocks {
-        release(env.backend, env.counters(), block);
     }
 }

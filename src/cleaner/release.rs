@@ -1,0 +1,80 @@
+//! Releasing buffers: unregister (if pinned) and free, or leak what the
+//! driver would not unregister.
+
+use crate::alloc::{Block, Unpinned};
+use crate::backend::Backend;
+use crate::stats::Counters;
+
+use super::Env;
+
+/// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
+/// fails is leaked (unmapping registered memory would be worse).
+pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
+    block.fences_mut().release();
+    Counters::add(&counters.released, 1);
+    if !block.is_pinned() {
+        drop(block);
+        return;
+    }
+    let device = block.device();
+    match block.unpin() {
+        Unpinned::Alone(mut block) => {
+            // SAFETY: the block was registered by this backend, and every
+            // caller knows its copies have finished (ready, or fences done).
+            if unsafe { unregister(backend, counters, device, block.as_ptr(), block.footprint()) } {
+                block.set_pinned(false);
+                drop(block);
+            } else {
+                // Counted leaked by `unregister`: the block's own mapping.
+                let _ = block.leak();
+            }
+        }
+        // Other buffers of the slab are live: it stays registered.
+        Unpinned::Shared => {}
+        Unpinned::Last(slab) if slab.registered() => {
+            // SAFETY: the slab was registered by this backend at its base,
+            // and no buffer of it is left, so no copy from it is in flight.
+            if unsafe { unregister(backend, counters, device, slab.base(), slab.len()) } {
+                slab.set_unregistered();
+                slab.free();
+            } else {
+                slab.leak();
+            }
+        }
+        Unpinned::Last(slab) => slab.free(),
+    }
+}
+
+/// Unregisters the `bytes` registered at `ptr`, counting the outcome; false
+/// if it failed, and the caller must leak the memory.
+///
+/// # Safety
+/// As [`Backend::unregister`].
+unsafe fn unregister(
+    backend: &dyn Backend,
+    counters: &Counters,
+    device: usize,
+    ptr: *mut u8,
+    bytes: usize,
+) -> bool {
+    // SAFETY: the caller's guarantee.
+    match unsafe { backend.unregister(device, ptr) } {
+        Ok(()) => {
+            Counters::add(&counters.unregistered_bytes, bytes as u64);
+            true
+        }
+        Err(e) => {
+            Counters::add(&counters.unregister_failures, 1);
+            Counters::add(&counters.leaked_bytes, bytes as u64);
+            tracing::error!(error = %e, bytes, "pinpool: unregistering failed; leaking the memory");
+            false
+        }
+    }
+}
+
+/// Releases every block of `blocks` (evicted or cleared: quiescent).
+pub(crate) fn release_all(env: Env<'_>, blocks: Vec<Block>) {
+    for block in blocks {
+        release(env.backend, env.counters(), block);
+    }
+}

@@ -1,0 +1,121 @@
+//! What worker 0 does between jobs: sweeps of the caches of threads that
+//! went idle (their waiting buffers moved along, their ready ones to the
+//! shards), which `flush` also runs at once over every cache, and the
+//! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)).
+
+use crate::admission::Places;
+use crate::stats::Counters;
+use crate::sync::tune::{SWEEP_MAX, SWEEP_MIN};
+use crate::thread_cache::ThreadCache;
+use std::time::{Duration, Instant};
+
+use super::{release_all, Cleaner, Env};
+
+/// How long worker 0 waits before sweeping idle caches, and what it saw of
+/// each cache last time.
+#[derive(Debug)]
+pub(super) struct Sweep {
+    pub(super) wait: Duration,
+    pub(super) due: Instant,
+    pub(super) seen: std::collections::HashMap<usize, u64>,
+}
+
+impl Cleaner {
+    /// Moves buffers waiting in `caches` for their owners to the cleaner:
+    /// all of them (`flush`), or only those of caches whose owner has been
+    /// idle since the last sweep, whose ready buffers also go to the shards
+    /// (where any thread finds them without locking an owner out) and whose
+    /// dropped buffers go there once clean.
+    pub(crate) fn move_waiting(&self, at: Places<'_>, cap: usize, only_idle: bool) -> usize {
+        let caches = at.caches;
+        let mut sweep = self.sweep.lock();
+        let candidates: Vec<&ThreadCache> = caches
+            .iter()
+            .filter(|c| {
+                let activity = c.activity();
+                let key = *c as *const ThreadCache as usize;
+                let last = sweep.seen.insert(key, activity);
+                if only_idle {
+                    last == Some(activity) && (c.has_waiting() || c.has_ready())
+                } else {
+                    c.has_waiting()
+                }
+            })
+            .collect();
+        drop(sweep);
+        let mut moved = 0;
+        for cache in &candidates {
+            for block in cache.returns().take_all() {
+                self.intake
+                    .submit_swept(cache.origin(cap, false), block, only_idle);
+                moved += 1;
+            }
+        }
+        let mut locked = caches.lock_out(candidates.into_iter());
+        locked.each(|cache, lists| {
+            for block in lists.take_deferred(cache) {
+                self.intake
+                    .submit_swept(cache.origin(cap, false), block, only_idle);
+                moved += 1;
+            }
+            if only_idle {
+                for block in lists.take_ready(cache, None) {
+                    moved += 1;
+                    if let Err(block) = at.shards[block.device()].push(block) {
+                        // The shard's class is full (2^32 buffers): keep it.
+                        lists.put_ready(cache, block);
+                    }
+                }
+            }
+        });
+        moved
+    }
+
+    /// Worker 0, idle: sweeps caches whose owners went idle, backing off
+    /// while sweeps find nothing.
+    pub(super) fn sweep_if_due(&self, env: Env<'_>) {
+        {
+            let sweep = self.sweep.lock();
+            if Instant::now() < sweep.due {
+                return;
+            }
+        }
+        let moved = self.move_waiting(env.places, env.places.caches.cap(), true);
+        let mut sweep = self.sweep.lock();
+        sweep.wait = if moved > 0 {
+            SWEEP_MIN
+        } else {
+            (sweep.wait * 2).min(SWEEP_MAX)
+        };
+        sweep.due = Instant::now() + sweep.wait;
+    }
+}
+
+impl Cleaner {
+    /// Runs a provisioning tick (see [`Provisioner`]): releases what it
+    /// trimmed and pins what it provisions. `force` trims now
+    /// (`Pool::trim`).
+    pub(crate) fn provision(&self, env: Env<'_>, force: bool) {
+        let quiet = crate::flush::in_flight(env.places.caches.counts()) == 0;
+        let plan = env
+            .provisioner
+            .tick(env.places, env.admission, quiet, force);
+        let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
+        Counters::add(&env.counters().trimmed_bytes, trimmed);
+        release_all(env, plan.trimmed);
+        if plan.provision.is_empty() {
+            return;
+        }
+        let orphan = &env
+            .places
+            .caches
+            .iter()
+            .last()
+            .expect("the orphan cache is last");
+        let cap = env.places.caches.cap();
+        for mut block in plan.provision {
+            orphan.count_returned(&mut block);
+            self.intake.submit_ahead(orphan.origin(cap, false), block);
+        }
+    }
+}
