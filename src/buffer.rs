@@ -276,7 +276,13 @@ impl PinnedBuffer {
     /// # Ok(()) }
     /// ```
     pub unsafe fn record_last_use_raw(&mut self, stream: sys::CUstream) -> Result<(), Error> {
-        let Some(ctx) = self.home().caches().contexts.get(self.device()).cloned() else {
+        let Some(ctx) = self
+            .home()
+            .caches()
+            .backend()
+            .context(self.device())
+            .cloned()
+        else {
             return Err(Error::BackendUnavailable(
                 "record_last_use_raw needs a pool on the CUDA backend".into(),
             ));

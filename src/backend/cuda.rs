@@ -267,8 +267,8 @@ impl Backend for CudaBackend {
         result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))
     }
 
-    fn contexts(&self) -> Vec<Arc<CudaContext>> {
-        self.contexts.clone()
+    fn context(&self, device: usize) -> Option<&Arc<CudaContext>> {
+        self.contexts.get(device)
     }
 
     fn numa_hints(&self) -> Vec<DeviceHint> {

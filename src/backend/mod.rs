@@ -77,9 +77,11 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     unsafe fn unregister(&self, device: usize, ptr: *mut u8) -> Result<(), Error>;
     /// Waits for all work in `device`'s primary context.
     fn synchronize(&self, device: usize) -> Result<(), Error>;
-    /// The primary contexts of the devices served (CUDA only).
-    fn contexts(&self) -> Vec<std::sync::Arc<cudarc::driver::CudaContext>> {
-        Vec::new()
+    /// The primary context of `device` (CUDA only), for fences recorded
+    /// on raw streams.
+    fn context(&self, device: usize) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
+        let _ = device;
+        None
     }
     /// What the driver says about each device's NUMA placement (nothing,
     /// outside CUDA).

@@ -62,8 +62,8 @@ pub(crate) struct Shared {
     borrow_slack: u32,
     /// Each device's host NUMA node, and the node cleaner workers run on.
     placement: Placement,
-    /// Declared last, so dropped last: the caches hold references to the
-    /// CUDA backend's contexts too, and only the backend's drop puts back
+    /// Declared last, so dropped last: the caches point to it (for the
+    /// CUDA contexts of raw-stream fences), and only the backend's drop puts back
     /// the thread's current context that releasing the last reference to a
     /// context changes (see [`CudaBackend`](crate::backend::cuda::CudaBackend)).
     pub(crate) backend: Box<dyn Backend>,
@@ -241,7 +241,7 @@ impl Pool {
                 config.thread_cache_bytes,
                 config.max_pooled_bytes,
                 pins,
-                backend.contexts(),
+                NonNull::from(&*backend),
                 Arc::clone(&intake),
             ),
             shards: (0..devices)

@@ -46,6 +46,7 @@ use std::ptr::NonNull;
 
 use crossbeam_utils::CachePadded;
 
+use crate::backend::Backend;
 use crate::cleaner::intake::Intake;
 use crate::flush::{Counts, Flush};
 use crate::size_class::Classes;
@@ -74,8 +75,9 @@ pub(crate) struct Caches {
     /// cleaner among others: on lines of their own, away from the fields
     /// every take reads).
     pub(crate) counters: CachePadded<Counters>,
-    /// The devices' primary contexts (CUDA backend), for raw-stream fences.
-    pub(crate) contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
+    /// The pool's backend, whose box outlives the caches (the pool's state
+    /// declares it last).
+    backend: BackendRef,
     devices: usize,
     /// Devices times classes.
     slots: usize,
@@ -89,6 +91,15 @@ pub(crate) struct Caches {
     /// Where the drops the caches do not keep go: the cleaner's intake.
     pub(crate) intake: Arc<Intake>,
 }
+
+/// A pointer to the pool's backend.
+struct BackendRef(NonNull<dyn Backend>);
+
+// SAFETY: the backend is `Send + Sync` and outlives the caches (see
+// `Caches::new`).
+unsafe impl Send for BackendRef {}
+// SAFETY: as above.
+unsafe impl Sync for BackendRef {}
 
 impl std::fmt::Debug for Caches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -130,15 +141,16 @@ impl Drop for LockedOut<'_> {
 
 impl Caches {
     /// Caches for a pool of `devices` devices with `classes`, at most
-    /// `limit` ready bytes each, under the pool's `cap`, on a backend that
-    /// `pins` or not.
+    /// `limit` ready bytes each, under the pool's `cap`, on `backend` (which
+    /// `pins` or not, and must outlive the caches), handing the drops they
+    /// do not keep to `intake`.
     pub(crate) fn new(
         classes: Classes,
         devices: usize,
         limit: usize,
         cap: usize,
         pins: bool,
-        contexts: Vec<std::sync::Arc<cudarc::driver::CudaContext>>,
+        backend: NonNull<dyn Backend>,
         intake: Arc<Intake>,
     ) -> Box<Self> {
         let orphan = ThreadCache::new(
@@ -156,7 +168,7 @@ impl Caches {
             flush: Flush::new(),
             classes,
             counters: CachePadded::new(Counters::default()),
-            contexts,
+            backend: BackendRef(backend),
             slots,
             devices,
             limit,
@@ -169,6 +181,12 @@ impl Caches {
         let flush = NonNull::from(&caches.flush);
         caches.orphan.books.set_flush(flush);
         caches
+    }
+
+    /// The pool's backend.
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        // SAFETY: the backend outlives the caches (see `new`).
+        unsafe { self.backend.0.as_ref() }
     }
 
     /// The cap on pooled bytes now (see the `cap` field).
