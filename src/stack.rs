@@ -1,21 +1,21 @@
 //! A lock-free LIFO of values, ABA-safe, with no links in the values.
 //!
 //! This is Treiber's stack (R. K. Treiber, *Systems Programming: Coping with
-//! Parallelism*, IBM RJ 5118, 1986) over indices into a side table of slots,
+//! Parallelism*, IBM RJ 5118, 1986) over indices into a side table of entries,
 //! with a generation tag beside the index in the head word, the classic cure
 //! for ABA (as in IBM's System/370 free-list with a "counter" word).
 //!
-//! Each slot holds one value and one `next` index. Two stacks thread through
-//! the same slots: `ready` (slots holding a value) and `free` (empty slots).
-//! A push takes a free slot (or a never-used one), writes the value, and
-//! pushes the slot on `ready`; a pop takes a slot off `ready`, moves the
-//! value out and pushes the slot on `free`. The value itself, a buffer that a
+//! Each entry holds one value and one `next` index. Two stacks thread through
+//! the same entries: `ready` (entries holding a value) and `free` (empty entries).
+//! A push takes a free entry (or a never-used one), writes the value, and
+//! pushes the entry on `ready`; a pop takes an entry off `ready`, moves the
+//! value out and pushes the entry on `free`. The value itself, a buffer that a
 //! DMA may still be reading or that must come back all-zero, is never
 //! written to for bookkeeping.
 //!
-//! Slots live in pages of doubling size, installed on first use by CAS and
+//! Entries live in pages of doubling size, installed on first use by CAS and
 //! freed only when the stack is dropped, so a popper may read the `next` of
-//! a slot that another thread has just taken without touching freed memory.
+//! an entry that another thread has just taken without touching freed memory.
 //! The read is then stale, but the head's tag has moved on and the CAS
 //! fails. A tag wraps after 2^32 operations on one head between a popper's
 //! load and its CAS, which no real schedule reaches.
@@ -25,21 +25,21 @@ use crossbeam_utils::CachePadded;
 use crate::sync::tune::STACK_FIRST_PAGE_SHIFT;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
 
-/// The index meaning "no slot".
+/// The index meaning "no entry".
 const NIL: u32 = u32::MAX;
 
-/// Slots in page 0 (`1 << FIRST_PAGE_SHIFT`); page `p` has `FIRST << p`.
+/// Entries in page 0 (`1 << FIRST_PAGE_SHIFT`); page `p` has `FIRST << p`.
 const FIRST_PAGE_SHIFT: u32 = STACK_FIRST_PAGE_SHIFT;
 
 /// Enough pages for every index below `NIL - 1` (up to 2^32 - 2 + FIRST,
 /// whose highest bit is bit 32).
 const PAGES: usize = 33 - FIRST_PAGE_SHIFT as usize;
 
-struct Slot<T> {
-    /// The next slot down the stack this slot is on (`NIL` at the bottom).
+struct Entry<T> {
+    /// The next entry down the stack this entry is on (`NIL` at the bottom).
     next: AtomicU32,
-    /// The value; only the thread that popped this slot off a stack (or
-    /// freshly claimed it) touches it, until it pushes the slot again.
+    /// The value; only the thread that popped this entry off a stack (or
+    /// freshly claimed it) touches it, until it pushes the entry again.
     value: UnsafeCell<Option<T>>,
 }
 
@@ -50,14 +50,14 @@ pub(crate) struct Stack<T> {
     /// Values on the stack; raised before a push is visible and lowered after
     /// a pop, so it never under-counts.
     len: AtomicUsize,
-    /// Slots ever claimed; the next never-used slot index.
+    /// Entries ever claimed; the next never-used entry index.
     claimed: AtomicU32,
-    pages: [AtomicPtr<Slot<T>>; PAGES],
+    pages: [AtomicPtr<Entry<T>>; PAGES],
 }
 
 // SAFETY: values move between threads through the stack, so `T: Send` is
-// required and sufficient; the slots' cells are accessed by one owner at a
-// time (see `Slot::value`).
+// required and sufficient; the entries' cells are accessed by one owner at a
+// time (see `Entry::value`).
 unsafe impl<T: Send> Send for Stack<T> {}
 // SAFETY: as above; `&Stack` only moves whole values in and out.
 unsafe impl<T: Send> Sync for Stack<T> {}
@@ -84,15 +84,15 @@ impl<T> Stack<T> {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// Pushes `value`; hands it back if the slot table is exhausted.
+    /// Pushes `value`; hands it back if the entry table is exhausted.
     pub(crate) fn push(&self, value: T) -> Result<(), T> {
         let Some(index) = self.pop_index(&self.free).or_else(|| self.claim()) else {
             return Err(value);
         };
-        let slot = self.slot(index);
-        // SAFETY: the slot was just taken off `free` or freshly claimed, so
+        let entry = self.entry(index);
+        // SAFETY: the entry was just taken off `free` or freshly claimed, so
         // this thread owns it until `push_index` below publishes it.
-        slot.value.with_mut(|v| unsafe { *v = Some(value) });
+        entry.value.with_mut(|v| unsafe { *v = Some(value) });
         // Relaxed: only has to be counted before the value is visible, which
         // the Release CAS in `push_index` orders.
         self.len.fetch_add(1, Ordering::Relaxed);
@@ -104,27 +104,27 @@ impl<T> Stack<T> {
     #[inline]
     pub(crate) fn pop(&self) -> Option<T> {
         let index = self.pop_index(&self.ready)?;
-        let slot = self.slot(index);
-        // SAFETY: the slot was just taken off `ready`, so this thread owns it
+        let entry = self.entry(index);
+        // SAFETY: the entry was just taken off `ready`, so this thread owns it
         // until it is pushed on `free` below; the pusher's write is visible
         // through the Acquire in `pop_index`.
-        let value = slot.value.with_mut(|v| unsafe { (*v).take() });
+        let value = entry.value.with_mut(|v| unsafe { (*v).take() });
         self.len.fetch_sub(1, Ordering::Relaxed);
         self.push_index(&self.free, index);
         value
     }
 
-    /// Pushes slot `index`, which the caller owns, onto `head`.
+    /// Pushes entry `index`, which the caller owns, onto `head`.
     fn push_index(&self, head: &AtomicU64, index: u32) {
-        let slot = self.slot(index);
+        let entry = self.entry(index);
         // Relaxed: the value read is only used as the expected value of the
         // CAS, which re-checks it.
         let mut current = head.load(Ordering::Relaxed);
         loop {
             // Relaxed: published by the Release CAS below.
-            slot.next.store(index_of(current), Ordering::Relaxed);
+            entry.next.store(index_of(current), Ordering::Relaxed);
             let new = pack(tag_of(current).wrapping_add(1), index);
-            // Release publishes the slot's `next` and value to the thread
+            // Release publishes the entry's `next` and value to the thread
             // whose Acquire load in `pop_index` reads this head.
             match head.compare_exchange_weak(current, new, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return,
@@ -133,10 +133,10 @@ impl<T> Stack<T> {
         }
     }
 
-    /// Pops a slot off `head`, transferring its ownership to the caller.
+    /// Pops an entry off `head`, transferring its ownership to the caller.
     fn pop_index(&self, head: &AtomicU64) -> Option<u32> {
         // Acquire pairs with the Release CAS of the push that installed this
-        // head, so the slot's `next` and value are visible.
+        // head, so the entry's `next` and value are visible.
         let mut current = head.load(Ordering::Acquire);
         loop {
             let index = index_of(current);
@@ -144,9 +144,9 @@ impl<T> Stack<T> {
                 return None;
             }
             // Relaxed: ordered by the Acquire load of `current`. If another
-            // thread popped and re-pushed this slot meanwhile, `next` may be
+            // thread popped and re-pushed this entry meanwhile, `next` may be
             // stale, but the tag in the head has changed and the CAS fails.
-            let next = self.slot(index).next.load(Ordering::Relaxed);
+            let next = self.entry(index).next.load(Ordering::Relaxed);
             let new = pack(tag_of(current).wrapping_add(1), next);
             // Acquire on both outcomes: on failure, the reloaded head is
             // dereferenced on the next iteration.
@@ -157,7 +157,7 @@ impl<T> Stack<T> {
         }
     }
 
-    /// Claims a never-used slot, installing its page if needed.
+    /// Claims a never-used entry, installing its page if needed.
     #[cold]
     fn claim(&self) -> Option<u32> {
         // Relaxed: the counter only hands out distinct indices; the page
@@ -173,21 +173,21 @@ impl<T> Stack<T> {
     }
 
     /// Page `page`, allocated and installed if it is not yet.
-    fn page(&self, page: usize) -> *mut Slot<T> {
+    fn page(&self, page: usize) -> *mut Entry<T> {
         // Acquire pairs with the Release of the CAS that installed the page.
         let existing = self.pages[page].load(Ordering::Acquire);
         if !existing.is_null() {
             return existing;
         }
         let len = 1usize << (FIRST_PAGE_SHIFT as usize + page);
-        let fresh: Box<[Slot<T>]> = (0..len)
-            .map(|_| Slot {
+        let fresh: Box<[Entry<T>]> = (0..len)
+            .map(|_| Entry {
                 next: AtomicU32::new(NIL),
                 value: UnsafeCell::new(None),
             })
             .collect();
-        let fresh = Box::into_raw(fresh).cast::<Slot<T>>();
-        // Release publishes the initialised slots; Acquire on failure pairs
+        let fresh = Box::into_raw(fresh).cast::<Entry<T>>();
+        // Release publishes the initialised entries; Acquire on failure pairs
         // with the winner's Release.
         match self.pages[page].compare_exchange(
             std::ptr::null_mut(),
@@ -198,14 +198,14 @@ impl<T> Stack<T> {
             Ok(_) => fresh,
             Err(winner) => {
                 // SAFETY: `fresh` came from `Box::into_raw` of a slice of
-                // `len` slots above and was never shared.
+                // `len` entries above and was never shared.
                 drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, len)) });
                 winner
             }
         }
     }
 
-    fn slot(&self, index: u32) -> &Slot<T> {
+    fn entry(&self, index: u32) -> &Entry<T> {
         let (page, offset) = locate(index);
         // Acquire pairs with the installing CAS in `page`. Every index handed
         // out was claimed after its page was installed.
@@ -226,7 +226,7 @@ impl<T> Drop for Stack<T> {
             }
             let len = 1usize << (FIRST_PAGE_SHIFT as usize + page);
             // SAFETY: installed pages come from `Box::into_raw` of `len`
-            // slots, and `&mut self` means no one else references them.
+            // entries, and `&mut self` means no one else references them.
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) });
         }
     }
@@ -238,7 +238,7 @@ impl<T> std::fmt::Debug for Stack<T> {
     }
 }
 
-/// Page and offset of slot `index`: page `p` holds indices
+/// Page and offset of entry `index`: page `p` holds indices
 /// `[FIRST << p - FIRST, FIRST << (p + 1) - FIRST)`.
 #[inline]
 fn locate(index: u32) -> (usize, usize) {
@@ -282,7 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn lifo_and_reuses_slots() {
+    fn lifo_and_reuses_entries() {
         let stack = Stack::new();
         for round in 0..3 {
             for i in 0..100 {

@@ -114,7 +114,7 @@ impl Cleaner {
             .expect("the orphan cache is last");
         let cap = env.places.caches.cap();
         for mut block in plan.provision {
-            orphan.count_returned(&mut block);
+            orphan.open_ahead(&mut block);
             self.intake.submit_ahead(orphan.origin(cap, false), block);
         }
     }

@@ -63,7 +63,7 @@ impl Shared {
         Self::start_cleaner(this);
         let orphan = this.caches.local().0.orphan();
         for mut block in blocks {
-            orphan.count_returned(&mut block);
+            orphan.open_ahead(&mut block);
             this.caches
                 .intake
                 .submit_ahead(orphan.origin(cap, false), block);
@@ -139,7 +139,7 @@ impl Shared {
         this.clear();
         // Buffers pinned ahead of demand were counted as drops without a
         // take: they count as taken too.
-        let taken: u64 = this.caches.iter().map(|c| c.takes() + c.injected()).sum();
+        let taken: u64 = this.caches.iter().map(|c| c.takes() + c.ahead()).sum();
         let dropped = crate::flush::drops(this.caches.counts());
         let outstanding = taken.saturating_sub(dropped);
         // Every close tries to start the reaper, so that one that could not

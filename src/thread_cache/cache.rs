@@ -80,9 +80,9 @@ pub(super) struct SharedPart {
     /// Footprint bytes taken through the orphan cache (no owner).
     taken_bytes: Counter,
     /// Buffers counted as dropped through this cache without a take: those
-    /// pinned ahead of demand (`count_returned`), so that closing counts
+    /// pinned ahead of demand (`open_ahead`), so that closing counts
     /// the buffers still out as takes plus these minus drops.
-    injected: Counter,
+    ahead: Counter,
     /// Drops per slot by threads other than the owner of buffers taken
     /// through this cache (`fetch_add`; see `SlotCounts::drops`).
     drops: Slots<Counter>,
@@ -137,7 +137,7 @@ impl ThreadCache {
                 returns: RemoteList::new(slots),
                 busy: AtomicUsize::new(0),
                 taken_bytes: Counter::default(),
-                injected: Counter::default(),
+                ahead: Counter::default(),
                 drops: Slots::new(slots),
             }),
             books: CachePadded::new(Books::new(flush)),
@@ -371,13 +371,14 @@ impl ThreadCache {
         shared.busy.fetch_sub(1, Ordering::Release);
     }
 
-    /// Counts `block` as dropped through this cache by a thread that does
-    /// not own it (a buffer pinned ahead of demand enters the cleaner this
-    /// way, through the orphan cache), so that `flush` waits for it.
-    pub(crate) fn count_returned(&self, block: &mut Block) {
-        // Relaxed: read when the pool closes, after the handle's release
-        // (reserve) or the workers' join (provisioning), as the drop counts.
-        self.shared.injected.add(1);
+    /// Opens the flush ticket of a buffer pinned ahead of demand (by
+    /// `reserve` or provisioning), which enters the cleaner as if dropped
+    /// through this cache (the orphan cache) by a thread that does not own
+    /// it, so that `flush` waits for it; counted in `ahead`.
+    pub(crate) fn open_ahead(&self, block: &mut Block) {
+        // Read when the pool closes, after the handle's release (reserve)
+        // or the workers' join (provisioning), as the drop counts.
+        self.shared.ahead.add(1);
         block.set_ticket(self.books.open(false));
     }
 
@@ -495,11 +496,11 @@ impl ThreadCache {
     }
 
     /// Buffers counted as dropped through this cache without a take (see
-    /// [`count_returned`](Self::count_returned)); exact when the pool
+    /// [`open_ahead`](Self::open_ahead)); exact when the pool
     /// closes, as [`takes`](Self::takes).
-    pub(crate) fn injected(&self) -> u64 {
-        // See `count_returned` for why this is exact then.
-        self.shared.injected.get()
+    pub(crate) fn ahead(&self) -> u64 {
+        // See `open_ahead` for why this is exact then.
+        self.shared.ahead.get()
     }
 
     /// Hits and misses of `slot` (statistics).
