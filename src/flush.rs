@@ -183,11 +183,10 @@ impl Flush {
             // at most once per `FLUSH_POLL`, however many completions wake
             // this flush meanwhile (under loom, which has no clock: on
             // every wake-up).
-            let due = cfg!(all(loom, feature = "loom"))
-                || hurried.is_none_or(|at| at.elapsed() >= FLUSH_POLL);
+            let due = cfg!(pinpool_loom) || hurried.is_none_or(|at| at.elapsed() >= FLUSH_POLL);
             if due {
                 hurry();
-                if !cfg!(all(loom, feature = "loom")) {
+                if !cfg!(pinpool_loom) {
                     hurried = Some(std::time::Instant::now());
                 }
             }

@@ -79,7 +79,7 @@ pub use size_class::{SizeClasses, MAX_CLASS_SIZE};
 pub use stats::{ClassStats, DeviceStats, Stats};
 pub use views::{Prefix, PrefixMut, Typed, TypedMut};
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 #[doc(hidden)]
 pub mod loom_internals;
 

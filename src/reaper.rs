@@ -133,7 +133,7 @@ impl Reaper {
     }
 }
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     use super::{Message, Reaper};
     use crate::backend::Backend;
@@ -210,7 +210,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use super::{Message, Reaper};
     use crate::backend::Backend;

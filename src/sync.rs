@@ -2,7 +2,8 @@
 //!
 //! Everything else imports atomics, locks, cells, threads and the stand-ins
 //! below from here, so that one body of code runs under [loom] when built
-//! with `--cfg loom --features loom`. As in tokio and sharded-slab, the std
+//! with `--cfg loom --features loom` (`cfg(pinpool_loom)`, which `build.rs`
+//! sets for that pair). As in tokio and sharded-slab, the std
 //! types are given loom's API (`UnsafeCell::with_mut`, a non-poisoning
 //! `lock`), never the other way round, and each wrapper is written once over
 //! whichever primitive the build uses.
@@ -22,7 +23,7 @@
 //!
 //! [loom]: https://docs.rs/loom
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::{
         fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -71,7 +72,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
     pub(crate) use loom::sync::atomic::{
@@ -120,7 +121,7 @@ pub(crate) use std::sync::Mutex as StaticMutex;
 
 /// Channels to the process-wide reaper thread, which loom models replace
 /// (see `reaper`).
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) use crossbeam_channel as channel;
 
 /// A statistics counter: compiled in everywhere, loom models included

@@ -34,7 +34,7 @@ pub(crate) enum Popped<T> {
     Timeout,
 }
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     use super::{Duration, Lane, Popped};
     use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -123,7 +123,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use super::{Duration, Lane, Popped};
     use crate::sync::{thread, Condvar, Mutex};

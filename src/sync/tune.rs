@@ -7,37 +7,37 @@ use std::time::Duration;
 /// The cleaner splits zeroing (and pre-faulting) above this many bytes into
 /// jobs of this size that any worker may run: a multiple of the 2 MiB huge
 /// page, small enough that a 16 MiB buffer is cleaned by several workers.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const CHUNK: usize = 4 << 20;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const CHUNK: usize = 2;
 
 /// Buffers shorter than a slab are carved from slabs (see `alloc`); each
 /// occupies its length rounded up to this many bytes, so one slab holds at
 /// most `slab / SLAB_GRANULE` of them: 16 on 4 KiB pages.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const SLAB_GRANULE: usize = 256;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const SLAB_GRANULE: usize = 2;
 
 /// The bytes of one slab: `None` for one page. Loom models carve 4-byte
 /// slabs into two buffers, and only of the 1- and 2-byte classes, so the
 /// models of other paths keep one mapping per buffer.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const SLAB_BYTES: Option<usize> = None;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const SLAB_BYTES: Option<usize> = Some(4);
 
 /// The largest size class is `1 << MAX_SHIFT` bytes.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const MAX_SHIFT: u32 = 40;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const MAX_SHIFT: u32 = 3;
 
 /// Slots in a lock-free stack's first page (`1 << FIRST_PAGE_SHIFT`).
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const STACK_FIRST_PAGE_SHIFT: u32 = 5;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const STACK_FIRST_PAGE_SHIFT: u32 = 0;
 
 /// A dropped buffer whose dirty prefix is at most this long is cleaned by
@@ -47,9 +47,9 @@ pub(crate) const SELF_CLEAN_BYTES: usize = 64 << 10;
 
 /// At most this many dropped buffers wait in one thread cache for their
 /// owner; more go to the cleaner.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const MAX_DEFERRED: usize = 64;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const MAX_DEFERRED: usize = 2;
 
 /// How long a take waits for its own oldest dropped buffer of the class to
@@ -59,11 +59,11 @@ pub(crate) const MAX_DEFERRED: usize = 2;
 /// in circulation (one more than a hand-written double-buffered loop) and,
 /// once its copies queue up behind each other, waits for them as such a
 /// loop does instead of deepening the queue with more buffers.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const SELF_WAIT: Duration = Duration::from_millis(20);
 /// Loom has no clock: no waiting (a model's control flow must not depend
 /// on time).
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const SELF_WAIT: Duration = Duration::ZERO;
 
 /// See [`SELF_WAIT`].
@@ -72,10 +72,10 @@ pub(crate) const SELF_WAIT_BEHIND: usize = 2;
 /// A thread locks other threads' caches out to steal from them at most this
 /// often (it interrupts every running thread of the process); misses in
 /// between allocate.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const STEAL_EVERY: Duration = Duration::from_millis(1);
 /// Loom: every miss may steal (no clock, see `SELF_WAIT`).
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const STEAL_EVERY: Duration = Duration::ZERO;
 
 /// How often an idle worker re-polls buffers whose copies were still
@@ -85,7 +85,7 @@ pub(crate) const POLL: Duration = Duration::from_micros(100);
 /// Whether worker 0 sweeps idle caches. Loom models have no clock, and a
 /// sweep on a timer would make them non-deterministic; `flush` moves
 /// waiting buffers along in both builds.
-pub(crate) const SWEEPS: bool = cfg!(not(all(loom, feature = "loom")));
+pub(crate) const SWEEPS: bool = cfg!(not(pinpool_loom));
 
 /// How long an idle cleaner waits before sweeping buffers left by idle
 /// threads, at first; the wait doubles while sweeps find nothing, up to
@@ -114,13 +114,13 @@ pub(crate) const RECYCLE_BACKLOG: usize = 4096;
 /// within `[ZERO_BACKLOG_MIN, ZERO_BACKLOG]`. Beyond it a dropped buffer is
 /// freed rather than queued, so dropping faster than the cleaner can zero
 /// cannot grow the queue (and the memory it holds) without bound.
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const ZERO_BACKLOG: usize = 2 << 30;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const ZERO_BACKLOG: usize = 64;
 
 /// See [`ZERO_BACKLOG`].
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 pub(crate) const ZERO_BACKLOG_MIN: usize = 64 << 20;
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) const ZERO_BACKLOG_MIN: usize = 64;
