@@ -10,8 +10,6 @@
 //!
 //! Stand-ins that need more than a rename live in files of their own:
 //!
-//! - [`lanes`]: the cleaner's work queue (crossbeam channels; under loom a
-//!   queue loom can see, with the same semantics);
 //! - [`per_thread`]: a value per thread, reachable from every thread
 //!   (buckets of slots indexed per thread, readable in every teardown
 //!   order; under loom, slots keyed by loom's threads);
@@ -105,7 +103,6 @@ mod imp {
 pub(crate) use imp::*;
 
 pub(crate) mod barrier;
-pub(crate) mod lanes;
 pub(crate) mod per_thread;
 pub(crate) mod track;
 pub(crate) mod tune;
@@ -119,8 +116,9 @@ pub(crate) use std::sync::OnceLock;
 /// `const`.
 pub(crate) use std::sync::Mutex as StaticMutex;
 
-/// Channels to the process-wide reaper thread, which loom models replace
-/// (see `reaper`).
+/// crossbeam's channels, which loom cannot see: the normal build's cleaner
+/// lanes and reaper thread (the loom build replaces both; see
+/// `cleaner::lanes` and `reaper`).
 #[cfg(not(pinpool_loom))]
 pub(crate) use crossbeam_channel as channel;
 

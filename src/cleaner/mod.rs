@@ -33,6 +33,7 @@
 //! [`CHUNK`]: crate::sync::tune::CHUNK
 
 pub(crate) mod device_sync;
+mod lanes;
 pub(crate) mod parking;
 pub(crate) mod spent;
 
@@ -45,7 +46,6 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
 use crate::stats::Counters;
-use crate::sync::lanes::{Lane, Lanes, Popped};
 use crate::sync::track::Contents;
 use crate::sync::tune::{
     CHUNK, POLL, RECYCLE_BACKLOG, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG,
@@ -55,6 +55,7 @@ use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Orde
 use crate::thread_cache::ThreadCache;
 
 use device_sync::{DeviceSyncs, Synced};
+use lanes::{Lane, Lanes, Popped};
 use parking::Parking;
 use spent::Spent;
 
