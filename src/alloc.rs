@@ -34,8 +34,8 @@ use crate::error::Error;
 use crate::fence::Fences;
 use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
-use crate::sync::tune::CHUNK;
 use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, OnceLock, Ordering};
+use crate::tune::{Tune, Tuning};
 
 /// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
 /// kernel does not say.
@@ -312,7 +312,7 @@ impl Meta {
             next: std::ptr::null_mut(),
             slab: None,
             uncarved: 0,
-            contents: Contents::new(len.div_ceil(CHUNK)),
+            contents: Contents::new(len.div_ceil(Tune::CHUNK)),
             _track: Track::new(),
         }
     }

@@ -28,8 +28,8 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::tune::FLUSH_POLL;
 use crate::sync::{fence, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::tune::{Tune, Tuning};
 
 /// A cache's flush counters written only by its owner.
 #[derive(Debug, Default)]
@@ -183,7 +183,8 @@ impl Flush {
             // at most once per `FLUSH_POLL`, however many completions wake
             // this flush meanwhile (under loom, which has no clock: on
             // every wake-up).
-            let due = cfg!(pinpool_loom) || hurried.is_none_or(|at| at.elapsed() >= FLUSH_POLL);
+            let due =
+                cfg!(pinpool_loom) || hurried.is_none_or(|at| at.elapsed() >= Tune::FLUSH_POLL);
             if due {
                 hurry();
                 if !cfg!(pinpool_loom) {
@@ -198,7 +199,9 @@ impl Flush {
             fence(Ordering::SeqCst);
             if !Self::balanced(parity, counts()) {
                 // Completions by owners do not notify: poll for them.
-                waiters = self.woken.wait_timeout(&self.waiters, waiters, FLUSH_POLL);
+                waiters = self
+                    .woken
+                    .wait_timeout(&self.waiters, waiters, Tune::FLUSH_POLL);
             }
             *waiters -= 1;
             self.flushing.fetch_sub(1, Ordering::Relaxed);

@@ -62,6 +62,7 @@ mod stack;
 mod stats;
 mod sync;
 mod thread_cache;
+mod tune;
 mod views;
 
 pub use backend::BackendKind;

@@ -16,8 +16,7 @@
 //! - [`barrier`]: the asymmetric fence pair of the thread caches'
 //!   owner/thief handshake (`membarrier(2)` where the kernel has it);
 //! - [`track`]: loom's leak-checked allocations and per-chunk byte cells,
-//!   nothing in normal builds;
-//! - [`tune`]: the sizes and delays that loom models shrink.
+//!   nothing in normal builds.
 //!
 //! [loom]: https://docs.rs/loom
 
@@ -105,7 +104,6 @@ pub(crate) use imp::*;
 pub(crate) mod barrier;
 pub(crate) mod per_thread;
 pub(crate) mod track;
-pub(crate) mod tune;
 
 /// Set once before the value is shared, read freely afterwards: loom need
 /// not see it.

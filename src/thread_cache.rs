@@ -49,11 +49,11 @@ use crate::size_class::{Classes, SizeClass};
 use crate::slots::Slots;
 use crate::stats::Counters;
 use crate::sync::per_thread::{self, PerThread};
-use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
 use crate::sync::{
     barrier, fence, spin, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, MutexGuard,
     Ordering, UnsafeCell,
 };
+use crate::tune::{Tune, Tuning};
 
 /// Request bit: a thief holds the cache's lock and works on its lists.
 const THIEF: u32 = 1;
@@ -559,7 +559,7 @@ impl ThreadCache {
             self.owner.counts.dropped(parity);
             let slot = block.slot();
             bump(&self.owner.slots[slot].drops, 1);
-            if keep && lists.deferred < MAX_DEFERRED {
+            if keep && lists.deferred < Tune::MAX_DEFERRED {
                 lists.slot(caches.slots, slot).defer(block);
                 lists.deferred += 1;
                 self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
@@ -635,7 +635,7 @@ impl ThreadCache {
         // sends it through the cleaner, which applies the cap) or send one
         // below it to the cleaner; neither loses it.
         let fits = block.footprint() <= self.caches().cap();
-        block.dirty() <= SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
+        block.dirty() <= Tune::SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
     }
 
     /// Counts the completion (ready again, or released) of a buffer whose

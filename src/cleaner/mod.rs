@@ -30,7 +30,7 @@
 //! buffer it held is leaked, not lost, its completion counted, and the
 //! worker carries on.
 //!
-//! [`CHUNK`]: crate::sync::tune::CHUNK
+//! [`CHUNK`]: crate::tune::Tuning::CHUNK
 
 pub(crate) mod device_sync;
 mod lanes;
@@ -47,12 +47,9 @@ use crate::error::Error;
 use crate::provision::Provisioner;
 use crate::stats::Counters;
 use crate::sync::track::Contents;
-use crate::sync::tune::{
-    CHUNK, POLL, RECYCLE_BACKLOG, REGISTER_BACKLOG, SWEEPS, SWEEP_MAX, SWEEP_MIN, ZERO_BACKLOG,
-    ZERO_BACKLOG_MIN,
-};
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
 use crate::thread_cache::ThreadCache;
+use crate::tune::{Tune, Tuning};
 
 use device_sync::{DeviceSyncs, Synced};
 use lanes::{Lane, Lanes, Popped};
@@ -214,8 +211,8 @@ pub(crate) struct Cleaner {
     /// Dirty bytes queued for zeroing.
     zero_queued: AtomicUsize,
     /// Buffers queued for recycling (`Job::Clean`): with the parked ones,
-    /// at most [`RECYCLE_BACKLOG`] (give or take the drops racing at the
-    /// bound).
+    /// at most [`RECYCLE_BACKLOG`](Tuning::RECYCLE_BACKLOG) (give or take
+    /// the drops racing at the bound).
     recycle_queued: HintCounter,
     /// Fences of buffers freed by their droppers.
     spent: Spent,
@@ -288,12 +285,12 @@ impl Cleaner {
             syncs: DeviceSyncs::new(devices),
             late_syncs: (0..devices).map(|_| LateSync::new()).collect(),
             register_queued: AtomicUsize::new(0),
-            register_backlog: REGISTER_BACKLOG + 16 * width,
+            register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
             zero_queued: AtomicUsize::new(0),
             recycle_queued: HintCounter::new(0),
             spent: Spent::new(),
             sweep: Mutex::new(Sweep {
-                wait: SWEEP_MIN,
+                wait: Tune::SWEEP_MIN,
                 due: Instant::now(),
                 seen: std::collections::HashMap::new(),
             }),
@@ -398,12 +395,12 @@ impl Cleaner {
         let dirty = returned.block().dirty();
         // Relaxed: bounds, as above. What is pinned ahead of demand is
         // queued whatever the backlog.
-        let limit = (cap / 2).clamp(ZERO_BACKLOG_MIN, ZERO_BACKLOG);
+        let limit = (cap / 2).clamp(Tune::ZERO_BACKLOG_MIN, Tune::ZERO_BACKLOG);
         // The buffers the cleaner holds to recycle: queued, or parked for
         // their copies or a device synchronize.
         let held = self.recycle_queued.load(Ordering::Relaxed) + self.parking.len();
-        let full =
-            self.zero_queued.load(Ordering::Relaxed) + dirty > limit || held >= RECYCLE_BACKLOG;
+        let full = self.zero_queued.load(Ordering::Relaxed) + dirty > limit
+            || held >= Tune::RECYCLE_BACKLOG;
         if full && !ahead {
             Counters::add(&home.caches().counters.zeroing_skipped, 1);
             self.shed(home, returned);
@@ -594,8 +591,8 @@ impl Cleaner {
             pops = pops.wrapping_add(1);
             let register_first = register && pops.is_multiple_of(REGISTER_TURN);
             let timeout = if self.parking.len() > 0 {
-                Some(POLL)
-            } else if index == 0 && SWEEPS {
+                Some(Tune::POLL)
+            } else if index == 0 && Tune::SWEEPS {
                 Some(self.sweep.lock().wait)
             } else {
                 None
@@ -612,7 +609,7 @@ impl Cleaner {
                     self.run(env, job);
                 }
                 self.poll_parked(env);
-                if index == 0 && SWEEPS {
+                if index == 0 && Tune::SWEEPS {
                     self.sweep_if_due(env);
                     self.provision(env, false);
                 }
@@ -807,7 +804,7 @@ impl Cleaner {
         let end = if register { block.footprint() } else { dirty };
         let base = block.as_ptr();
         Counters::add(&env.counters().bytes_zeroed, dirty as u64);
-        if end <= CHUNK {
+        if end <= Tune::CHUNK {
             block.contents().write();
             // SAFETY: the worker owns the returned block, whose copies have
             // finished, and `dirty <= end <= footprint`.
@@ -815,7 +812,7 @@ impl Cleaner {
             self.finish(env, returned);
             return;
         }
-        let chunks = end.div_ceil(CHUNK);
+        let chunks = end.div_ceil(Tune::CHUNK);
         let lane = if register {
             Lane::Register
         } else {
@@ -838,8 +835,8 @@ impl Cleaner {
     }
 
     fn run_chunk(&self, env: Env<'_>, task: &Chunked, chunk: usize) {
-        let start = chunk * CHUNK;
-        let end = (start + CHUNK).min(task.end);
+        let start = chunk * Tune::CHUNK;
+        let end = (start + Tune::CHUNK).min(task.end);
         task.contents.write_part(chunk);
         // SAFETY: chunks are disjoint ranges of a block owned by `task`,
         // which holds it (unmoved) until the last chunk finishes.
@@ -975,9 +972,9 @@ impl Cleaner {
         let moved = self.move_waiting(env.places, env.places.caches.cap(), true);
         let mut sweep = self.sweep.lock();
         sweep.wait = if moved > 0 {
-            SWEEP_MIN
+            Tune::SWEEP_MIN
         } else {
-            (sweep.wait * 2).min(SWEEP_MAX)
+            (sweep.wait * 2).min(Tune::SWEEP_MAX)
         };
         sweep.due = Instant::now() + sweep.wait;
     }
