@@ -107,7 +107,7 @@ pub(crate) struct Meta {
     pub(crate) sync_gen: u64,
     /// When a buffer on its way to the cleaner was dropped.
     pub(crate) dropped_at: Option<Instant>,
-    /// Pinned on request ([`Pool::reserve`](crate::Pool::reserve)): idle
+    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
     /// trimming keeps it.
     pub(crate) reserved: bool,
     /// When the buffer last became ready (admission), for idle trimming.
@@ -762,7 +762,7 @@ mod tests {
 
     #[test]
     fn a_block_for_a_node_is_faulted_in_on_it() {
-        let classes = Classes::new(crate::SizeClasses::Fine, page_size());
+        let classes = Classes::new(crate::size_class::SizeClasses::Fine, page_size());
         let class = classes.class_for(64 * page_size()).unwrap();
         // Node 0 exists on every Linux machine.
         let mut block = Block::allocate(&classes, class, 0, Some(0)).unwrap();
