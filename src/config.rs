@@ -2,22 +2,10 @@
 
 use std::time::Duration;
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, MAX_DEVICES};
 use crate::error::Error;
 use crate::numa::NumaMode;
 use crate::size_class::SizeClasses;
-
-/// The most devices a pool serves: more than any host has, and few enough
-/// that every thread's per-device bookkeeping stays small.
-pub const MAX_DEVICES: usize = 64;
-
-/// The error for a backend reporting more devices than a pool serves.
-pub(crate) fn too_many_devices(devices: usize) -> Error {
-    Error::InvalidConfig(format!(
-        "the backend reports {devices} devices; a pool serves at most {MAX_DEVICES}: \
-         serve the first ones with `devices`"
-    ))
-}
 
 /// Default cap on pooled bytes: 4 GiB.
 pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;

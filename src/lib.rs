@@ -65,11 +65,11 @@ mod thread_cache;
 mod tune;
 mod views;
 
-pub use backend::BackendKind;
+pub use backend::{BackendKind, MAX_DEVICES};
 pub use buffer::PinnedBuffer;
 pub use config::{
     Config, PoolBuilder, DEFAULT_BORROW_SLACK, DEFAULT_IDLE_TRIM, DEFAULT_MAX_POOLED_BYTES,
-    DEFAULT_THREAD_CACHE_BYTES, MAX_DEVICES,
+    DEFAULT_THREAD_CACHE_BYTES,
 };
 pub use error::Error;
 pub use global::{
