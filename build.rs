@@ -7,6 +7,11 @@
 //! Sets `pinpool_asan` when the crate is built with AddressSanitizer
 //! (`-Zsanitizer=address`, as `scripts/test-all` does): tests whose memory
 //! or timing bounds the sanitizer breaks say so with it.
+//!
+//! Sets `pinpool_loom` when the crate is built for the loom models: with
+//! `--cfg loom` and the `loom` feature together (one without the other is
+//! an ordinary build). The code names that one cfg wherever it picks loom's
+//! primitives or sizes.
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
@@ -26,5 +31,11 @@ fn main() {
         .any(|flag| flag.contains("sanitizer=address"))
     {
         println!("cargo::rustc-cfg=pinpool_asan");
+    }
+    println!("cargo::rustc-check-cfg=cfg(pinpool_loom)");
+    let loom_cfg = std::env::var_os("CARGO_CFG_LOOM").is_some();
+    let loom_feature = std::env::var_os("CARGO_FEATURE_LOOM").is_some();
+    if loom_cfg && loom_feature {
+        println!("cargo::rustc-cfg=pinpool_loom");
     }
 }

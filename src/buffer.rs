@@ -10,6 +10,8 @@ use cudarc::driver::{result, sys, CudaEvent, CudaStream, HostSlice, SyncOnDrop};
 use crate::alloc::Block;
 use crate::backend::cuda::Bound;
 use crate::error::Error;
+#[cfg(feature = "testing")]
+use crate::fence::TestFence;
 use crate::fence::{must_sync, Fence, Fences};
 use crate::sync::{AtomicU8, Ordering};
 use crate::thread_cache::ThreadCache;
@@ -312,12 +314,6 @@ impl PinnedBuffer {
         Ok(())
     }
 
-    /// Adds a fence the cleaner waits on (test fences).
-    #[cfg(feature = "testing")]
-    pub(crate) fn push_fence(&mut self, fence: Fence) {
-        self.block.fences_mut().push(fence);
-    }
-
     /// Waits for copies made through cudarc into the buffer before the host
     /// reads it (copies from it may go on: both only read).
     #[inline]
@@ -528,5 +524,16 @@ impl Drop for PinnedBuffer {
             fences.seal();
         }
         self.home().give_back(block);
+    }
+}
+
+// === impl TestFence ===
+
+// Written here, not in `fence`, so that fences know nothing of buffers.
+#[cfg(feature = "testing")]
+impl TestFence {
+    /// Makes `buf` wait for this fence before it is reused.
+    pub fn record(&self, buf: &mut PinnedBuffer) {
+        buf.block.fences_mut().push(self.to_fence());
     }
 }

@@ -2,22 +2,10 @@
 
 use std::time::Duration;
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, MAX_DEVICES};
 use crate::error::Error;
 use crate::numa::NumaMode;
 use crate::size_class::SizeClasses;
-
-/// The most devices a pool serves: more than any host has, and few enough
-/// that every thread's per-device bookkeeping stays small.
-pub const MAX_DEVICES: usize = 64;
-
-/// The error for a backend reporting more devices than a pool serves.
-pub(crate) fn too_many_devices(devices: usize) -> Error {
-    Error::InvalidConfig(format!(
-        "the backend reports {devices} devices; a pool serves at most {MAX_DEVICES}: \
-         serve the first ones with `devices`"
-    ))
-}
 
 /// Default cap on pooled bytes: 4 GiB.
 pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
@@ -68,7 +56,7 @@ pub struct Config {
     /// as recent demand has needed (see [`Pool::reserve`] for explicit
     /// provisioning).
     ///
-    /// [`Pool::reserve`]: crate::Pool::reserve
+    /// [`Pool::reserve`]: crate::pool::Pool::reserve
     pub provision: bool,
     /// How much longer than its class a buffer may be when a take whose
     /// class is empty borrows an idle pinned buffer of a larger class, in
@@ -134,7 +122,7 @@ impl Config {
     }
 }
 
-/// Configures and builds a [`Pool`](crate::Pool).
+/// Configures and builds a [`Pool`](crate::pool::Pool).
 ///
 /// # Examples
 ///
@@ -154,7 +142,7 @@ impl Config {
 pub struct PoolBuilder {
     pub(crate) config: Config,
     #[cfg(feature = "testing")]
-    pub(crate) faults: Option<std::sync::Arc<crate::testing::Faults>>,
+    pub(crate) faults: Option<std::sync::Arc<crate::backend::fault::Faults>>,
 }
 
 impl PoolBuilder {
@@ -276,7 +264,7 @@ impl PoolBuilder {
         self
     }
 
-    /// Never trims idle buffers ([`Pool::trim`](crate::Pool::trim) still
+    /// Never trims idle buffers ([`Pool::trim`](crate::pool::Pool::trim) still
     /// does on demand).
     ///
     /// # Examples
@@ -309,7 +297,7 @@ impl PoolBuilder {
     /// How much longer than its class (in percent, at most 100) a borrowed
     /// buffer may be (default 100; 0 turns borrowing off; see
     /// [`Config::borrow_slack`]). A borrowed buffer's `len()` is still the
-    /// class asked for; [`capacity`](crate::PinnedBuffer::capacity) says
+    /// class asked for; [`capacity`](crate::buffer::PinnedBuffer::capacity) says
     /// what it occupies.
     ///
     /// # Examples
@@ -415,7 +403,7 @@ impl PoolBuilder {
     /// Applies the `PINPOOL_CONF` environment variable, if set, leniently
     /// (see [`conf`](Self::conf)): each skipped pair is reported once on
     /// standard error as well as through `tracing`. The global pool is built
-    /// this way (see [`Pool::global`](crate::Pool::global)).
+    /// this way (see [`Pool::global`](crate::pool::Pool::global)).
     ///
     /// # Examples
     ///
@@ -461,9 +449,9 @@ impl PoolBuilder {
     }
 
     /// Runs the pool on a fault-injecting backend under `faults` (the
-    /// `testing` feature); see [`Faults`](crate::testing::Faults).
+    /// `testing` feature); see [`Faults`](crate::backend::fault::Faults).
     #[cfg(feature = "testing")]
-    pub fn faults(mut self, faults: std::sync::Arc<crate::testing::Faults>) -> Self {
+    pub fn faults(mut self, faults: std::sync::Arc<crate::backend::fault::Faults>) -> Self {
         self.faults = Some(faults);
         self
     }

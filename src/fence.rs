@@ -1,9 +1,8 @@
 //! Fences: what a buffer's copies leave behind for the cleaner to wait on.
 //!
 //! A [`Fence`] marks the point on a stream after which a buffer is no longer
-//! read (or written): a CUDA event recorded after the last copy, by
-//! [`record_last_use`](crate::PinnedBuffer::record_last_use) or by a copy
-//! made through cudarc. Waiting needs no current context: events are queried
+//! read (or written): a CUDA event recorded after the last copy, by the
+//! buffer's `record_last_use` or by a copy made through cudarc. Waiting needs no current context: events are queried
 //! and synchronized through the driver directly, never through cudarc's
 //! methods, which bind the event's context to the calling thread and can
 //! report an unrelated error stored on it.
@@ -359,11 +358,12 @@ impl Default for TestFence {
     }
 }
 
+// `TestFence::record` is written in `buffer`: fences know nothing of buffers.
 #[cfg(feature = "testing")]
 impl TestFence {
-    /// Makes `buf` wait for this fence before it is reused.
-    pub fn record(&self, buf: &mut crate::PinnedBuffer) {
-        buf.push_fence(Fence::Flag(testing::Recorded(self.clone())));
+    /// The fence a buffer waits on for this stand-in.
+    pub(crate) fn to_fence(&self) -> Fence {
+        Fence::Flag(testing::Recorded(self.clone()))
     }
 
     /// The "copy" finished.

@@ -31,8 +31,8 @@ use std::ptr::NonNull;
 use crossbeam_utils::CachePadded;
 
 use crate::counter::Counter;
-use crate::sync::tune::FLUSH_POLL;
 use crate::sync::{fence, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::tune::{Tune, Tuning};
 
 /// A cache's flush counters written only by its owner.
 #[derive(Debug, Default)]
@@ -305,11 +305,11 @@ impl Flush {
             // at most once per `FLUSH_POLL`, however many completions wake
             // this flush meanwhile (under loom, which has no clock: on
             // every wake-up).
-            let due = cfg!(all(loom, feature = "loom"))
-                || hurried.is_none_or(|at| at.elapsed() >= FLUSH_POLL);
+            let due =
+                cfg!(pinpool_loom) || hurried.is_none_or(|at| at.elapsed() >= Tune::FLUSH_POLL);
             if due {
                 hurry();
-                if !cfg!(all(loom, feature = "loom")) {
+                if !cfg!(pinpool_loom) {
                     hurried = Some(std::time::Instant::now());
                 }
             }
@@ -321,7 +321,9 @@ impl Flush {
             fence(Ordering::SeqCst);
             if !Self::balanced(parity, counts()) {
                 // Completions by owners do not notify: poll for them.
-                waiters = self.woken.wait_timeout(&self.waiters, waiters, FLUSH_POLL);
+                waiters = self
+                    .woken
+                    .wait_timeout(&self.waiters, waiters, Tune::FLUSH_POLL);
             }
             *waiters -= 1;
             self.flushing.fetch_sub(1, Ordering::Relaxed);

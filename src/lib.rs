@@ -63,13 +63,14 @@ mod stack;
 mod stats;
 mod sync;
 mod thread_cache;
+mod tune;
 mod views;
 
-pub use backend::BackendKind;
+pub use backend::{BackendKind, MAX_DEVICES};
 pub use buffer::PinnedBuffer;
 pub use config::{
     Config, PoolBuilder, DEFAULT_BORROW_SLACK, DEFAULT_IDLE_TRIM, DEFAULT_MAX_POOLED_BYTES,
-    DEFAULT_THREAD_CACHE_BYTES, MAX_DEVICES,
+    DEFAULT_THREAD_CACHE_BYTES,
 };
 pub use error::Error;
 pub use global::{
@@ -80,7 +81,7 @@ pub use size_class::{SizeClasses, MAX_CLASS_SIZE};
 pub use stats::{ClassStats, DeviceStats, Stats};
 pub use views::{Prefix, PrefixMut, Typed, TypedMut};
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 #[doc(hidden)]
 pub mod loom_internals;
 

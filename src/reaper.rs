@@ -133,13 +133,13 @@ impl Reaper {
     }
 }
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     use super::{Message, Reaper};
     use crate::backend::Backend;
     use crate::sync::channel::{unbounded, Receiver, RecvTimeoutError, Sender};
-    use crate::sync::tune::POLL;
     use crate::sync::{OnceLock, StaticMutex};
+    use crate::tune::{Tune, Tuning};
 
     /// The reaper's channel. The receiver stays here too, so the channel
     /// never disconnects: what is sent while no reaper runs (its thread
@@ -176,7 +176,7 @@ mod imp {
         let mut waiting = false;
         loop {
             let message = if waiting {
-                rx.recv_timeout(POLL)
+                rx.recv_timeout(Tune::POLL)
             } else {
                 rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
             };
@@ -210,7 +210,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use super::{Message, Reaper};
     use crate::backend::Backend;

@@ -18,8 +18,8 @@
 //! bytes, so a 1 KiB buffer occupies 1 KiB. The cap counts footprints.
 
 use crate::error::Error;
-use crate::sync::tune::{MAX_SHIFT, SLAB_BYTES, SLAB_GRANULE};
 use crate::sync::OnceLock;
+use crate::tune::{Tune, Tuning};
 
 /// The system's page size.
 pub(crate) fn page_size() -> usize {
@@ -35,7 +35,7 @@ pub(crate) fn page_size() -> usize {
 }
 
 /// The largest size `take` accepts: 1 TiB.
-pub const MAX_CLASS_SIZE: usize = 1 << MAX_SHIFT;
+pub const MAX_CLASS_SIZE: usize = 1 << Tune::MAX_SHIFT;
 
 /// How requested sizes are rounded up to buffer lengths.
 ///
@@ -155,11 +155,11 @@ impl Classes {
         );
         let page_shift = page.trailing_zeros();
         let count = match kind {
-            SizeClasses::PowersOfTwo => MAX_SHIFT as usize + 1,
-            SizeClasses::Fine if MAX_SHIFT <= page_shift => MAX_SHIFT as usize + 1,
-            SizeClasses::Fine => (page_shift + 1 + (MAX_SHIFT - page_shift) * 8) as usize,
+            SizeClasses::PowersOfTwo => Tune::MAX_SHIFT as usize + 1,
+            SizeClasses::Fine if Tune::MAX_SHIFT <= page_shift => Tune::MAX_SHIFT as usize + 1,
+            SizeClasses::Fine => (page_shift + 1 + (Tune::MAX_SHIFT - page_shift) * 8) as usize,
         };
-        let slab = SLAB_BYTES.unwrap_or(page);
+        let slab = Tune::SLAB_BYTES.unwrap_or(page);
         let mut table = Self {
             kind,
             page_shift,
@@ -173,7 +173,7 @@ impl Classes {
             .iter()
             .map(|&s| {
                 if s < slab {
-                    s.next_multiple_of(SLAB_GRANULE)
+                    s.next_multiple_of(Tune::SLAB_GRANULE)
                 } else {
                     s.next_multiple_of(page)
                 }

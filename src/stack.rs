@@ -22,14 +22,14 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::tune::STACK_FIRST_PAGE_SHIFT;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+use crate::tune::{Tune, Tuning};
 
 /// The index meaning "no entry".
 const NIL: u32 = u32::MAX;
 
 /// Entries in page 0 (`1 << FIRST_PAGE_SHIFT`); page `p` has `FIRST << p`.
-const FIRST_PAGE_SHIFT: u32 = STACK_FIRST_PAGE_SHIFT;
+const FIRST_PAGE_SHIFT: u32 = Tune::STACK_FIRST_PAGE_SHIFT;
 
 /// Enough pages for every index below `NIL - 1` (up to 2^32 - 2 + FIRST,
 /// whose highest bit is bit 32).

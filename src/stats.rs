@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::backend::BackendKind;
-use crate::sync::{Ordering, StatCounter as AtomicU64};
+use crate::sync::{Ordering, StatCounter};
 
 /// Buckets of the drop-to-ready histogram: bucket `i` counts latencies in
 /// `[2^i, 2^(i+1))` microseconds (bucket 0 also holds everything below 1 us).
@@ -17,38 +17,38 @@ const BUCKETS: usize = 32;
 /// Counters written by the cleaner and slow paths.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) recycled: AtomicU64,
-    pub(crate) registrations: AtomicU64,
-    pub(crate) registered_bytes: AtomicU64,
-    pub(crate) unregistered_bytes: AtomicU64,
-    pub(crate) registration_nanos: AtomicU64,
-    pub(crate) registration_failures: AtomicU64,
-    pub(crate) registrations_skipped: AtomicU64,
-    pub(crate) zeroing_skipped: AtomicU64,
-    pub(crate) fence_failures: AtomicU64,
-    pub(crate) unregister_failures: AtomicU64,
-    pub(crate) released: AtomicU64,
-    pub(crate) leaked_bytes: AtomicU64,
-    pub(crate) worker_panics: AtomicU64,
-    pub(crate) bytes_zeroed: AtomicU64,
-    pub(crate) device_syncs: AtomicU64,
-    pub(crate) trimmed_bytes: AtomicU64,
+    pub(crate) recycled: StatCounter,
+    pub(crate) registrations: StatCounter,
+    pub(crate) registered_bytes: StatCounter,
+    pub(crate) unregistered_bytes: StatCounter,
+    pub(crate) registration_nanos: StatCounter,
+    pub(crate) registration_failures: StatCounter,
+    pub(crate) registrations_skipped: StatCounter,
+    pub(crate) zeroing_skipped: StatCounter,
+    pub(crate) fence_failures: StatCounter,
+    pub(crate) unregister_failures: StatCounter,
+    pub(crate) released: StatCounter,
+    pub(crate) leaked_bytes: StatCounter,
+    pub(crate) worker_panics: StatCounter,
+    pub(crate) bytes_zeroed: StatCounter,
+    pub(crate) device_syncs: StatCounter,
+    pub(crate) trimmed_bytes: StatCounter,
     /// The most bytes registered at once.
-    peak_pinned: AtomicU64,
-    ready_latency: [AtomicU64; BUCKETS],
+    peak_pinned: StatCounter,
+    ready_latency: [StatCounter; BUCKETS],
 }
 
 impl Counters {
     /// Adds `n` to `counter`.
     #[inline]
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &StatCounter, n: u64) {
         // Relaxed: statistics publish nothing.
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Bytes registered now.
     pub(crate) fn pinned(&self) -> u64 {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let load = |c: &StatCounter| c.load(Ordering::Relaxed);
         load(&self.registered_bytes).saturating_sub(load(&self.unregistered_bytes))
     }
 
@@ -298,7 +298,7 @@ impl Stats {
     }
 
     pub(crate) fn fill_from(&mut self, c: &Counters) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let load = |counter: &StatCounter| counter.load(Ordering::Relaxed);
         self.recycled += load(&c.recycled);
         self.registrations = load(&c.registrations);
         self.registered_bytes = load(&c.registered_bytes);

@@ -2,27 +2,25 @@
 //!
 //! Everything else imports atomics, locks, cells, threads and the stand-ins
 //! below from here, so that one body of code runs under [loom] when built
-//! with `--cfg loom --features loom`. As in tokio and sharded-slab, the std
+//! with `--cfg loom --features loom` (`cfg(pinpool_loom)`, which `build.rs`
+//! sets for that pair). As in tokio and sharded-slab, the std
 //! types are given loom's API (`UnsafeCell::with_mut`, a non-poisoning
 //! `lock`), never the other way round, and each wrapper is written once over
 //! whichever primitive the build uses.
 //!
 //! Stand-ins that need more than a rename live in files of their own:
 //!
-//! - [`lanes`]: the cleaner's work queue (crossbeam channels; under loom a
-//!   queue loom can see, with the same semantics);
 //! - [`per_thread`]: a value per thread, reachable from every thread
 //!   (buckets of slots indexed per thread, readable in every teardown
 //!   order; under loom, slots keyed by loom's threads);
 //! - [`barrier`]: the asymmetric fence pair of the thread caches'
 //!   owner/thief handshake (`membarrier(2)` where the kernel has it);
 //! - [`track`]: loom's leak-checked allocations and per-chunk byte cells,
-//!   nothing in normal builds;
-//! - [`tune`]: the sizes and delays that loom models shrink.
+//!   nothing in normal builds.
 //!
 //! [loom]: https://docs.rs/loom
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::{
         fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -71,7 +69,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
     pub(crate) use loom::sync::atomic::{
@@ -104,10 +102,8 @@ mod imp {
 pub(crate) use imp::*;
 
 pub(crate) mod barrier;
-pub(crate) mod lanes;
 pub(crate) mod per_thread;
 pub(crate) mod track;
-pub(crate) mod tune;
 
 /// Set once before the value is shared, read freely afterwards: loom need
 /// not see it.
@@ -118,9 +114,10 @@ pub(crate) use std::sync::OnceLock;
 /// `const`.
 pub(crate) use std::sync::Mutex as StaticMutex;
 
-/// Channels to the process-wide reaper thread, which loom models replace
-/// (see `reaper`).
-#[cfg(not(all(loom, feature = "loom")))]
+/// crossbeam's channels, which loom cannot see: the normal build's cleaner
+/// lanes and reaper thread (the loom build replaces both; see
+/// `cleaner::lanes` and `reaper`).
+#[cfg(not(pinpool_loom))]
 pub(crate) use crossbeam_channel as channel;
 
 /// A statistics counter: compiled in everywhere, loom models included

@@ -15,8 +15,8 @@ use pinpool::SizeClasses;
 use pinpool_sim::ideal::IdealPool;
 use pinpool_sim::machine::Machine;
 use pinpool_sim::report::{Report, FIGURES};
-use pinpool_sim::run::{run, RunResult, Settings};
-use pinpool_sim::strategy::Kind;
+use pinpool_sim::run::{run, RunResult};
+use pinpool_sim::strategy::{Kind, Settings};
 use pinpool_sim::workload::Workload;
 
 /// Bytes in a GiB.

@@ -255,7 +255,7 @@ mod tests {
             gap_ms: (0.0, 0.0),
             seed: 1,
         };
-        let settings = crate::run::Settings {
+        let settings = crate::strategy::Settings {
             cleaner_threads: 1,
             max_pooled_bytes: 1 << 20,
             size_classes: pinpool::SizeClasses::Fine,

@@ -6,24 +6,10 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
-use pinpool::SizeClasses;
 
 use crate::gpu::Sink;
-use crate::strategy::{Kind, Strategy};
+use crate::strategy::{Kind, Settings, Strategy};
 use crate::workload::Workload;
-
-/// pinpool's settings for a run.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Cleaner workers.
-    pub cleaner_threads: usize,
-    /// Cap on pooled bytes.
-    pub max_pooled_bytes: usize,
-    /// How requested sizes round up to buffer lengths.
-    pub size_classes: SizeClasses,
-    /// More settings for pinpool, `PINPOOL_CONF` pairs (checked already).
-    pub conf: String,
-}
 
 /// What one strategy achieved.
 #[derive(Debug, Clone, serde::Serialize)]

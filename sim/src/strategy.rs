@@ -4,13 +4,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
-use pinpool::{BackendKind, PinnedBuffer, Pool};
+use pinpool::{BackendKind, PinnedBuffer, Pool, SizeClasses};
 
 use crate::gpu::{HostAlloc, Sink};
 use crate::ideal::{IdealBuffer, IdealPool};
-use crate::run::Settings;
 use crate::seed::{SeedBuffer, SeedPool};
 use crate::workload::Workload;
+
+/// pinpool's settings for a run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Cleaner workers.
+    pub cleaner_threads: usize,
+    /// Cap on pooled bytes.
+    pub max_pooled_bytes: usize,
+    /// How requested sizes round up to buffer lengths.
+    pub size_classes: SizeClasses,
+    /// More settings for pinpool, `PINPOOL_CONF` pairs (checked already).
+    pub conf: String,
+}
 
 /// A pinpool pool for `workload` with `settings`, on the CUDA backend when
 /// `gpu` is given, else on the host backend.

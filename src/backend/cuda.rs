@@ -139,10 +139,10 @@ impl CudaBackend {
                 "{wanted} devices requested, but the driver reports {count}"
             ))));
         }
-        if wanted > crate::config::MAX_DEVICES {
+        if wanted > super::MAX_DEVICES {
             // Before any context is retained (hundreds of milliseconds
             // each on a real device).
-            return Err(Failed(crate::config::too_many_devices(wanted)));
+            return Err(Failed(super::too_many_devices(wanted)));
         }
         // Creating a context binds it; the guard puts back the caller's,
         // after the contexts of devices already done are released if a

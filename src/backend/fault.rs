@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use super::{Backend, BackendKind};
 use crate::error::Error;
-use crate::sync::{Condvar, Mutex, Ordering, StatCounter as AtomicU64, Unmodeled};
+use crate::sync::{Condvar, Mutex, Ordering, StatCounter, Unmodeled};
 
 /// Which calls of a fault-injecting backend fail, panic or block, and what
 /// it has seen.
@@ -34,12 +34,12 @@ use crate::sync::{Condvar, Mutex, Ordering, StatCounter as AtomicU64, Unmodeled}
 #[derive(Debug)]
 pub struct Faults {
     plan: Unmodeled<Plan>,
-    register_calls: AtomicU64,
-    registered: AtomicU64,
-    unregister_calls: AtomicU64,
-    unregistered: AtomicU64,
-    synchronize_calls: AtomicU64,
-    spawn_failures: AtomicU64,
+    register_calls: StatCounter,
+    registered: StatCounter,
+    unregister_calls: StatCounter,
+    unregistered: StatCounter,
+    synchronize_calls: StatCounter,
+    spawn_failures: StatCounter,
     held: Mutex<bool>,
     released: Condvar,
     threads: Unmodeled<Vec<std::thread::ThreadId>>,
@@ -49,12 +49,12 @@ impl Default for Faults {
     fn default() -> Self {
         Self {
             plan: Unmodeled::new(Plan::default()),
-            register_calls: AtomicU64::new(0),
-            registered: AtomicU64::new(0),
-            unregister_calls: AtomicU64::new(0),
-            unregistered: AtomicU64::new(0),
-            synchronize_calls: AtomicU64::new(0),
-            spawn_failures: AtomicU64::new(0),
+            register_calls: StatCounter::new(0),
+            registered: StatCounter::new(0),
+            unregister_calls: StatCounter::new(0),
+            unregistered: StatCounter::new(0),
+            synchronize_calls: StatCounter::new(0),
+            spawn_failures: StatCounter::new(0),
             held: Mutex::new(false),
             released: Condvar::new(),
             threads: Unmodeled::new(Vec::new()),
@@ -192,7 +192,7 @@ impl Faults {
     /// the plan.
     fn call(
         &self,
-        counter: &AtomicU64,
+        counter: &StatCounter,
         pick: impl Fn(&Plan) -> (&HashSet<u64>, Option<&HashSet<u64>>),
     ) -> Outcome {
         self.threads

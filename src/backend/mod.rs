@@ -1,5 +1,5 @@
 //! What the pool needs from the platform: page-locking and device
-//! synchronization.
+//! synchronization, on at most [`MAX_DEVICES`] devices.
 //!
 //! [`cuda`] drives the CUDA driver through cudarc, loaded at run time so the
 //! crate builds and runs where no CUDA is installed; [`host`] stands in on
@@ -17,6 +17,18 @@ pub(crate) mod cuda;
 #[cfg(feature = "testing")]
 pub(crate) mod fault;
 pub(crate) mod host;
+
+/// The most devices a pool serves: more than any host has, and few enough
+/// that every thread's per-device bookkeeping stays small.
+pub const MAX_DEVICES: usize = 64;
+
+/// The error for a backend reporting more devices than a pool serves.
+pub(crate) fn too_many_devices(devices: usize) -> Error {
+    Error::InvalidConfig(format!(
+        "the backend reports {devices} devices; a pool serves at most {MAX_DEVICES}: \
+         serve the first ones with `devices`"
+    ))
+}
 
 /// Which backend a pool runs on.
 ///

@@ -22,13 +22,13 @@ use crate::alloc::Block;
 use crate::reaper::{self, Message};
 use crate::remote::Inbox;
 use crate::stats::Counters;
-use crate::sync::tune::{RECYCLE_BACKLOG, REGISTER_BACKLOG, ZERO_BACKLOG, ZERO_BACKLOG_MIN};
 use crate::sync::{AtomicUsize, HintCounter, Ordering};
+use crate::tune::{Tune, Tuning};
 
 use super::device_sync::DeviceSyncs;
 use super::job::{Job, Returned};
+use super::lanes::{Lane, Lanes};
 use super::spent::Spent;
-use crate::sync::lanes::{Lane, Lanes};
 
 /// Where a dropped buffer comes from: the inbox of the cache it was taken
 /// through, the pool's counters, the cap now, and whether the caller owns
@@ -80,7 +80,7 @@ impl Intake {
             pins,
             syncs: DeviceSyncs::new(devices),
             register_queued: AtomicUsize::new(0),
-            register_backlog: REGISTER_BACKLOG + 16 * width,
+            register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
             zero_queued: AtomicUsize::new(0),
             recycle_queued: HintCounter::new(0),
             spent: Spent::new(),
@@ -155,15 +155,15 @@ impl Intake {
         let dirty = returned.block().dirty();
         // Relaxed: bounds, as above. What is pinned ahead of demand is
         // queued whatever the backlog.
-        let limit = (from.cap / 2).clamp(ZERO_BACKLOG_MIN, ZERO_BACKLOG);
+        let limit = (from.cap / 2).clamp(Tune::ZERO_BACKLOG_MIN, Tune::ZERO_BACKLOG);
         // The buffers queued to recycle. Parked ones (waiting for their
         // copies or a device synchronize) are not counted: they hold no
         // queue, only the memory a copy pipeline of the caller's keeps in
         // flight, and shedding them would cost the pinned memory of every
         // copy past the bound.
         let queued = self.recycle_queued.load(Ordering::Relaxed);
-        let full =
-            self.zero_queued.load(Ordering::Relaxed) + dirty > limit || queued >= RECYCLE_BACKLOG;
+        let full = self.zero_queued.load(Ordering::Relaxed) + dirty > limit
+            || queued >= Tune::RECYCLE_BACKLOG;
         if full && !ahead {
             Counters::add(&from.counters.zeroing_skipped, 1);
             self.shed(&from, returned);

@@ -107,7 +107,7 @@ pub(crate) enum Job {
     /// A dropped pool-miss buffer to register on its first cycle.
     Register(Returned),
     /// Collect the caches' release lists: pinned buffers shed past the
-    /// backlog, to free once their copies are done (see `Cleaner::shed`).
+    /// backlog, to free once their copies are done (see `Intake::shed`).
     Bulk,
     /// Collect the fences of buffers their droppers freed (see [`Spent`]).
     Spent,

@@ -10,7 +10,7 @@
 //!   recycling, and the others take the register lane first one pop in
 //!   eight, so recycling never starves registrations;
 //! - bounded backlogs: registrations queued, bytes to zero and buffers
-//!   held for recycling; a drop past a bound is [shed](Cleaner::shed)
+//!   held for recycling; a drop past a bound is [shed](intake::Intake::shed)
 //!   without a driver call or a lock on the dropping thread (a pageable
 //!   buffer freed there, its fences to the cleaner through [`spent`]; a
 //!   pinned one released by the cleaner in bulk);
@@ -30,11 +30,12 @@
 //! buffer it held is leaked, not lost, its completion counted, and the
 //! worker carries on.
 //!
-//! [`CHUNK`]: crate::sync::tune::CHUNK
+//! [`CHUNK`]: crate::tune::Tuning::CHUNK
 
 pub(crate) mod device_sync;
 pub(crate) mod intake;
 pub(crate) mod job;
+mod lanes;
 mod late;
 pub(crate) mod parking;
 mod release;
@@ -49,9 +50,9 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
 use crate::stats::Counters;
-use crate::sync::lanes::{Lane, Popped};
-use crate::sync::tune::{CHUNK, POLL, SWEEPS, SWEEP_MIN};
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
+use crate::tune::{Tune, Tuning};
+use lanes::{Lane, Popped};
 
 use device_sync::Synced;
 use intake::Intake;
@@ -139,7 +140,7 @@ impl Cleaner {
             parking: Parking::new(),
             late_syncs: (0..devices).map(|_| LateSync::new()).collect(),
             sweep: Mutex::new(Sweep {
-                wait: SWEEP_MIN,
+                wait: Tune::SWEEP_MIN,
                 due: Instant::now(),
                 seen: std::collections::HashMap::new(),
             }),
@@ -268,8 +269,8 @@ impl Cleaner {
             pops = pops.wrapping_add(1);
             let register_first = register && pops.is_multiple_of(REGISTER_TURN);
             let timeout = if self.parking.len() > 0 {
-                Some(POLL)
-            } else if index == 0 && SWEEPS {
+                Some(Tune::POLL)
+            } else if index == 0 && Tune::SWEEPS {
                 Some(self.sweep.lock().wait)
             } else {
                 None
@@ -286,7 +287,7 @@ impl Cleaner {
                     self.run(env, job);
                 }
                 self.poll_parked(env);
-                if index == 0 && SWEEPS {
+                if index == 0 && Tune::SWEEPS {
                     self.sweep_if_due(env);
                     self.provision(env, false);
                 }
@@ -482,7 +483,7 @@ impl Cleaner {
         let end = if register { block.footprint() } else { dirty };
         let base = block.as_ptr();
         Counters::add(&env.counters().bytes_zeroed, dirty as u64);
-        if end <= CHUNK {
+        if end <= Tune::CHUNK {
             block.contents().write();
             // SAFETY: the worker owns the returned block, whose copies have
             // finished, and `dirty <= end <= footprint`.
@@ -490,7 +491,7 @@ impl Cleaner {
             self.finish(env, returned);
             return;
         }
-        let chunks = end.div_ceil(CHUNK);
+        let chunks = end.div_ceil(Tune::CHUNK);
         let lane = if register {
             Lane::Register
         } else {
@@ -515,8 +516,8 @@ impl Cleaner {
     }
 
     fn run_chunk(&self, env: Env<'_>, task: &Chunked, chunk: usize) {
-        let start = chunk * CHUNK;
-        let end = (start + CHUNK).min(task.end);
+        let start = chunk * Tune::CHUNK;
+        let end = (start + Tune::CHUNK).min(task.end);
         task.contents.write_part(chunk);
         // SAFETY: chunks are disjoint ranges of a block owned by `task`,
         // which holds it (unmoved) until the last chunk finishes.

@@ -5,8 +5,8 @@
 
 use crate::admission::Places;
 use crate::stats::Counters;
-use crate::sync::tune::{SWEEP_MAX, SWEEP_MIN};
 use crate::thread_cache::ThreadCache;
+use crate::tune::{Tune, Tuning};
 use std::time::{Duration, Instant};
 
 use super::{release_all, Cleaner, Env};
@@ -83,9 +83,9 @@ impl Cleaner {
         let moved = self.move_waiting(env.places, env.places.caches.cap(), true);
         let mut sweep = self.sweep.lock();
         sweep.wait = if moved > 0 {
-            SWEEP_MIN
+            Tune::SWEEP_MIN
         } else {
-            (sweep.wait * 2).min(SWEEP_MAX)
+            (sweep.wait * 2).min(Tune::SWEEP_MAX)
         };
         sweep.due = Instant::now() + sweep.wait;
     }

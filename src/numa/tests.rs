@@ -2,7 +2,10 @@
 //! the system calls on this machine.
 
 use std::fs;
+use std::path::PathBuf;
 
+use super::ids::{parse_cpulist, MAX_ID, MAX_NODES, WORD_BITS};
+use super::topology::{sysfs_bus_id, MAX_FILE_BYTES, MAX_QUOTE};
 use super::*;
 use crate::sync::{thread, Arc, Mutex, OnceLock};
 

@@ -174,7 +174,7 @@ impl Retire for Arc<Shared> {
                 // Off the reaper's thread, so that one device's slow
                 // synchronize holds up no other late buffer. Loom models run
                 // the reaper inline and the synchronize with it.
-                #[cfg(not(all(loom, feature = "loom")))]
+                #[cfg(not(pinpool_loom))]
                 {
                     let shared = Arc::clone(self);
                     let spawned = self.backend.spawn(

@@ -220,8 +220,8 @@ impl Pool {
     pub(crate) fn with_backend(config: Config, backend: Box<dyn Backend>) -> Result<Self, Error> {
         barrier::init();
         let devices = backend.device_count();
-        if devices > crate::config::MAX_DEVICES {
-            return Err(crate::config::too_many_devices(devices));
+        if devices > crate::backend::MAX_DEVICES {
+            return Err(crate::backend::too_many_devices(devices));
         }
         let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();

@@ -6,9 +6,9 @@ use crate::buffer::PinnedBuffer;
 use crate::cleaner::Returned;
 use crate::error::Error;
 use crate::size_class::SizeClass;
-use crate::sync::tune::{SELF_WAIT, SELF_WAIT_BEHIND, STEAL_EVERY};
 use crate::sync::Arc;
 use crate::thread_cache::{Caches, Found, ThreadCache};
+use crate::tune::{Tune, Tuning};
 use std::time::Instant;
 
 use super::Shared;
@@ -61,10 +61,10 @@ impl Shared {
     /// are still running and more of the class are in flight behind it,
     /// waits for it a little (see [`SELF_WAIT`]) rather than miss.
     ///
-    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
+    /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[inline]
     fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
-        if behind >= SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
+        if behind >= Tune::SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
             Self::wait_briefly(&mut block);
         }
         self.reuse(cache, cache, block)
@@ -73,10 +73,10 @@ impl Shared {
     /// Polls `block`'s fences with growing pauses (so that many threads do
     /// not hammer the driver), for at most [`SELF_WAIT`].
     ///
-    /// [`SELF_WAIT`]: crate::sync::tune::SELF_WAIT
+    /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[cold]
     fn wait_briefly(block: &mut Block) {
-        let deadline = Instant::now() + SELF_WAIT;
+        let deadline = Instant::now() + Tune::SELF_WAIT;
         let mut pause = 64u32;
         while Instant::now() < deadline {
             for _ in 0..pause {
@@ -206,7 +206,7 @@ impl Shared {
         // per `STEAL_EVERY` per thread. Idle caches are swept to the shards
         // by the cleaner meanwhile.
         let now = self.epoch.elapsed().as_micros() as u64;
-        if !taker.may_steal(now, STEAL_EVERY.as_micros() as u64) {
+        if !taker.may_steal(now, Tune::STEAL_EVERY.as_micros() as u64) {
             return None;
         }
         let candidates = others().filter(|c| c.ready_in(slot) > 0 || c.has_waiting());

@@ -34,7 +34,7 @@
 //! built, and never changes: a `light` that relied on a `heavy` of the
 //! other kind would be unsound.
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     use std::sync::atomic::{compiler_fence, fence, AtomicU8, Ordering};
 
@@ -113,7 +113,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use loom::sync::atomic::{fence, Ordering};
 

@@ -47,7 +47,7 @@
 //!
 //! [`get_or`]: PerThread::get_or
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     use std::cell::Cell;
     use std::cmp::Reverse;
@@ -347,7 +347,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use std::cell::Cell;
 
@@ -501,7 +501,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 pub(crate) use imp::end_thread;
 pub(crate) use imp::{current_token, PerThread};
 

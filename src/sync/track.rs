@@ -9,7 +9,7 @@
 //!   a chunk written by two threads at once) fails a model as a data race.
 //!   Nothing otherwise.
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     /// See the module docs.
     #[derive(Debug, Default)]
@@ -43,7 +43,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use loom::sync::Arc;
 

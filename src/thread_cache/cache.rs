@@ -14,10 +14,10 @@ use crate::remote::{Inbox, RemoteList};
 use crate::size_class::{Classes, SizeClass};
 use crate::slots::Slots;
 use crate::sync::per_thread::{self};
-use crate::sync::tune::{MAX_DEFERRED, SELF_CLEAN_BYTES};
 use crate::sync::{
     barrier, fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, UnsafeCell,
 };
+use crate::tune::{Tune, Tuning};
 
 use super::counts::SlotCounts;
 use super::lists::Lists;
@@ -328,7 +328,7 @@ impl ThreadCache {
             block.set_ticket(self.books.open(true));
             let slot = block.slot();
             self.owner.slots[slot].drops.bump(1);
-            if keep && lists.deferred < MAX_DEFERRED {
+            if keep && lists.deferred < Tune::MAX_DEFERRED {
                 lists.slot(caches.slots, slot).defer(block);
                 lists.deferred += 1;
                 self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
@@ -398,7 +398,7 @@ impl ThreadCache {
         // sends it through the cleaner, which applies the cap) or send one
         // below it to the cleaner; neither loses it.
         let fits = block.footprint() <= self.caches().cap();
-        block.dirty() <= SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
+        block.dirty() <= Tune::SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
     }
 
     /// Counts a take served by a buffer of a larger class.

@@ -34,10 +34,10 @@ pub(crate) enum Popped<T> {
     Timeout,
 }
 
-#[cfg(not(all(loom, feature = "loom")))]
+#[cfg(not(pinpool_loom))]
 mod imp {
     use super::{Duration, Lane, Popped};
-    use crossbeam_channel::{unbounded, Receiver, Sender};
+    use crate::sync::channel::{self, unbounded, Receiver, Sender};
 
     type Channel<T> = (Sender<T>, Receiver<T>);
 
@@ -88,7 +88,7 @@ mod imp {
             if self.control.1.try_recv().is_ok() {
                 return Popped::Stop;
             }
-            let never = crossbeam_channel::never();
+            let never = channel::never();
             let (control, recycle) = (&self.control.1, &self.recycle.1);
             let register_rx = if register { &self.register.1 } else { &never };
             let (first, second) = if register_first {
@@ -100,7 +100,7 @@ mod imp {
                 return Popped::Job(job);
             }
             let timeout = timeout.unwrap_or(Duration::MAX);
-            crossbeam_channel::select_biased! {
+            channel::select_biased! {
                 recv(control) -> _ => Popped::Stop,
                 recv(first) -> job => job.map_or(Popped::Timeout, Popped::Job),
                 recv(second) -> job => job.map_or(Popped::Timeout, Popped::Job),
@@ -123,7 +123,7 @@ mod imp {
     }
 }
 
-#[cfg(all(loom, feature = "loom"))]
+#[cfg(pinpool_loom)]
 mod imp {
     use super::{Duration, Lane, Popped};
     use crate::sync::{thread, Condvar, Mutex};

@@ -26,6 +26,13 @@
 //! registrations. Each block holds a share of its slab; the last share
 //! freed unregisters and unmaps it, so a slab goes back to the OS once all
 //! of its buffers have been freed (evicted, trimmed or cleared).
+//!
+//! This file holds blocks and their metadata; `mmap` the system calls
+//! behind them (mappings, huge pages, zeroing and pre-faulting a range),
+//! and `slab` the slabs and their shares.
+
+mod mmap;
+mod slab;
 
 use std::ptr::NonNull;
 use std::time::Instant;
@@ -35,35 +42,13 @@ use crate::fence::Fences;
 use crate::flush::Ticket;
 use crate::size_class::{page_size, Classes, SizeClass};
 use crate::sync::track::{Contents, Track};
-use crate::sync::tune::CHUNK;
-use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Mutex, MutexGuard, OnceLock, Ordering};
+use crate::sync::{AtomicU8, Mutex, MutexGuard};
+use crate::tune::{Tune, Tuning};
 
-/// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
-/// kernel does not say.
-pub(crate) fn huge_page_size() -> usize {
-    static HUGE: OnceLock<usize> = OnceLock::new();
-    *HUGE.get_or_init(|| {
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok())
-            .filter(|n| n.is_power_of_two() && *n >= page_size())
-            .unwrap_or(2 << 20)
-    })
-}
+pub(crate) use mmap::{clean_range, host_memory};
 
-/// The host's physical memory in bytes (`_SC_PHYS_PAGES` pages), or
-/// `u64::MAX` if the system does not say.
-pub(crate) fn host_memory() -> u64 {
-    static MEMORY: OnceLock<u64> = OnceLock::new();
-    *MEMORY.get_or_init(|| {
-        // SAFETY: sysconf has no preconditions.
-        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-        u64::try_from(pages)
-            .ok()
-            .filter(|&p| p > 0)
-            .map_or(u64::MAX, |p| p.saturating_mul(page_size() as u64))
-    })
-}
+use mmap::{huge_page_size, map, map_huge};
+use slab::{LastShare, Slab};
 
 /// A buffer's side-table entry. Its owner writes it on every take and drop,
 /// so it gets cache lines of its own (128 bytes: two lines, as adjacent
@@ -106,7 +91,7 @@ pub(crate) struct Meta {
     pub(crate) sync_gen: u64,
     /// When a buffer on its way to the cleaner was dropped.
     pub(crate) dropped_at: Option<Instant>,
-    /// Pinned on request ([`Pool::reserve`](crate::Pool::reserve)): idle
+    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
     /// trimming keeps it.
     pub(crate) reserved: bool,
     /// When the buffer last became ready (admission), for idle trimming.
@@ -121,108 +106,6 @@ pub(crate) struct Meta {
     uncarved: usize,
     contents: Contents,
     _track: Track,
-}
-
-/// A page-aligned mapping that sub-page blocks are carved from; see the
-/// module docs. Boxed and shared by raw pointer, its shares counted in
-/// `shares` (as an `Arc` counts, but the last share must unregister the
-/// slab through the backend before unmapping it, which a `Drop` cannot).
-#[derive(Debug)]
-pub(crate) struct Slab {
-    base: NonNull<u8>,
-    /// The bytes registered: the whole slab.
-    len: usize,
-    /// The bytes mapped: `len` rounded up to pages.
-    mapped: usize,
-    /// Blocks carved from the slab and not freed.
-    shares: AtomicUsize,
-    /// Whether the slab is registered. Set by the head's owner before any
-    /// sibling exists, and read and cleared by the holder of the last
-    /// share; they reach it through block handoffs and the AcqRel count of
-    /// `shares`.
-    pinned: AtomicBool,
-    /// Whether a block of the slab was leaked (which keeps the slab from
-    /// the OS for good), so that the slab's bytes are counted leaked once.
-    leaked: AtomicBool,
-    _track: Track,
-}
-
-impl Slab {
-    /// Gives up one share of `slab`: `Some` for the last one, whose holder
-    /// now owns the slab.
-    ///
-    /// # Safety
-    /// The caller holds a share of `slab`, which it gives up.
-    unsafe fn release_share(slab: NonNull<Slab>) -> Option<LastShare> {
-        // SAFETY: a share keeps the slab alive.
-        let shares = unsafe { &slab.as_ref().shares };
-        // AcqRel, as `Arc`'s drop: Release publishes this share's last use
-        // of the slab's memory (a sibling's bytes, its registration) to the
-        // last holder, whose Acquire sees every other share's before it
-        // unregisters and unmaps.
-        (shares.fetch_sub(1, Ordering::AcqRel) == 1).then_some(LastShare(slab))
-    }
-}
-
-/// The last share of a slab: its holder unregisters the slab if
-/// [`registered`](Self::registered), then frees or leaks it.
-#[derive(Debug)]
-pub(crate) struct LastShare(NonNull<Slab>);
-
-// SAFETY: the last share owns the slab exclusively.
-unsafe impl Send for LastShare {}
-
-impl LastShare {
-    fn slab(&self) -> &Slab {
-        // SAFETY: the last share owns the live slab.
-        unsafe { self.0.as_ref() }
-    }
-
-    /// The base pointer the slab was registered with.
-    pub(crate) fn base(&self) -> *mut u8 {
-        self.slab().base.as_ptr()
-    }
-
-    /// The bytes the slab pins while registered.
-    pub(crate) fn len(&self) -> usize {
-        self.slab().len
-    }
-
-    /// Whether the slab is still registered.
-    pub(crate) fn registered(&self) -> bool {
-        // Relaxed: see `Slab::pinned`.
-        self.slab().pinned.load(Ordering::Relaxed)
-    }
-
-    /// Marks the slab unregistered, after its holder unregistered it.
-    pub(crate) fn set_unregistered(&self) {
-        self.slab().pinned.store(false, Ordering::Relaxed);
-    }
-
-    /// Unmaps the slab, or leaks its mapping if it is still registered.
-    pub(crate) fn free(self) {
-        // SAFETY: the last share owns the slab box, made by `Box::leak`.
-        let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
-        if slab.pinned.load(Ordering::Relaxed) {
-            tracing::error!(
-                bytes = slab.len,
-                "pinpool: a pinned slab was freed without unregistering; leaking it"
-            );
-            return;
-        }
-        // SAFETY: `base` starts a mapping of `mapped` bytes made by `map`
-        // for this slab, and no block of it is left.
-        let rc = unsafe { libc::munmap(slab.base.as_ptr().cast(), slab.mapped) };
-        if rc != 0 {
-            tracing::error!(error = %std::io::Error::last_os_error(), "pinpool: munmap failed");
-        }
-    }
-
-    /// Forgets the slab: it stays mapped, and registered if it was.
-    pub(crate) fn leak(self) {
-        // SAFETY: as in `free`; the mapping is not touched.
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
-    }
 }
 
 /// What [`Block::unpin`] leaves to its caller.
@@ -310,7 +193,7 @@ impl Meta {
             next: std::ptr::null_mut(),
             slab: None,
             uncarved: 0,
-            contents: Contents::new(len.div_ceil(CHUNK)),
+            contents: Contents::new(len.div_ceil(Tune::CHUNK)),
             _track: Track::new(),
         }
     }
@@ -363,16 +246,7 @@ impl Block {
         let slot = classes.slot(device, class) as u32;
         let mut meta = Box::new(Meta::new(ptr, len, footprint, slot, class, device));
         if per_slab > 1 {
-            let slab = Box::new(Slab {
-                base: ptr,
-                len: classes.slab_bytes(),
-                mapped,
-                shares: AtomicUsize::new(1),
-                pinned: AtomicBool::new(false),
-                leaked: AtomicBool::new(false),
-                _track: Track::new(),
-            });
-            meta.slab = Some(NonNull::from(Box::leak(slab)));
+            meta.slab = Some(Slab::new(ptr, classes.slab_bytes(), mapped));
             meta.uncarved = per_slab.min(buffers.max(1)) - 1;
         }
         Ok(Self {
@@ -385,10 +259,7 @@ impl Block {
     pub(crate) fn region(&self) -> (*mut u8, usize) {
         match self.meta().slab {
             // SAFETY: the block holds a share of its slab.
-            Some(slab) => unsafe {
-                let slab = slab.as_ref();
-                (slab.base.as_ptr(), slab.len)
-            },
+            Some(slab) => unsafe { slab.as_ref() }.region(),
             None => (self.as_ptr(), self.footprint()),
         }
     }
@@ -399,11 +270,8 @@ impl Block {
         let meta = self.meta_mut();
         meta.pinned = true;
         if let Some(slab) = meta.slab {
-            // SAFETY: the block holds a share of its slab. Relaxed: see
-            // `Slab::pinned`.
-            unsafe { slab.as_ref() }
-                .pinned
-                .store(true, Ordering::Relaxed);
+            // SAFETY: the block holds a share of its slab.
+            unsafe { slab.as_ref() }.set_pinned();
         }
     }
 
@@ -417,11 +285,8 @@ impl Block {
         let Some(slab) = meta.slab.filter(|_| count > 0) else {
             return Vec::new();
         };
-        // SAFETY: the head holds a share of its slab. Relaxed, as `Arc`'s
-        // clone: a new share made from one held needs no ordering.
-        unsafe { slab.as_ref() }
-            .shares
-            .fetch_add(count, Ordering::Relaxed);
+        // SAFETY: the head holds a share of its slab.
+        unsafe { slab.as_ref() }.add_shares(count);
         let (len, footprint, class, device) = (meta.len, meta.footprint, meta.class, meta.device);
         let (slot, pinned, reserved) = (meta.slot, meta.pinned, meta.reserved);
         let base = meta.ptr.as_ptr();
@@ -652,17 +517,8 @@ impl Block {
         drop(unsafe { Box::from_raw(meta) });
         match slab {
             None => footprint,
-            Some(slab) => {
-                // SAFETY: the share kept here keeps the slab alive for good.
-                let slab = unsafe { slab.as_ref() };
-                // Relaxed: a once-only count; the swap decides which leak
-                // counts the slab, and orders nothing.
-                if slab.leaked.swap(true, Ordering::Relaxed) {
-                    0
-                } else {
-                    slab.len
-                }
-            }
+            // SAFETY: the share kept here keeps the slab alive for good.
+            Some(slab) => unsafe { slab.as_ref() }.leaked_bytes(),
         }
     }
 }
@@ -696,73 +552,6 @@ impl Drop for Block {
     }
 }
 
-/// Zeroes `[start, end) ∩ [0, dirty)` of the block at `base` and pre-faults
-/// `[start, end)` beyond `dirty` (already zero), writing one zero byte per
-/// page so that a later registration finds every page resident. Writing
-/// (rather than reading) matters: a read would map the shared zero page,
-/// which the registration would then have to replace.
-///
-/// # Safety
-/// The caller owns `[base + start, base + end)` of a live block exclusively.
-pub(crate) unsafe fn clean_range(base: *mut u8, start: usize, end: usize, dirty: usize) {
-    let zero_end = dirty.clamp(start, end);
-    // SAFETY: `[start, zero_end)` lies in the caller's exclusive range.
-    unsafe { std::ptr::write_bytes(base.add(start), 0, zero_end - start) };
-    let page = page_size();
-    let mut offset = zero_end.next_multiple_of(page).min(end);
-    while offset < end {
-        // SAFETY: `offset < end`, inside the caller's range; the byte is
-        // already zero, so writing zero leaves the contents intact.
-        unsafe { std::ptr::write_volatile(base.add(offset), 0) };
-        offset += page;
-    }
-}
-
-fn map(bytes: usize) -> Result<NonNull<u8>, Error> {
-    // SAFETY: an anonymous private mapping with no address hint touches no
-    // existing memory; the result is checked below.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(Error::AllocationFailed {
-            bytes,
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(NonNull::new(ptr.cast()).expect("mmap never returns null on success"))
-}
-
-/// Maps `bytes` aligned to the huge page and advises huge pages: over-maps
-/// by one huge page, then unmaps the unaligned head and tail.
-fn map_huge(bytes: usize) -> Result<NonNull<u8>, Error> {
-    let huge = huge_page_size();
-    let raw = map(bytes + huge)?.as_ptr() as usize;
-    let start = raw.next_multiple_of(huge);
-    let head = start - raw;
-    let tail = huge - head;
-    // SAFETY: both ranges lie inside the mapping just made and outside the
-    // aligned block kept; unmapping them returns unused address space.
-    unsafe {
-        if head > 0 {
-            libc::munmap(raw as *mut libc::c_void, head);
-        }
-        if tail > 0 {
-            libc::munmap((start + bytes) as *mut libc::c_void, tail);
-        }
-        // Advice only: a kernel without THP keeps small pages.
-        libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
-    }
-    Ok(NonNull::new(start as *mut u8).expect("aligned address inside a mapping"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -777,7 +566,7 @@ mod tests {
 
     #[test]
     fn a_block_for_a_node_is_faulted_in_on_it() {
-        let classes = Classes::new(crate::SizeClasses::Fine, page_size());
+        let classes = Classes::new(crate::size_class::SizeClasses::Fine, page_size());
         let class = classes.class_for(64 * page_size()).unwrap();
         // Node 0 exists on every Linux machine.
         let mut block = Block::allocate(&classes, class, 0, Some(0)).unwrap();

@@ -1,0 +1,104 @@
+//! The system's side of a block: anonymous mappings (aligned to the
+//! transparent huge page and advised for huge pages when they are at least
+//! one), the huge-page size and the host's memory as the kernel reports
+//! them, and the cleaner's zeroing and pre-faulting of a range.
+
+use std::ptr::NonNull;
+
+use crate::error::Error;
+use crate::size_class::page_size;
+use crate::sync::OnceLock;
+
+/// The transparent huge page size (`hpage_pmd_size`), or 2 MiB if the
+/// kernel does not say.
+pub(super) fn huge_page_size() -> usize {
+    static HUGE: OnceLock<usize> = OnceLock::new();
+    *HUGE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|n| n.is_power_of_two() && *n >= page_size())
+            .unwrap_or(2 << 20)
+    })
+}
+
+/// The host's physical memory in bytes (`_SC_PHYS_PAGES` pages), or
+/// `u64::MAX` if the system does not say.
+pub(crate) fn host_memory() -> u64 {
+    static MEMORY: OnceLock<u64> = OnceLock::new();
+    *MEMORY.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+        u64::try_from(pages)
+            .ok()
+            .filter(|&p| p > 0)
+            .map_or(u64::MAX, |p| p.saturating_mul(page_size() as u64))
+    })
+}
+
+/// Zeroes `[start, end) ∩ [0, dirty)` of the block at `base` and pre-faults
+/// `[start, end)` beyond `dirty` (already zero), writing one zero byte per
+/// page so that a later registration finds every page resident. Writing
+/// (rather than reading) matters: a read would map the shared zero page,
+/// which the registration would then have to replace.
+///
+/// # Safety
+/// The caller owns `[base + start, base + end)` of a live block exclusively.
+pub(crate) unsafe fn clean_range(base: *mut u8, start: usize, end: usize, dirty: usize) {
+    let zero_end = dirty.clamp(start, end);
+    // SAFETY: `[start, zero_end)` lies in the caller's exclusive range.
+    unsafe { std::ptr::write_bytes(base.add(start), 0, zero_end - start) };
+    let page = page_size();
+    let mut offset = zero_end.next_multiple_of(page).min(end);
+    while offset < end {
+        // SAFETY: `offset < end`, inside the caller's range; the byte is
+        // already zero, so writing zero leaves the contents intact.
+        unsafe { std::ptr::write_volatile(base.add(offset), 0) };
+        offset += page;
+    }
+}
+
+pub(super) fn map(bytes: usize) -> Result<NonNull<u8>, Error> {
+    // SAFETY: an anonymous private mapping with no address hint touches no
+    // existing memory; the result is checked below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::AllocationFailed {
+            bytes,
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(NonNull::new(ptr.cast()).expect("mmap never returns null on success"))
+}
+
+/// Maps `bytes` aligned to the huge page and advises huge pages: over-maps
+/// by one huge page, then unmaps the unaligned head and tail.
+pub(super) fn map_huge(bytes: usize) -> Result<NonNull<u8>, Error> {
+    let huge = huge_page_size();
+    let raw = map(bytes + huge)?.as_ptr() as usize;
+    let start = raw.next_multiple_of(huge);
+    let head = start - raw;
+    let tail = huge - head;
+    // SAFETY: both ranges lie inside the mapping just made and outside the
+    // aligned block kept; unmapping them returns unused address space.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw as *mut libc::c_void, head);
+        }
+        if tail > 0 {
+            libc::munmap((start + bytes) as *mut libc::c_void, tail);
+        }
+        // Advice only: a kernel without THP keeps small pages.
+        libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+    }
+    Ok(NonNull::new(start as *mut u8).expect("aligned address inside a mapping"))
+}
