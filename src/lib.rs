@@ -66,6 +66,8 @@ mod thread_cache;
 mod tune;
 mod views;
 
+pub mod implementation;
+
 pub use backend::{BackendKind, MAX_DEVICES};
 pub use buffer::PinnedBuffer;
 pub use config::{

@@ -55,7 +55,7 @@ pub(crate) struct Intake {
     /// Dirty bytes queued for zeroing.
     pub(crate) zero_queued: AtomicUsize,
     /// Buffers queued for recycling (`Job::Clean`, not yet run): at most
-    /// [`RECYCLE_BACKLOG`] (give or take the drops racing at the bound).
+    /// [`RECYCLE_BACKLOG`](crate::tune::Tuning::RECYCLE_BACKLOG) (give or take the drops racing at the bound).
     /// Buffers parked for their copies are not counted.
     pub(crate) recycle_queued: HintCounter,
     /// Fences of buffers freed by their droppers.

@@ -109,7 +109,7 @@ pub(crate) enum Job {
     /// Collect the caches' release lists: pinned buffers shed past the
     /// backlog, to free once their copies are done (see `Intake::shed`).
     Bulk,
-    /// Collect the fences of buffers their droppers freed (see [`Spent`]).
+    /// Collect the fences of buffers their droppers freed (see [`Spent`](super::spent::Spent)).
     Spent,
     /// Chunk `index` of a large buffer's zeroing / pre-faulting.
     Chunk(Arc<Chunked>, usize),

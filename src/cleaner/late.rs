@@ -5,7 +5,7 @@
 use crate::alloc::Block;
 use crate::error::Error;
 use crate::stats::Counters;
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::Ordering;
 
 use super::{Cleaner, Env};
 
@@ -19,22 +19,6 @@ pub(crate) enum Late {
     /// It needs a synchronize of this device above this note: run it with
     /// [`Cleaner::run_late_sync`], then look again.
     NeedsSync(usize, u64),
-}
-
-/// The state of a device's synchronize for late buffers.
-#[derive(Debug)]
-pub(super) struct LateSync {
-    running: AtomicBool,
-    failed: Mutex<Option<Error>>,
-}
-
-impl LateSync {
-    pub(super) fn new() -> Self {
-        Self {
-            running: AtomicBool::new(false),
-            failed: Mutex::new(None),
-        }
-    }
 }
 
 impl Cleaner {

@@ -1,28 +1,33 @@
 //! The cleaner: a pool of workers that turns dropped buffers into ready
-//! ones. [IMPLEMENTATION.md](../../IMPLEMENTATION.md) tells the whole
-//! journey; this module owns the cleaner's part of it:
+//! ones. The [design account](crate::implementation) tells the whole
+//! journey; this folder holds the cleaner's part of it:
 //!
-//! - the work queue ([`Lanes`]): drops that a thread cache does not keep
-//!   arrive as [`Job`]s on the *recycle* lane (already registered, or never
-//!   to be) or the *register* lane (first registrations, milliseconds each),
-//!   whose backlog is bounded; worker 0 reads only the recycle lane (unless
-//!   it is the only worker), so a burst of registrations never starves
-//!   recycling, and the others take the register lane first one pop in
-//!   eight, so recycling never starves registrations;
-//! - bounded backlogs: registrations queued, bytes to zero and buffers
-//!   held for recycling; a drop past a bound is [shed](intake::Intake::shed)
-//!   without a driver call or a lock on the dropping thread (a pageable
-//!   buffer freed there, its fences to the cleaner through [`spent`]; a
-//!   pinned one released by the cleaner in bulk);
-//! - [parking]: buffers whose fences have not completed wait there,
+//! - [`intake`]: where a drop that its thread cache does not keep comes in
+//!   (the thread caches hold it directly): the backlogs, bounded, and
+//!   what is [shed](intake::Intake::shed) past them without a driver call
+//!   or a lock on the dropping thread (a pageable buffer freed there, its
+//!   fences to the cleaner through [`spent`]; a pinned one released by the
+//!   cleaner in bulk);
+//! - [`lanes`]: the work queue. Drops arrive as [`Job`]s on the *recycle*
+//!   lane (already registered, or never to be) or the *register* lane
+//!   (first registrations, milliseconds each); worker 0 reads only the
+//!   recycle lane (unless it is the only worker), so a burst of
+//!   registrations never starves recycling, and the others take the
+//!   register lane first one pop in eight, so recycling never starves
+//!   registrations;
+//! - [`job`]: what travels: a dropped buffer with the inbox of its cache;
+//! - [`parking`]: buffers whose fences have not completed wait there,
 //!   re-polled by idle workers, so one slow copy holds up nothing else;
-//! - [device synchronizes](device_sync) for pinned buffers dropped without
-//!   events, one covering every buffer dropped before it started;
-//! - the work itself: re-zero the dirty prefix, and before a first
-//!   registration touch every page, in [`CHUNK`]-sized jobs that any worker
-//!   runs; register once; then hand the buffer to admission;
-//! - sweeps: buffers left in the caches of threads that went idle are moved
-//!   along after a while, and `flush` moves them along at once.
+//! - [`device_sync`]: device synchronizes for pinned buffers dropped
+//!   without events, one covering every buffer dropped before it started;
+//! - this file: the workers and the work itself: re-zero the dirty prefix,
+//!   and before a first registration touch every page, in
+//!   [`CHUNK`]-sized jobs that any worker runs; register once; then hand
+//!   the buffer to admission and close its flush ticket;
+//! - `sweep.rs`: sweeps (buffers left in the caches of threads that went
+//!   idle are moved along after a while, and `flush` moves them along at
+//!   once) and the provisioning tick; `late.rs`: a closed pool's late
+//!   buffers; `release.rs`: unregistering and freeing.
 //!
 //! The cleaner reaches its pool only through admission and the cache list
 //! ([`Env`]). A worker never blocks on a copy (fences are polled), and a job
@@ -35,14 +40,14 @@
 pub(crate) mod device_sync;
 pub(crate) mod intake;
 pub(crate) mod job;
-mod lanes;
-mod late;
+pub(crate) mod lanes;
+pub(crate) mod late;
 pub(crate) mod parking;
 mod release;
 pub(crate) mod spent;
 mod sweep;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
 use crate::alloc::clean_range;
@@ -58,11 +63,8 @@ use device_sync::Synced;
 use intake::Intake;
 pub(crate) use job::Returned;
 use job::{Chunked, Job};
-pub(crate) use late::Late;
-use late::LateSync;
 use parking::Parking;
 pub(crate) use release::{release, release_all};
-use sweep::Sweep;
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -83,6 +85,31 @@ impl Returned {
     /// Leaks the buffer at once (its fence failed) and counts it.
     pub(crate) fn fail_now(self, env: Env<'_>, e: &Error) {
         Cleaner::fail(env, self, e);
+    }
+}
+
+/// How long worker 0 waits before sweeping idle caches, and what it saw of
+/// each cache last time.
+#[derive(Debug)]
+struct Sweep {
+    pub(super) wait: Duration,
+    pub(super) due: Instant,
+    pub(super) seen: std::collections::HashMap<usize, u64>,
+}
+
+/// The state of a device's synchronize for late buffers.
+#[derive(Debug)]
+struct LateSync {
+    running: AtomicBool,
+    failed: Mutex<Option<Error>>,
+}
+
+impl LateSync {
+    pub(super) fn new() -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        }
     }
 }
 
@@ -193,7 +220,7 @@ impl Cleaner {
         self.running.store(false, Ordering::Relaxed);
     }
 
-    /// Frees, in bulk, the pinned buffers that [`shed`](Self::shed) put on
+    /// Frees, in bulk, the pinned buffers that [`shed`](intake::Intake::shed) put on
     /// the caches' release lists, each once its copies are done. One
     /// synchronize per device, waited for here, covers every event-less
     /// buffer of the batch (all were dropped before it starts), so a large
@@ -575,7 +602,7 @@ impl Cleaner {
         let place = (!to_shard).then_some(home);
         for block in siblings.into_iter().chain(std::iter::once(block)) {
             let evicted = env.admission.admit(env.places, block, place);
-            release_all(env, evicted);
+            release_all(env.backend, env.counters(), evicted);
         }
         if let Some(ticket) = ticket {
             ticket.close(false);

@@ -2,7 +2,7 @@
 //! and are re-polled by idle workers, so one slow event holds up nothing
 //! else.
 
-use super::Returned;
+use super::job::Returned;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
 
 /// See the module docs.

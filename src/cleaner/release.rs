@@ -5,8 +5,6 @@ use crate::alloc::{Block, Unpinned};
 use crate::backend::Backend;
 use crate::stats::Counters;
 
-use super::Env;
-
 /// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
 /// fails is leaked (unmapping registered memory would be worse).
 pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
@@ -73,8 +71,8 @@ unsafe fn unregister(
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).
-pub(crate) fn release_all(env: Env<'_>, blocks: Vec<Block>) {
+pub(crate) fn release_all(backend: &dyn Backend, counters: &Counters, blocks: Vec<Block>) {
     for block in blocks {
-        release(env.backend, env.counters(), block);
+        release(backend, counters, block);
     }
 }

@@ -1,24 +1,15 @@
 //! What worker 0 does between jobs: sweeps of the caches of threads that
 //! went idle (their waiting buffers moved along, their ready ones to the
 //! shards), which `flush` also runs at once over every cache, and the
-//! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)).
+//! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
 
 use crate::admission::Places;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{release_all, Cleaner, Env};
-
-/// How long worker 0 waits before sweeping idle caches, and what it saw of
-/// each cache last time.
-#[derive(Debug)]
-pub(super) struct Sweep {
-    pub(super) wait: Duration,
-    pub(super) due: Instant,
-    pub(super) seen: std::collections::HashMap<usize, u64>,
-}
 
 impl Cleaner {
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
@@ -92,7 +83,7 @@ impl Cleaner {
 }
 
 impl Cleaner {
-    /// Runs a provisioning tick (see [`Provisioner`]): releases what it
+    /// Runs a provisioning tick (see [`Provisioner`](crate::provision::Provisioner)): releases what it
     /// trimmed and pins what it provisions. `force` trims now
     /// (`Pool::trim`).
     pub(crate) fn provision(&self, env: Env<'_>, force: bool) {
@@ -102,7 +93,7 @@ impl Cleaner {
             .tick(env.places, env.admission, quiet, force);
         let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
         Counters::add(&env.counters().trimmed_bytes, trimmed);
-        release_all(env, plan.trimmed);
+        release_all(env.backend, env.counters(), plan.trimmed);
         if plan.provision.is_empty() {
             return;
         }

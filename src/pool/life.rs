@@ -2,7 +2,8 @@
 //! reaper's side of a closed pool (see the parent module).
 
 use crate::alloc::Block;
-use crate::cleaner::{self, Late, Returned};
+use crate::cleaner::late::Late;
+use crate::cleaner::{self, Returned};
 use crate::error::Error;
 use crate::reaper::{self, Message, Retire};
 use crate::stats::Counters;
@@ -11,7 +12,7 @@ use crate::sync::{Arc, Ordering};
 use super::Shared;
 
 impl Shared {
-    /// Pins buffers ahead of demand; see [`Pool::reserve`].
+    /// Pins buffers ahead of demand; see [`Pool::reserve`](crate::Pool::reserve).
     pub(super) fn reserve(
         this: &Arc<Self>,
         device: usize,
@@ -98,12 +99,12 @@ impl Shared {
         if !blocks.is_empty() {
             tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
         }
-        cleaner::release_all(self.env(), blocks);
+        cleaner::release_all(&*self.backend, self.counters(), blocks);
     }
 
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
         let evicted = self.admission.set_cap(self.places(), bytes);
-        cleaner::release_all(self.env(), evicted);
+        cleaner::release_all(&*self.backend, self.counters(), evicted);
     }
 
     pub(crate) fn shutdown(this: &Arc<Self>) {

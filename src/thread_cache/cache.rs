@@ -44,7 +44,7 @@ pub(super) struct OwnerPart {
     orphan: bool,
     /// The owning thread's token ([`per_thread::current_token`]), set by
     /// the owner when it looks its cache up without its memo (see
-    /// [`PerThread::get_or`]).
+    /// [`PerThread::get_or`](crate::sync::per_thread::PerThread::get_or)).
     pub(super) token: AtomicU64,
     pub(super) lists: UnsafeCell<Lists>,
     /// Per slot.
