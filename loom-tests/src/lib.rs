@@ -8,6 +8,7 @@
 //! | `stack::pop_is_aba_safe` | head CAS without the generation tag | failed when the model was written |
 //! | `stack::concurrent_push_pop_hands_out_each_value_once` | push publishing its slot with Relaxed instead of Release | failed when the model was written |
 //! | `handoff::flushed_buffer_is_zeroed_and_ready` | counting a buffer's completion before admitting it | the pooled buffer was not the one taken |
+//! | `handoff::flushed_buffer_is_zeroed_and_ready` | the cleaner dropping a finished buffer's flush ticket instead of closing it | a flush ticket was dropped without being closed (tickets panic so under loom) |
 //! | `handoff::cross_thread_drop_returns_exactly_once` | a buffer on the owner's returns list collected as ready (not re-zeroed) | handed out before re-zeroing |
 //! | `handoff::fence_gates_reuse` | fences read as always complete | reused before its fence completed |
 //! | `thread_cache::steal_races_owner_take` | the owner not checking for a thief's request | concurrent writes to the lists |
