@@ -302,8 +302,11 @@ impl PinnedBuffer {
         ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
         stream: sys::CUstream,
     ) -> Result<(), Error> {
+        // SAFETY: as in `home` (the caches outlive every buffer out); read
+        // through the pointer so that the block can be borrowed mutably.
+        let events = unsafe { self.home.as_ref() }.caches().backend().events();
         let fences = self.block.fences_mut();
-        let event = fences.event(ctx)?;
+        let event = fences.event(ctx, events)?;
         // SAFETY: `stream` is a live stream of the event's context (the
         // caller's promise; the event was taken for `ctx`).
         if let Err(e) = unsafe { event.record(stream) } {
@@ -376,7 +379,8 @@ impl PinnedBuffer {
         if must_sync(stream) {
             return SyncOnDrop::Sync(Some(stream));
         }
-        let Ok(event) = fences.event(stream.context()) else {
+        let events = self.home().caches().backend().events();
+        let Ok(event) = fences.event(stream.context(), events) else {
             return SyncOnDrop::Sync(Some(stream));
         };
         let event: *const CudaEvent = fences.push_copy(event);

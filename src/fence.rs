@@ -8,10 +8,11 @@
 //! report an unrelated error stored on it.
 //!
 //! Events are reused, never created or destroyed in the steady state: each
-//! buffer keeps its completed events as spares for its next trip, and a
-//! process-wide [`pool`] per context holds the rest. An event is dropped
-//! (destroyed) only with the current context put back afterwards, so no
-//! pool call changes the caller's context.
+//! buffer keeps its completed events as spares for its next trip, and its
+//! pool's [`EventPool`] (held by the pool's backend) holds the rest, so a
+//! pool's spare events, and the contexts they keep, go with the pool. An
+//! event is dropped (destroyed) only with the current context put back
+//! afterwards, so no pool call changes the caller's context.
 
 use std::sync::Arc as StdArc;
 
@@ -19,7 +20,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverErro
 
 use crate::backend::cuda::Bound;
 use crate::error::Error;
-use crate::sync::{Mutex, OnceLock};
+use crate::sync::Mutex;
 
 /// A reusable CUDA event of one context.
 #[derive(Debug)]
@@ -92,27 +93,36 @@ impl Drop for Event {
     }
 }
 
-/// The process-wide spare events, per context. Events stay boxed
-/// everywhere, so one moves between a buffer's copies (where its address
-/// must stay fixed) and the spares without a new allocation.
+/// A pool's spare events, of whichever contexts its buffers' copies ran
+/// in. Events stay boxed everywhere, so one moves between a buffer's copies
+/// (where its address must stay fixed) and the spares without a new
+/// allocation. Each spare keeps its context retained (cudarc's event holds
+/// it), so the spares go when their pool's backend does.
 #[derive(Debug)]
 #[allow(clippy::vec_box)] // see above
 pub(crate) struct EventPool {
     spares: Mutex<Vec<Box<Event>>>,
 }
 
-/// At most this many spare events are kept process-wide.
-const POOL_LIMIT: usize = 4096;
-
-/// The process-wide pool.
-pub(crate) fn pool() -> &'static EventPool {
-    static POOL: OnceLock<EventPool> = OnceLock::new();
-    POOL.get_or_init(|| EventPool {
-        spares: Mutex::new(Vec::new()),
-    })
+impl Default for EventPool {
+    fn default() -> Self {
+        Self {
+            spares: Mutex::new(Vec::new()),
+        }
+    }
 }
 
+/// At most this many spare events are kept per pool.
+const POOL_LIMIT: usize = 4096;
+
 impl EventPool {
+    /// Destroys every spare event (each with the caller's context put
+    /// back), releasing the contexts they retain.
+    pub(crate) fn clear(&self) {
+        let spares = std::mem::take(&mut *self.spares.lock());
+        drop(spares);
+    }
+
     /// A spare event of `ctx`, or a new one.
     pub(crate) fn take(&self, ctx: &StdArc<CudaContext>) -> Result<Box<Event>, Error> {
         let cu = ctx.cu_ctx();
@@ -205,11 +215,15 @@ impl Fences {
     }
 
     /// A spare event of `ctx`, or one from the pool.
-    pub(crate) fn event(&mut self, ctx: &StdArc<CudaContext>) -> Result<Box<Event>, Error> {
+    pub(crate) fn event(
+        &mut self,
+        ctx: &StdArc<CudaContext>,
+        pool: &EventPool,
+    ) -> Result<Box<Event>, Error> {
         let cu = ctx.cu_ctx();
         match self.spares.iter().rposition(|e| e.context() == cu) {
             Some(i) => Ok(self.spares.swap_remove(i)),
-            None => pool().take(ctx),
+            None => pool.take(ctx),
         }
     }
 
@@ -297,20 +311,21 @@ impl Fences {
         }
     }
 
-    /// Gives the spare events back to the pool (the buffer is being freed).
-    pub(crate) fn release(&mut self) {
+    /// Gives the spare events back to `pool` (the buffer is being freed).
+    pub(crate) fn release(&mut self, pool: &EventPool) {
         if !self.spares.is_empty() {
-            pool().give(self.spares.drain(..));
+            pool.give(self.spares.drain(..));
         }
     }
 
     /// Drops the fences of a buffer that is being leaked (its copies are
-    /// not known to have finished); their events are destroyed, not reused
-    /// (the driver releases an event still pending once it completes).
+    /// not known to have finished), or freed where its pool's spares are
+    /// out of reach; their events are destroyed, not reused (the driver
+    /// releases an event still pending once it completes).
     pub(crate) fn abandon(&mut self) {
         self.pending.clear();
         self.copies.clear();
-        self.release();
+        self.spares.clear();
     }
 }
 
@@ -423,7 +438,7 @@ pub(crate) mod testing {
         /// Fences destroyed: CUDA events (each a `cuEventDestroy`), and
         /// [`TestFence`]s a buffer let go of (their stand-in).
         pub destroyed: usize,
-        /// Times the process-wide pool of spare events was locked.
+        /// Times a pool's spare events were locked.
         pub pool_locks: usize,
     }
 

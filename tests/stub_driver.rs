@@ -988,7 +988,6 @@ fn regions_unregister_under_another_current_device() {
 }
 
 #[test]
-#[ignore = "FAILS: the process-wide spare events keep every context they were made in retained after its pool and its users are gone"]
 fn a_dropped_pool_and_its_users_leave_no_context_retained() {
     if !on_stub!("STUB_CUDA_DEVICES" = "1") {
         return;

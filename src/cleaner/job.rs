@@ -82,7 +82,8 @@ impl Drop for Returned {
         let ticket = block.take_ticket();
         if self.quiet && !block.is_pinned() {
             tracing::error!("pinpool: a cleaner job failed part-way; freeing its buffer");
-            block.fences_mut().release();
+            // Its spare events are destroyed (the pool's are out of reach).
+            block.fences_mut().abandon();
             Counters::add(&counters.released, 1);
             drop(block);
         } else {

@@ -343,7 +343,7 @@ impl Cleaner {
             Job::Spent => {
                 for mut fences in self.intake.spent.take_all() {
                     // Spare events back to the pool; the rest destroyed.
-                    fences.release();
+                    fences.release(env.backend.events());
                 }
             }
             Job::Chunk(task, chunk) => self.run_chunk(env, &task, chunk),

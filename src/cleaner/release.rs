@@ -8,7 +8,7 @@ use crate::stats::Counters;
 /// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
 /// fails is leaked (unmapping registered memory would be worse).
 pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
-    block.fences_mut().release();
+    block.fences_mut().release(backend.events());
     Counters::add(&counters.released, 1);
     if !block.is_pinned() {
         drop(block);

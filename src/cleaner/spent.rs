@@ -4,7 +4,7 @@
 //!
 //! A dropping thread may unmap a pageable buffer, but not destroy its
 //! events (a driver call) nor hand its spare events back to the
-//! process-wide event pool (a lock every copy takes). So it moves the
+//! pool's event pool (a lock every copy takes). So it moves the
 //! buffer's fences into this list and the cleaner gives them back or
 //! destroys them. A push is one CAS onto the head and the cleaner takes
 //! everything with one swap, as in a thread cache's
@@ -79,9 +79,9 @@ impl Spent {
 impl Drop for Spent {
     fn drop(&mut self) {
         // The cleaner collects the list before its pool goes away; whatever
-        // a racing drop left is released here.
+        // a racing drop left is destroyed here.
         for mut fences in self.take_all() {
-            fences.release();
+            fences.abandon();
         }
     }
 }
