@@ -959,6 +959,31 @@ fn regions_register_whatever_device_is_current() {
 }
 
 #[test]
+fn a_failed_region_unregistration_is_counted() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    let mut region = vec![1u8; 1 << 16];
+    // SAFETY: `region` stays alive and unmoved until unregistered.
+    assert!(unsafe { pool.register_region(region.as_mut_ptr(), region.len()) });
+    stub::fail("cuMemHostUnregister", 1, None, CUDA_ERROR_UNKNOWN);
+    // SAFETY: registered above; no copy reads it.
+    unsafe { pool.unregister_region(region.as_mut_ptr()) };
+    let stats = pool.stats();
+    assert_eq!(
+        stats.unregister_failures, 1,
+        "a failed unregister_region went uncounted: {stats:?}"
+    );
+    // The region is still registered: the caller must not free it yet.
+    assert_eq!(stub::registered(), 1);
+    // SAFETY: as above; this time the driver succeeds.
+    unsafe { pool.unregister_region(region.as_mut_ptr()) };
+    assert_eq!(stub::registered(), 0);
+    drop(region);
+}
+
+#[test]
 fn regions_unregister_under_another_current_device() {
     if !on_stub!("STUB_CUDA_DEVICES" = "2") {
         return;
