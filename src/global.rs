@@ -178,7 +178,9 @@ pub unsafe fn register_region(ptr: *mut u8, len: usize) -> bool {
     unsafe { Pool::global().register_region(ptr, len) }
 }
 
-/// Reverses a successful [`register_region`].
+/// Reverses a successful [`register_region`]; a refusal of the driver
+/// leaves the region registered, counted and logged (see
+/// [`Pool::unregister_region`]).
 ///
 /// # Safety
 /// `ptr` was registered by [`register_region`], and no copy from it is in

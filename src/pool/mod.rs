@@ -572,7 +572,10 @@ impl Pool {
         }
     }
 
-    /// Reverses a successful [`register_region`](Self::register_region).
+    /// Reverses a successful [`register_region`](Self::register_region). If
+    /// the driver refuses, the region stays registered (and must not be
+    /// freed yet): the failure is counted in
+    /// [`Stats::unregister_failures`] and logged at warning level.
     ///
     /// # Safety
     /// `ptr` was registered by `register_region`, and no copy from it is in
@@ -598,7 +601,8 @@ impl Pool {
         }
         // SAFETY: forwarded from the caller.
         if let Err(e) = unsafe { backend.unregister(region_device(&**backend), ptr) } {
-            tracing::debug!(error = %e, "pinpool: unregister_region failed");
+            Counters::add(&self.shared().counters().unregister_failures, 1);
+            tracing::warn!(error = %e, "pinpool: unregister_region failed; the region stays registered");
         }
     }
 }
