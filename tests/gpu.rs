@@ -593,8 +593,8 @@ fn sub_page_buffers_share_a_registered_page() {
 /// A pageable miss buffer dropped while the registration backlog is full
 /// is freed by its dropper, but its CUDA events (a copy through cudarc
 /// records one even from pageable memory) go to the cleaner: the dropping
-/// thread destroys no event and takes no lock of the process-wide event
-/// pool.
+/// thread destroys no event and takes no lock of its pool's spare
+/// events.
 #[cfg(feature = "testing")]
 #[test]
 #[ignore = "needs a GPU"]
