@@ -611,10 +611,11 @@ fn a_miss_shed_past_the_registration_backlog_leaves_its_events_to_the_cleaner() 
         .unwrap();
     let mut dst = stream.alloc_zeros::<u8>(4096).unwrap();
     stream.synchronize().unwrap();
-    // Far more first registrations than the backlog holds, each a few
-    // milliseconds of the only worker.
+    // Far more first registrations than the backlog holds, each some
+    // work for the only worker (touching 4 MiB, then registering it),
+    // dropped just before the buffer under test, so that the backlog is
+    // still full when it is dropped.
     let misses: Vec<_> = (0..200).map(|_| pool.take(SIZE)).collect();
-    drop(misses);
     let mut last = pool.take(SIZE);
     assert!(!last.is_pinned());
     // Two copies (two events), a host write that waits for them (they
@@ -624,6 +625,7 @@ fn a_miss_shed_past_the_registration_backlog_leaves_its_events_to_the_cleaner() 
     stream.memcpy_htod(&last.prefix(4096), &mut dst).unwrap();
     last[0] = 1;
     stream.memcpy_htod(&last.prefix(4096), &mut dst).unwrap();
+    drop(misses);
     let skipped = pool.stats().registrations_skipped;
     let dropper = std::thread::spawn(move || {
         drop(last);
