@@ -102,6 +102,12 @@ impl Provisioner {
                 *n += cache.in_use(slot);
             }
         }
+        let in_use_bytes: u64 = in_use
+            .iter()
+            .enumerate()
+            .map(|(slot, &n)| n * classes.size(SizeClass::at(slot % count)) as u64)
+            .sum();
+        at.caches.counters.note_in_use(in_use_bytes);
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
                 Some(m) if now_in_use >= m.peak => {

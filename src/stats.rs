@@ -35,6 +35,8 @@ pub(crate) struct Counters {
     pub(crate) trimmed_bytes: StatCounter,
     /// The most bytes registered at once.
     peak_pinned: StatCounter,
+    /// The most bytes in use at once, as sampled (see `note_in_use`).
+    peak_in_use: StatCounter,
     ready_latency: [StatCounter; BUCKETS],
 }
 
@@ -68,6 +70,24 @@ impl Counters {
     /// Restarts the pinned peak from the bytes pinned now.
     pub(crate) fn reset_peak_pinned(&self) {
         self.peak_pinned.store(self.pinned(), Ordering::Relaxed);
+    }
+
+    /// Notes `bytes` in use now (buffers taken and not yet dropped, at
+    /// their class lengths) as a peak candidate. Sampled by the cleaner's
+    /// provisioning tick and by snapshots: a burst shorter than a tick can
+    /// be missed, so the peak errs low, never high.
+    pub(crate) fn note_in_use(&self, bytes: u64) {
+        self.peak_in_use.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// The most bytes in use at once as sampled, `now` included.
+    pub(crate) fn peak_in_use(&self, now: u64) -> u64 {
+        self.peak_in_use.fetch_max(now, Ordering::Relaxed).max(now)
+    }
+
+    /// Restarts the in-use peak from the bytes in use `now`.
+    pub(crate) fn reset_peak_in_use(&self, now: u64) {
+        self.peak_in_use.store(now, Ordering::Relaxed);
     }
 
     /// Forgets the drop-to-ready latencies recorded so far.
@@ -171,6 +191,31 @@ pub struct Stats {
     ///
     /// [`Pool::reset_peaks`]: crate::Pool::reset_peaks
     pub peak_pinned_bytes: u64,
+    /// Bytes of buffers taken and not yet dropped, at the lengths handed
+    /// out (their size classes; a borrowed buffer at its own class's).
+    pub in_use_bytes: u64,
+    /// The most bytes in use at once (see [`Pool::reset_peaks`]), as
+    /// sampled: by the cleaner every 10 ms while the pool is in use, and by
+    /// every snapshot. A burst shorter than that may be missed, so this
+    /// errs low: `peak_pinned_bytes / peak_in_use_bytes` errs high.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// let a = pool.take(1 << 20);
+    /// let b = pool.take(4096);
+    /// let stats = pool.stats();
+    /// assert_eq!(stats.in_use_bytes, (1 << 20) + 4096);
+    /// drop((a, b));
+    /// pool.flush();
+    /// let stats = pool.stats();
+    /// assert_eq!((stats.in_use_bytes, stats.peak_in_use_bytes), (0, (1 << 20) + 4096));
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    ///
+    /// [`Pool::reset_peaks`]: crate::Pool::reset_peaks
+    pub peak_in_use_bytes: u64,
     /// Footprint bytes of idle buffers freed by idle trimming or
     /// [`Pool::trim`](crate::Pool::trim) (a slab's page goes back to the OS
     /// with its last buffer).
@@ -408,6 +453,12 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
+            "  in use         {:>12} (peak {})",
+            Bytes(self.in_use_bytes),
+            Bytes(self.peak_in_use_bytes)
+        )?;
+        writeln!(
+            f,
             "  registrations  {:>12} ({}, {:.3} s), {} pinned now (peak {}), {} trimmed",
             self.registrations,
             Bytes(self.registered_bytes),
@@ -495,7 +546,9 @@ impl Stats {
         for (name, value) in counters {
             metrics::counter!(name, "backend" => backend.clone()).absolute(value);
         }
-        let gauges: [(&'static str, f64); 6] = [
+        let gauges: [(&'static str, f64); 8] = [
+            ("pinpool_in_use_bytes", self.in_use_bytes as f64),
+            ("pinpool_peak_in_use_bytes", self.peak_in_use_bytes as f64),
             ("pinpool_pooled_bytes", self.pooled_bytes as f64),
             ("pinpool_pooled_buffers", self.pooled_buffers as f64),
             ("pinpool_max_pooled_bytes", self.max_pooled_bytes as f64),

@@ -484,7 +484,7 @@ impl Pool {
     }
 
     /// Restarts the peaks of [`Stats`] (`peak_pooled_bytes`,
-    /// `peak_pinned_bytes`) from the levels now, and its drop-to-ready
+    /// `peak_pinned_bytes`, `peak_in_use_bytes`) from the levels now, and its drop-to-ready
     /// quantiles from no buffers (so that a warm-up's first registrations,
     /// say, do not count in the figures of the work after it).
     ///
@@ -505,6 +505,7 @@ impl Pool {
         let shared = self.shared();
         shared.admission.reset_peak(shared.places());
         shared.counters().reset_peak_pinned();
+        shared.counters().reset_peak_in_use(shared.in_use_bytes());
         shared.counters().reset_ready_latency();
     }
 

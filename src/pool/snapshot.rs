@@ -77,6 +77,26 @@ impl Shared {
         stats.evictions = self.admission.evictions() as u64;
         stats.recycled = stats.cleaned_by_takers;
         stats.fill_from(self.counters());
+        stats.in_use_bytes = self.in_use_bytes();
+        stats.peak_in_use_bytes = self.counters().peak_in_use(stats.in_use_bytes);
         stats
+    }
+
+    /// Bytes of buffers taken and not yet dropped, at their class lengths
+    /// (a racing read may be off by the takes and drops under way).
+    pub(super) fn in_use_bytes(&self) -> u64 {
+        let classes = self.classes();
+        let count = classes.count();
+        let slots = self.shards.len() * count;
+        self.caches
+            .iter()
+            .map(|cache| {
+                (0..slots)
+                    .map(|slot| {
+                        cache.in_use(slot) * classes.size(SizeClass::at(slot % count)) as u64
+                    })
+                    .sum::<u64>()
+            })
+            .sum()
     }
 }
