@@ -3,7 +3,7 @@
 //!
 //! A [`Block`] is one anonymous `mmap` plus a boxed [`Meta`], its entry in
 //! the side table: the bookkeeping of a buffer's trip through the pool
-//! (dirty length, fences, flush parity, the link of a remote list) lives in
+//! (dirty length, fences, flush ticket, the link of a remote list) lives in
 //! the metadata, never in the buffer's bytes, which a DMA may still be
 //! reading and which must come back all-zero. The mapping arrives zeroed and
 //! its pages fault in lazily, so a pool miss costs a system call, not a

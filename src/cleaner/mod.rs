@@ -306,10 +306,7 @@ impl Cleaner {
             if matches!(popped, Popped::Stop) {
                 break;
             }
-            // A panic in a job (a backend or allocator bug) must not take
-            // the worker with it: the buffers it held are leaked as it
-            // unwinds (see `Returned`), and the worker goes on.
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::contained(env, || {
                 if let Popped::Job(job) = popped {
                     self.run(env, job);
                 }
@@ -318,11 +315,34 @@ impl Cleaner {
                     self.sweep_if_due(env);
                     self.provision(env, false);
                 }
-            }));
-            if ran.is_err() {
-                Counters::add(&env.counters().worker_panics, 1);
-                tracing::error!("pinpool: a cleaner job panicked; its buffer was leaked");
-            }
+            });
+        }
+    }
+
+    /// Runs cleaner work, catching a panic in it (a backend or allocator
+    /// bug): it must not take a worker with it, nor escape into a flush,
+    /// a shutdown or the close of the last handle that cleans on its own
+    /// thread (a close cut short would free the pool's state under the
+    /// buffers still out). The buffers a job held are freed or leaked as
+    /// it unwinds (see `Returned`), their tickets closed, and the panic is
+    /// counted.
+    fn contained(env: Env<'_>, work: impl FnOnce()) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_err() {
+            Counters::add(&env.counters().worker_panics, 1);
+            tracing::error!("pinpool: a cleaner job panicked; its buffer was leaked");
+        }
+    }
+
+    /// As [`contained`](Self::contained), for the work a flush, shutdown
+    /// or close runs on its own thread. Under loom it is not caught: the
+    /// models' workerless pools clean inline, and a panic there is a
+    /// model's finding (an assertion, a ticket dropped unclosed in a close
+    /// that no flush waits on), which must fail the model, not be counted.
+    fn inline(env: Env<'_>, work: impl FnOnce()) {
+        if cfg!(pinpool_loom) {
+            work();
+        } else {
+            Self::contained(env, work);
         }
     }
 
@@ -356,9 +376,9 @@ impl Cleaner {
     pub(crate) fn drain_inline(&self, env: Env<'_>) {
         loop {
             while let Some(job) = self.intake.lanes.try_pop() {
-                self.run(env, job);
+                Self::inline(env, || self.run(env, job));
             }
-            self.poll_parked(env);
+            Self::inline(env, || self.poll_parked(env));
             // A parked buffer that became ready may have queued the chunks
             // of its zeroing: run those too, or nobody will.
             if self.intake.lanes.len() == 0 {

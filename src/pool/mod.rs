@@ -648,3 +648,81 @@ impl PoolBuilder {
         Pool::from_config(self.config)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Every path a ready buffer takes into or out of a cache's own lists
+    /// (collection, steals adopting other inboxes, borrows, sweeps to the
+    /// shards, eviction, trimming, clearing) keeps the inbox's count of
+    /// listed bytes: once everything is cleared, every cache lists none.
+    #[test]
+    fn listed_bytes_balance_once_every_ready_list_is_emptied() {
+        let pool = Pool::builder()
+            .backend(BackendKind::Host)
+            .cleaner_threads(2)
+            .thread_cache_bytes(1 << 20)
+            .build()
+            .unwrap();
+        let sizes = [64usize, 1000, 4096, 5000, 20_000, 70_000, 300_000];
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..4).map(|_| mpsc::channel::<PinnedBuffer>()).unzip();
+        std::thread::scope(|s| {
+            for (t, rx) in rxs.into_iter().enumerate() {
+                let pool = pool.clone();
+                let txs = txs.clone();
+                s.spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..3000usize {
+                        let size = sizes[(i * 7 + t * 3) % sizes.len()];
+                        let mut buf = pool.take(size);
+                        buf[0] = 1;
+                        buf.set_dirty_len(1);
+                        match i % 5 {
+                            0 => {
+                                let _ = txs[(t + 1) % txs.len()].send(buf);
+                            }
+                            1 | 2 => held.push(buf),
+                            _ => drop(buf),
+                        }
+                        if held.len() > 8 {
+                            held.drain(..4);
+                        }
+                        while let Ok(buf) = rx.try_recv() {
+                            drop(buf);
+                        }
+                        if i % 500 == 0 {
+                            pool.flush();
+                        }
+                    }
+                    drop(held);
+                    drop(txs);
+                    while let Ok(buf) = rx.recv_timeout(Duration::from_millis(50)) {
+                        drop(buf);
+                    }
+                });
+            }
+            drop(txs);
+            for round in 0..40 {
+                std::thread::sleep(Duration::from_millis(5));
+                match round % 4 {
+                    0 => pool.set_max_pooled_bytes(256 << 10),
+                    1 => pool.set_max_pooled_bytes(64 << 20),
+                    2 => pool.trim(),
+                    _ => pool.clear(),
+                }
+            }
+        });
+        pool.flush();
+        pool.clear();
+        let shared = pool.shared();
+        for cache in shared.caches.iter() {
+            assert_eq!(cache.inbox().listed(), 0, "listed bytes drifted");
+            for slot in 0..shared.caches.slots() {
+                assert_eq!(cache.ready_in(slot), 0);
+            }
+        }
+    }
+}
