@@ -198,6 +198,16 @@ impl Admission {
         self.enforce(at)
     }
 
+    /// Evicts at least `bytes` of pooled buffers (or every one), largest
+    /// first, for the pinned budget. Returns them to release.
+    pub(crate) fn shrink_by(&self, at: Places<'_>, bytes: usize) -> Vec<Block> {
+        let mut folded = self.folded.lock();
+        self.fold(at, &mut folded);
+        // Relaxed: see `admit`; under the lock, with the takes folded.
+        let target = self.estimate.load(Ordering::Relaxed).saturating_sub(bytes);
+        self.evict_to_fit(at, 0, target)
+    }
+
     /// Evicts until the pooled bytes fit the cap.
     fn enforce(&self, at: Places<'_>) -> Vec<Block> {
         let mut folded = self.folded.lock();

@@ -45,6 +45,10 @@ pub struct Config {
     pub cleaner_threads: usize,
     /// Cap on pooled bytes, thread caches included.
     pub max_pooled_bytes: usize,
+    /// The pinned budget: the most bytes page-locked at once, in use and
+    /// idle (`usize::MAX`, the default: no bound). See
+    /// [`PoolBuilder::max_pinned_bytes`].
+    pub max_pinned_bytes: usize,
     /// Cap on the bytes each thread's cache holds.
     pub thread_cache_bytes: usize,
     /// How requested sizes round up to buffer lengths.
@@ -74,6 +78,7 @@ impl Default for Config {
             devices: None,
             cleaner_threads: cores.clamp(1, 8),
             max_pooled_bytes: DEFAULT_MAX_POOLED_BYTES,
+            max_pinned_bytes: usize::MAX,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
             size_classes: SizeClasses::default(),
             idle_trim: Some(DEFAULT_IDLE_TRIM),
@@ -205,6 +210,27 @@ impl PoolBuilder {
     /// ```
     pub fn max_pooled_bytes(mut self, bytes: usize) -> Self {
         self.config.max_pooled_bytes = bytes;
+        self
+    }
+
+    /// The pinned budget: the most bytes page-locked at once, in use and
+    /// idle (default: no bound). A miss buffer whose first registration
+    /// would pass it is freed when it is dropped instead of registered (a
+    /// later take of its size misses again: pageable, as every miss);
+    /// provisioning pins nothing past it, and
+    /// [`Pool::reserve`](crate::Pool::reserve) past it is an error. Racing
+    /// registrations may pass it by the buffers the cleaner's workers
+    /// register at once. The cap on pooled bytes still bounds what is idle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).max_pinned_bytes(8 << 30).build()?;
+    /// assert_eq!(pool.stats().max_pinned_bytes, 8 << 30);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn max_pinned_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_pinned_bytes = bytes;
         self
     }
 
@@ -365,6 +391,7 @@ impl PoolBuilder {
     /// | `devices` | 1 to [`MAX_DEVICES`] (64) |
     /// | `cleaner_threads` | 1 to 256 |
     /// | `max_pooled_bytes` | a size, at least one page |
+    /// | `max_pinned_bytes` | a size, or `unlimited` |
     /// | `thread_cache_bytes` | a size |
     /// | `size_classes` | `fine`, `pow2` |
     /// | `idle_trim` | a positive duration, or `off` |
@@ -478,6 +505,13 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
                 return Err(format!("must hold at least one buffer ({page} bytes)"));
             }
             config.max_pooled_bytes = bytes;
+        }
+        "max_pinned_bytes" => {
+            config.max_pinned_bytes = if value.eq_ignore_ascii_case("unlimited") {
+                usize::MAX
+            } else {
+                parse_size(value)?
+            };
         }
         "thread_cache_bytes" => config.thread_cache_bytes = parse_size(value)?,
         "size_classes" => {
@@ -607,5 +641,17 @@ mod tests {
                 "numa=near"
             ]
         );
+        assert_eq!(
+            b.config.max_pinned_bytes,
+            usize::MAX,
+            "no budget unless set"
+        );
+        let b = PoolBuilder::default()
+            .conf_reporting("max_pinned_bytes=2GiB", |pair, why| panic!("{pair}: {why}"));
+        assert_eq!(b.config.max_pinned_bytes, 2 << 30);
+        let b = b.conf_reporting("max_pinned_bytes=Unlimited", |pair, why| {
+            panic!("{pair}: {why}")
+        });
+        assert_eq!(b.config.max_pinned_bytes, usize::MAX);
     }
 }

@@ -42,6 +42,17 @@ pub enum Error {
         cap: usize,
     },
     /// [`Pool::reserve`](crate::Pool::reserve) asked for more bytes than
+    /// the pinned budget has left
+    /// ([`PoolBuilder::max_pinned_bytes`](crate::PoolBuilder::max_pinned_bytes)).
+    ReservePastPinnedBudget {
+        /// The footprint bytes asked for.
+        bytes: usize,
+        /// The bytes page-locked when asked.
+        pinned: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// [`Pool::reserve`](crate::Pool::reserve) asked for more bytes than
     /// this host's memory could hold (whatever the cap).
     ReserveExceedsMemory {
         /// The footprint bytes asked for (exact: no `usize` overflow).
@@ -101,6 +112,14 @@ impl fmt::Display for Error {
             Error::ReserveTooLarge { bytes, cap } => write!(
                 f,
                 "cannot reserve {bytes} bytes: more than the cap on pooled bytes ({cap})"
+            ),
+            Error::ReservePastPinnedBudget {
+                bytes,
+                pinned,
+                budget,
+            } => write!(
+                f,
+                "cannot reserve {bytes} bytes: {pinned} of the pinned budget of {budget} bytes are pinned already"
             ),
             Error::ReserveExceedsMemory { bytes, memory } => write!(
                 f,

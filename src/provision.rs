@@ -157,7 +157,13 @@ impl Provisioner {
             }
         }
         if self.provision && quiet && !force {
-            let mut room = at.caches.cap().saturating_sub(admission.pooled_bytes(at));
+            let counters = &at.caches.counters;
+            let budget = counters.max_pinned().saturating_sub(counters.pinned());
+            let mut room = at
+                .caches
+                .cap()
+                .saturating_sub(admission.pooled_bytes(at))
+                .min(usize::try_from(budget).unwrap_or(usize::MAX));
             for slot in (0..marks.len()).rev() {
                 let Some(mark) = marks[slot] else {
                     continue;

@@ -37,6 +37,9 @@ pub(crate) struct Counters {
     peak_pinned: StatCounter,
     /// The most bytes in use at once, as sampled (see `note_in_use`).
     peak_in_use: StatCounter,
+    /// `u64::MAX` minus the pinned budget (`Config::max_pinned_bytes`), so
+    /// that the zeroed default means no bound.
+    budget_complement: StatCounter,
     ready_latency: [StatCounter; BUCKETS],
 }
 
@@ -70,6 +73,25 @@ impl Counters {
     /// Restarts the pinned peak from the bytes pinned now.
     pub(crate) fn reset_peak_pinned(&self) {
         self.peak_pinned.store(self.pinned(), Ordering::Relaxed);
+    }
+
+    /// The pinned budget: the most bytes page-locked at once.
+    pub(crate) fn max_pinned(&self) -> u64 {
+        // Relaxed: a setting; a reader racing a change sees the old or the
+        // new budget, which costs at most the registrations under way.
+        u64::MAX - self.budget_complement.load(Ordering::Relaxed)
+    }
+
+    /// Sets the pinned budget.
+    pub(crate) fn set_max_pinned(&self, bytes: u64) {
+        self.budget_complement
+            .store(u64::MAX - bytes, Ordering::Relaxed);
+    }
+
+    /// Whether `bytes` more can be page-locked under the budget now (a
+    /// racing registration may make either answer stale by its bytes).
+    pub(crate) fn fits_pinned(&self, bytes: u64) -> bool {
+        self.pinned().saturating_add(bytes) <= self.max_pinned()
     }
 
     /// Notes `bytes` in use now (buffers taken and not yet dropped, at
@@ -191,6 +213,9 @@ pub struct Stats {
     ///
     /// [`Pool::reset_peaks`]: crate::Pool::reset_peaks
     pub peak_pinned_bytes: u64,
+    /// The pinned budget (`u64::MAX`: no bound); see
+    /// [`PoolBuilder::max_pinned_bytes`](crate::PoolBuilder::max_pinned_bytes).
+    pub max_pinned_bytes: u64,
     /// Bytes of buffers taken and not yet dropped, at the lengths handed
     /// out (their size classes; a borrowed buffer at its own class's).
     pub in_use_bytes: u64,
@@ -349,6 +374,7 @@ impl Stats {
         self.registered_bytes = load(&c.registered_bytes);
         self.pinned_bytes = c.pinned();
         self.peak_pinned_bytes = c.peak_pinned();
+        self.max_pinned_bytes = c.max_pinned();
         self.trimmed_bytes = load(&c.trimmed_bytes);
         self.registration_time = Duration::from_nanos(load(&c.registration_nanos));
         self.registration_failures = load(&c.registration_failures);

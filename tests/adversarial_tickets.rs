@@ -46,7 +46,10 @@ fn a_flush_cleaning_on_its_own_thread_survives_a_panicking_job() {
     faults.panic_register(&[1]);
     drop(pool.take(1 << 16));
     let flushed = catch_unwind(AssertUnwindSafe(|| pool.flush()));
-    assert!(flushed.is_ok(), "flush panicked with a panicking job inline");
+    assert!(
+        flushed.is_ok(),
+        "flush panicked with a panicking job inline"
+    );
     let stats = pool.stats();
     assert_eq!(stats.worker_panics, 1);
     assert_eq!(stats.in_cleaner, 0);

@@ -141,9 +141,12 @@ impl Intake {
         if register {
             // Relaxed: a bound on a queue length, publishing nothing; a
             // racing read lets a few drops past it or sheds a few below it.
-            if !reserved && self.register_queued.load(Ordering::Relaxed) >= self.register_backlog {
-                // Registrations are backed up: free this miss buffer rather
-                // than let misses breed an ever longer queue.
+            let backed_up = self.register_queued.load(Ordering::Relaxed) >= self.register_backlog;
+            let footprint = returned.block().footprint() as u64;
+            if !reserved && (backed_up || !from.counters.fits_pinned(footprint)) {
+                // Registrations are backed up, or the pinned budget is
+                // spent: free this miss buffer rather than let misses breed
+                // an ever longer queue, or pin past the budget.
                 Counters::add(&from.counters.registrations_skipped, 1);
                 self.shed(&from, returned);
             } else {

@@ -588,8 +588,19 @@ impl Cleaner {
         let block = returned.block_mut();
         block.meta_mut().dirty = 0;
         if pins && !block.is_pinned() {
-            let started = Instant::now();
             let (base, len) = block.region();
+            if !block.is_reserved() && !counters.fits_pinned(len as u64) {
+                // The pinned budget is spent (by registrations since the
+                // drop was taken in): free it rather than pin past it.
+                Counters::add(&counters.registrations_skipped, 1);
+                tracing::debug!(
+                    bytes = len,
+                    "pinpool: the pinned budget is spent; freeing a miss buffer"
+                );
+                self.release_returned(env, returned);
+                return;
+            }
+            let started = Instant::now();
             // SAFETY: the region is a live mapping that stays mapped until
             // it is unregistered in `release`.
             let registered = unsafe { env.backend.register(block.device(), base, len) };
@@ -608,6 +619,12 @@ impl Cleaner {
                     return;
                 }
             }
+        }
+        if pins && block.is_pinned() && !counters.fits_pinned(0) {
+            // Past a lowered pinned budget: give the memory back rather
+            // than pool it pinned.
+            self.release_returned(env, returned);
+            return;
         }
         let siblings = block.carve();
         if let Some(at) = block.meta_mut().dropped_at.take() {

@@ -45,6 +45,13 @@ impl Shared {
         if bytes > cap {
             return Err(Error::ReserveTooLarge { bytes, cap });
         }
+        if !this.counters().fits_pinned(bytes as u64) {
+            return Err(Error::ReservePastPinnedBudget {
+                bytes,
+                pinned: this.counters().pinned(),
+                budget: this.counters().max_pinned(),
+            });
+        }
         let mut blocks = Vec::new();
         for (class, mut count) in plan {
             let node = this.shards[device].node();
@@ -100,6 +107,16 @@ impl Shared {
             tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
         }
         cleaner::release_all(&*self.backend, self.counters(), blocks);
+    }
+
+    pub(crate) fn set_max_pinned_bytes(&self, bytes: usize) {
+        let counters = self.counters();
+        counters.set_max_pinned(bytes as u64);
+        let over = counters.pinned().saturating_sub(bytes as u64);
+        if over > 0 {
+            let evicted = self.admission.shrink_by(self.places(), over as usize);
+            cleaner::release_all(&*self.backend, counters, evicted);
+        }
     }
 
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {

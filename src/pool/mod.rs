@@ -258,6 +258,9 @@ impl Pool {
             config,
             backend,
         });
+        shared
+            .counters()
+            .set_max_pinned(shared.config.max_pinned_bytes as u64);
         Shared::start_cleaner(&shared);
         Ok(Self {
             handle: Arc::new(CachePadded::new(Handle {
@@ -355,8 +358,9 @@ impl Pool {
     /// the largest class, [`Error::ReserveExceedsMemory`] if the buffers'
     /// bytes exceed this host's physical memory (checked whatever the cap,
     /// before anything is mapped), [`Error::ReserveTooLarge`] if they
-    /// exceed the cap, or [`Error::AllocationFailed`]; nothing is reserved
-    /// then.
+    /// exceed the cap, [`Error::ReservePastPinnedBudget`] if they exceed
+    /// what the pinned budget has left, or [`Error::AllocationFailed`];
+    /// nothing is reserved then.
     ///
     /// # Examples
     ///
@@ -388,6 +392,28 @@ impl Pool {
     /// ```
     pub fn set_max_pooled_bytes(&self, bytes: usize) {
         self.shared().set_max_pooled_bytes(bytes);
+    }
+
+    /// Sets the pinned budget (see
+    /// [`PoolBuilder::max_pinned_bytes`](crate::PoolBuilder::max_pinned_bytes);
+    /// `usize::MAX`: no bound). Lowering it below the bytes pinned now
+    /// releases idle pooled buffers at once, largest first, until the
+    /// pinned bytes fit or no idle buffer is left; buffers in use stay
+    /// pinned until they are dropped, and while the pinned bytes are past
+    /// the budget a dropped pinned buffer is released instead of pooled
+    /// and no buffer is registered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+    /// pool.set_max_pinned_bytes(1 << 30);
+    /// assert_eq!(pool.stats().max_pinned_bytes, 1 << 30);
+    /// assert_eq!(pool.config().max_pinned_bytes, 1 << 30);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn set_max_pinned_bytes(&self, bytes: usize) {
+        self.shared().set_max_pinned_bytes(bytes);
     }
 
     /// Blocks until every buffer dropped before the call (on any thread)
@@ -524,6 +550,7 @@ impl Pool {
         let shared = self.shared();
         Config {
             max_pooled_bytes: shared.caches.cap(),
+            max_pinned_bytes: shared.counters().max_pinned() as usize,
             ..shared.config.clone()
         }
     }
