@@ -35,6 +35,7 @@ type Lists = HashMap<usize, Vec<IdealBuffer>>;
 pub struct IdealPool {
     provers: Vec<Mutex<Lists>>,
     pinned_bytes: u64,
+    registrations: u64,
     bytes_zeroed: AtomicU64,
 }
 
@@ -89,14 +90,25 @@ impl IdealPool {
                 .map(|p| Mutex::new(p.join().expect("preparing the ideal strategy's buffers")))
                 .collect()
         });
-        let pinned_bytes = if gpu.is_some() {
-            Self::bytes_needed(workload)
+        let (pinned_bytes, registrations) = if gpu.is_some() {
+            let buffers = provers
+                .iter()
+                .map(|l| {
+                    l.lock()
+                        .expect("the prover's free lists")
+                        .values()
+                        .map(Vec::len)
+                        .sum::<usize>()
+                })
+                .sum::<usize>();
+            (Self::bytes_needed(workload), buffers as u64)
         } else {
-            0
+            (0, 0)
         };
         Self {
             provers,
             pinned_bytes,
+            registrations,
             bytes_zeroed: AtomicU64::new(0),
         }
     }
@@ -159,6 +171,12 @@ impl IdealPool {
     /// Bytes page-locked (all the pool's, on a GPU).
     pub fn pinned_bytes(&self) -> u64 {
         self.pinned_bytes
+    }
+
+    /// `cuMemHostAlloc` calls made, all before the run: one per buffer on
+    /// a GPU, none without.
+    pub fn registrations(&self) -> u64 {
+        self.registrations
     }
 
     /// Bytes re-zeroed after use (preparation not included).
@@ -253,6 +271,7 @@ mod tests {
         let workload = workload();
         let pool = IdealPool::new(&workload, None);
         assert_eq!(pool.pinned_bytes(), 0);
+        assert_eq!(pool.registrations(), 0);
         for prover in 0..workload.provers() {
             for segment in workload.plan(prover) {
                 let mut taken: Vec<_> = segment

@@ -41,8 +41,19 @@ pub struct RunResult {
     pub ready_p50_ms: Option<f64>,
     /// See `ready_p50_ms`.
     pub ready_p99_ms: Option<f64>,
-    /// Most bytes page-locked at once, sampled every 2 ms.
+    /// Most bytes page-locked at once: the strategy's own count where it
+    /// keeps one, else sampled every 2 ms.
     pub peak_pinned_bytes: u64,
+    /// The workload's own peak: the most bytes of buffers taken and not
+    /// yet given back at once, all provers together, counting the sizes
+    /// asked of `take` (not the lengths handed out, which round them up).
+    pub peak_in_use_bytes: u64,
+    /// `peak_pinned_bytes / peak_in_use_bytes`: the peaks, which need not
+    /// fall at the same moment.
+    pub pinned_per_in_use: f64,
+    /// Calls that page-locked memory, all the run's (see
+    /// [`Strategy::registrations`]).
+    pub registrations: u64,
     /// Bytes asked of `take`, all takes together.
     pub bytes_requested: u64,
     /// Bytes of the buffers handed out (their lengths), all takes together.
@@ -98,6 +109,24 @@ fn ratio(num: u64, den: u64) -> f64 {
     }
 }
 
+/// Bytes of buffers taken and not yet given back, all provers together.
+#[derive(Default)]
+struct InUse {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl InUse {
+    fn taken(&self, bytes: u64) {
+        let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn given_back(&self, bytes: u64) {
+        self.now.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// Runs `kind` over `workload`, on `gpu` if given.
 pub fn run(
     kind: Kind,
@@ -106,10 +135,27 @@ pub fn run(
     gpu: Option<&[Arc<CudaContext>]>,
     progress: Option<&ProgressBar>,
 ) -> RunResult {
-    let strategy = Strategy::new(kind, workload, settings, gpu);
+    run_strategy(
+        Strategy::new(kind, workload, settings, gpu),
+        workload,
+        gpu,
+        progress,
+    )
+}
+
+/// Runs `strategy`, built for `workload` (on `gpu` if given), over it,
+/// then shuts it down.
+pub fn run_strategy(
+    strategy: Strategy,
+    workload: &Workload,
+    gpu: Option<&[Arc<CudaContext>]>,
+    progress: Option<&ProgressBar>,
+) -> RunResult {
+    let kind = strategy.kind();
     let max = workload.max_size();
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
+    let in_use = InUse::default();
     let started = Instant::now();
     let mut tally = Tally::default();
     std::thread::scope(|scope| {
@@ -121,8 +167,8 @@ pub fn run(
         });
         let provers: Vec<_> = (0..workload.provers())
             .map(|p| {
-                let strategy = &strategy;
-                scope.spawn(move || prove(strategy, workload, p, max, gpu, progress))
+                let (strategy, in_use) = (&strategy, &in_use);
+                scope.spawn(move || prove(strategy, workload, p, max, gpu, in_use, progress))
             })
             .collect();
         for prover in provers {
@@ -155,6 +201,12 @@ pub fn run(
         Strategy::Ideal(pool) => (None, None, pool.bytes_zeroed()),
         Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
     };
+    let peak_pinned_bytes = strategy
+        .peak_pinned_bytes()
+        .unwrap_or(0)
+        .max(peak.load(Ordering::Relaxed));
+    let peak_in_use_bytes = in_use.peak.load(Ordering::Relaxed);
+    let registrations = strategy.registrations();
     strategy.shutdown();
     let takes = tally.takes[0] + tally.takes[1];
     let handed_out = tally.bytes[0] + tally.bytes[1];
@@ -172,7 +224,10 @@ pub fn run(
         steady_hit_rate_bytes: ratio(tally.hit_bytes[1], tally.bytes[1]),
         ready_p50_ms,
         ready_p99_ms,
-        peak_pinned_bytes: peak.load(Ordering::Relaxed),
+        peak_pinned_bytes,
+        peak_in_use_bytes,
+        pinned_per_in_use: peak_pinned_bytes as f64 / peak_in_use_bytes.max(1) as f64,
+        registrations,
         bytes_requested: tally.requested,
         bytes_handed_out: handed_out,
         class_overhead: ratio(handed_out, tally.requested),
@@ -187,6 +242,7 @@ fn prove(
     prover: usize,
     max: usize,
     gpu: Option<&[Arc<CudaContext>]>,
+    in_use: &InUse,
     progress: Option<&ProgressBar>,
 ) -> Tally {
     let device = prover % workload.devices;
@@ -200,6 +256,7 @@ fn prove(
             let started = Instant::now();
             let mut buf = strategy.take(prover, device, plan.size);
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
+            in_use.taken(plan.size as u64);
             // What the take occupies, a borrowed buffer's whole length.
             let len = buf.occupied() as u64;
             tally.takes[phase] += 1;
@@ -210,12 +267,13 @@ fn prove(
                 tally.hit_bytes[phase] += len;
             }
             buf.bytes()[..plan.written].fill(0x5A);
-            staged.push((buf, plan.written));
+            staged.push((buf, plan.size, plan.written));
         }
-        for (buf, written) in staged {
+        for (buf, size, written) in staged {
             tally
                 .drop_ns
                 .push(buf.stage(prover, written, &mut sink).as_nanos() as u64);
+            in_use.given_back(size as u64);
             tally.staged += written as u64;
         }
         std::thread::sleep(segment.gap);

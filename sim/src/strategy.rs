@@ -1,10 +1,11 @@
 //! The staging strategies compared side by side.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
-use pinpool::{BackendKind, PinnedBuffer, Pool, SizeClasses};
+use pinpool::{BackendKind, PinnedBuffer, Pool, PoolBuilder, SizeClasses};
 
 use crate::gpu::{HostAlloc, Sink};
 use crate::ideal::{IdealBuffer, IdealPool};
@@ -31,6 +32,15 @@ pub fn pinpool(
     settings: &Settings,
     gpu: Option<&[Arc<CudaContext>]>,
 ) -> Result<Pool, pinpool::Error> {
+    pinpool_builder(workload, settings, gpu)?.build()
+}
+
+/// The builder of [`pinpool`]'s pool, for a caller to add settings to.
+pub fn pinpool_builder(
+    workload: &Workload,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+) -> Result<PoolBuilder, pinpool::Error> {
     Pool::builder()
         .backend(if gpu.is_some() {
             BackendKind::Cuda
@@ -41,8 +51,7 @@ pub fn pinpool(
         .cleaner_threads(settings.cleaner_threads)
         .max_pooled_bytes(settings.max_pooled_bytes)
         .size_classes(settings.size_classes)
-        .try_conf(&settings.conf)?
-        .build()
+        .try_conf(&settings.conf)
 }
 
 /// Which strategy a run uses.
@@ -109,8 +118,20 @@ pub enum Strategy {
     Seed(SeedPool),
     /// A fresh `Vec` per take.
     Pageable,
-    /// `cuMemHostAlloc` per take, in the contexts of the devices.
-    HostAlloc(Vec<Arc<CudaContext>>),
+    /// `cuMemHostAlloc` per take.
+    HostAlloc(HostAllocs),
+}
+
+/// The host-alloc strategy: the devices' contexts and what it page-locked.
+#[derive(Debug)]
+pub struct HostAllocs {
+    contexts: Vec<Arc<CudaContext>>,
+    /// `cuMemHostAlloc` calls made.
+    allocations: AtomicU64,
+    /// Bytes allocated and not yet freed.
+    pinned: AtomicU64,
+    /// The most of `pinned` at once.
+    peak_pinned: AtomicU64,
 }
 
 /// A buffer taken from a strategy.
@@ -123,8 +144,8 @@ pub enum Staged<'a> {
     Seed(SeedBuffer),
     /// A fresh allocation.
     Pageable(Vec<u8>),
-    /// Fresh `cuMemHostAlloc` memory.
-    HostAlloc(HostAlloc),
+    /// Fresh `cuMemHostAlloc` memory, freed after its copy.
+    HostAlloc(&'a HostAllocs, HostAlloc),
 }
 
 impl Strategy {
@@ -144,7 +165,12 @@ impl Strategy {
             Kind::Ideal => Strategy::Ideal(IdealPool::new(workload, gpu)),
             Kind::Seed => Strategy::Seed(SeedPool::new(gpu.map(|g| g.to_vec()))),
             Kind::Pageable => Strategy::Pageable,
-            Kind::HostAlloc => Strategy::HostAlloc(gpu.expect("host-alloc runs on a GPU").to_vec()),
+            Kind::HostAlloc => Strategy::HostAlloc(HostAllocs {
+                contexts: gpu.expect("host-alloc runs on a GPU").to_vec(),
+                allocations: AtomicU64::new(0),
+                pinned: AtomicU64::new(0),
+                peak_pinned: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -156,9 +182,15 @@ impl Strategy {
             Strategy::Ideal(pool) => Staged::Ideal(pool, pool.take(prover, size)),
             Strategy::Seed(pool) => Staged::Seed(pool.take(device, size)),
             Strategy::Pageable => Staged::Pageable(vec![0u8; size]),
-            Strategy::HostAlloc(contexts) => Staged::HostAlloc(
-                HostAlloc::new(&contexts[device], size, false).expect("cuMemHostAlloc"),
-            ),
+            Strategy::HostAlloc(allocs) => {
+                allocs.allocations.fetch_add(1, Ordering::Relaxed);
+                let buf =
+                    HostAlloc::new(&allocs.contexts[device], size, false).expect("cuMemHostAlloc");
+                let bytes = size as u64;
+                let now = allocs.pinned.fetch_add(bytes, Ordering::Relaxed) + bytes;
+                allocs.peak_pinned.fetch_max(now, Ordering::Relaxed);
+                Staged::HostAlloc(allocs, buf)
+            }
         }
     }
 
@@ -184,7 +216,48 @@ impl Strategy {
             Strategy::Pinpool(pool) => pool.stats().pinned_bytes,
             Strategy::Ideal(pool) => pool.pinned_bytes(),
             Strategy::Seed(pool) => pool.stats().pinned_bytes,
-            Strategy::Pageable | Strategy::HostAlloc(_) => 0,
+            Strategy::HostAlloc(allocs) => allocs.pinned.load(Ordering::Relaxed),
+            Strategy::Pageable => 0,
+        }
+    }
+
+    /// The most bytes page-locked at once, where the strategy keeps that
+    /// count itself (exact, where sampling [`Strategy::pinned_bytes`] may
+    /// miss a short peak).
+    pub fn peak_pinned_bytes(&self) -> Option<u64> {
+        match self {
+            Strategy::Pinpool(pool) => Some(pool.stats().peak_pinned_bytes),
+            Strategy::Ideal(pool) => Some(pool.pinned_bytes()),
+            Strategy::Seed(pool) => Some(pool.stats().peak_pinned_bytes),
+            Strategy::HostAlloc(allocs) => Some(allocs.peak_pinned.load(Ordering::Relaxed)),
+            Strategy::Pageable => None,
+        }
+    }
+
+    /// Calls that page-locked memory so far: `cuMemHostRegister` (pinpool,
+    /// failed calls included; the seed design), `cuMemHostAlloc` (the
+    /// ideal strategy, all before the run; host-alloc, one per take).
+    pub fn registrations(&self) -> u64 {
+        match self {
+            Strategy::Pinpool(pool) => {
+                let s = pool.stats();
+                s.registrations + s.registration_failures
+            }
+            Strategy::Ideal(pool) => pool.registrations(),
+            Strategy::Seed(pool) => pool.stats().registrations,
+            Strategy::Pageable => 0,
+            Strategy::HostAlloc(allocs) => allocs.allocations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Which strategy this is.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Strategy::Pinpool(_) => Kind::Pinpool,
+            Strategy::Ideal(_) => Kind::Ideal,
+            Strategy::Seed(_) => Kind::Seed,
+            Strategy::Pageable => Kind::Pageable,
+            Strategy::HostAlloc(_) => Kind::HostAlloc,
         }
     }
 
@@ -215,7 +288,7 @@ impl Staged<'_> {
             Staged::Ideal(_, buf) => buf,
             Staged::Seed(buf) => buf.bytes(),
             Staged::Pageable(buf) => buf,
-            Staged::HostAlloc(buf) => buf,
+            Staged::HostAlloc(_, buf) => buf,
         }
     }
 
@@ -225,7 +298,7 @@ impl Staged<'_> {
             Staged::Pinpool(buf) => buf.was_pooled(),
             Staged::Ideal(..) => true,
             Staged::Seed(buf) => buf.hit(),
-            Staged::Pageable(_) | Staged::HostAlloc(_) => false,
+            Staged::Pageable(_) | Staged::HostAlloc(..) => false,
         }
     }
 
@@ -260,11 +333,13 @@ impl Staged<'_> {
                 started = Instant::now();
                 drop(buf);
             }
-            Staged::HostAlloc(buf) => {
+            Staged::HostAlloc(allocs, buf) => {
                 started = Instant::now();
                 // Its copy has to finish before the memory is freed.
                 sink.synchronize();
+                let bytes = buf.len() as u64;
                 drop(buf);
+                allocs.pinned.fetch_sub(bytes, Ordering::Relaxed);
             }
         }
         started.elapsed()
