@@ -68,9 +68,16 @@ struct SimArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// pinpool's cap on pooled bytes, GiB: at least one page, at most
-    /// 1 PiB (the seed design keeps its 4 GiB).
+    /// 1 PiB (the seed design keeps its 4 GiB); --cap-factor overrides it.
     #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "4", value_parser = cli::parse_cap, allow_negative_numbers = true)]
     max_pooled_bytes: usize,
+    /// Sets pinpool's cap on pooled bytes to F times the working-set bound
+    /// of the run's plans (every prover at its largest segment at once: the
+    /// sum over provers of the bytes asked for by each one's largest
+    /// segment); overrides --max-pooled-gib. Above 0; the cap it gives
+    /// must lie within --max-pooled-gib's bounds.
+    #[arg(long, value_name = "F", value_parser = cli::parse_cap_factor, allow_negative_numbers = true)]
+    cap_factor: Option<f64>,
     /// pinpool's cleaner workers, 1 to 256 (default: pinpool's own, the
     /// number of cores, at most 8).
     #[arg(long, default_value_t = pinpool::Config::default().cleaner_threads, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_CLEANER_THREADS))]
@@ -192,9 +199,16 @@ fn sim(args: SimArgs) {
         gap_ms: (50.0, 300.0),
         seed: args.seed,
     };
+    let working_set = workload.working_set_bound();
+    let max_pooled_bytes = match args.cap_factor {
+        Some(factor) => {
+            cli::cap_from_factor(factor, working_set).unwrap_or_else(|e| usage_error(e))
+        }
+        None => args.max_pooled_bytes,
+    };
     let settings = Settings {
         cleaner_threads: args.cleaner_threads,
-        max_pooled_bytes: args.max_pooled_bytes,
+        max_pooled_bytes,
         size_classes: args.size_classes.into(),
         conf: args.pinpool_conf.clone(),
     };
@@ -202,7 +216,7 @@ fn sim(args: SimArgs) {
     let backend = Backend::new(gpu.as_deref(), &workload, &settings);
     let machine = Machine::this();
     if !args.json {
-        print_header(&args, &backend, &machine);
+        print_header(&args, &settings, working_set, &backend, &machine);
     }
     let reports = run_all(&strategies, &args, &workload, &settings, gpu.as_deref());
     if args.json {
@@ -211,6 +225,8 @@ fn sim(args: SimArgs) {
             "settings": {
                 "cleaner_threads": settings.cleaner_threads,
                 "max_pooled_bytes": settings.max_pooled_bytes,
+                "cap_factor": args.cap_factor,
+                "working_set_bound_bytes": working_set,
                 "size_classes": settings.size_classes.to_string(),
                 "pinpool_conf": settings.conf,
                 "repeat": args.repeat,
@@ -351,7 +367,13 @@ fn run_all(
         .collect()
 }
 
-fn print_header(args: &SimArgs, backend: &Backend, machine: &Machine) {
+fn print_header(
+    args: &SimArgs,
+    settings: &Settings,
+    working_set: u64,
+    backend: &Backend,
+    machine: &Machine,
+) {
     match backend.gpus.first() {
         Some(name) => println!(
             "backend: CUDA, {} of {} GPU(s), {name} (pinpool: {})",
@@ -377,12 +399,32 @@ fn print_header(args: &SimArgs, backend: &Backend, machine: &Machine) {
         args.devices, args.provers_per_device, args.segments, args.arenas, args.staging, args.scale, args.seed
     );
     println!(
-        "pinpool: {} cleaner threads, cap {} GiB, {} size classes; {} run(s) of each strategy",
+        "working-set bound: {} (every prover at its largest segment at once)",
+        human_bytes(working_set)
+    );
+    let cap = match args.cap_factor {
+        Some(factor) => format!(
+            "cap {} (--cap-factor {factor} x the working-set bound)",
+            human_bytes(settings.max_pooled_bytes as u64)
+        ),
+        None => format!("cap {} GiB", settings.max_pooled_bytes as f64 / GIB),
+    };
+    println!(
+        "pinpool: {} cleaner threads, {cap}, {} size classes; {} run(s) of each strategy",
         args.cleaner_threads,
-        args.max_pooled_bytes as f64 / GIB,
         SizeClasses::from(args.size_classes),
         args.repeat
     );
+}
+
+/// `bytes` in GiB from 1 GiB up, else in MiB.
+fn human_bytes(bytes: u64) -> String {
+    let bytes = bytes as f64;
+    if bytes >= GIB {
+        format!("{:.2} GiB", bytes / GIB)
+    } else {
+        format!("{:.1} MiB", bytes / (1u64 << 20) as f64)
+    }
 }
 
 fn progress_bar(
