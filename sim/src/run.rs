@@ -67,6 +67,8 @@ pub struct RunResult {
 
 #[derive(Default)]
 struct Tally {
+    /// When the first prover started its segments (its sink ready).
+    started: Option<Instant>,
     take_ns: Vec<u64>,
     drop_ns: Vec<u64>,
     takes: [u64; 2],
@@ -79,6 +81,10 @@ struct Tally {
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
+        self.started = match (self.started, other.started) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.take_ns.extend(other.take_ns);
         self.drop_ns.extend(other.drop_ns);
         for i in 0..2 {
@@ -156,9 +162,12 @@ pub fn run_strategy(
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
     let in_use = InUse::default();
-    let started = Instant::now();
     let mut tally = Tally::default();
-    std::thread::scope(|scope| {
+    // Wall time runs from the first prover's first segment (its sink, set
+    // up the same for every strategy, ready) until the strategy has
+    // flushed, before the sampler below wakes up to see `done` (a sleep of
+    // up to 2 ms, and longer on a loaded machine).
+    let wall = std::thread::scope(|scope| {
         scope.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 peak.fetch_max(strategy.pinned_bytes(), Ordering::Relaxed);
@@ -175,9 +184,11 @@ pub fn run_strategy(
             tally.merge(prover.join().expect("a prover thread panicked"));
         }
         strategy.flush();
+        let started = tally.started.expect("a run has provers");
+        let wall = started.elapsed().as_secs_f64();
         done.store(true, Ordering::Relaxed);
+        wall
     });
-    let wall = started.elapsed().as_secs_f64();
     let (ready_p50_ms, ready_p99_ms, bytes_zeroed) = match &strategy {
         Strategy::Pinpool(pool) => {
             let s = pool.stats();
@@ -248,7 +259,10 @@ fn prove(
     let device = prover % workload.devices;
     let mut sink = Sink::new(gpu.map(|g| &g[device]), max);
     let warmup = (workload.segments / 4).max(1);
-    let mut tally = Tally::default();
+    let mut tally = Tally {
+        started: Some(Instant::now()),
+        ..Tally::default()
+    };
     for (index, segment) in workload.plan(prover).into_iter().enumerate() {
         let phase = usize::from(index >= warmup);
         let mut staged = Vec::with_capacity(segment.buffers.len());
