@@ -91,9 +91,10 @@ struct SimArgs {
     #[arg(long, value_name = "PAIRS", default_value = "", value_parser = cli::parse_conf)]
     pinpool_conf: String,
     /// Strategies to run, in order; those that need a GPU are skipped
-    /// without one, and ideal is skipped when its buffers would not fit in
-    /// the memory available.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
+    /// without one, and ideal and limit are skipped when their buffers
+    /// would not fit in the memory available. limit is wrong on purpose:
+    /// the workload's speed limit, never a real strategy.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Limit, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
     strategies: Vec<Kind>,
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
@@ -212,7 +213,7 @@ fn sim(args: SimArgs) {
         size_classes: args.size_classes.into(),
         conf: args.pinpool_conf.clone(),
     };
-    let strategies = fit_ideal(usable(&args, gpu.is_some()), &workload);
+    let strategies = fit_prepared(usable(&args, gpu.is_some()), &workload);
     let backend = Backend::new(gpu.as_deref(), &workload, &settings);
     let machine = Machine::this();
     if !args.json {
@@ -312,10 +313,12 @@ fn usable(args: &SimArgs, gpu: bool) -> Vec<Kind> {
     strategies
 }
 
-/// Leaves out the ideal strategy, with a note, when all its buffers would
-/// not fit in the memory available now; a usage error if nothing is left.
-fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
-    if !strategies.contains(&Kind::Ideal) {
+/// Leaves out the strategies that prepare every buffer before the run
+/// (ideal and limit), with a note, when those buffers would not fit in the
+/// memory available now (each such strategy holds them alone: strategies
+/// run one at a time); a usage error if nothing is left.
+fn fit_prepared(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
+    if !strategies.iter().any(|k| k.prepares_everything()) {
         return strategies;
     }
     let (Some(available), needed) = (
@@ -327,16 +330,27 @@ fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
     if needed <= available {
         return strategies;
     }
+    let left_out: Vec<_> = strategies
+        .iter()
+        .filter(|k| k.prepares_everything())
+        .map(|k| k.name())
+        .collect();
+    let names = left_out.join(", ");
+    let (their, need) = if left_out.len() == 1 {
+        ("its", "needs")
+    } else {
+        ("their", "each need")
+    };
     let why = format!(
-        "its buffers need {:.1} GiB and {:.1} GiB of memory are available",
+        "{their} buffers {need} {:.1} GiB and {:.1} GiB of memory are available",
         needed as f64 / GIB,
         available as f64 / GIB
     );
-    strategies.retain(|k| *k != Kind::Ideal);
+    strategies.retain(|k| !k.prepares_everything());
     if strategies.is_empty() {
-        usage_error(format_args!("--strategies: ideal cannot run: {why}"));
+        usage_error(format_args!("--strategies: {names} cannot run: {why}"));
     }
-    eprintln!("note: skipping ideal ({why})");
+    eprintln!("note: skipping {names} ({why})");
     strategies
 }
 
@@ -456,6 +470,7 @@ fn print_table(reports: &[Report]) {
         .iter()
         .map(|r| FIGURES.iter().map(|f| r.cell(f)).collect())
         .collect();
+    let warning = |r: &Report| r.strategy.warning().map(|w| format!("({w})"));
     let widths: Vec<usize> = reports
         .iter()
         .zip(&cells)
@@ -464,6 +479,7 @@ fn print_table(reports: &[Report]) {
                 .iter()
                 .map(String::len)
                 .chain([r.strategy.name().len()])
+                .chain(warning(r).map(|w| w.len()))
                 .max()
                 .unwrap_or(0)
                 + 2
@@ -474,6 +490,14 @@ fn print_table(reports: &[Report]) {
         print!("{:>width$}", r.strategy.name());
     }
     println!();
+    // Under a strategy's name, what it must not be taken for.
+    if reports.iter().any(|r| r.strategy.warning().is_some()) {
+        print!("{:<label_width$}", "");
+        for (r, width) in reports.iter().zip(&widths) {
+            print!("{:>width$}", warning(r).unwrap_or_default());
+        }
+        println!();
+    }
     for (row, figure) in FIGURES.iter().enumerate() {
         print!("{:<label_width$}", figure.label);
         for (cells, width) in cells.iter().zip(&widths) {

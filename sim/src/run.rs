@@ -210,7 +210,7 @@ pub fn run_strategy(
             (ms(0.5), ms(0.99), s.bytes_zeroed)
         }
         Strategy::Ideal(pool) => (None, None, pool.bytes_zeroed()),
-        Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
+        Strategy::Limit(_) | Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
     };
     let peak_pinned_bytes = strategy
         .peak_pinned_bytes()

@@ -9,6 +9,7 @@ use pinpool::{BackendKind, PinnedBuffer, Pool, PoolBuilder, SizeClasses};
 
 use crate::gpu::{HostAlloc, Sink};
 use crate::ideal::{IdealBuffer, IdealPool};
+use crate::limit::LimitPool;
 use crate::seed::{SeedBuffer, SeedPool};
 use crate::workload::Workload;
 
@@ -63,6 +64,10 @@ pub enum Kind {
     /// The upper bound: every buffer prepared (pinned on a GPU) and zeroed
     /// before the run.
     Ideal,
+    /// The workload's speed limit, wrong on purpose: the ideal strategy's
+    /// buffers handed out again without re-zeroing them and without
+    /// waiting for their copies.
+    Limit,
     /// The design pinpool replaces (openvm cuda-common 2.0.1: global mutex,
     /// one cleaner with a 100 ms batching window).
     Seed,
@@ -78,6 +83,7 @@ impl Kind {
         match self {
             Kind::Pinpool => "pinpool",
             Kind::Ideal => "ideal",
+            Kind::Limit => "limit",
             Kind::Seed => "seed",
             Kind::Pageable => "pageable",
             Kind::HostAlloc => "host-alloc",
@@ -93,6 +99,11 @@ impl Kind {
                  classes), pre-faulted (pinned with cuMemHostAlloc on a GPU) and zeroed before \
                  the run (untimed); takes pop, give-backs re-zero on the prover's thread"
             }
+            Kind::Limit => {
+                "WRONG ON PURPOSE, never a real strategy: the workload's speed limit, ideal's \
+                 buffers (pinned up front on a GPU) handed out again without re-zeroing them and \
+                 without waiting for their copies, so only the workload's own work is left"
+            }
             Kind::Seed => {
                 "a faithful re-implementation of openvm cuda-common 2.0.1's pinned.rs (global \
                  mutex, one cleaner thread with a 100 ms batching window), for comparison"
@@ -100,6 +111,18 @@ impl Kind {
             Kind::Pageable => "a fresh pageable Vec per take",
             Kind::HostAlloc => "cuMemHostAlloc per take, freed after its copy (GPU only)",
         }
+    }
+
+    /// What the table says next to the strategy's name, if anything: the
+    /// limit strategy is wrong on purpose.
+    pub fn warning(self) -> Option<&'static str> {
+        (self == Kind::Limit).then_some("wrong on purpose")
+    }
+
+    /// Whether the strategy prepares every buffer of the run before it
+    /// (and needs the memory for them: [`IdealPool::bytes_needed`]).
+    pub fn prepares_everything(self) -> bool {
+        matches!(self, Kind::Ideal | Kind::Limit)
     }
 
     /// Whether the strategy can only run on a GPU.
@@ -114,6 +137,8 @@ pub enum Strategy {
     Pinpool(Pool),
     /// Every buffer prepared up front.
     Ideal(IdealPool),
+    /// Every buffer prepared up front, reused dirty and while copied.
+    Limit(LimitPool),
     /// The seed design.
     Seed(SeedPool),
     /// A fresh `Vec` per take.
@@ -140,6 +165,9 @@ pub enum Staged<'a> {
     Pinpool(PinnedBuffer),
     /// From the ideal strategy's free lists, which it goes back to.
     Ideal(&'a IdealPool, IdealBuffer),
+    /// From the limit strategy's free lists, which it goes back to as it
+    /// is.
+    Limit(&'a LimitPool, IdealBuffer),
     /// From the seed design.
     Seed(SeedBuffer),
     /// A fresh allocation.
@@ -163,6 +191,7 @@ impl Strategy {
                 Strategy::Pinpool(pinpool(workload, settings, gpu).expect("build the pool"))
             }
             Kind::Ideal => Strategy::Ideal(IdealPool::new(workload, gpu)),
+            Kind::Limit => Strategy::Limit(LimitPool::new(workload, gpu)),
             Kind::Seed => Strategy::Seed(SeedPool::new(gpu.map(|g| g.to_vec()))),
             Kind::Pageable => Strategy::Pageable,
             Kind::HostAlloc => Strategy::HostAlloc(HostAllocs {
@@ -180,6 +209,7 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => Staged::Pinpool(pool.take_on(device, size).expect("take")),
             Strategy::Ideal(pool) => Staged::Ideal(pool, pool.take(prover, size)),
+            Strategy::Limit(pool) => Staged::Limit(pool, pool.take(prover, size)),
             Strategy::Seed(pool) => Staged::Seed(pool.take(device, size)),
             Strategy::Pageable => Staged::Pageable(vec![0u8; size]),
             Strategy::HostAlloc(allocs) => {
@@ -206,7 +236,10 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.flush(),
             Strategy::Seed(pool) => pool.flush(),
-            Strategy::Ideal(_) | Strategy::Pageable | Strategy::HostAlloc(_) => {}
+            Strategy::Ideal(_)
+            | Strategy::Limit(_)
+            | Strategy::Pageable
+            | Strategy::HostAlloc(_) => {}
         }
     }
 
@@ -215,6 +248,7 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.stats().pinned_bytes,
             Strategy::Ideal(pool) => pool.pinned_bytes(),
+            Strategy::Limit(pool) => pool.pinned_bytes(),
             Strategy::Seed(pool) => pool.stats().pinned_bytes,
             Strategy::HostAlloc(allocs) => allocs.pinned.load(Ordering::Relaxed),
             Strategy::Pageable => 0,
@@ -228,6 +262,7 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => Some(pool.stats().peak_pinned_bytes),
             Strategy::Ideal(pool) => Some(pool.pinned_bytes()),
+            Strategy::Limit(pool) => Some(pool.pinned_bytes()),
             Strategy::Seed(pool) => Some(pool.stats().peak_pinned_bytes),
             Strategy::HostAlloc(allocs) => Some(allocs.peak_pinned.load(Ordering::Relaxed)),
             Strategy::Pageable => None,
@@ -236,7 +271,8 @@ impl Strategy {
 
     /// Calls that page-locked memory so far: `cuMemHostRegister` (pinpool,
     /// failed calls included; the seed design), `cuMemHostAlloc` (the
-    /// ideal strategy, all before the run; host-alloc, one per take).
+    /// ideal and limit strategies, all before the run; host-alloc, one per
+    /// take).
     pub fn registrations(&self) -> u64 {
         match self {
             Strategy::Pinpool(pool) => {
@@ -244,6 +280,7 @@ impl Strategy {
                 s.registrations + s.registration_failures
             }
             Strategy::Ideal(pool) => pool.registrations(),
+            Strategy::Limit(pool) => pool.registrations(),
             Strategy::Seed(pool) => pool.stats().registrations,
             Strategy::Pageable => 0,
             Strategy::HostAlloc(allocs) => allocs.allocations.load(Ordering::Relaxed),
@@ -255,6 +292,7 @@ impl Strategy {
         match self {
             Strategy::Pinpool(_) => Kind::Pinpool,
             Strategy::Ideal(_) => Kind::Ideal,
+            Strategy::Limit(_) => Kind::Limit,
             Strategy::Seed(_) => Kind::Seed,
             Strategy::Pageable => Kind::Pageable,
             Strategy::HostAlloc(_) => Kind::HostAlloc,
@@ -266,7 +304,10 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.shutdown(),
             Strategy::Seed(pool) => pool.shutdown(),
-            Strategy::Ideal(_) | Strategy::Pageable | Strategy::HostAlloc(_) => {}
+            Strategy::Ideal(_)
+            | Strategy::Limit(_)
+            | Strategy::Pageable
+            | Strategy::HostAlloc(_) => {}
         }
     }
 }
@@ -286,6 +327,7 @@ impl Staged<'_> {
         match self {
             Staged::Pinpool(buf) => buf,
             Staged::Ideal(_, buf) => buf,
+            Staged::Limit(_, buf) => buf,
             Staged::Seed(buf) => buf.bytes(),
             Staged::Pageable(buf) => buf,
             Staged::HostAlloc(_, buf) => buf,
@@ -296,7 +338,7 @@ impl Staged<'_> {
     pub fn hit(&self) -> bool {
         match self {
             Staged::Pinpool(buf) => buf.was_pooled(),
-            Staged::Ideal(..) => true,
+            Staged::Ideal(..) | Staged::Limit(..) => true,
             Staged::Seed(buf) => buf.hit(),
             Staged::Pageable(_) | Staged::HostAlloc(..) => false,
         }
@@ -320,6 +362,10 @@ impl Staged<'_> {
             Staged::Ideal(pool, buf) => {
                 started = Instant::now();
                 pool.give_back(prover, buf, written, sink.stream());
+            }
+            Staged::Limit(pool, buf) => {
+                started = Instant::now();
+                pool.give_back(prover, buf);
             }
             Staged::Seed(mut buf) => {
                 buf.set_dirty_len(written);

@@ -224,10 +224,41 @@ fn the_default_strategies_run_without_a_gpu() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("skipping host-alloc"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for name in ["pinpool", "ideal", "seed", "pageable"] {
+    for name in ["pinpool", "ideal", "limit", "seed", "pageable"] {
         assert!(stdout.contains(name), "{name}: {stdout}");
     }
     assert!(!stdout.contains("host-alloc"), "{stdout}");
+}
+
+#[test]
+fn the_table_says_the_limit_is_wrong_on_purpose() {
+    let out = sim(&[TINY, &["--strategies", "ideal,limit"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The names, then under limit's alone its warning, then the figures.
+    let names = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("ideal"))
+        .expect("the table's names");
+    let (head, warning) = (lines[names], lines[names + 1]);
+    assert!(head.trim_end().ends_with("limit"), "{stdout}");
+    assert!(
+        warning.trim_end().ends_with("(wrong on purpose)"),
+        "{stdout}"
+    );
+    assert_eq!(warning.trim_end().len(), head.trim_end().len(), "{stdout}");
+    assert!(lines[names + 2].starts_with("segments/s"), "{stdout}");
+    assert!(
+        stdout.contains("limit  WRONG ON PURPOSE, never a real strategy"),
+        "{stdout}"
+    );
+
+    // Without the limit, no such line.
+    let out = sim(&[TINY, &["--strategies", "ideal"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("wrong on purpose"), "{stdout}");
 }
 
 #[test]
