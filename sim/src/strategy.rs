@@ -36,7 +36,7 @@ pub fn pinpool(
     pinpool_builder(workload, settings, gpu)?.build()
 }
 
-/// The builder of [`pinpool`]'s pool, for a caller to add settings to.
+/// The builder of [`pinpool()`]'s pool, for a caller to add settings to.
 pub fn pinpool_builder(
     workload: &Workload,
     settings: &Settings,
