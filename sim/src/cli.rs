@@ -68,7 +68,36 @@ pub fn parse_cap(text: &str) -> Result<usize, String> {
             "the cap must be at most {MAX_POOLED_GIB} GiB (1 PiB), got {gib}"
         ));
     }
-    let bytes = (gib * (1u64 << 30) as f64) as usize;
+    check_cap((gib * (1u64 << 30) as f64) as usize)
+}
+
+/// `--cap-factor`: a finite factor above 0.
+pub fn parse_cap_factor(text: &str) -> Result<f64, String> {
+    let factor = parse_finite(text)?;
+    if factor <= 0.0 {
+        return Err(format!("the cap factor must be above 0, got {factor}"));
+    }
+    Ok(factor)
+}
+
+/// The cap `--cap-factor factor` sets: `factor` times the working-set
+/// bound `bound` (bytes), rounded down, within the bounds of
+/// `--max-pooled-gib`.
+pub fn cap_from_factor(factor: f64, bound: u64) -> Result<usize, String> {
+    let bytes = factor * bound as f64;
+    if bytes > MAX_POOLED_GIB * (1u64 << 30) as f64 {
+        return Err(format!(
+            "--cap-factor {factor} times the working-set bound ({bound} bytes) exceeds \
+             {MAX_POOLED_GIB} GiB (1 PiB)"
+        ));
+    }
+    check_cap(bytes as usize).map_err(|e| {
+        format!("--cap-factor {factor} times the working-set bound ({bound} bytes): {e}")
+    })
+}
+
+/// A cap of `bytes`, if it holds at least one page.
+fn check_cap(bytes: usize) -> Result<usize, String> {
     let page = page_size();
     if bytes < page {
         return Err(format!(
@@ -105,5 +134,17 @@ mod tests {
         for bad in ["0", "-4", "NaN", "inf", "1e-9", "2e6", "four"] {
             assert!(parse_cap(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cap_factors() {
+        assert_eq!(parse_cap_factor("1.25"), Ok(1.25));
+        for bad in ["0", "-1", "NaN", "inf", "x", ""] {
+            assert!(parse_cap_factor(bad).is_err(), "{bad}");
+        }
+        assert_eq!(cap_from_factor(1.25, 4 << 30), Ok(5 << 30));
+        assert_eq!(cap_from_factor(0.5, 3 << 20), Ok(3 << 19));
+        assert!(cap_from_factor(1e-9, 1 << 30).is_err());
+        assert!(cap_from_factor(1e300, 1 << 30).is_err());
     }
 }

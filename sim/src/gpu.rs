@@ -34,7 +34,8 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// A sink on `ctx` (or the host stand-in) for copies of up to `max` bytes.
+    /// A sink on `ctx` (or the host stand-in, its pages faulted in) for
+    /// copies of up to `max` bytes.
     pub fn new(ctx: Option<&Arc<CudaContext>>, max: usize) -> Self {
         match ctx {
             Some(ctx) => {
@@ -45,7 +46,14 @@ impl Sink {
                     unsafe { result::malloc_sync(max.max(1)) }.expect("allocate the copy target");
                 Sink::Gpu { stream, dst }
             }
-            None => Sink::Host(vec![0; max.max(1)]),
+            None => {
+                let mut dst = vec![0; max.max(1)];
+                // Fresh zeroed pages are mapped on first write: writing the
+                // zeros (through `black_box`, so that they are not elided)
+                // faults them in now, before the prover's segments.
+                std::hint::black_box(&mut dst[..]).fill(0);
+                Sink::Host(dst)
+            }
         }
     }
 

@@ -30,31 +30,18 @@ use crate::workload::Workload;
 /// The free lists of one prover, by length.
 type Lists = HashMap<usize, Vec<IdealBuffer>>;
 
-/// Every buffer of a run, prepared before it starts.
+/// Every buffer each prover of a run needs, prepared before it starts:
+/// the free lists of the ideal strategy, and of the limit strategy
+/// ([`crate::limit`]).
 #[derive(Debug)]
-pub struct IdealPool {
+pub struct Prepared {
     provers: Vec<Mutex<Lists>>,
     pinned_bytes: u64,
-    bytes_zeroed: AtomicU64,
+    registrations: u64,
 }
 
-/// A buffer of an [`IdealPool`].
-#[derive(Debug)]
-pub struct IdealBuffer {
-    memory: Memory,
-    /// The last copy from the buffer and the bytes to re-zero once it is
-    /// done.
-    pending: Option<(CudaEvent, usize)>,
-}
-
-#[derive(Debug)]
-enum Memory {
-    Pageable(Vec<u8>),
-    Pinned(HostAlloc),
-}
-
-impl IdealPool {
-    /// Bytes the pool for `workload` holds.
+impl Prepared {
+    /// Bytes the lists for `workload` hold.
     pub fn bytes_needed(workload: &Workload) -> u64 {
         (0..workload.provers())
             .flat_map(|p| workload.peak_holdings(p, length))
@@ -80,7 +67,7 @@ impl IdealPool {
                                     .collect();
                                 (size, buffers)
                             })
-                            .collect()
+                            .collect::<Lists>()
                     })
                 })
                 .collect();
@@ -89,14 +76,110 @@ impl IdealPool {
                 .map(|p| Mutex::new(p.join().expect("preparing the ideal strategy's buffers")))
                 .collect()
         });
-        let pinned_bytes = if gpu.is_some() {
-            Self::bytes_needed(workload)
+        let (pinned_bytes, registrations) = if gpu.is_some() {
+            let buffers: usize = provers
+                .iter()
+                .map(|l| {
+                    let lists = l.lock().expect("the prover's free lists");
+                    lists.values().map(Vec::len).sum::<usize>()
+                })
+                .sum();
+            (Self::bytes_needed(workload), buffers as u64)
         } else {
-            0
+            (0, 0)
         };
         Self {
             provers,
             pinned_bytes,
+            registrations,
+        }
+    }
+
+    /// Pops a buffer of `size`'s length (its fine class) from `prover`'s
+    /// list, as it was given back.
+    ///
+    /// # Panics
+    ///
+    /// If the prover holds more buffers of the length than its plan does.
+    pub fn pop(&self, prover: usize, size: usize) -> IdealBuffer {
+        self.provers[prover]
+            .lock()
+            .expect("the prover's free lists")
+            .get_mut(&length(size))
+            .and_then(Vec::pop)
+            .expect("the prepared lists hold every buffer their prover's plan needs")
+    }
+
+    /// Pushes `buf` onto `prover`'s list of its length.
+    pub fn push(&self, prover: usize, buf: IdealBuffer) {
+        self.provers[prover]
+            .lock()
+            .expect("the prover's free lists")
+            .entry(buf.len())
+            .or_default()
+            .push(buf);
+    }
+
+    /// Bytes page-locked (all the lists', on a GPU).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned_bytes
+    }
+
+    /// `cuMemHostAlloc` calls made, all before the run: one per buffer on
+    /// a GPU, none without.
+    pub fn registrations(&self) -> u64 {
+        self.registrations
+    }
+
+    /// Bytes of the buffers in the lists now.
+    pub fn bytes_held(&self) -> u64 {
+        self.provers
+            .iter()
+            .map(|l| {
+                let lists = l.lock().expect("the prover's free lists");
+                lists
+                    .values()
+                    .flatten()
+                    .map(|b| b.len() as u64)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}
+
+/// Every buffer of a run, prepared before it starts.
+#[derive(Debug)]
+pub struct IdealPool {
+    lists: Prepared,
+    bytes_zeroed: AtomicU64,
+}
+
+/// A buffer of the [`Prepared`] lists of an [`IdealPool`] or a
+/// [`LimitPool`](crate::limit::LimitPool).
+#[derive(Debug)]
+pub struct IdealBuffer {
+    memory: Memory,
+    /// The last copy from the buffer and the bytes to re-zero once it is
+    /// done (the ideal strategy's, on a GPU).
+    pending: Option<(CudaEvent, usize)>,
+}
+
+#[derive(Debug)]
+enum Memory {
+    Pageable(Vec<u8>),
+    Pinned(HostAlloc),
+}
+
+impl IdealPool {
+    /// Bytes the pool for `workload` holds.
+    pub fn bytes_needed(workload: &Workload) -> u64 {
+        Prepared::bytes_needed(workload)
+    }
+
+    /// Prepares every buffer of `workload` ([`Prepared::new`]).
+    pub fn new(workload: &Workload, gpu: Option<&[Arc<CudaContext>]>) -> Self {
+        Self {
+            lists: Prepared::new(workload, gpu),
             bytes_zeroed: AtomicU64::new(0),
         }
     }
@@ -108,13 +191,7 @@ impl IdealPool {
     ///
     /// If the prover holds more buffers of the length than its plan does.
     pub fn take(&self, prover: usize, size: usize) -> IdealBuffer {
-        let popped = self.provers[prover]
-            .lock()
-            .expect("the prover's free lists")
-            .get_mut(&length(size))
-            .and_then(Vec::pop);
-        let mut buf =
-            popped.expect("the ideal strategy holds every buffer its prover's plan needs");
+        let mut buf = self.lists.pop(prover, size);
         self.clean(&mut buf);
         buf
     }
@@ -137,18 +214,13 @@ impl IdealPool {
             }
             None => self.zero(&mut buf, written),
         }
-        self.provers[prover]
-            .lock()
-            .expect("the prover's free lists")
-            .entry(buf.len())
-            .or_default()
-            .push(buf);
+        self.lists.push(prover, buf);
     }
 
     /// Re-zeroes every buffer of `prover` still waiting for its copy
     /// (waiting for it first); the prover calls this at the end of its run.
     pub fn finish(&self, prover: usize) {
-        let mut lists = self.provers[prover]
+        let mut lists = self.lists.provers[prover]
             .lock()
             .expect("the prover's free lists");
         for buf in lists.values_mut().flatten() {
@@ -158,7 +230,13 @@ impl IdealPool {
 
     /// Bytes page-locked (all the pool's, on a GPU).
     pub fn pinned_bytes(&self) -> u64 {
-        self.pinned_bytes
+        self.lists.pinned_bytes()
+    }
+
+    /// `cuMemHostAlloc` calls made, all before the run: one per buffer on
+    /// a GPU, none without.
+    pub fn registrations(&self) -> u64 {
+        self.lists.registrations()
     }
 
     /// Bytes re-zeroed after use (preparation not included).
@@ -253,6 +331,7 @@ mod tests {
         let workload = workload();
         let pool = IdealPool::new(&workload, None);
         assert_eq!(pool.pinned_bytes(), 0);
+        assert_eq!(pool.registrations(), 0);
         for prover in 0..workload.provers() {
             for segment in workload.plan(prover) {
                 let mut taken: Vec<_> = segment
@@ -276,18 +355,6 @@ mod tests {
             .map(|b| b.written)
             .sum();
         assert_eq!(pool.bytes_zeroed(), written as u64);
-        let held: usize = pool
-            .provers
-            .iter()
-            .map(|l| {
-                l.lock()
-                    .unwrap()
-                    .values()
-                    .flatten()
-                    .map(|b| b.len())
-                    .sum::<usize>()
-            })
-            .sum();
-        assert_eq!(held as u64, IdealPool::bytes_needed(&workload));
+        assert_eq!(pool.lists.bytes_held(), IdealPool::bytes_needed(&workload));
     }
 }

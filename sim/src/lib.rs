@@ -1,9 +1,11 @@
 //! The `pinpool-sim sim` proving-workload simulator: the workload, the
-//! strategies it compares (pinpool, an ideal upper bound, the seed design,
-//! pageable staging, `cuMemHostAlloc`), and the measurements.
+//! strategies it compares (pinpool, an ideal upper bound, the workload's
+//! speed limit, wrong on purpose, the seed design, pageable staging,
+//! `cuMemHostAlloc`), and the measurements.
 
 pub mod gpu;
 pub mod ideal;
+pub mod limit;
 pub mod machine;
 pub mod report;
 pub mod run;

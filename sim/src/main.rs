@@ -68,9 +68,16 @@ struct SimArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// pinpool's cap on pooled bytes, GiB: at least one page, at most
-    /// 1 PiB (the seed design keeps its 4 GiB).
+    /// 1 PiB (the seed design keeps its 4 GiB); --cap-factor overrides it.
     #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "4", value_parser = cli::parse_cap, allow_negative_numbers = true)]
     max_pooled_bytes: usize,
+    /// Sets pinpool's cap on pooled bytes to F times the working-set bound
+    /// of the run's plans (every prover at its largest segment at once: the
+    /// sum over provers of the bytes asked for by each one's largest
+    /// segment); overrides --max-pooled-gib. Above 0; the cap it gives
+    /// must lie within --max-pooled-gib's bounds.
+    #[arg(long, value_name = "F", value_parser = cli::parse_cap_factor, allow_negative_numbers = true)]
+    cap_factor: Option<f64>,
     /// pinpool's cleaner workers, 1 to 256 (default: pinpool's own, the
     /// number of cores, at most 8).
     #[arg(long, default_value_t = pinpool::Config::default().cleaner_threads, value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_CLEANER_THREADS))]
@@ -84,9 +91,10 @@ struct SimArgs {
     #[arg(long, value_name = "PAIRS", default_value = "", value_parser = cli::parse_conf)]
     pinpool_conf: String,
     /// Strategies to run, in order; those that need a GPU are skipped
-    /// without one, and ideal is skipped when its buffers would not fit in
-    /// the memory available.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
+    /// without one, and ideal and limit are skipped when their buffers
+    /// would not fit in the memory available. limit is wrong on purpose:
+    /// the workload's speed limit, never a real strategy.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Limit, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
     strategies: Vec<Kind>,
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
@@ -192,17 +200,24 @@ fn sim(args: SimArgs) {
         gap_ms: (50.0, 300.0),
         seed: args.seed,
     };
+    let working_set = workload.working_set_bound();
+    let max_pooled_bytes = match args.cap_factor {
+        Some(factor) => {
+            cli::cap_from_factor(factor, working_set).unwrap_or_else(|e| usage_error(e))
+        }
+        None => args.max_pooled_bytes,
+    };
     let settings = Settings {
         cleaner_threads: args.cleaner_threads,
-        max_pooled_bytes: args.max_pooled_bytes,
+        max_pooled_bytes,
         size_classes: args.size_classes.into(),
         conf: args.pinpool_conf.clone(),
     };
-    let strategies = fit_ideal(usable(&args, gpu.is_some()), &workload);
+    let strategies = fit_prepared(usable(&args, gpu.is_some()), &workload);
     let backend = Backend::new(gpu.as_deref(), &workload, &settings);
     let machine = Machine::this();
     if !args.json {
-        print_header(&args, &backend, &machine);
+        print_header(&args, &settings, working_set, &backend, &machine);
     }
     let reports = run_all(&strategies, &args, &workload, &settings, gpu.as_deref());
     if args.json {
@@ -211,6 +226,8 @@ fn sim(args: SimArgs) {
             "settings": {
                 "cleaner_threads": settings.cleaner_threads,
                 "max_pooled_bytes": settings.max_pooled_bytes,
+                "cap_factor": args.cap_factor,
+                "working_set_bound_bytes": working_set,
                 "size_classes": settings.size_classes.to_string(),
                 "pinpool_conf": settings.conf,
                 "repeat": args.repeat,
@@ -296,10 +313,12 @@ fn usable(args: &SimArgs, gpu: bool) -> Vec<Kind> {
     strategies
 }
 
-/// Leaves out the ideal strategy, with a note, when all its buffers would
-/// not fit in the memory available now; a usage error if nothing is left.
-fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
-    if !strategies.contains(&Kind::Ideal) {
+/// Leaves out the strategies that prepare every buffer before the run
+/// (ideal and limit), with a note, when those buffers would not fit in the
+/// memory available now (each such strategy holds them alone: strategies
+/// run one at a time); a usage error if nothing is left.
+fn fit_prepared(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
+    if !strategies.iter().any(|k| k.prepares_everything()) {
         return strategies;
     }
     let (Some(available), needed) = (
@@ -311,16 +330,27 @@ fn fit_ideal(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
     if needed <= available {
         return strategies;
     }
+    let left_out: Vec<_> = strategies
+        .iter()
+        .filter(|k| k.prepares_everything())
+        .map(|k| k.name())
+        .collect();
+    let names = left_out.join(", ");
+    let (their, need) = if left_out.len() == 1 {
+        ("its", "needs")
+    } else {
+        ("their", "each need")
+    };
     let why = format!(
-        "its buffers need {:.1} GiB and {:.1} GiB of memory are available",
+        "{their} buffers {need} {:.1} GiB and {:.1} GiB of memory are available",
         needed as f64 / GIB,
         available as f64 / GIB
     );
-    strategies.retain(|k| *k != Kind::Ideal);
+    strategies.retain(|k| !k.prepares_everything());
     if strategies.is_empty() {
-        usage_error(format_args!("--strategies: ideal cannot run: {why}"));
+        usage_error(format_args!("--strategies: {names} cannot run: {why}"));
     }
-    eprintln!("note: skipping ideal ({why})");
+    eprintln!("note: skipping {names} ({why})");
     strategies
 }
 
@@ -351,7 +381,13 @@ fn run_all(
         .collect()
 }
 
-fn print_header(args: &SimArgs, backend: &Backend, machine: &Machine) {
+fn print_header(
+    args: &SimArgs,
+    settings: &Settings,
+    working_set: u64,
+    backend: &Backend,
+    machine: &Machine,
+) {
     match backend.gpus.first() {
         Some(name) => println!(
             "backend: CUDA, {} of {} GPU(s), {name} (pinpool: {})",
@@ -377,12 +413,32 @@ fn print_header(args: &SimArgs, backend: &Backend, machine: &Machine) {
         args.devices, args.provers_per_device, args.segments, args.arenas, args.staging, args.scale, args.seed
     );
     println!(
-        "pinpool: {} cleaner threads, cap {} GiB, {} size classes; {} run(s) of each strategy",
+        "working-set bound: {} (every prover at its largest segment at once)",
+        human_bytes(working_set)
+    );
+    let cap = match args.cap_factor {
+        Some(factor) => format!(
+            "cap {} (--cap-factor {factor} x the working-set bound)",
+            human_bytes(settings.max_pooled_bytes as u64)
+        ),
+        None => format!("cap {} GiB", settings.max_pooled_bytes as f64 / GIB),
+    };
+    println!(
+        "pinpool: {} cleaner threads, {cap}, {} size classes; {} run(s) of each strategy",
         args.cleaner_threads,
-        args.max_pooled_bytes as f64 / GIB,
         SizeClasses::from(args.size_classes),
         args.repeat
     );
+}
+
+/// `bytes` in GiB from 1 GiB up, else in MiB.
+fn human_bytes(bytes: u64) -> String {
+    let bytes = bytes as f64;
+    if bytes >= GIB {
+        format!("{:.2} GiB", bytes / GIB)
+    } else {
+        format!("{:.1} MiB", bytes / (1u64 << 20) as f64)
+    }
 }
 
 fn progress_bar(
@@ -414,6 +470,7 @@ fn print_table(reports: &[Report]) {
         .iter()
         .map(|r| FIGURES.iter().map(|f| r.cell(f)).collect())
         .collect();
+    let warning = |r: &Report| r.strategy.warning().map(|w| format!("({w})"));
     let widths: Vec<usize> = reports
         .iter()
         .zip(&cells)
@@ -422,6 +479,7 @@ fn print_table(reports: &[Report]) {
                 .iter()
                 .map(String::len)
                 .chain([r.strategy.name().len()])
+                .chain(warning(r).map(|w| w.len()))
                 .max()
                 .unwrap_or(0)
                 + 2
@@ -432,6 +490,14 @@ fn print_table(reports: &[Report]) {
         print!("{:>width$}", r.strategy.name());
     }
     println!();
+    // Under a strategy's name, what it must not be taken for.
+    if reports.iter().any(|r| r.strategy.warning().is_some()) {
+        print!("{:<label_width$}", "");
+        for (r, width) in reports.iter().zip(&widths) {
+            print!("{:>width$}", warning(r).unwrap_or_default());
+        }
+        println!();
+    }
     for (row, figure) in FIGURES.iter().enumerate() {
         print!("{:<label_width$}", figure.label);
         for (cells, width) in cells.iter().zip(&widths) {

@@ -34,6 +34,10 @@ fn three(v: f64) -> String {
     format!("{v:.3}")
 }
 
+fn count(v: f64) -> String {
+    format!("{v:.0}")
+}
+
 fn percent(v: f64) -> String {
     format!("{:.2}%", v * 100.0)
 }
@@ -115,6 +119,24 @@ pub const FIGURES: &[Figure] = &[
         label: "peak pinned MiB",
         value: |r| Some(r.peak_pinned_bytes as f64),
         format: mib,
+    },
+    Figure {
+        key: "peak_in_use_bytes",
+        label: "peak in use MiB",
+        value: |r| Some(r.peak_in_use_bytes as f64),
+        format: mib,
+    },
+    Figure {
+        key: "pinned_per_in_use",
+        label: "pinned/in use at peak",
+        value: |r| Some(r.pinned_per_in_use),
+        format: three,
+    },
+    Figure {
+        key: "registrations",
+        label: "registrations",
+        value: |r| Some(r.registrations as f64),
+        format: count,
     },
     Figure {
         key: "bytes_requested",

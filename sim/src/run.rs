@@ -41,8 +41,19 @@ pub struct RunResult {
     pub ready_p50_ms: Option<f64>,
     /// See `ready_p50_ms`.
     pub ready_p99_ms: Option<f64>,
-    /// Most bytes page-locked at once, sampled every 2 ms.
+    /// Most bytes page-locked at once: the strategy's own count where it
+    /// keeps one, else sampled every 2 ms.
     pub peak_pinned_bytes: u64,
+    /// The workload's own peak: the most bytes of buffers taken and not
+    /// yet given back at once, all provers together, counting the sizes
+    /// asked of `take` (not the lengths handed out, which round them up).
+    pub peak_in_use_bytes: u64,
+    /// `peak_pinned_bytes / peak_in_use_bytes`: the peaks, which need not
+    /// fall at the same moment.
+    pub pinned_per_in_use: f64,
+    /// Calls that page-locked memory, all the run's (see
+    /// [`Strategy::registrations`]).
+    pub registrations: u64,
     /// Bytes asked of `take`, all takes together.
     pub bytes_requested: u64,
     /// Bytes of the buffers handed out (their lengths), all takes together.
@@ -56,6 +67,8 @@ pub struct RunResult {
 
 #[derive(Default)]
 struct Tally {
+    /// When the first prover started its segments (its sink ready).
+    started: Option<Instant>,
     take_ns: Vec<u64>,
     drop_ns: Vec<u64>,
     takes: [u64; 2],
@@ -68,6 +81,10 @@ struct Tally {
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
+        self.started = match (self.started, other.started) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.take_ns.extend(other.take_ns);
         self.drop_ns.extend(other.drop_ns);
         for i in 0..2 {
@@ -98,6 +115,24 @@ fn ratio(num: u64, den: u64) -> f64 {
     }
 }
 
+/// Bytes of buffers taken and not yet given back, all provers together.
+#[derive(Default)]
+struct InUse {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl InUse {
+    fn taken(&self, bytes: u64) {
+        let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn given_back(&self, bytes: u64) {
+        self.now.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// Runs `kind` over `workload`, on `gpu` if given.
 pub fn run(
     kind: Kind,
@@ -106,13 +141,33 @@ pub fn run(
     gpu: Option<&[Arc<CudaContext>]>,
     progress: Option<&ProgressBar>,
 ) -> RunResult {
-    let strategy = Strategy::new(kind, workload, settings, gpu);
+    run_strategy(
+        Strategy::new(kind, workload, settings, gpu),
+        workload,
+        gpu,
+        progress,
+    )
+}
+
+/// Runs `strategy`, built for `workload` (on `gpu` if given), over it,
+/// then shuts it down.
+pub fn run_strategy(
+    strategy: Strategy,
+    workload: &Workload,
+    gpu: Option<&[Arc<CudaContext>]>,
+    progress: Option<&ProgressBar>,
+) -> RunResult {
+    let kind = strategy.kind();
     let max = workload.max_size();
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
-    let started = Instant::now();
+    let in_use = InUse::default();
     let mut tally = Tally::default();
-    std::thread::scope(|scope| {
+    // Wall time runs from the first prover's first segment (its sink, set
+    // up the same for every strategy, ready) until the strategy has
+    // flushed, before the sampler below wakes up to see `done` (a sleep of
+    // up to 2 ms, and longer on a loaded machine).
+    let wall = std::thread::scope(|scope| {
         scope.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 peak.fetch_max(strategy.pinned_bytes(), Ordering::Relaxed);
@@ -121,17 +176,19 @@ pub fn run(
         });
         let provers: Vec<_> = (0..workload.provers())
             .map(|p| {
-                let strategy = &strategy;
-                scope.spawn(move || prove(strategy, workload, p, max, gpu, progress))
+                let (strategy, in_use) = (&strategy, &in_use);
+                scope.spawn(move || prove(strategy, workload, p, max, gpu, in_use, progress))
             })
             .collect();
         for prover in provers {
             tally.merge(prover.join().expect("a prover thread panicked"));
         }
         strategy.flush();
+        let started = tally.started.expect("a run has provers");
+        let wall = started.elapsed().as_secs_f64();
         done.store(true, Ordering::Relaxed);
+        wall
     });
-    let wall = started.elapsed().as_secs_f64();
     let (ready_p50_ms, ready_p99_ms, bytes_zeroed) = match &strategy {
         Strategy::Pinpool(pool) => {
             let s = pool.stats();
@@ -153,8 +210,14 @@ pub fn run(
             (ms(0.5), ms(0.99), s.bytes_zeroed)
         }
         Strategy::Ideal(pool) => (None, None, pool.bytes_zeroed()),
-        Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
+        Strategy::Limit(_) | Strategy::Pageable | Strategy::HostAlloc(_) => (None, None, 0),
     };
+    let peak_pinned_bytes = strategy
+        .peak_pinned_bytes()
+        .unwrap_or(0)
+        .max(peak.load(Ordering::Relaxed));
+    let peak_in_use_bytes = in_use.peak.load(Ordering::Relaxed);
+    let registrations = strategy.registrations();
     strategy.shutdown();
     let takes = tally.takes[0] + tally.takes[1];
     let handed_out = tally.bytes[0] + tally.bytes[1];
@@ -172,7 +235,10 @@ pub fn run(
         steady_hit_rate_bytes: ratio(tally.hit_bytes[1], tally.bytes[1]),
         ready_p50_ms,
         ready_p99_ms,
-        peak_pinned_bytes: peak.load(Ordering::Relaxed),
+        peak_pinned_bytes,
+        peak_in_use_bytes,
+        pinned_per_in_use: peak_pinned_bytes as f64 / peak_in_use_bytes.max(1) as f64,
+        registrations,
         bytes_requested: tally.requested,
         bytes_handed_out: handed_out,
         class_overhead: ratio(handed_out, tally.requested),
@@ -187,12 +253,16 @@ fn prove(
     prover: usize,
     max: usize,
     gpu: Option<&[Arc<CudaContext>]>,
+    in_use: &InUse,
     progress: Option<&ProgressBar>,
 ) -> Tally {
     let device = prover % workload.devices;
     let mut sink = Sink::new(gpu.map(|g| &g[device]), max);
     let warmup = (workload.segments / 4).max(1);
-    let mut tally = Tally::default();
+    let mut tally = Tally {
+        started: Some(Instant::now()),
+        ..Tally::default()
+    };
     for (index, segment) in workload.plan(prover).into_iter().enumerate() {
         let phase = usize::from(index >= warmup);
         let mut staged = Vec::with_capacity(segment.buffers.len());
@@ -200,6 +270,7 @@ fn prove(
             let started = Instant::now();
             let mut buf = strategy.take(prover, device, plan.size);
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
+            in_use.taken(plan.size as u64);
             // What the take occupies, a borrowed buffer's whole length.
             let len = buf.occupied() as u64;
             tally.takes[phase] += 1;
@@ -210,12 +281,13 @@ fn prove(
                 tally.hit_bytes[phase] += len;
             }
             buf.bytes()[..plan.written].fill(0x5A);
-            staged.push((buf, plan.written));
+            staged.push((buf, plan.size, plan.written));
         }
-        for (buf, written) in staged {
+        for (buf, size, written) in staged {
             tally
                 .drop_ns
                 .push(buf.stage(prover, written, &mut sink).as_nanos() as u64);
+            in_use.given_back(size as u64);
             tally.staged += written as u64;
         }
         std::thread::sleep(segment.gap);

@@ -56,6 +56,8 @@ struct Shared {
     misses: AtomicU64,
     registered_bytes: AtomicU64,
     unregistered_bytes: AtomicU64,
+    registrations: AtomicU64,
+    peak_pinned: AtomicU64,
     bytes_zeroed: AtomicU64,
     ready_latency: Mutex<Vec<Duration>>,
 }
@@ -75,6 +77,10 @@ pub struct SeedStats {
     pub misses: u64,
     /// Bytes page-locked now.
     pub pinned_bytes: u64,
+    /// The most bytes page-locked at once.
+    pub peak_pinned_bytes: u64,
+    /// `cuMemHostRegister` calls made (one per miss buffer recycled).
+    pub registrations: u64,
     /// Bytes the cleaner re-zeroed.
     pub bytes_zeroed: u64,
     /// Every drop-to-ready latency seen.
@@ -97,6 +103,8 @@ impl SeedPool {
                 misses: AtomicU64::new(0),
                 registered_bytes: AtomicU64::new(0),
                 unregistered_bytes: AtomicU64::new(0),
+                registrations: AtomicU64::new(0),
+                peak_pinned: AtomicU64::new(0),
                 bytes_zeroed: AtomicU64::new(0),
                 ready_latency: Mutex::new(Vec::new()),
             }),
@@ -168,10 +176,9 @@ impl SeedPool {
         SeedStats {
             hits: s.hits.load(Ordering::Relaxed),
             misses: s.misses.load(Ordering::Relaxed),
-            pinned_bytes: s
-                .registered_bytes
-                .load(Ordering::Relaxed)
-                .saturating_sub(s.unregistered_bytes.load(Ordering::Relaxed)),
+            pinned_bytes: s.pinned(),
+            peak_pinned_bytes: s.peak_pinned.load(Ordering::Relaxed),
+            registrations: s.registrations.load(Ordering::Relaxed),
             bytes_zeroed: s.bytes_zeroed.load(Ordering::Relaxed),
             ready_latency: s.ready_latency.lock().unwrap().clone(),
         }
@@ -254,6 +261,12 @@ fn spawn_cleaner(shared: Arc<Shared>) -> Cleaner {
 }
 
 impl Shared {
+    fn pinned(&self) -> u64 {
+        self.registered_bytes
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.unregistered_bytes.load(Ordering::Relaxed))
+    }
+
     fn sync_device(&self, device: usize) -> bool {
         match &self.gpu {
             Some(contexts) => contexts[device].synchronize().is_ok(),
@@ -268,6 +281,7 @@ impl Shared {
         if contexts[0].bind_to_thread().is_err() {
             return false;
         }
+        self.registrations.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `data` is a live allocation that is unregistered before
         // it is freed (`unregister`).
         let rc = unsafe {
@@ -281,6 +295,7 @@ impl Shared {
         if ok {
             self.registered_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.peak_pinned.fetch_max(self.pinned(), Ordering::Relaxed);
         }
         ok
     }

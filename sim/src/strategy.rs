@@ -1,13 +1,15 @@
 //! The staging strategies compared side by side.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
-use pinpool::{BackendKind, PinnedBuffer, Pool, SizeClasses};
+use pinpool::{BackendKind, PinnedBuffer, Pool, PoolBuilder, SizeClasses};
 
 use crate::gpu::{HostAlloc, Sink};
 use crate::ideal::{IdealBuffer, IdealPool};
+use crate::limit::LimitPool;
 use crate::seed::{SeedBuffer, SeedPool};
 use crate::workload::Workload;
 
@@ -31,6 +33,15 @@ pub fn pinpool(
     settings: &Settings,
     gpu: Option<&[Arc<CudaContext>]>,
 ) -> Result<Pool, pinpool::Error> {
+    pinpool_builder(workload, settings, gpu)?.build()
+}
+
+/// The builder of [`pinpool()`]'s pool, for a caller to add settings to.
+pub fn pinpool_builder(
+    workload: &Workload,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+) -> Result<PoolBuilder, pinpool::Error> {
     Pool::builder()
         .backend(if gpu.is_some() {
             BackendKind::Cuda
@@ -41,8 +52,7 @@ pub fn pinpool(
         .cleaner_threads(settings.cleaner_threads)
         .max_pooled_bytes(settings.max_pooled_bytes)
         .size_classes(settings.size_classes)
-        .try_conf(&settings.conf)?
-        .build()
+        .try_conf(&settings.conf)
 }
 
 /// Which strategy a run uses.
@@ -54,6 +64,10 @@ pub enum Kind {
     /// The upper bound: every buffer prepared (pinned on a GPU) and zeroed
     /// before the run.
     Ideal,
+    /// The workload's speed limit, wrong on purpose: the ideal strategy's
+    /// buffers handed out again without re-zeroing them and without
+    /// waiting for their copies.
+    Limit,
     /// The design pinpool replaces (openvm cuda-common 2.0.1: global mutex,
     /// one cleaner with a 100 ms batching window).
     Seed,
@@ -69,6 +83,7 @@ impl Kind {
         match self {
             Kind::Pinpool => "pinpool",
             Kind::Ideal => "ideal",
+            Kind::Limit => "limit",
             Kind::Seed => "seed",
             Kind::Pageable => "pageable",
             Kind::HostAlloc => "host-alloc",
@@ -84,6 +99,11 @@ impl Kind {
                  classes), pre-faulted (pinned with cuMemHostAlloc on a GPU) and zeroed before \
                  the run (untimed); takes pop, give-backs re-zero on the prover's thread"
             }
+            Kind::Limit => {
+                "WRONG ON PURPOSE, never a real strategy: the workload's speed limit, ideal's \
+                 buffers (pinned up front on a GPU) handed out again without re-zeroing them and \
+                 without waiting for their copies, so only the workload's own work is left"
+            }
             Kind::Seed => {
                 "a faithful re-implementation of openvm cuda-common 2.0.1's pinned.rs (global \
                  mutex, one cleaner thread with a 100 ms batching window), for comparison"
@@ -91,6 +111,18 @@ impl Kind {
             Kind::Pageable => "a fresh pageable Vec per take",
             Kind::HostAlloc => "cuMemHostAlloc per take, freed after its copy (GPU only)",
         }
+    }
+
+    /// What the table says next to the strategy's name, if anything: the
+    /// limit strategy is wrong on purpose.
+    pub fn warning(self) -> Option<&'static str> {
+        (self == Kind::Limit).then_some("wrong on purpose")
+    }
+
+    /// Whether the strategy prepares every buffer of the run before it
+    /// (and needs the memory for them: [`IdealPool::bytes_needed`]).
+    pub fn prepares_everything(self) -> bool {
+        matches!(self, Kind::Ideal | Kind::Limit)
     }
 
     /// Whether the strategy can only run on a GPU.
@@ -105,12 +137,26 @@ pub enum Strategy {
     Pinpool(Pool),
     /// Every buffer prepared up front.
     Ideal(IdealPool),
+    /// Every buffer prepared up front, reused dirty and while copied.
+    Limit(LimitPool),
     /// The seed design.
     Seed(SeedPool),
     /// A fresh `Vec` per take.
     Pageable,
-    /// `cuMemHostAlloc` per take, in the contexts of the devices.
-    HostAlloc(Vec<Arc<CudaContext>>),
+    /// `cuMemHostAlloc` per take.
+    HostAlloc(HostAllocs),
+}
+
+/// The host-alloc strategy: the devices' contexts and what it page-locked.
+#[derive(Debug)]
+pub struct HostAllocs {
+    contexts: Vec<Arc<CudaContext>>,
+    /// `cuMemHostAlloc` calls made.
+    allocations: AtomicU64,
+    /// Bytes allocated and not yet freed.
+    pinned: AtomicU64,
+    /// The most of `pinned` at once.
+    peak_pinned: AtomicU64,
 }
 
 /// A buffer taken from a strategy.
@@ -119,12 +165,15 @@ pub enum Staged<'a> {
     Pinpool(PinnedBuffer),
     /// From the ideal strategy's free lists, which it goes back to.
     Ideal(&'a IdealPool, IdealBuffer),
+    /// From the limit strategy's free lists, which it goes back to as it
+    /// is.
+    Limit(&'a LimitPool, IdealBuffer),
     /// From the seed design.
     Seed(SeedBuffer),
     /// A fresh allocation.
     Pageable(Vec<u8>),
-    /// Fresh `cuMemHostAlloc` memory.
-    HostAlloc(HostAlloc),
+    /// Fresh `cuMemHostAlloc` memory, freed after its copy.
+    HostAlloc(&'a HostAllocs, HostAlloc),
 }
 
 impl Strategy {
@@ -142,9 +191,15 @@ impl Strategy {
                 Strategy::Pinpool(pinpool(workload, settings, gpu).expect("build the pool"))
             }
             Kind::Ideal => Strategy::Ideal(IdealPool::new(workload, gpu)),
+            Kind::Limit => Strategy::Limit(LimitPool::new(workload, gpu)),
             Kind::Seed => Strategy::Seed(SeedPool::new(gpu.map(|g| g.to_vec()))),
             Kind::Pageable => Strategy::Pageable,
-            Kind::HostAlloc => Strategy::HostAlloc(gpu.expect("host-alloc runs on a GPU").to_vec()),
+            Kind::HostAlloc => Strategy::HostAlloc(HostAllocs {
+                contexts: gpu.expect("host-alloc runs on a GPU").to_vec(),
+                allocations: AtomicU64::new(0),
+                pinned: AtomicU64::new(0),
+                peak_pinned: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -154,11 +209,18 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => Staged::Pinpool(pool.take_on(device, size).expect("take")),
             Strategy::Ideal(pool) => Staged::Ideal(pool, pool.take(prover, size)),
+            Strategy::Limit(pool) => Staged::Limit(pool, pool.take(prover, size)),
             Strategy::Seed(pool) => Staged::Seed(pool.take(device, size)),
             Strategy::Pageable => Staged::Pageable(vec![0u8; size]),
-            Strategy::HostAlloc(contexts) => Staged::HostAlloc(
-                HostAlloc::new(&contexts[device], size, false).expect("cuMemHostAlloc"),
-            ),
+            Strategy::HostAlloc(allocs) => {
+                allocs.allocations.fetch_add(1, Ordering::Relaxed);
+                let buf =
+                    HostAlloc::new(&allocs.contexts[device], size, false).expect("cuMemHostAlloc");
+                let bytes = size as u64;
+                let now = allocs.pinned.fetch_add(bytes, Ordering::Relaxed) + bytes;
+                allocs.peak_pinned.fetch_max(now, Ordering::Relaxed);
+                Staged::HostAlloc(allocs, buf)
+            }
         }
     }
 
@@ -174,7 +236,10 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.flush(),
             Strategy::Seed(pool) => pool.flush(),
-            Strategy::Ideal(_) | Strategy::Pageable | Strategy::HostAlloc(_) => {}
+            Strategy::Ideal(_)
+            | Strategy::Limit(_)
+            | Strategy::Pageable
+            | Strategy::HostAlloc(_) => {}
         }
     }
 
@@ -183,8 +248,54 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.stats().pinned_bytes,
             Strategy::Ideal(pool) => pool.pinned_bytes(),
+            Strategy::Limit(pool) => pool.pinned_bytes(),
             Strategy::Seed(pool) => pool.stats().pinned_bytes,
-            Strategy::Pageable | Strategy::HostAlloc(_) => 0,
+            Strategy::HostAlloc(allocs) => allocs.pinned.load(Ordering::Relaxed),
+            Strategy::Pageable => 0,
+        }
+    }
+
+    /// The most bytes page-locked at once, where the strategy keeps that
+    /// count itself (exact, where sampling [`Strategy::pinned_bytes`] may
+    /// miss a short peak).
+    pub fn peak_pinned_bytes(&self) -> Option<u64> {
+        match self {
+            Strategy::Pinpool(pool) => Some(pool.stats().peak_pinned_bytes),
+            Strategy::Ideal(pool) => Some(pool.pinned_bytes()),
+            Strategy::Limit(pool) => Some(pool.pinned_bytes()),
+            Strategy::Seed(pool) => Some(pool.stats().peak_pinned_bytes),
+            Strategy::HostAlloc(allocs) => Some(allocs.peak_pinned.load(Ordering::Relaxed)),
+            Strategy::Pageable => None,
+        }
+    }
+
+    /// Calls that page-locked memory so far: `cuMemHostRegister` (pinpool,
+    /// failed calls included; the seed design), `cuMemHostAlloc` (the
+    /// ideal and limit strategies, all before the run; host-alloc, one per
+    /// take).
+    pub fn registrations(&self) -> u64 {
+        match self {
+            Strategy::Pinpool(pool) => {
+                let s = pool.stats();
+                s.registrations + s.registration_failures
+            }
+            Strategy::Ideal(pool) => pool.registrations(),
+            Strategy::Limit(pool) => pool.registrations(),
+            Strategy::Seed(pool) => pool.stats().registrations,
+            Strategy::Pageable => 0,
+            Strategy::HostAlloc(allocs) => allocs.allocations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Which strategy this is.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Strategy::Pinpool(_) => Kind::Pinpool,
+            Strategy::Ideal(_) => Kind::Ideal,
+            Strategy::Limit(_) => Kind::Limit,
+            Strategy::Seed(_) => Kind::Seed,
+            Strategy::Pageable => Kind::Pageable,
+            Strategy::HostAlloc(_) => Kind::HostAlloc,
         }
     }
 
@@ -193,7 +304,10 @@ impl Strategy {
         match self {
             Strategy::Pinpool(pool) => pool.shutdown(),
             Strategy::Seed(pool) => pool.shutdown(),
-            Strategy::Ideal(_) | Strategy::Pageable | Strategy::HostAlloc(_) => {}
+            Strategy::Ideal(_)
+            | Strategy::Limit(_)
+            | Strategy::Pageable
+            | Strategy::HostAlloc(_) => {}
         }
     }
 }
@@ -213,9 +327,10 @@ impl Staged<'_> {
         match self {
             Staged::Pinpool(buf) => buf,
             Staged::Ideal(_, buf) => buf,
+            Staged::Limit(_, buf) => buf,
             Staged::Seed(buf) => buf.bytes(),
             Staged::Pageable(buf) => buf,
-            Staged::HostAlloc(buf) => buf,
+            Staged::HostAlloc(_, buf) => buf,
         }
     }
 
@@ -223,9 +338,9 @@ impl Staged<'_> {
     pub fn hit(&self) -> bool {
         match self {
             Staged::Pinpool(buf) => buf.was_pooled(),
-            Staged::Ideal(..) => true,
+            Staged::Ideal(..) | Staged::Limit(..) => true,
             Staged::Seed(buf) => buf.hit(),
-            Staged::Pageable(_) | Staged::HostAlloc(_) => false,
+            Staged::Pageable(_) | Staged::HostAlloc(..) => false,
         }
     }
 
@@ -248,6 +363,10 @@ impl Staged<'_> {
                 started = Instant::now();
                 pool.give_back(prover, buf, written, sink.stream());
             }
+            Staged::Limit(pool, buf) => {
+                started = Instant::now();
+                pool.give_back(prover, buf);
+            }
             Staged::Seed(mut buf) => {
                 buf.set_dirty_len(written);
                 if let Some(stream) = sink.stream() {
@@ -260,11 +379,13 @@ impl Staged<'_> {
                 started = Instant::now();
                 drop(buf);
             }
-            Staged::HostAlloc(buf) => {
+            Staged::HostAlloc(allocs, buf) => {
                 started = Instant::now();
                 // Its copy has to finish before the memory is freed.
                 sink.synchronize();
+                let bytes = buf.len() as u64;
                 drop(buf);
+                allocs.pinned.fetch_sub(bytes, Ordering::Relaxed);
             }
         }
         started.elapsed()

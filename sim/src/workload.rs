@@ -136,6 +136,14 @@ impl Workload {
             .unwrap_or(1)
     }
 
+    /// The working-set bound of the run's plans: every prover at its
+    /// largest segment at once ([`working_set_bound`] of every prover's
+    /// plan).
+    pub fn working_set_bound(&self) -> u64 {
+        let plans: Vec<_> = (0..self.provers()).map(|p| self.plan(p)).collect();
+        working_set_bound(&plans)
+    }
+
     /// For each length `length` maps the sizes prover `prover` asks for
     /// to, the most buffers of that length it holds at once. A prover takes
     /// all of a segment's buffers before it gives any back, so that is the
@@ -158,6 +166,24 @@ impl Workload {
         }
         peak
     }
+}
+
+/// The working-set bound of `plans` (one per prover): the sum over provers
+/// of the bytes asked for by each prover's largest segment, all its buffers
+/// together. A prover takes all of a segment's buffers before it gives any
+/// back, so this is what the workload holds with every prover at its
+/// largest segment at once.
+pub fn working_set_bound(plans: &[Vec<SegmentPlan>]) -> u64 {
+    plans
+        .iter()
+        .map(|segments| {
+            segments
+                .iter()
+                .map(|s| s.buffers.iter().map(|b| b.size as u64).sum::<u64>())
+                .max()
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 /// A size in bytes from the profile.
@@ -236,6 +262,38 @@ mod tests {
             seed: 3,
         };
         assert!(w.max_size() <= pinpool::MAX_CLASS_SIZE);
+    }
+
+    #[test]
+    fn the_working_set_bound_adds_each_provers_largest_segment() {
+        let segment = |sizes: &[usize]| SegmentPlan {
+            buffers: sizes
+                .iter()
+                .map(|&size| BufferPlan { size, written: 1 })
+                .collect(),
+            gap: Duration::ZERO,
+        };
+        // Prover 0's segments ask for 30 and 5 bytes, prover 1's for 7
+        // and 17, prover 2 has none: 30 + 17 + 0.
+        let plans = vec![
+            vec![segment(&[10, 20]), segment(&[5])],
+            vec![segment(&[7]), segment(&[8, 9])],
+            vec![],
+        ];
+        assert_eq!(working_set_bound(&plans), 47);
+
+        // With sizes of one byte, every segment holds its buffer count.
+        let w = Workload {
+            devices: 2,
+            provers_per_device: 3,
+            segments: 4,
+            arenas: 5,
+            staging: 2,
+            scale: 1e-12,
+            gap_ms: (0.0, 0.0),
+            seed: 9,
+        };
+        assert_eq!(w.working_set_bound(), 2 * 3 * (5 + 2));
     }
 
     #[test]

@@ -58,6 +58,73 @@ fn bad_caps_are_refused() {
 }
 
 #[test]
+fn bad_cap_factors_are_refused() {
+    refused(&[
+        &["--cap-factor", "0"],
+        &["--cap-factor", "-1"],
+        &["--cap-factor", "NaN"],
+        &["--cap-factor", "inf"],
+        &["--cap-factor", "x"],
+        // Under a page: a tiny run's working set is a few MiB.
+        &[TINY, &["--cap-factor", "1e-6"]].concat(),
+        &[TINY, &["--cap-factor", "1e300"]].concat(),
+    ]);
+}
+
+#[test]
+fn the_cap_factor_sets_the_cap_from_the_working_set_bound() {
+    // TINY's workload, at the command line's defaults.
+    let workload = pinpool_sim::workload::Workload {
+        devices: 1,
+        provers_per_device: 2,
+        segments: 2,
+        arenas: 16,
+        staging: 2,
+        scale: 0.001,
+        gap_ms: (50.0, 300.0),
+        seed: 1,
+    };
+    let bound = workload.working_set_bound();
+    // Overrides --max-pooled-gib, given before or after it.
+    let out = sim(&[
+        TINY,
+        &["--strategies", "pageable", "--json"],
+        &["--max-pooled-gib", "1", "--cap-factor", "1.5"],
+    ]
+    .concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let settings = &json["settings"];
+    assert_eq!(settings["working_set_bound_bytes"], bound);
+    assert_eq!(settings["cap_factor"], 1.5);
+    assert_eq!(settings["max_pooled_bytes"], (1.5 * bound as f64) as u64);
+
+    let out = sim(&[TINY, &["--strategies", "pageable", "--cap-factor", "2"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1048576.0);
+    assert!(
+        stdout.contains(&format!("working-set bound: {}", mib(bound))),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("cap {} (--cap-factor 2 x", mib(2 * bound))),
+        "{stdout}"
+    );
+
+    // Without it, the cap is --max-pooled-gib's and the bound still shown.
+    let out = sim(&[TINY, &["--strategies", "pageable", "--json"]].concat());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    assert_eq!(json["settings"]["cap_factor"], serde_json::Value::Null);
+    assert_eq!(json["settings"]["working_set_bound_bytes"], bound);
+    assert_eq!(json["settings"]["max_pooled_bytes"], 4u64 << 30);
+
+    let help = sim(&["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("overrides --max-pooled-gib"), "{help}");
+}
+
+#[test]
 fn bad_scales_are_refused() {
     refused(&[
         &["--scale", "0"],
@@ -157,10 +224,41 @@ fn the_default_strategies_run_without_a_gpu() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("skipping host-alloc"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for name in ["pinpool", "ideal", "seed", "pageable"] {
+    for name in ["pinpool", "ideal", "limit", "seed", "pageable"] {
         assert!(stdout.contains(name), "{name}: {stdout}");
     }
     assert!(!stdout.contains("host-alloc"), "{stdout}");
+}
+
+#[test]
+fn the_table_says_the_limit_is_wrong_on_purpose() {
+    let out = sim(&[TINY, &["--strategies", "ideal,limit"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The names, then under limit's alone its warning, then the figures.
+    let names = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("ideal"))
+        .expect("the table's names");
+    let (head, warning) = (lines[names], lines[names + 1]);
+    assert!(head.trim_end().ends_with("limit"), "{stdout}");
+    assert!(
+        warning.trim_end().ends_with("(wrong on purpose)"),
+        "{stdout}"
+    );
+    assert_eq!(warning.trim_end().len(), head.trim_end().len(), "{stdout}");
+    assert!(lines[names + 2].starts_with("segments/s"), "{stdout}");
+    assert!(
+        stdout.contains("limit  WRONG ON PURPOSE, never a real strategy"),
+        "{stdout}"
+    );
+
+    // Without the limit, no such line.
+    let out = sim(&[TINY, &["--strategies", "ideal"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("wrong on purpose"), "{stdout}");
 }
 
 #[test]

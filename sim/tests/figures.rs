@@ -1,0 +1,100 @@
+//! The figures of a run that compare strategies with the workload: its
+//! peak in use, pinned bytes against it, and registrations.
+
+use std::sync::Arc;
+
+use pinpool::testing::Faults;
+use pinpool_sim::run::{run, run_strategy, RunResult};
+use pinpool_sim::strategy::{pinpool_builder, Kind, Settings, Strategy};
+use pinpool_sim::workload::Workload;
+
+/// Two provers, a few small segments, no CPU gaps: well under a second.
+fn workload() -> Workload {
+    Workload {
+        devices: 1,
+        provers_per_device: 2,
+        segments: 4,
+        arenas: 8,
+        staging: 2,
+        scale: 1.0 / 1024.0,
+        gap_ms: (0.0, 0.0),
+        seed: 3,
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        cleaner_threads: 2,
+        max_pooled_bytes: 1 << 30,
+        size_classes: pinpool::SizeClasses::Fine,
+        conf: String::new(),
+    }
+}
+
+/// A run of pinpool on the fault-injecting backend, which pins in name
+/// only (and fails nothing here), and that backend's counts.
+fn pinpool_pinning(workload: &Workload) -> (RunResult, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = pinpool_builder(workload, &settings(), None)
+        .expect("settings")
+        .faults(faults.clone())
+        .build()
+        .expect("build the pool");
+    let result = run_strategy(Strategy::Pinpool(pool), workload, None, None);
+    (result, faults)
+}
+
+/// The most bytes one segment of any prover asks for.
+fn largest_segment(workload: &Workload) -> u64 {
+    (0..workload.provers())
+        .flat_map(|p| workload.plan(p))
+        .map(|s| s.buffers.iter().map(|b| b.size as u64).sum())
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn peak_in_use_lies_between_the_largest_segment_and_the_working_set_bound() {
+    let workload = workload();
+    let result = run(Kind::Pageable, &workload, &settings(), None, None);
+    assert!(
+        result.peak_in_use_bytes >= largest_segment(&workload),
+        "{result:?}"
+    );
+    assert!(
+        result.peak_in_use_bytes <= workload.working_set_bound(),
+        "{result:?}"
+    );
+    // Pageable staging pins nothing.
+    assert_eq!(result.peak_pinned_bytes, 0);
+    assert_eq!(result.pinned_per_in_use, 0.0);
+    assert_eq!(result.registrations, 0);
+}
+
+#[test]
+fn a_pinning_strategy_pins_at_least_its_peak_in_use() {
+    let workload = workload();
+    let (result, _) = pinpool_pinning(&workload);
+    assert!(result.peak_in_use_bytes > 0, "{result:?}");
+    assert!(
+        result.peak_in_use_bytes <= result.peak_pinned_bytes,
+        "{result:?}"
+    );
+    assert!(result.pinned_per_in_use >= 1.0, "{result:?}");
+    let ratio = result.peak_pinned_bytes as f64 / result.peak_in_use_bytes as f64;
+    assert!((result.pinned_per_in_use - ratio).abs() <= 1e-12 * ratio);
+}
+
+#[test]
+fn registrations_are_the_calls_the_strategy_made() {
+    let workload = workload();
+    let (result, faults) = pinpool_pinning(&workload);
+    assert!(result.registrations > 0, "{result:?}");
+    assert_eq!(result.registrations, faults.register_calls(), "{result:?}");
+    // Without a GPU the ideal strategy and the seed design pin nothing.
+    for kind in [Kind::Ideal, Kind::Seed] {
+        let result = run(kind, &workload, &settings(), None, None);
+        assert_eq!(result.registrations, 0, "{result:?}");
+        assert_eq!(result.peak_pinned_bytes, 0, "{result:?}");
+    }
+}
