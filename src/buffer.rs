@@ -304,7 +304,7 @@ impl PinnedBuffer {
     ) -> Result<(), Error> {
         // SAFETY: as in `home` (the caches outlive every buffer out); read
         // through the pointer so that the block can be borrowed mutably.
-        let events = unsafe { self.home.as_ref() }.caches().backend().events();
+        let events = &unsafe { self.home.as_ref() }.caches().events;
         let fences = self.block.fences_mut();
         let event = fences.event(ctx, events)?;
         // SAFETY: `stream` is a live stream of the event's context (the
@@ -379,7 +379,7 @@ impl PinnedBuffer {
         if must_sync(stream) {
             return SyncOnDrop::Sync(Some(stream));
         }
-        let events = self.home().caches().backend().events();
+        let events = &self.home().caches().events;
         let Ok(event) = fences.event(stream.context(), events) else {
             return SyncOnDrop::Sync(Some(stream));
         };

@@ -9,7 +9,7 @@
 //!
 //! Events are reused, never created or destroyed in the steady state: each
 //! buffer keeps its completed events as spares for its next trip, and its
-//! pool's [`EventPool`] (held by the pool's backend) holds the rest, so a
+//! pool's [`EventPool`] (held by the pool's caches) holds the rest, so a
 //! pool's spare events, and the contexts they keep, go with the pool. An
 //! event is dropped (destroyed) only with the current context put back
 //! afterwards, so no pool call changes the caller's context.
@@ -97,7 +97,8 @@ impl Drop for Event {
 /// in. Events stay boxed everywhere, so one moves between a buffer's copies
 /// (where its address must stay fixed) and the spares without a new
 /// allocation. Each spare keeps its context retained (cudarc's event holds
-/// it), so the spares go when their pool's backend does.
+/// it), so the spares go with their pool (before its backend, whose drop
+/// releases the pool's own references to the contexts).
 #[derive(Debug)]
 #[allow(clippy::vec_box)] // see above
 pub(crate) struct EventPool {
@@ -116,13 +117,6 @@ impl Default for EventPool {
 const POOL_LIMIT: usize = 4096;
 
 impl EventPool {
-    /// Destroys every spare event (each with the caller's context put
-    /// back), releasing the contexts they retain.
-    pub(crate) fn clear(&self) {
-        let spares = std::mem::take(&mut *self.spares.lock());
-        drop(spares);
-    }
-
     /// A spare event of `ctx`, or a new one.
     pub(crate) fn take(&self, ctx: &StdArc<CudaContext>) -> Result<Box<Event>, Error> {
         let cu = ctx.cu_ctx();

@@ -10,7 +10,6 @@
 //! thread's context back too, so neither a pool's build, failed or not,
 //! nor the drop of its last handle changes it.
 
-use crate::fence::EventPool;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
@@ -78,9 +77,6 @@ fn current() -> Result<sys::CUcontext, Error> {
 /// its references to the contexts (see [`Shared`](crate::pool::Shared)).
 #[derive(Debug)]
 pub(crate) struct CudaBackend {
-    /// The pool's spare events, destroyed before the contexts they retain
-    /// are released.
-    events: EventPool,
     contexts: Vec<Arc<CudaContext>>,
 }
 
@@ -156,10 +152,7 @@ impl CudaBackend {
             .map(retain)
             .collect::<Result<Vec<_>, _>>()
             .map_err(Failed)?;
-        Ok(Self {
-            events: EventPool::default(),
-            contexts,
-        })
+        Ok(Self { contexts })
     }
 
     /// Binds the primary context of `device` (a device the pool serves;
@@ -179,7 +172,6 @@ impl Drop for CudaBackend {
         // releases it; put the thread's own back. If even reading it fails
         // (the driver is shutting down), the releases go ahead regardless.
         let bound = Bound::restoring();
-        self.events.clear();
         self.contexts.clear();
         drop(bound);
     }
@@ -273,10 +265,6 @@ impl Backend for CudaBackend {
     fn synchronize(&self, device: usize) -> Result<(), Error> {
         let _bound = self.bind(device)?;
         result::ctx::synchronize().map_err(cuda("cuCtxSynchronize"))
-    }
-
-    fn events(&self) -> &EventPool {
-        &self.events
     }
 
     fn context(&self, device: usize) -> Option<&Arc<CudaContext>> {

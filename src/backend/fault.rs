@@ -226,24 +226,15 @@ fn injected(op: &'static str) -> Error {
 pub(crate) struct FaultBackend {
     faults: std::sync::Arc<Faults>,
     devices: usize,
-    events: crate::fence::EventPool,
 }
 
 impl FaultBackend {
     pub(crate) fn new(faults: std::sync::Arc<Faults>, devices: usize) -> Self {
-        Self {
-            faults,
-            devices,
-            events: crate::fence::EventPool::default(),
-        }
+        Self { faults, devices }
     }
 }
 
 impl Backend for FaultBackend {
-    fn events(&self) -> &crate::fence::EventPool {
-        &self.events
-    }
-
     fn kind(&self) -> BackendKind {
         BackendKind::Host
     }

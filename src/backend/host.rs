@@ -2,29 +2,20 @@
 
 use super::{Backend, BackendKind};
 use crate::error::Error;
-use crate::fence::EventPool;
 
 /// Serves `devices` simulated devices; registration is never attempted.
 #[derive(Debug)]
 pub(crate) struct HostBackend {
     devices: usize,
-    events: EventPool,
 }
 
 impl HostBackend {
     pub(crate) fn new(devices: usize) -> Self {
-        Self {
-            devices,
-            events: EventPool::default(),
-        }
+        Self { devices }
     }
 }
 
 impl Backend for HostBackend {
-    fn events(&self) -> &EventPool {
-        &self.events
-    }
-
     fn kind(&self) -> BackendKind {
         BackendKind::Host
     }

@@ -89,9 +89,6 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     unsafe fn unregister(&self, device: usize, ptr: *mut u8) -> Result<(), Error>;
     /// Waits for all work in `device`'s primary context.
     fn synchronize(&self, device: usize) -> Result<(), Error>;
-    /// The pool's spare CUDA events (every backend keeps them: a copy
-    /// through cudarc records events whatever the backend).
-    fn events(&self) -> &crate::fence::EventPool;
     /// The primary context of `device` (CUDA only), for fences recorded
     /// on raw streams.
     fn context(&self, device: usize) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {

@@ -64,7 +64,7 @@ use intake::Intake;
 pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
-pub(crate) use release::{release, release_all};
+pub(crate) use release::{release, release_all, Releaser};
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -75,9 +75,18 @@ pub(crate) struct Env<'a> {
     pub(crate) provisioner: &'a Provisioner,
 }
 
-impl Env<'_> {
+impl<'a> Env<'a> {
     fn counters(&self) -> &Counters {
         &self.places.caches.counters
+    }
+
+    /// What releasing one of the pool's buffers needs.
+    pub(crate) fn releaser(&self) -> Releaser<'a> {
+        Releaser {
+            backend: self.backend,
+            counters: &self.places.caches.counters,
+            events: &self.places.caches.events,
+        }
     }
 }
 
@@ -266,7 +275,7 @@ impl Cleaner {
             }
             let mut block = returned.into_block();
             let ticket = block.take_ticket();
-            release(env.backend, env.counters(), block);
+            release(env.releaser(), block);
             if let Some(ticket) = ticket {
                 ticket.close_quietly();
             }
@@ -363,7 +372,7 @@ impl Cleaner {
             Job::Spent => {
                 for mut fences in self.intake.spent.take_all() {
                     // Spare events back to the pool; the rest destroyed.
-                    fences.release(env.backend.events());
+                    fences.release(&env.places.caches.events);
                 }
             }
             Job::Chunk(task, chunk) => self.run_chunk(env, &task, chunk),
@@ -639,7 +648,7 @@ impl Cleaner {
         let place = (!to_shard).then_some(home);
         for block in siblings.into_iter().chain(std::iter::once(block)) {
             let evicted = env.admission.admit(env.places, block, place);
-            release_all(env.backend, env.counters(), evicted);
+            release_all(env.releaser(), evicted);
         }
         if let Some(ticket) = ticket {
             ticket.close(false);
@@ -650,7 +659,7 @@ impl Cleaner {
     fn release_returned(&self, env: Env<'_>, returned: Returned) {
         let mut block = returned.into_block();
         let ticket = block.take_ticket();
-        release(env.backend, env.counters(), block);
+        release(env.releaser(), block);
         if let Some(ticket) = ticket {
             ticket.close(false);
         }

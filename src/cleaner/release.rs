@@ -3,12 +3,23 @@
 
 use crate::alloc::{Block, Unpinned};
 use crate::backend::Backend;
+use crate::fence::EventPool;
 use crate::stats::Counters;
+
+/// What releasing a pool's buffer needs: its backend (to unregister), its
+/// counters, and its spare events (where the buffer's go back).
+#[derive(Clone, Copy)]
+pub(crate) struct Releaser<'a> {
+    pub(crate) backend: &'a dyn Backend,
+    pub(crate) counters: &'a Counters,
+    pub(crate) events: &'a EventPool,
+}
 
 /// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
 /// fails is leaked (unmapping registered memory would be worse).
-pub(crate) fn release(backend: &dyn Backend, counters: &Counters, mut block: Block) {
-    block.fences_mut().release(backend.events());
+pub(crate) fn release(with: Releaser<'_>, mut block: Block) {
+    let (backend, counters) = (with.backend, with.counters);
+    block.fences_mut().release(with.events);
     Counters::add(&counters.released, 1);
     if !block.is_pinned() {
         drop(block);
@@ -71,8 +82,8 @@ unsafe fn unregister(
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).
-pub(crate) fn release_all(backend: &dyn Backend, counters: &Counters, blocks: Vec<Block>) {
+pub(crate) fn release_all(with: Releaser<'_>, blocks: Vec<Block>) {
     for block in blocks {
-        release(backend, counters, block);
+        release(with, block);
     }
 }

@@ -93,7 +93,7 @@ impl Cleaner {
             .tick(env.places, env.admission, quiet, force);
         let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
         Counters::add(&env.counters().trimmed_bytes, trimmed);
-        release_all(env.backend, env.counters(), plan.trimmed);
+        release_all(env.releaser(), plan.trimmed);
         if plan.provision.is_empty() {
             return;
         }

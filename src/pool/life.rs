@@ -106,7 +106,7 @@ impl Shared {
         if !blocks.is_empty() {
             tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
         }
-        cleaner::release_all(&*self.backend, self.counters(), blocks);
+        cleaner::release_all(self.releaser(), blocks);
     }
 
     pub(crate) fn set_max_pinned_bytes(&self, bytes: usize) {
@@ -115,13 +115,13 @@ impl Shared {
         let over = counters.pinned().saturating_sub(bytes as u64);
         if over > 0 {
             let evicted = self.admission.shrink_by(self.places(), over as usize);
-            cleaner::release_all(&*self.backend, counters, evicted);
+            cleaner::release_all(self.releaser(), evicted);
         }
     }
 
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
         let evicted = self.admission.set_cap(self.places(), bytes);
-        cleaner::release_all(&*self.backend, self.counters(), evicted);
+        cleaner::release_all(self.releaser(), evicted);
     }
 
     pub(crate) fn shutdown(this: &Arc<Self>) {
@@ -211,7 +211,7 @@ impl Retire for Arc<Shared> {
 
     fn retire(&self, mut block: Block) {
         let ticket = block.take_ticket();
-        cleaner::release(&*self.backend, self.counters(), block);
+        cleaner::release(self.releaser(), block);
         if let Some(ticket) = ticket {
             // No flush waits on a closed pool; the books stay balanced.
             ticket.close_quietly();

@@ -101,6 +101,15 @@ impl Shared {
         &self.caches.counters
     }
 
+    /// What releasing one of the pool's buffers needs.
+    pub(crate) fn releaser(&self) -> crate::cleaner::Releaser<'_> {
+        crate::cleaner::Releaser {
+            backend: &*self.backend,
+            counters: &self.caches.counters,
+            events: &self.caches.events,
+        }
+    }
+
     pub(crate) fn classes(&self) -> &Classes {
         &self.caches.classes
     }

@@ -48,6 +48,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::backend::Backend;
 use crate::cleaner::intake::Intake;
+use crate::fence::EventPool;
 use crate::flush::{Counts, Flush};
 use crate::size_class::Classes;
 use crate::stats::Counters;
@@ -88,6 +89,10 @@ pub(crate) struct Caches {
     /// it could not be pooled either.
     cap: AtomicUsize,
     pins: bool,
+    /// The pool's spare CUDA events (a copy through cudarc records events
+    /// whatever the backend), dropped with the caches: before the backend,
+    /// so before the contexts they retain are released.
+    pub(crate) events: EventPool,
     /// Where the drops the caches do not keep go: the cleaner's intake.
     pub(crate) intake: Arc<Intake>,
 }
@@ -174,6 +179,7 @@ impl Caches {
             limit,
             cap: AtomicUsize::new(cap),
             pins,
+            events: EventPool::default(),
             intake,
         });
         // The box gave `Caches` its address: point the orphan at it.
