@@ -1,16 +1,105 @@
-//! A closed pool's late event-less pinned buffers: their device synchronize
-//! runs on a spawned thread, one per device at a time; a failure is handed
+//! A closed pool's late buffers go to the reaper, one process-wide thread.
+//! An event-less pinned one needs a device synchronize first, which runs
+//! on a spawned thread (one per device at a time), so one closed pool's
+//! slow synchronize holds up no other's late buffers; a failure is handed
 //! to the next late buffer asking.
-#![cfg(feature = "testing")]
-
-mod adversarial_util;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use adversarial_util::{eventually, within};
-use pinpool::testing::Faults;
+use pinpool::testing::{Faults, TestFence};
 use pinpool::{PinnedBuffer, Pool};
+
+use crate::common::{eventually, faulty, within};
+
+/// A pinned buffer dropped (without events) after the last pool handle is
+/// gone goes to the reaper, which must synchronize the device before it
+/// unregisters the buffer, as the cleaner would (seen failing before the
+/// fix: the reaper looked only at fences and unregistered at once).
+#[test]
+fn late_eventless_pinned_buffer_is_not_unregistered_before_a_device_sync() {
+    let (pool, faults) = faulty(1);
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let buf = pool.take(1 << 16);
+    assert!(buf.is_pinned() && buf.was_pooled());
+    drop(pool); // closes: `buf` is outstanding, the reaper keeps the pool
+    faults.hold_synchronize();
+    let syncs_before = faults.synchronize_calls();
+    drop(buf); // late: a raw copy (no recorded event) may still read it
+    std::thread::sleep(Duration::from_millis(300));
+    let unregistered_while_held = faults.unregistered();
+    let syncs_while_held = faults.synchronize_calls() - syncs_before;
+    faults.release();
+    // Eventually it must be released one way or another.
+    assert!(
+        eventually(Duration::from_secs(5), || faults.unregistered()
+            == faults.registered()),
+        "the late buffer was never released"
+    );
+    assert_eq!(
+        unregistered_while_held, 0,
+        "the reaper unregistered (and unmapped) an event-less pinned buffer \
+         without a device synchronize ({syncs_while_held} synchronize calls \
+         completed meanwhile): a copy may still be reading it"
+    );
+}
+
+fn one_worker_pool(faults: &Arc<Faults>) -> Pool {
+    Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .build()
+        .unwrap()
+}
+
+/// A pooled (pinned) buffer of `pool`.
+fn pinned_one(pool: &Pool) -> pinpool::PinnedBuffer {
+    drop(pool.take(1 << 16));
+    pool.flush();
+    let buf = pool.take(1 << 16);
+    assert!(buf.is_pinned() && buf.was_pooled());
+    buf
+}
+
+/// The reaper is one process-wide thread. A late event-less pinned buffer
+/// needs a device synchronize, which runs off the reaper's thread, so one
+/// closed pool's slow synchronize holds up no other closed pool's late
+/// buffers (seen failing before the fix: pool B's buffer, its fence
+/// complete, waited behind pool A's held synchronize).
+#[test]
+fn one_pools_slow_late_sync_holds_up_another_pools_late_buffers() {
+    let fa = Arc::new(Faults::default());
+    let fb = Arc::new(Faults::default());
+    let a = one_worker_pool(&fa);
+    let b = one_worker_pool(&fb);
+    let buf_a = pinned_one(&a);
+    let mut buf_b = pinned_one(&b);
+    // B's buffer has an event that has already completed: nothing to wait for.
+    let fence = TestFence::default();
+    fence.record(&mut buf_b);
+    fence.complete();
+    drop(a);
+    drop(b);
+    // A's device is busy (a long kernel, say): its synchronize does not return.
+    fa.hold_synchronize();
+    drop(buf_a); // late, event-less: the reaper synchronizes A's device
+    std::thread::sleep(Duration::from_millis(100));
+    drop(buf_b); // late, its copy finished: should be unregistered at once
+    let retired = eventually(Duration::from_secs(3), || {
+        fb.unregistered() == fb.registered()
+    });
+    fa.release();
+    let later = eventually(Duration::from_secs(5), || {
+        fb.unregistered() == fb.registered()
+    });
+    assert!(later, "pool B's late buffer was never retired");
+    assert!(
+        retired,
+        "pool B's late buffer (its fence complete) waited 3 s behind pool A's \
+         held device synchronize on the shared reaper thread"
+    );
+}
 
 fn pool_with(faults: &Arc<Faults>, workers: usize, devices: usize) -> Pool {
     Pool::builder()
@@ -23,7 +112,7 @@ fn pool_with(faults: &Arc<Faults>, workers: usize, devices: usize) -> Pool {
 }
 
 /// `n` pooled (pinned) buffers of `pool` on `device`.
-fn pinned(pool: &Pool, device: usize, n: usize) -> Vec<PinnedBuffer> {
+fn pinned_on(pool: &Pool, device: usize, n: usize) -> Vec<PinnedBuffer> {
     let first: Vec<_> = (0..n)
         .map(|_| pool.take_on(device, 1 << 16).unwrap())
         .collect();
@@ -60,7 +149,7 @@ fn settle(limit: Duration, quiet: Duration, f: impl Fn() -> u64) -> u64 {
 fn late_sync_started_before_the_drop_does_not_cover_it() {
     let faults = Arc::new(Faults::default());
     let pool = pool_with(&faults, 1, 1);
-    let mut bufs = pinned(&pool, 0, 2);
+    let mut bufs = pinned_on(&pool, 0, 2);
     let x = bufs.pop().unwrap();
     let y = bufs.pop().unwrap();
     drop(pool);
@@ -100,7 +189,7 @@ fn late_sync_started_before_the_drop_does_not_cover_it() {
 fn every_late_sync_fails_all_late_buffers_end() {
     let faults = Arc::new(Faults::default());
     let pool = pool_with(&faults, 2, 1);
-    let bufs = pinned(&pool, 0, 16);
+    let bufs = pinned_on(&pool, 0, 16);
     drop(pool);
     let c0 = faults.synchronize_calls();
     faults.fail_synchronize(&(c0 + 1..c0 + 100_000).collect::<Vec<_>>());
@@ -137,8 +226,8 @@ fn late_buffers_on_two_devices_with_failing_syncs_all_end() {
     within(Duration::from_secs(20), "late buffers", || {
         let faults = Arc::new(Faults::default());
         let pool = pool_with(&faults, 2, 2);
-        let mut bufs = pinned(&pool, 0, 12);
-        bufs.extend(pinned(&pool, 1, 12));
+        let mut bufs = pinned_on(&pool, 0, 12);
+        bufs.extend(pinned_on(&pool, 1, 12));
         drop(pool);
         let c0 = faults.synchronize_calls();
         let fails: Vec<u64> = (c0 + 1..c0 + 1000).filter(|n| n % 2 == 0).collect();

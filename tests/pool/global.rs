@@ -1,22 +1,48 @@
-//! the seed-compatible free functions on the global pool,
-//! configured through `PINPOOL_CONF`, raced against each other. One test:
-//! the global pool is process-wide.
-
-mod adversarial_util;
+//! The seed-compatible free functions on the global pool, which is
+//! process-wide.
 
 use std::time::{Duration, Instant};
 
-use adversarial_util::{all_zero, within};
 use pinpool::{BackendKind, Pool};
 
+use crate::common::{all_zero, in_child, within};
+
+#[test]
+fn global_free_functions_work() {
+    let mut buf = pinpool::take(3);
+    assert_eq!(buf.len(), 4);
+    buf[0] = 1;
+    drop(buf);
+    pinpool::Pool::global().flush();
+    assert!(all_zero(&pinpool::take(4)));
+    pinpool::clear();
+    pinpool::set_max_pooled_bytes(pinpool::DEFAULT_MAX_POOLED_BYTES);
+    let mut region = vec![0u8; 4096];
+    // SAFETY: `region` is live until after unregister_region.
+    let pinned = unsafe { pinpool::register_region(region.as_mut_ptr(), region.len()) };
+    if pinned {
+        // SAFETY: registered just above; nothing is copying from it.
+        unsafe { pinpool::unregister_region(region.as_mut_ptr()) };
+    }
+    assert_eq!(
+        pinned,
+        pinpool::Pool::global().backend() == pinpool::BackendKind::Cuda
+    );
+}
+
+/// The free functions configured through `PINPOOL_CONF`, raced against
+/// each other, alone in a child process whose global pool is built from the
+/// variable.
 #[test]
 fn global_free_functions() {
-    // Set before the global pool is first built (nothing else in this
-    // binary touches it). Unknown keys are ignored with a warning.
-    std::env::set_var(
-        "PINPOOL_CONF",
-        "backend=host, cleaner_threads=2, max_pooled_bytes=64MiB, bogus=1, size_classes=pow2",
-    );
+    // Set for the child before its global pool is first built. Unknown keys
+    // are ignored with a warning.
+    const TEST: &str = "global_free_functions";
+    const CONF: &str =
+        "backend=host, cleaner_threads=2, max_pooled_bytes=64MiB, bogus=1, size_classes=pow2";
+    if in_child(module_path!(), TEST, &[("PINPOOL_CONF", CONF)]).is_some() {
+        return;
+    }
     let pool = Pool::global();
     assert_eq!(pool.backend(), BackendKind::Host);
     let config = pool.config();

@@ -1,11 +1,11 @@
 //! Pinned memory over time: `reserve`, provisioning ahead of demand, idle
 //! trimming.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use pinpool::{BackendKind, Error, Pool};
+
+use crate::common::all_zero;
 
 fn pool(idle_trim: Option<Duration>) -> Pool {
     let builder = Pool::builder()
@@ -37,7 +37,7 @@ fn reserve_pins_ahead_and_flush_waits_for_it() {
     assert_eq!(stats.pooled_buffers, 5);
     assert_eq!(stats.pooled_bytes, 3 * (1 << 20) + 2 * 4096);
     let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
-    assert!(bufs.iter().all(|b| b.was_pooled() && common::all_zero(b)));
+    assert!(bufs.iter().all(|b| b.was_pooled() && all_zero(b)));
     assert_eq!(pool.stats().misses, 0);
 }
 

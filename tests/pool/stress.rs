@@ -1,24 +1,94 @@
-//! everything at once. Takers on several threads (some
-//! short-lived, so caches are inherited), cross-thread drops, and a control
-//! thread looping flush / clear / shutdown / set_max_pooled_bytes / stats,
-//! on the host backend and on the fault backend (which "pins"). Checks: no
-//! double hand-out, all-zero takes, no hang (watchdog), and after
-//! quiescence the stats balance, the cap holds, and every registration is
-//! undone by shutdown.
-#![cfg(feature = "testing")]
+//! Everything at once. Takers on several threads (some short-lived, so
+//! caches are inherited), cross-thread drops, and a control thread looping
+//! flush / clear / shutdown / set_max_pooled_bytes / stats, on the host
+//! backend and on the fault backend (which "pins"). Checks: no double
+//! hand-out, all-zero takes, no hang (watchdog), and after quiescence the
+//! stats balance, the cap holds, and every registration is undone by
+//! shutdown. Also a soak over mixed sizes and devices.
 
-mod adversarial_util;
-
+#[cfg(feature = "testing")]
+use std::collections::BTreeMap;
 use std::collections::HashSet;
+#[cfg(feature = "testing")]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
+#[cfg(feature = "testing")]
 use std::time::{Duration, Instant};
 
-use adversarial_util::within;
+#[cfg(feature = "testing")]
 use pinpool::testing::{Faults, TestFence};
+#[cfg(feature = "testing")]
 use pinpool::{BackendKind, PinnedBuffer, Pool, SizeClasses};
 
+use crate::common::{all_zero, host_pool};
+#[cfg(feature = "testing")]
+use crate::common::{faulty_on, within};
+
+#[test]
+fn stress_no_buffer_is_handed_out_twice_and_all_come_back_zeroed() {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 2000;
+    let pool = host_pool(2);
+    let live: Arc<Mutex<HashSet<usize>>> = Arc::default();
+    let start = Arc::new(Barrier::new(THREADS));
+    let (tx, rx) = std::sync::mpsc::channel::<pinpool::PinnedBuffer>();
+    let rx = Arc::new(Mutex::new(rx));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (pool, live, start, tx, rx) = (
+                pool.clone(),
+                live.clone(),
+                start.clone(),
+                tx.clone(),
+                rx.clone(),
+            );
+            std::thread::spawn(move || {
+                start.wait();
+                for i in 0..ROUNDS {
+                    let size = 1 << (6 + (t + i) % 12);
+                    let mut buf = pool.take_on((t + i) % 2, size).unwrap();
+                    assert!(all_zero(&buf), "taken buffer not zeroed");
+                    assert!(
+                        live.lock().unwrap().insert(buf.as_ptr() as usize),
+                        "buffer handed out twice"
+                    );
+                    let n = buf.len().min(64);
+                    buf[..n].fill(0xFF);
+                    buf.set_dirty_len(n);
+                    live.lock().unwrap().remove(&(buf.as_ptr() as usize));
+                    if i % 3 == 0 {
+                        tx.send(buf).unwrap(); // dropped by another thread
+                    } else {
+                        drop(buf);
+                    }
+                    if let Ok(other) = rx.lock().unwrap().try_recv() {
+                        drop(other);
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    for w in workers {
+        w.join().unwrap();
+    }
+    for buf in rx.lock().unwrap().try_iter() {
+        drop(buf);
+    }
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.hits + stats.misses, (THREADS * ROUNDS) as u64);
+    assert_eq!(stats.in_cleaner, 0);
+    assert_eq!(
+        stats.recycled,
+        stats.misses + stats.hits - (stats.released - stats.evictions)
+    );
+    assert!(stats.hit_rate() > 0.5, "hit rate {}", stats.hit_rate());
+}
+
+#[cfg(feature = "testing")]
 struct Rng(u64);
+#[cfg(feature = "testing")]
 impl Rng {
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
@@ -31,6 +101,7 @@ impl Rng {
     }
 }
 
+#[cfg(feature = "testing")]
 const SIZES: &[usize] = &[
     0,
     1,
@@ -43,6 +114,7 @@ const SIZES: &[usize] = &[
     (5 << 20) + 7,
 ];
 
+#[cfg(feature = "testing")]
 #[derive(Default)]
 struct Shared {
     live: Mutex<HashSet<usize>>,
@@ -53,6 +125,7 @@ struct Shared {
     stop: AtomicBool,
 }
 
+#[cfg(feature = "testing")]
 impl Shared {
     fn problem(&self, p: String) {
         let mut v = self.problems.lock().unwrap();
@@ -92,6 +165,7 @@ impl Shared {
     }
 }
 
+#[cfg(feature = "testing")]
 fn dirty(buf: &mut PinnedBuffer, rng: &mut Rng) {
     let cap = if rng.below(16) == 0 {
         buf.len()
@@ -103,6 +177,7 @@ fn dirty(buf: &mut PinnedBuffer, rng: &mut Rng) {
     buf.set_dirty_len(n);
 }
 
+#[cfg(feature = "testing")]
 fn taker(
     pool: &Pool,
     shared: &Shared,
@@ -165,6 +240,7 @@ fn taker(
     }
 }
 
+#[cfg(feature = "testing")]
 fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
     let shared = Arc::new(Shared::default());
     let fences: Arc<Mutex<Vec<TestFence>>> = Arc::default();
@@ -316,6 +392,7 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
     }
 }
 
+#[cfg(feature = "testing")]
 #[test]
 fn everything_at_once_host_fine() {
     let pool = Pool::builder()
@@ -329,6 +406,7 @@ fn everything_at_once_host_fine() {
     run(pool, None, 3);
 }
 
+#[cfg(feature = "testing")]
 #[test]
 fn everything_at_once_host_pow2_one_worker() {
     let pool = Pool::builder()
@@ -342,6 +420,7 @@ fn everything_at_once_host_pow2_one_worker() {
     run(pool, None, 3);
 }
 
+#[cfg(feature = "testing")]
 #[test]
 fn everything_at_once_faults() {
     let faults = Arc::new(Faults::default());
@@ -353,4 +432,94 @@ fn everything_at_once_faults() {
         .build()
         .unwrap();
     run(pool, Some(faults), 3);
+}
+
+/// Many threads over mixed sizes and devices with cross-thread drops for
+/// `secs`: every take is zeroed, no two live buffers overlap, and the
+/// accounting is exact at the end. Returns the operations done.
+#[cfg(feature = "testing")]
+fn soak(secs: u64) -> u64 {
+    const THREADS: usize = 16;
+    let (pool, faults) = faulty_on(2);
+    let live: Arc<Mutex<BTreeMap<usize, usize>>> = Arc::default();
+    let (tx, rx) = std::sync::mpsc::channel::<pinpool::PinnedBuffer>();
+    let rx = Arc::new(Mutex::new(rx));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let ops: u64 = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, live, tx, rx) = (&pool, live.clone(), tx.clone(), rx.clone());
+                scope.spawn(move || {
+                    let mut ops = 0u64;
+                    let mut i = t;
+                    while Instant::now() < deadline {
+                        i = i.wrapping_mul(31).wrapping_add(7);
+                        let size = 1 << (4 + i % 17);
+                        let mut buf = pool.take_on(i % 2, size).unwrap();
+                        assert!(buf.iter().all(|&b| b == 0), "a taken buffer was not zeroed");
+                        let (start, end) =
+                            (buf.as_ptr() as usize, buf.as_ptr() as usize + buf.len());
+                        {
+                            let mut live = live.lock().unwrap();
+                            let overlaps = live
+                                .range(..end)
+                                .next_back()
+                                .is_some_and(|(_, &e)| e > start);
+                            assert!(!overlaps, "two live buffers share bytes");
+                            live.insert(start, end);
+                        }
+                        let n = buf.len().min(1 + i % 4096);
+                        buf[..n].fill(0xA5);
+                        buf.set_dirty_len(n);
+                        live.lock().unwrap().remove(&start);
+                        if i % 3 == 0 {
+                            tx.send(buf).unwrap();
+                        } else {
+                            drop(buf);
+                        }
+                        if let Ok(other) = rx.lock().unwrap().try_recv() {
+                            drop(other);
+                        }
+                        ops += 1;
+                    }
+                    ops
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    drop(tx);
+    for buf in rx.lock().unwrap().try_iter() {
+        drop(buf);
+    }
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.hits + stats.misses, ops);
+    assert_eq!(stats.in_cleaner, 0);
+    let by_class: usize = stats.per_class.iter().map(|c| c.pooled_buffers).sum();
+    assert_eq!(by_class, stats.pooled_buffers);
+    assert!(stats.pooled_bytes <= stats.max_pooled_bytes);
+    pool.shutdown();
+    assert_eq!(
+        faults.unregistered(),
+        faults.registered(),
+        "registrations leaked"
+    );
+    assert_eq!(pool.stats().pooled_bytes, 0);
+    ops
+}
+
+#[cfg(feature = "testing")]
+#[test]
+fn soak_5s() {
+    let ops = soak(5);
+    println!("soak: {ops} operations in 5 s");
+}
+
+#[cfg(feature = "testing")]
+#[test]
+#[ignore = "60 s; run with --ignored soak"]
+fn soak_60s() {
+    let ops = soak(60);
+    println!("soak: {ops} operations in 60 s");
 }

@@ -1,24 +1,44 @@
-//! `flush()` "blocks until every buffer dropped before the
-//! call (on any thread) has been recycled or released", while other threads
-//! keep taking and dropping. A probe buffer of a class nobody else uses is
-//! dropped along every path (own cache, cleaner, another thread, an exiting
-//! thread, a thread-local destructor, with a fence completed just before)
-//! and then the probe thread flushes: its class must show it pooled.
-#![cfg(feature = "testing")]
+//! `flush()` "blocks until every buffer dropped before the call (on any
+//! thread) has been recycled or released", while other threads keep taking
+//! and dropping, and returns on an idle pool.
 
-mod adversarial_util;
-
+#[cfg(feature = "testing")]
 use std::cell::RefCell;
+#[cfg(feature = "testing")]
 use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(feature = "testing")]
 use std::sync::Arc;
+#[cfg(feature = "testing")]
 use std::time::Duration;
 
-use adversarial_util::within;
+#[cfg(feature = "testing")]
 use pinpool::testing::TestFence;
+#[cfg(feature = "testing")]
 use pinpool::{BackendKind, PinnedBuffer, Pool};
 
+use crate::common::host_pool;
+#[cfg(feature = "testing")]
+use crate::common::within;
+
+#[test]
+fn flush_on_an_idle_pool_returns() {
+    let pool = host_pool(1);
+    pool.flush();
+    pool.shutdown();
+    pool.flush();
+}
+
+// === a probe dropped along every path ===
+//
+// A probe buffer of a class nobody else uses is dropped along every path
+// (own cache, cleaner, another thread, an exiting thread, a thread-local
+// destructor, with a fence completed just before) and then the probe
+// thread flushes: its class must show it pooled.
+
+#[cfg(feature = "testing")]
 const PROBE: usize = 3 << 20; // a class of its own (3 MiB)
 
+#[cfg(feature = "testing")]
 fn probe_pooled(pool: &Pool) -> usize {
     pool.stats()
         .per_class
@@ -27,14 +47,18 @@ fn probe_pooled(pool: &Pool) -> usize {
         .map_or(0, |c| c.pooled_buffers)
 }
 
+#[cfg(feature = "testing")]
 struct DropOnExit(RefCell<Option<PinnedBuffer>>);
+#[cfg(feature = "testing")]
 impl Drop for DropOnExit {
     fn drop(&mut self) {
         drop(self.0.borrow_mut().take());
     }
 }
+#[cfg(feature = "testing")]
 thread_local!(static HELD: DropOnExit = const { DropOnExit(RefCell::new(None)) });
 
+#[cfg(feature = "testing")]
 fn drop_via(path: usize, mut buf: PinnedBuffer) {
     match path {
         0 => {
@@ -70,9 +94,10 @@ fn drop_via(path: usize, mut buf: PinnedBuffer) {
     }
 }
 
+#[cfg(feature = "testing")]
 fn run(pool: Pool, fenced_churn: bool) {
     // Warm the churn's classes, so that its takes hit (a cold pool on the
-    // fault backend never warms up under churn: see adversarial_lanes.rs).
+    // fault backend never warms up under churn: see lanes.rs).
     let warm: Vec<_> = (0..5)
         .flat_map(|k| (0..12).map(move |_| 4096usize << k))
         .map(|s| pool.take(s))
@@ -95,7 +120,7 @@ fn run(pool: Pool, fenced_churn: bool) {
                         }
                         if fenced_churn {
                             // Keeps the churn's drops off the cleaner's
-                            // recycle lane (see adversarial_lanes.rs).
+                            // recycle lane (see lanes.rs).
                             let f = TestFence::default();
                             f.record(&mut b);
                             f.complete();
@@ -171,6 +196,7 @@ fn run(pool: Pool, fenced_churn: bool) {
     });
 }
 
+#[cfg(feature = "testing")]
 #[test]
 fn flush_covers_drops_on_every_path_host() {
     run(
@@ -183,6 +209,7 @@ fn flush_covers_drops_on_every_path_host() {
     );
 }
 
+#[cfg(feature = "testing")]
 #[test]
 fn flush_covers_drops_on_every_path_faults() {
     let faults = Arc::new(pinpool::testing::Faults::default());

@@ -1,13 +1,11 @@
-//! typed and prefix views at their edges, and `set_dirty_len`.
-//! Zero-sized types, out-of-range prefixes and misalignment must panic
-//! clearly (a `pinpool:` message), never misbehave.
+//! Typed and prefix views at their edges: zero-sized types, out-of-range
+//! prefixes and misalignment must panic clearly (a `pinpool:` message),
+//! never misbehave.
 #![allow(clippy::drop_non_drop)] // views are dropped to end their borrows
-
-mod adversarial_util;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use adversarial_util::{all_zero, host};
+use crate::common::{host, host_pool};
 
 fn panic_message(f: impl FnOnce()) -> String {
     let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
@@ -93,28 +91,15 @@ fn over_aligned_types_panic_clearly_or_work() {
 }
 
 #[test]
-fn set_dirty_len_edges() {
-    let pool = host(1);
-    let mut buf = pool.take(4096);
-    buf.set_dirty_len(usize::MAX);
-    assert_eq!(buf.dirty_len(), 4096);
-    buf.set_dirty_len(0);
-    assert_eq!(buf.dirty_len(), 0);
-    drop(buf);
-    pool.flush();
-    // Written bytes inside the dirty prefix come back zero, whatever the path
-    // (the owner's own re-zeroing, the cleaner, a thief).
-    for dirty in [1usize, 4096, 64 << 10, (64 << 10) + 1, 1 << 20] {
-        let mut buf = pool.take(dirty);
-        buf[..dirty].fill(0xFF);
-        buf.set_dirty_len(dirty);
-        drop(buf);
-        let again = pool.take(dirty);
-        assert!(all_zero(&again), "dirty {dirty}: non-zero bytes handed out");
-        drop(again);
-        pool.flush();
-        let p = pool.clone();
-        let b = std::thread::spawn(move || p.take(dirty)).join().unwrap();
-        assert!(all_zero(&b), "dirty {dirty}, other thread: non-zero bytes");
-    }
+fn typed_views_cover_whole_elements() {
+    let pool = host_pool(1);
+    let mut buf = pool.take(10); // 16 bytes
+    buf.typed_mut::<u64>()[1] = u64::MAX;
+    assert_eq!(buf.typed::<u64>().len(), 2);
+    assert_eq!(
+        buf.typed::<[u8; 3]>().len(),
+        5,
+        "the 1-byte tail is left out"
+    );
+    assert!(buf[..8].iter().all(|&b| b == 0) && buf[8..].iter().all(|&b| b == 0xFF));
 }
