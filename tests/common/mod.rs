@@ -1,7 +1,15 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use pinpool::{BackendKind, Pool};
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "testing")]
+use pinpool::{testing::Faults, PinnedBuffer};
+use pinpool::{BackendKind, Pool, SizeClasses};
+#[cfg(feature = "testing")]
+use std::sync::Arc;
+
+// === pools ===
 
 /// A host-backend pool with `devices` shards and two cleaner workers.
 pub fn host_pool(devices: usize) -> Pool {
@@ -11,11 +19,6 @@ pub fn host_pool(devices: usize) -> Pool {
         .cleaner_threads(2)
         .build()
         .expect("a host pool always builds")
-}
-
-/// Whether every byte of `buf` is zero.
-pub fn all_zero(buf: &[u8]) -> bool {
-    buf.iter().all(|&b| b == 0)
 }
 
 /// A host-backend pool with `devices` shards and `workers` cleaner workers.
@@ -28,23 +31,104 @@ pub fn host_pool_with(devices: usize, workers: usize) -> Pool {
         .expect("a host pool always builds")
 }
 
-pub mod gpu;
+/// A host-backend pool with `workers` cleaner workers (one device).
+pub fn host(workers: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(workers)
+        .build()
+        .unwrap()
+}
 
-/// Resident bytes of this process (Linux: `/proc/self/statm`).
-pub fn resident_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+/// A host-backend pool with powers-of-two size classes and `workers`
+/// cleaner workers.
+pub fn host_pow2(workers: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(workers)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap()
+}
+
+/// A pool on the fault-injecting backend with `workers` cleaner workers,
+/// and its faults.
+#[cfg(feature = "testing")]
+pub fn faulty(workers: usize) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(workers)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// A pool on the fault-injecting backend with `devices` devices and two
+/// cleaner workers, and its faults.
+#[cfg(feature = "testing")]
+pub fn faulty_on(devices: usize) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .devices(devices)
+        .cleaner_threads(2)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// A pool on the fault-injecting backend with `workers` cleaner workers
+/// and `classes`, and its faults.
+#[cfg(feature = "testing")]
+pub fn faulty_with_classes(workers: usize, classes: SizeClasses) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(workers)
+        .size_classes(classes)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+// === buffers ===
+
+/// Whether every byte of `buf` is zero.
+pub fn all_zero(buf: &[u8]) -> bool {
+    buf.iter().all(|&b| b == 0)
+}
+
+/// A pinned buffer: a miss, dropped, registered by the cleaner, taken again.
+#[cfg(feature = "testing")]
+pub fn pinned(pool: &Pool, size: usize) -> PinnedBuffer {
+    drop(pool.take(size));
+    pool.flush();
+    let buf = pool.take(size);
+    assert!(buf.is_pinned());
+    buf
+}
+
+// === waiting ===
+
+/// Polls `cond` until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Runs `f` on its own thread; panics if it has not finished within
 /// `limit` (a hang fails the test instead of stalling the run).
 pub fn within<T: Send + 'static>(
-    limit: std::time::Duration,
+    limit: Duration,
     what: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
@@ -61,33 +145,52 @@ pub fn within<T: Send + 'static>(
     }
 }
 
-/// A pool on the fault-injecting backend with `workers` cleaner workers,
-/// and its faults.
+/// Whether the state of the pool built on `faults` was freed within
+/// `limit`: the state holds the fault backend's `Arc<Faults>`, so a strong
+/// count of 1 means it is gone.
 #[cfg(feature = "testing")]
-pub fn faulty(workers: usize) -> (Pool, std::sync::Arc<pinpool::testing::Faults>) {
-    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(workers)
-        .build()
-        .unwrap();
-    (pool, faults)
+pub fn state_freed(faults: &Arc<Faults>, limit: Duration) -> bool {
+    eventually(limit, || Arc::strong_count(faults) == 1)
 }
 
-/// Runs the test named `test` again, alone, in a child process of its own
-/// with `env` set, for a test of process-wide state (the reaper thread,
-/// what a thread start or a panic does to the whole process). Returns
-/// `None` in the child, which then does the test's work, and in the parent
-/// the child's output once it passed.
-pub fn in_child(test: &str, env: &[(&str, &str)]) -> Option<String> {
+// === the process ===
+
+/// Threads of this process (Linux: entries of `/proc/self/task`).
+pub fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// Resident bytes of this process (Linux: `/proc/self/statm`).
+pub fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Runs the test `test` of `module` (`module_path!()` where it is
+/// defined) again, alone, in a child process of its own with `env` set,
+/// for a test of process-wide state (the reaper thread, the global pool,
+/// the process's threads or memory, what a thread start or a panic does to
+/// the whole process). Returns `None` in the child, which then does the
+/// test's work, and in the parent the child's output once it passed.
+pub fn in_child(module: &str, test: &str, env: &[(&str, &str)]) -> Option<String> {
     const CHILD: &str = "PINPOOL_TEST_CHILD";
-    if std::env::var(CHILD).as_deref() == Ok(test) {
+    // The test's name as the harness knows it: its path below the crate.
+    let name = match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{test}"),
+        None => test.to_owned(),
+    };
+    if std::env::var(CHILD).as_deref() == Ok(name.as_str()) {
         return None;
     }
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, test)
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, &name)
         .envs(env.iter().copied())
         .output()
         .expect("the test binary runs again");
@@ -98,8 +201,23 @@ pub fn in_child(test: &str, env: &[(&str, &str)]) -> Option<String> {
     );
     assert!(
         out.status.success() && text.contains("1 passed"),
-        "{test} failed in its child process ({}):\n{text}",
+        "{name} failed in its child process ({}):\n{text}",
         out.status
     );
     Some(text)
 }
+
+// === thread exit ===
+
+/// Runs `f` once, when the thread-local holding it is destroyed.
+pub struct OnExit(pub Option<Box<dyn FnOnce()>>);
+
+impl Drop for OnExit {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+pub mod gpu;

@@ -1,0 +1,455 @@
+//! The owner's fast path: the per-thread lookup memo, the guard's state in
+//! the block's metadata, the deferred FIFO linked through the metadata, and
+//! a tight take / drop loop that keeps hitting.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[cfg(feature = "testing")]
+use pinpool::testing::{Faults, TestFence};
+use pinpool::{BackendKind, PinnedBuffer, Pool, SizeClasses};
+
+use crate::common::{all_zero, eventually, host_pool, host_pow2, within};
+#[cfg(feature = "testing")]
+use crate::common::{faulty_with_classes, state_freed};
+
+/// Pools built and dropped in sequence (often at the same address) on one
+/// thread: each must see only its own takes, hand out zeroed buffers, and
+/// never serve a take from a dead pool's cache.
+#[cfg(feature = "testing")]
+#[test]
+fn memo_pools_in_sequence_same_thread() {
+    let mut addrs = HashSet::new();
+    for round in 0..64 {
+        let (pool, faults) = faulty_with_classes(1, SizeClasses::Fine);
+        let mut a = pool.take(4096);
+        addrs.insert(a.as_ptr() as usize);
+        a.fill(0xA5);
+        a.set_dirty_len(64);
+        a[64..].fill(0);
+        drop(a);
+        pool.flush();
+        let b = pool.take(4096);
+        assert!(all_zero(&b), "round {round}: non-zero bytes");
+        drop(b);
+        let s = pool.stats();
+        assert_eq!(s.hits + s.misses, 2, "round {round}: {s:?}");
+        assert_eq!(s.misses, 1, "round {round}: {s:?}");
+        drop(pool);
+        assert!(
+            state_freed(&faults, Duration::from_secs(5)),
+            "round {round}: a closed pool with nothing out kept its state ({} refs)",
+            Arc::strong_count(&faults)
+        );
+    }
+}
+
+/// Two pools used alternately from one thread (each take switches the memo)
+/// and from a second thread: the counts of each stay its own.
+#[test]
+fn memo_alternating_pools_keep_their_counts() {
+    // Without borrowing: a borrowed take counts in the class that served
+    // it, which would move a take between the per-class figures below.
+    let no_borrow = || {
+        Pool::builder()
+            .backend(BackendKind::Host)
+            .cleaner_threads(1)
+            .size_classes(SizeClasses::PowersOfTwo)
+            .borrow_slack(0)
+            .build()
+            .unwrap()
+    };
+    let p = no_borrow();
+    let q = no_borrow();
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let a = p.take(4096);
+        let b = q.take(8192);
+        assert_eq!(a.len(), 4096);
+        assert_eq!(b.len(), 8192);
+        if i % 3 == 0 {
+            held.push((a, b));
+        } else {
+            drop(b);
+            drop(a);
+        }
+    }
+    let (p2, q2) = (p.clone(), q.clone());
+    std::thread::spawn(move || {
+        for _ in 0..100 {
+            drop(q2.take(4096));
+            drop(p2.take(8192));
+        }
+    })
+    .join()
+    .unwrap();
+    drop(held);
+    p.flush();
+    q.flush();
+    let (sp, sq) = (p.stats(), q.stats());
+    assert_eq!(sp.hits + sp.misses, 300, "{sp:?}");
+    assert_eq!(sq.hits + sq.misses, 300, "{sq:?}");
+    let class = |s: &pinpool::Stats, size: usize| {
+        s.per_class
+            .iter()
+            .find(|c| c.size == size)
+            .map(|c| c.hits + c.misses)
+            .unwrap_or(0)
+    };
+    assert_eq!(class(&sp, 4096), 200, "{sp:?}");
+    assert_eq!(class(&sp, 8192), 100, "{sp:?}");
+    assert_eq!(class(&sq, 8192), 200, "{sq:?}");
+    assert_eq!(class(&sq, 4096), 100, "{sq:?}");
+    assert_eq!(sp.in_cleaner, 0);
+    assert_eq!(sq.in_cleaner, 0);
+}
+
+/// A thread keeps its memo of a pool that another thread then closes (the
+/// last handle); a new pool is built (maybe at the same address) and handed
+/// to the thread, which takes from it without first looking anything else
+/// up. Its takes must land in the new pool's caches.
+#[cfg(feature = "testing")]
+#[test]
+fn memo_kept_while_pool_closes_and_another_is_built() {
+    let (tx_pool, rx_pool) = std::sync::mpsc::channel::<Option<(Pool, Arc<Faults>)>>();
+    let (tx_done, rx_done) = std::sync::mpsc::channel::<Result<(), String>>();
+    let worker = std::thread::spawn(move || {
+        while let Ok(Some((pool, faults))) = rx_pool.recv() {
+            let r = (|| {
+                let mut bufs: Vec<_> = (0..8).map(|_| pool.take(4096)).collect();
+                for b in &mut bufs {
+                    if !all_zero(b) {
+                        return Err("non-zero buffer".to_string());
+                    }
+                    b[..32].fill(7);
+                    b.set_dirty_len(32);
+                }
+                drop(bufs);
+                let again: Vec<_> = (0..8).map(|_| pool.take(4096)).collect();
+                if !again.iter().all(|b| all_zero(b)) {
+                    return Err("non-zero after reuse".to_string());
+                }
+                drop(again);
+                let s = pool.stats();
+                if s.hits + s.misses != 16 {
+                    return Err(format!("takes counted {} of 16: {s:?}", s.hits + s.misses));
+                }
+                Ok(())
+            })();
+            drop(pool); // this thread's handle; its memo still names the map
+            let _ = faults;
+            tx_done.send(r).unwrap();
+        }
+    });
+    for round in 0..32 {
+        let (pool, faults) = faulty_with_classes(1, SizeClasses::Fine);
+        tx_pool.send(Some((pool.clone(), faults.clone()))).unwrap();
+        rx_done
+            .recv()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        drop(pool);
+        assert!(
+            state_freed(&faults, Duration::from_secs(5)),
+            "round {round}: state kept ({} refs)",
+            Arc::strong_count(&faults)
+        );
+    }
+    tx_pool.send(None).unwrap();
+    worker.join().unwrap();
+}
+
+/// `was_pooled` and the length shown are per take: a miss, then a hit of the
+/// same block through the owner's lists, and through a cross-thread drop.
+#[test]
+fn pooled_flag_and_length_are_per_take() {
+    let pool = host_pow2(1);
+    let a = pool.take(1000);
+    assert_eq!(a.len(), 1024);
+    assert!(!a.was_pooled());
+    drop(a);
+    let b = pool.take(1000);
+    assert!(b.was_pooled(), "owner's reuse should be a hit");
+    assert_eq!(b.len(), 1024);
+    let p2 = pool.clone();
+    let c = std::thread::spawn(move || {
+        let c = p2.take(1000);
+        assert_eq!(c.len(), 1024);
+        c
+    })
+    .join()
+    .unwrap();
+    drop(b);
+    let was = c.was_pooled();
+    drop(c); // cross-thread drop of a buffer homed at the exited thread
+    pool.flush();
+    let d = pool.take(1000);
+    assert!(d.was_pooled());
+    assert_eq!(d.len(), 1024);
+    assert!(all_zero(&d));
+    let _ = was;
+}
+
+/// An owner keeps a long deferred FIFO (holding some buffers, dropping
+/// others, reusing its own) while other threads steal, flush, clear, lower
+/// and raise the cap, and drop buffers homed at the owner (its returns list,
+/// collected into the FIFO). No buffer is handed out twice, every one is
+/// zero, nothing is lost.
+#[test]
+fn deferred_fifo_under_thieves_and_flushes() {
+    let pool = host_pow2(2);
+    let out: Arc<Mutex<HashSet<usize>>> = Arc::default();
+    let problems: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let takes = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<PinnedBuffer>(256);
+    let claim = |out: &Mutex<HashSet<usize>>, problems: &Mutex<Vec<String>>, b: &PinnedBuffer| {
+        if !out.lock().unwrap().insert(b.as_ptr() as usize) {
+            problems
+                .lock()
+                .unwrap()
+                .push(format!("double hand-out of {:p}", b.as_ptr()));
+        }
+        if !all_zero(b) {
+            problems.lock().unwrap().push("non-zero".into());
+        }
+    };
+    let release = |out: &Mutex<HashSet<usize>>, b: PinnedBuffer| {
+        out.lock().unwrap().remove(&(b.as_ptr() as usize));
+        drop(b);
+    };
+    let mut threads = Vec::new();
+    // Owners.
+    for t in 0..2 {
+        let (pool, out, problems, stop, takes, tx) = (
+            pool.clone(),
+            out.clone(),
+            problems.clone(),
+            stop.clone(),
+            takes.clone(),
+            tx.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut held: std::collections::VecDeque<PinnedBuffer> = Default::default();
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let size = if (i + t).is_multiple_of(3) { 256 } else { 4096 };
+                let mut b = pool.take(size);
+                takes.fetch_add(1, Ordering::Relaxed);
+                claim(&out, &problems, &b);
+                b[..16].fill(0xC3);
+                b.set_dirty_len(16);
+                if i.is_multiple_of(11) {
+                    // Dropped by another thread: onto this cache's returns.
+                    out.lock().unwrap().remove(&(b.as_ptr() as usize));
+                    if let Err(e) = tx.try_send(b) {
+                        drop(e);
+                    }
+                } else {
+                    held.push_back(b);
+                }
+                if held.len() > 40 {
+                    for _ in 0..30 {
+                        release(&out, held.pop_front().unwrap());
+                    }
+                }
+                i += 1;
+            }
+            for b in held {
+                release(&out, b);
+            }
+        }));
+    }
+    drop(tx);
+    // Remote dropper.
+    threads.push(std::thread::spawn(move || {
+        for b in rx {
+            drop(b);
+        }
+    }));
+    // Thieves: takes from a thread with an empty cache (steals), flush,
+    // clear, cap changes.
+    for k in 0..2 {
+        let (pool, out, problems, stop, takes) = (
+            pool.clone(),
+            out.clone(),
+            problems.clone(),
+            stop.clone(),
+            takes.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if k == 0 {
+                    let bs: Vec<_> = (0..4)
+                        .map(|j| pool.take(if j % 2 == 0 { 4096 } else { 256 }))
+                        .collect();
+                    takes.fetch_add(4, Ordering::Relaxed);
+                    for b in &bs {
+                        claim(&out, &problems, b);
+                    }
+                    for b in bs {
+                        release(&out, b);
+                    }
+                    // Drops went to this thread's own FIFO: flush them along.
+                    if n.is_multiple_of(4) {
+                        pool.flush();
+                    }
+                } else {
+                    match n % 4 {
+                        0 => pool.flush(),
+                        1 => pool.clear(),
+                        2 => pool.set_max_pooled_bytes(64 << 10),
+                        _ => pool.set_max_pooled_bytes(4 << 30),
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                n += 1;
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let p2 = pool.clone();
+    within(Duration::from_secs(10), "final flush", move || p2.flush());
+    let problems = problems.lock().unwrap().clone();
+    assert!(
+        problems.is_empty(),
+        "{} problems, first {:?}",
+        problems.len(),
+        &problems[..problems.len().min(5)]
+    );
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, takes.load(Ordering::Relaxed), "{s:?}");
+    assert_eq!(s.in_cleaner, 0, "{s:?}");
+}
+
+/// An owner with deferred buffers goes idle; sweeps move them along (the
+/// new activity figure must see the owner idle), a thief steals, and the
+/// pool's pooled count matches the buffers after a flush.
+#[test]
+fn idle_owner_deferred_buffers_are_swept() {
+    let pool = host_pow2(1);
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let p2 = pool.clone();
+    let owner = std::thread::spawn(move || {
+        let mut v: Vec<_> = (0..16).map(|_| p2.take(4096)).collect();
+        for b in &mut v {
+            b[..8].fill(1);
+            b.set_dirty_len(8);
+        }
+        drop(v); // 16 deferred in this cache
+        ready_tx.send(()).unwrap();
+        let _ = go_rx.recv();
+        // Back after the sweep: takes must still work and be zero.
+        let v: Vec<_> = (0..16).map(|_| p2.take(4096)).collect();
+        assert!(v.iter().all(|b| all_zero(b)));
+        let set: HashSet<_> = v.iter().map(|b| b.as_ptr() as usize).collect();
+        assert_eq!(set.len(), 16);
+    });
+    ready_rx.recv().unwrap();
+    // The sweep (idle worker 0, every 1-100 ms) should move them to the
+    // shard without a flush.
+    let moved = eventually(Duration::from_secs(3), || pool.stats().pooled_buffers >= 16);
+    assert!(
+        moved,
+        "an idle owner's deferred buffers were never swept: {:?}",
+        pool.stats()
+    );
+    let mine: Vec<_> = (0..16).map(|_| pool.take(4096)).collect();
+    assert!(mine.iter().all(|b| b.was_pooled() && all_zero(b)));
+    drop(mine);
+    go_tx.send(()).unwrap();
+    owner.join().unwrap();
+    pool.flush();
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, 48, "{s:?}");
+}
+
+/// The oldest deferred buffer's copy is slow; the two behind it are done.
+/// The owner's takes must not lose or double-hand-out any of them (FIFO
+/// put-back at the front), and wait at most one `SELF_WAIT` (20 ms, the
+/// documented wait for a head with two behind it) in all, not one per take;
+/// once the slow copy completes, everything comes back.
+#[cfg(feature = "testing")]
+#[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "a timing bound (35 ms for one 20 ms wait): AddressSanitizer's slowdown breaks it"
+)]
+fn deferred_fifo_head_with_slow_fence() {
+    let pool = host_pow2(1);
+    let slow = TestFence::default();
+    let done = TestFence::default();
+    done.complete();
+    let mut v: Vec<_> = (0..3).map(|_| pool.take(4096)).collect();
+    let ptrs: HashSet<usize> = v.iter().map(|b| b.as_ptr() as usize).collect();
+    for (i, b) in v.iter_mut().enumerate() {
+        b[..8].fill(0x77);
+        b.set_dirty_len(8);
+        if i == 0 {
+            slow.record(b)
+        } else {
+            done.record(b)
+        }
+    }
+    drop(v); // FIFO: slow, done, done
+    let t0 = std::time::Instant::now();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let b = pool.take(4096);
+        assert!(all_zero(&b));
+        got.push(b);
+    }
+    let took = t0.elapsed();
+    let reused = got
+        .iter()
+        .filter(|b| ptrs.contains(&(b.as_ptr() as usize)))
+        .count();
+    let uniq: HashSet<usize> = got.iter().map(|b| b.as_ptr() as usize).collect();
+    assert_eq!(uniq.len(), 3, "double hand-out");
+    slow.complete();
+    drop(got);
+    pool.flush();
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, 6, "{s:?}");
+    assert_eq!(s.in_cleaner, 0, "{s:?}");
+    eprintln!("three takes behind a slow head: {took:?}, {reused} of the 3 done buffers reused");
+    assert!(
+        took < Duration::from_millis(35),
+        "three takes behind one slow deferred buffer took {took:?} ({reused} reused): one slow event held up buffers whose copies were done"
+    );
+}
+
+#[test]
+fn tight_take_drop_loop_keeps_hitting_without_growing() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 20_000;
+    let pool = host_pool(1);
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                for _ in 0..ROUNDS {
+                    let mut buf = pool.take(4096);
+                    buf[..64].fill(1);
+                    buf.set_dirty_len(64);
+                }
+            });
+        }
+    });
+    pool.flush();
+    let stats = pool.stats();
+    assert!(stats.hit_rate() > 0.99, "hit rate {}", stats.hit_rate());
+    assert!(
+        stats.misses <= 64 * THREADS as u64,
+        "{} misses: buffers in circulation grew instead of being reused",
+        stats.misses
+    );
+    assert_eq!(stats.in_cleaner, 0);
+}

@@ -1,0 +1,218 @@
+//! Pinned memory over time: `reserve`, provisioning ahead of demand, idle
+//! trimming.
+
+use std::time::{Duration, Instant};
+
+use pinpool::{BackendKind, Error, Pool};
+
+use crate::common::all_zero;
+
+fn pool(idle_trim: Option<Duration>) -> Pool {
+    let builder = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(2);
+    match idle_trim {
+        Some(after) => builder.idle_trim(after),
+        None => builder.no_idle_trim(),
+    }
+    .build()
+    .unwrap()
+}
+
+/// Waits up to `limit` for `done`.
+fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn reserve_pins_ahead_and_flush_waits_for_it() {
+    let pool = pool(None);
+    pool.reserve(0, &[(1 << 20, 3), (4096, 2)]).unwrap();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.pooled_buffers, 5);
+    assert_eq!(stats.pooled_bytes, 3 * (1 << 20) + 2 * 4096);
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    assert!(bufs.iter().all(|b| b.was_pooled() && all_zero(b)));
+    assert_eq!(pool.stats().misses, 0);
+}
+
+#[test]
+fn bad_reservations_are_errors_and_reserve_nothing() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .devices(2)
+        .max_pooled_bytes(16 << 20)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        pool.reserve(2, &[(4096, 1)]),
+        Err(Error::UnknownDevice { .. })
+    ));
+    assert!(matches!(
+        pool.reserve(0, &[(4096, 1), (usize::MAX, 1)]),
+        Err(Error::SizeTooLarge { .. })
+    ));
+    assert!(matches!(
+        pool.reserve(0, &[(4096, 1), (8 << 20, 2)]),
+        Err(Error::ReserveTooLarge { .. })
+    ));
+    assert!(matches!(
+        pool.reserve(0, &[(4096, usize::MAX)]),
+        Err(Error::ReserveExceedsMemory { .. })
+    ));
+    pool.flush();
+    assert_eq!(
+        pool.stats().pooled_buffers,
+        0,
+        "a failed reserve pinned something"
+    );
+}
+
+/// With no cap to stop it, a reservation whose bytes overflow, or that
+/// this host's memory could not hold, is an error before anything is
+/// mapped (not an allocation loop until the process runs out of memory).
+#[test]
+fn reservations_past_the_hosts_memory_are_errors_under_an_unlimited_cap() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .max_pooled_bytes(usize::MAX)
+        .build()
+        .unwrap();
+    let too_large = |wanted: &[(usize, usize)]| {
+        let started = Instant::now();
+        let outcome = pool.reserve(0, wanted);
+        assert!(
+            matches!(outcome, Err(Error::ReserveExceedsMemory { .. })),
+            "reserve({wanted:?}) gave {outcome:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "reserve({wanted:?}) mapped memory before failing"
+        );
+    };
+    too_large(&[(4096, usize::MAX)]);
+    too_large(&[(pinpool::MAX_CLASS_SIZE, 1 << 30), (4096, 1)]);
+    too_large(&[(1 << 30, usize::MAX / 2), (1 << 30, usize::MAX / 2)]);
+    // Twice this host's memory, in 1 GiB buffers.
+    let pages = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let kib = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            kib.split_whitespace().nth(1)?.parse::<usize>().ok()
+        })
+        .expect("MemTotal in /proc/meminfo");
+    too_large(&[(1 << 30, (pages << 10 >> 30) * 2 + 2)]);
+    let err = pool.reserve(0, &[(4096, usize::MAX)]).unwrap_err();
+    assert!(err.to_string().contains("memory"), "{err}");
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 0);
+}
+
+#[test]
+fn idle_buffers_are_trimmed_but_reserved_ones_stay() {
+    let pool = pool(Some(Duration::from_millis(100)));
+    pool.reserve(0, &[(1 << 20, 1)]).unwrap();
+    let bufs: Vec<_> = (0..4).map(|_| pool.take(2 << 20)).collect();
+    drop(bufs);
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 5);
+    // Trimming runs a quarter of the idle time apart, at least a second.
+    eventually(Duration::from_secs(10), "idle trim", || {
+        pool.stats().pooled_buffers == 1
+    });
+    let stats = pool.stats();
+    assert_eq!(stats.pooled_bytes, 1 << 20, "the reserved buffer stays");
+    assert_eq!(stats.trimmed_bytes, 4 * (2 << 20));
+}
+
+#[test]
+fn trim_now_frees_idle_buffers() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .provision(false)
+        .build()
+        .unwrap();
+    drop(pool.take(1 << 20));
+    pool.flush();
+    pool.trim();
+    assert_eq!(pool.stats().pooled_buffers, 0);
+    assert_eq!(pool.stats().trimmed_bytes, 1 << 20);
+}
+
+#[test]
+fn provisioning_restores_what_recent_demand_needed() {
+    let pool = pool(None);
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    std::thread::sleep(Duration::from_millis(200)); // a tick sees 3 in use
+    drop(bufs);
+    pool.flush();
+    pool.set_max_pooled_bytes(0); // evicts all three
+    assert_eq!(pool.stats().pooled_buffers, 0);
+    pool.set_max_pooled_bytes(1 << 30);
+    eventually(Duration::from_secs(10), "provisioning", || {
+        pool.flush();
+        pool.stats().pooled_buffers == 3
+    });
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    assert!(bufs.iter().all(|b| b.was_pooled()));
+}
+
+#[test]
+fn provisioning_off_leaves_evicted_classes_empty() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .provision(false)
+        .build()
+        .unwrap();
+    let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(bufs);
+    pool.flush();
+    pool.set_max_pooled_bytes(0);
+    pool.set_max_pooled_bytes(1 << 30);
+    std::thread::sleep(Duration::from_millis(500));
+    pool.flush();
+    assert_eq!(pool.stats().pooled_buffers, 0);
+}
+
+/// Idle trim releases only what has been idle longer than the idle-trim
+/// time: a buffer used every few milliseconds stays, one left alone goes.
+#[test]
+fn idle_trim_keeps_a_buffer_in_use_and_releases_one_left_idle() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .provision(false)
+        .idle_trim(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    // Left idle from the start; 4 MiB is out of the 1 MiB class's borrowing
+    // reach, so the loop below never takes it.
+    drop(pool.take(4 << 20));
+    pool.flush();
+    // Trim ticks run a second apart: three seconds see at least two, and
+    // the 4 MiB buffer is idle longer than a second at the second.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let mut buf = pool.take(1 << 20);
+        buf[..128 << 10].fill(1); // past what the owner re-zeroes itself
+        drop(buf);
+        pool.flush();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.trimmed_bytes,
+        4 << 20,
+        "only the idle buffer is trimmed"
+    );
+    let one_mib = stats.per_class.iter().find(|c| c.size == 1 << 20).unwrap();
+    assert_eq!(
+        one_mib.misses, 1,
+        "the buffer in use was trimmed and missed again"
+    );
+}

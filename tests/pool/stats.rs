@@ -1,0 +1,125 @@
+//! Statistics: a readable table, broken down by device and class, and exact
+//! after a mixed workload once the pool is quiet.
+
+#[cfg(feature = "testing")]
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "testing")]
+use std::sync::{Arc, Mutex};
+#[cfg(feature = "testing")]
+use std::time::Duration;
+
+#[cfg(feature = "testing")]
+use pinpool::{PinnedBuffer, SizeClasses};
+
+use crate::common::host_pool;
+#[cfg(feature = "testing")]
+use crate::common::{all_zero, faulty_with_classes, state_freed};
+
+#[test]
+fn stats_display_is_a_readable_table() {
+    let pool = host_pool(1);
+    drop(pool.take(4096));
+    pool.flush();
+    let line = pool.stats().to_string();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(line.contains("1 misses"), "{line}");
+    let text = format!("{:#}", pool.stats());
+    assert!(text.contains("host backend"), "{text}");
+    assert!(text.contains("4.0 KiB"), "sizes in human units: {text}");
+    assert!(text.lines().count() >= 8, "{text}");
+}
+
+#[test]
+fn stats_break_down_by_device_and_class() {
+    let pool = host_pool(2);
+    let bufs = [
+        pool.take_on(0, 4096).unwrap(),
+        pool.take_on(1, 4096).unwrap(),
+        pool.take_on(1, 1 << 20).unwrap(),
+    ];
+    drop(bufs);
+    pool.flush();
+    let stats = pool.stats();
+    let devices: Vec<(usize, usize)> = stats
+        .per_device
+        .iter()
+        .map(|d| (d.device, d.pooled_buffers))
+        .collect();
+    assert_eq!(devices, [(0, 1), (1, 2)]);
+    assert_eq!(stats.per_device[1].pooled_bytes, 4096 + (1 << 20));
+    let classes: Vec<(usize, usize, u64)> = stats
+        .per_class
+        .iter()
+        .map(|c| (c.size, c.pooled_buffers, c.misses))
+        .collect();
+    assert_eq!(classes, [(4096, 2, 2), (1 << 20, 1, 1)]);
+}
+
+/// Threads take and pass buffers around (dropped by other threads), borrow,
+/// and reuse their own; after joining and flushing, the counts are exact
+/// and the pool lets its state go on close.
+#[cfg(feature = "testing")]
+#[test]
+fn stats_exact_after_mixed_workload() {
+    let (pool, faults) = faulty_with_classes(2, SizeClasses::PowersOfTwo);
+    let takes = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<PinnedBuffer>(64);
+    let rx = Arc::new(Mutex::new(rx));
+    let mut threads = Vec::new();
+    for t in 0..4usize {
+        let (pool, takes, bad, tx, rx) = (
+            pool.clone(),
+            takes.clone(),
+            bad.clone(),
+            tx.clone(),
+            rx.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            for i in 0..2000usize {
+                let size = [64usize, 4096, 8192, 1000][(i + t) % 4];
+                let mut b = pool.take(size);
+                takes.fetch_add(1, Ordering::Relaxed);
+                if !all_zero(&b) {
+                    bad.store(true, Ordering::Relaxed);
+                }
+                let n = b.len().min(48);
+                b[..n].fill(0x5A);
+                b.set_dirty_len(n);
+                if i % 5 == 0 {
+                    let _ = tx.try_send(b);
+                } else {
+                    drop(b);
+                }
+                if i % 7 == 0 {
+                    if let Ok(b) = rx.lock().unwrap().try_recv() {
+                        drop(b);
+                    }
+                }
+            }
+        }));
+    }
+    drop(tx);
+    for t in threads {
+        t.join().unwrap();
+    }
+    while let Ok(b) = rx.lock().unwrap().try_recv() {
+        drop(b);
+    }
+    pool.flush();
+    assert!(!bad.load(Ordering::Relaxed), "a non-zero buffer handed out");
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, takes.load(Ordering::Relaxed), "{s:?}");
+    assert_eq!(s.in_cleaner, 0, "{s:?}");
+    let per_class: u64 = s.per_class.iter().map(|c| c.hits + c.misses).sum();
+    assert_eq!(per_class, s.hits + s.misses, "{s:?}");
+    let per_class_pooled: usize = s.per_class.iter().map(|c| c.pooled_buffers).sum();
+    assert_eq!(per_class_pooled, s.pooled_buffers, "{s:?}");
+    assert!(s.pooled_bytes <= s.max_pooled_bytes);
+    drop(pool);
+    assert!(
+        state_freed(&faults, Duration::from_secs(5)),
+        "nothing out, state kept ({} refs)",
+        Arc::strong_count(&faults)
+    );
+}

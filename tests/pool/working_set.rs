@@ -1,0 +1,138 @@
+//! A prover-like workload on the fault backend (which "pins"): a few
+//! threads, each taking a segment of log-uniform sizes from a page to a few
+//! MiB, holding them all, writing a little into each, and dropping them,
+//! segment after segment; the cap at the working set's upper bound (every
+//! thread at its largest segment at once). What the pool should reach on
+//! it, for every seed, thread count and size range below: peak pinned at
+//! most 1.3x the most bytes held at once, steady byte hits (after the
+//! first quarter of the segments) at least 98%, and at most 4
+//! registrations per 64 MiB pinned.
+
+use std::sync::Arc;
+
+use pinpool::testing::Faults;
+use pinpool::Pool;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Log-uniform in `[lo, hi]`.
+    fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
+        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        (a + u * (b - a)).exp() as usize
+    }
+}
+
+struct Figures {
+    peak_pinned: u64,
+    peak_held: u64,
+    steady_byte_hits: f64,
+    registrations: u64,
+    pinned_total: u64,
+}
+
+fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) -> Figures {
+    // Plans first: the cap is the working set's upper bound.
+    let plans: Vec<Vec<Vec<usize>>> = (0..threads)
+        .map(|t| {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9) + t as u64 + 1);
+            (0..segments)
+                .map(|_| (0..buffers).map(|_| rng.log_uniform(4096, hi)).collect())
+                .collect()
+        })
+        .collect();
+    let bound: usize = plans
+        .iter()
+        .map(|p| p.iter().map(|s| s.iter().sum::<usize>()).max().unwrap())
+        .sum();
+    let pool = Pool::builder()
+        .faults(Arc::new(Faults::default()))
+        .cleaner_threads(2)
+        .max_pooled_bytes(bound)
+        .build()
+        .unwrap();
+    let held = std::sync::atomic::AtomicU64::new(0);
+    let peak_held = std::sync::atomic::AtomicU64::new(0);
+    let steady = std::sync::Mutex::new((0u64, 0u64));
+    std::thread::scope(|s| {
+        for plan in &plans {
+            let (pool, held, peak_held, steady) = (&pool, &held, &peak_held, &steady);
+            s.spawn(move || {
+                for (i, segment) in plan.iter().enumerate() {
+                    let mut bufs = Vec::with_capacity(segment.len());
+                    let (mut hit, mut asked) = (0u64, 0u64);
+                    for &size in segment {
+                        let mut b = pool.take(size);
+                        b[..64].fill(1);
+                        asked += size as u64;
+                        if b.was_pooled() {
+                            hit += size as u64;
+                        }
+                        let now = held.fetch_add(size as u64, std::sync::atomic::Ordering::Relaxed)
+                            + size as u64;
+                        peak_held.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                        bufs.push(b);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    held.fetch_sub(asked, std::sync::atomic::Ordering::Relaxed);
+                    drop(bufs);
+                    if i >= plan.len() / 4 {
+                        let mut st = steady.lock().unwrap();
+                        st.0 += hit;
+                        st.1 += asked;
+                    }
+                }
+            });
+        }
+    });
+    pool.flush();
+    let stats = pool.stats();
+    let (hit, asked) = *steady.lock().unwrap();
+    Figures {
+        peak_pinned: stats.peak_pinned_bytes,
+        peak_held: peak_held.into_inner(),
+        steady_byte_hits: hit as f64 / asked.max(1) as f64,
+        registrations: stats.registrations,
+        pinned_total: stats.registered_bytes,
+    }
+}
+
+#[test]
+#[ignore = "FAILS: pinning per buffer and caching per class, the pool misses these \
+            targets (see the figures it prints); regions are to meet them"]
+fn pinned_memory_follows_the_working_set() {
+    let mut failures = Vec::new();
+    for (threads, hi, seed) in [
+        (2, 4 << 20, 1),
+        (3, 2 << 20, 2),
+        (4, 1 << 20, 3),
+        (2, 8 << 20, 4),
+    ] {
+        let f = run(threads, 24, 24, hi, seed);
+        let ratio = f.peak_pinned as f64 / f.peak_held as f64;
+        let per_64mib =
+            f.registrations as f64 / (f.pinned_total as f64 / (64 << 20) as f64).max(1.0);
+        let line = format!(
+            "{threads} threads, sizes up to {} MiB, seed {seed}: peak pinned {:.2}x the bytes held \
+             at once, steady byte hits {:.1}%, {per_64mib:.1} registrations per 64 MiB pinned",
+            hi >> 20,
+            ratio,
+            f.steady_byte_hits * 100.0
+        );
+        eprintln!("{line}");
+        if ratio > 1.3 || f.steady_byte_hits < 0.98 || per_64mib > 4.0 {
+            failures.push(line);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "targets missed:\n{}",
+        failures.join("\n")
+    );
+}
