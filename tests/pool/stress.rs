@@ -402,6 +402,7 @@ fn run(pool: Pool, faults: Option<Arc<Faults>>, secs: u64) {
 /// slot's mark is met within the cap, so the pool does become quiet: a
 /// snapshot with nothing in the cleaner whose per-device bytes add up to the
 /// total, read twice with no change.
+#[cfg(feature = "testing")]
 fn settled(pool: &Pool) -> pinpool::Stats {
     let deadline = Instant::now() + Duration::from_secs(20);
     let quiet = |s: &pinpool::Stats| {
