@@ -141,6 +141,14 @@ impl Admission {
         }
     }
 
+    /// Takes `bytes` out of the estimate, for pooled buffers the caller
+    /// removed from a shard itself (after removing them: the estimate never
+    /// under-counts).
+    pub(crate) fn removed(&self, bytes: usize) {
+        // Relaxed: as every change to the estimate.
+        self.estimate.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
     /// Pooled footprint bytes (exact once the pool is quiet).
     pub(crate) fn pooled_bytes(&self, at: Places<'_>) -> usize {
         self.pooled_with(at, &self.folded.lock())

@@ -62,6 +62,10 @@ pub struct Config {
     ///
     /// [`Pool::reserve`]: crate::pool::Pool::reserve
     pub provision: bool,
+    /// Whether buffers are carved from regions, a few large registrations,
+    /// instead of pinning each buffer (see
+    /// [`PoolBuilder::regions`]). Off by default.
+    pub regions: bool,
     /// How much longer than its class a buffer may be when a take whose
     /// class is empty borrows an idle pinned buffer of a larger class, in
     /// percent of the class size (0: never borrow).
@@ -83,6 +87,7 @@ impl Default for Config {
             size_classes: SizeClasses::default(),
             idle_trim: Some(DEFAULT_IDLE_TRIM),
             provision: true,
+            regions: false,
             borrow_slack: DEFAULT_BORROW_SLACK,
             numa: NumaMode::Auto,
         }
@@ -320,6 +325,32 @@ impl PoolBuilder {
         self
     }
 
+    /// Whether buffers are carved from *regions* (default off): on a
+    /// pinning backend, the cleaner registers a few large mappings, sized
+    /// by the most bytes the takes wanted at once, instead of one
+    /// registration per buffer; a take whose class is empty carves its
+    /// buffer from a region's free extents (or from the space of an idle
+    /// buffer of a larger class) before it misses; large buffers (256 KiB
+    /// and up) go back to their region when clean, where free neighbours
+    /// coalesce, so memory moves between size classes. Idle regions are
+    /// trimmed whole; `clear` frees the regions nothing is carved from,
+    /// `shutdown` every region (one with a buffer still out goes with its
+    /// last buffer). Free extents are pinned but not pooled buffers: they
+    /// count in [`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes),
+    /// not in the cap's pooled bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).regions(true).build()?;
+    /// assert!(pool.config().regions);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn regions(mut self, on: bool) -> Self {
+        self.config.regions = on;
+        self
+    }
+
     /// How much longer than its class (in percent, at most 100) a borrowed
     /// buffer may be (default 100; 0 turns borrowing off; see
     /// [`Config::borrow_slack`]). A borrowed buffer's `len()` is still the
@@ -396,6 +427,7 @@ impl PoolBuilder {
     /// | `size_classes` | `fine`, `pow2` |
     /// | `idle_trim` | a positive duration, or `off` |
     /// | `provision` | `on`, `off` |
+    /// | `regions` | `on`, `off` |
     /// | `borrow` | a percent, 0 to 100 (`50` or `50%`) |
     /// | `numa` | `auto`, `off` |
     ///
@@ -530,6 +562,7 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
             }
         }
         "provision" => config.provision = parse_switch(value)?,
+        "regions" => config.regions = parse_switch(value)?,
         "numa" => config.numa = value.parse()?,
         "borrow" => {
             let digits = value.strip_suffix('%').unwrap_or(value).trim();

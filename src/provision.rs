@@ -77,6 +77,11 @@ impl Provisioner {
         }
     }
 
+    /// The idle-trim time, if idle trimming is on.
+    pub(crate) fn idle_trim(&self) -> Option<Duration> {
+        self.idle_trim
+    }
+
     /// One tick: updates the marks and plans provisioning (if `quiet`: the
     /// cleaner has nothing in flight) and idle trimming. `force` trims now,
     /// whatever the buffers' idle time (`Pool::trim`).

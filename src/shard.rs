@@ -1,8 +1,10 @@
-//! One device's share of the pool: a lock-free stack per size class.
+//! One device's share of the pool: a lock-free stack per size class, and
+//! the regions its buffers are carved from.
 
-use crate::alloc::Block;
+use crate::alloc::{Block, Regions};
 use crate::size_class::SizeClass;
 use crate::stack::Stack;
+use crate::tune::{Tune, Tuning};
 
 /// Ready (registered where the backend pins, all-zero, quiescent) buffers
 /// of one device, by size class.
@@ -11,6 +13,11 @@ pub(crate) struct Shard {
     classes: Box<[Stack<Block>]>,
     /// The host NUMA node the device's blocks are placed on, if any.
     node: Option<u32>,
+    /// The device's regions (see `alloc::region`): those small buffers
+    /// are carved from, and those of large ones, so that small buffers
+    /// kept idle by their classes do not scatter through the extents that
+    /// large ones need whole.
+    regions: [Regions; 2],
 }
 
 // === impl Shard ===
@@ -21,7 +28,20 @@ impl Shard {
         Self {
             classes: (0..classes).map(|_| Stack::new()).collect(),
             node,
+            regions: [Regions::new(node), Regions::new(node)],
         }
+    }
+
+    /// The regions that blocks of `footprint` bytes are carved from: the
+    /// small ones below [`REGION_RETURN`](Tuning::REGION_RETURN).
+    #[inline]
+    pub(crate) fn regions(&self, footprint: usize) -> &Regions {
+        &self.regions[usize::from(footprint >= Tune::REGION_RETURN)]
+    }
+
+    /// Both sets of regions.
+    pub(crate) fn all_regions(&self) -> &[Regions] {
+        &self.regions
     }
 
     /// The host NUMA node new blocks of this shard are bound to, if any

@@ -33,6 +33,11 @@ pub(crate) struct Counters {
     pub(crate) bytes_zeroed: StatCounter,
     pub(crate) device_syncs: StatCounter,
     pub(crate) trimmed_bytes: StatCounter,
+    pub(crate) regions_released: StatCounter,
+    /// Footprint bytes of pageable buffers that takes of a pinning pool
+    /// missed to and that are not dropped yet: demand the regions did not
+    /// meet (see `alloc::region`).
+    pub(crate) misses_out: StatCounter,
     /// The most bytes registered at once.
     peak_pinned: StatCounter,
     /// The most bytes in use at once, as sampled (see `note_in_use`).
@@ -49,6 +54,16 @@ impl Counters {
     pub(crate) fn add(counter: &StatCounter, n: u64) {
         // Relaxed: statistics publish nothing.
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Subtracts `n` from `counter`, stopping at 0 (for levels whose
+    /// decrements may race ahead of their increments' reads).
+    #[inline]
+    pub(crate) fn sub(counter: &StatCounter, n: u64) {
+        // Relaxed: statistics publish nothing.
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(n))
+        });
     }
 
     /// Bytes registered now.
@@ -182,6 +197,21 @@ pub struct Stats {
     /// Of `hits`, takes served by an idle buffer of a larger class (see
     /// [`PoolBuilder::borrow_slack`](crate::PoolBuilder::borrow_slack)).
     pub borrowed: u64,
+    /// Of `hits`, takes served by carving a buffer from a region's free
+    /// extents (see [`regions`](Self::regions)).
+    pub carved: u64,
+    /// Regions listed (registrations that buffers are carved from, on the
+    /// backends that pin; the `cuda` and fault-injecting ones).
+    pub regions: usize,
+    /// Bytes of those regions (pinned; buffers carved from them included).
+    pub region_bytes: usize,
+    /// Bytes of their free extents (pinned, all-zero, not carved). Not
+    /// counted in `pooled_bytes`.
+    pub free_extent_bytes: usize,
+    /// The largest free extent of any region.
+    pub largest_free_extent: usize,
+    /// Regions unregistered and freed (trimmed, cleared, or shut down).
+    pub regions_released: u64,
     /// Bytes of ready buffers (footprints: whole pages, or a sub-page
     /// buffer's share of its slab), thread caches included.
     pub pooled_bytes: usize,
@@ -376,6 +406,7 @@ impl Stats {
         self.peak_pinned_bytes = c.peak_pinned();
         self.max_pinned_bytes = c.max_pinned();
         self.trimmed_bytes = load(&c.trimmed_bytes);
+        self.regions_released = load(&c.regions_released);
         self.registration_time = Duration::from_nanos(load(&c.registration_nanos));
         self.registration_failures = load(&c.registration_failures);
         self.fence_failures = load(&c.fence_failures);

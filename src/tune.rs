@@ -111,6 +111,24 @@ pub(crate) trait Tuning {
 
     /// See [`ZERO_BACKLOG`](Self::ZERO_BACKLOG).
     const ZERO_BACKLOG_MIN: usize;
+
+    /// The smallest region the cleaner registers: a miss, with the misses
+    /// queued behind it, gets a region of at least this many bytes, so a
+    /// workload of small buffers pins them a region at a time.
+    const REGION_MIN: usize;
+
+    /// The largest region registered for several buffers (a buffer larger
+    /// than this gets a region of its own size). Well below the 512 GiB
+    /// that one registration may not reach on recent drivers.
+    const REGION_MAX: usize;
+
+    /// Carved buffers of at least this footprint go back to their region
+    /// once clean, rather than to their class's stack or thread cache: at
+    /// these sizes a take's carve (a lock and a search, a few hundred
+    /// nanoseconds) costs little next to the copy, and memory moves freely
+    /// between sizes. Smaller ones stay with their class for same-size
+    /// reuse on the lock-free paths.
+    const REGION_RETURN: usize;
 }
 
 /// The tuning of a real pool.
@@ -150,6 +168,9 @@ impl Tuning for Production {
     const RECYCLE_BACKLOG: usize = 4096;
     const ZERO_BACKLOG: usize = 2 << 30;
     const ZERO_BACKLOG_MIN: usize = 64 << 20;
+    const REGION_MIN: usize = 2 << 20;
+    const REGION_MAX: usize = 1 << 30;
+    const REGION_RETURN: usize = 256 << 10;
 }
 
 impl Tuning for Small {
@@ -172,6 +193,9 @@ impl Tuning for Small {
     const RECYCLE_BACKLOG: usize = Production::RECYCLE_BACKLOG;
     const ZERO_BACKLOG: usize = 64;
     const ZERO_BACKLOG_MIN: usize = 64;
+    const REGION_MIN: usize = 8;
+    const REGION_MAX: usize = 64;
+    const REGION_RETURN: usize = 8;
 }
 
 /// Fails the build if `T` breaks a rule the code relies on: chunks and

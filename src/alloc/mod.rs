@@ -32,6 +32,7 @@
 //! and `slab` the slabs and their shares.
 
 mod mmap;
+mod region;
 mod slab;
 
 use std::ptr::NonNull;
@@ -48,6 +49,9 @@ use crate::tune::{Tune, Tuning};
 pub(crate) use mmap::{clean_range, host_memory};
 
 use mmap::{huge_page_size, map, map_huge};
+pub(crate) use region::{Carved, Regions, Unlisted};
+
+use region::Region;
 use slab::{LastShare, Slab};
 
 /// A buffer's side-table entry. Its owner writes it on every take and drop,
@@ -104,6 +108,8 @@ pub(crate) struct Meta {
     slab: Option<NonNull<Slab>>,
     /// Siblings the head of a slab has still to carve (0 once carved).
     uncarved: usize,
+    /// The region a block was carved from (see `region`).
+    region: Option<NonNull<Region>>,
     contents: Contents,
     _track: Track,
 }
@@ -117,6 +123,9 @@ pub(crate) enum Unpinned {
     Shared,
     /// The slab's last block: unregister the slab.
     Last(LastShare),
+    /// A block carved from a region, given back to it; the region, if
+    /// that was its unlisted region's last block: unregister and free it.
+    Carved(Option<Unlisted>),
 }
 
 impl Meta {
@@ -193,6 +202,7 @@ impl Meta {
             next: std::ptr::null_mut(),
             slab: None,
             uncarved: 0,
+            region: None,
             contents: Contents::new(len.div_ceil(Tune::CHUNK)),
             _track: Track::new(),
         }
@@ -252,6 +262,43 @@ impl Block {
         Ok(Self {
             meta: NonNull::from(Box::leak(meta)),
         })
+    }
+
+    /// A block of `class` for `device` at a place [`Regions::carve`] gave,
+    /// all-zero, pinned if its region is.
+    pub(crate) fn carved(classes: &Classes, class: SizeClass, device: usize, at: Carved) -> Self {
+        let (len, footprint) = (classes.size(class), classes.footprint(class));
+        let slot = classes.slot(device, class) as u32;
+        let mut meta = Box::new(Meta::new(at.ptr, len, footprint, slot, class, device));
+        meta.region = Some(at.region);
+        meta.pinned = at.pinned;
+        meta.dirty = 0;
+        Self {
+            meta: NonNull::from(Box::leak(meta)),
+        }
+    }
+
+    /// Whether the block was carved from a region.
+    pub(crate) fn is_carved(&self) -> bool {
+        self.meta().region.is_some()
+    }
+
+    /// Whether the block shares a slab.
+    pub(crate) fn in_slab(&self) -> bool {
+        self.meta().slab.is_some()
+    }
+
+    /// Moves what the cleaner tracks of a dropped buffer's trip (its flush
+    /// ticket, its drop time, whether it was pinned on request) to
+    /// `other`, the block replacing it.
+    pub(crate) fn hand_over(&mut self, other: &mut Block) {
+        let meta = self.meta_mut();
+        let (ticket, dropped_at, reserved) =
+            (meta.ticket.take(), meta.dropped_at.take(), meta.reserved);
+        let to = other.meta_mut();
+        to.ticket = ticket;
+        to.dropped_at = dropped_at;
+        to.reserved = reserved;
     }
 
     /// The range a registration of this block page-locks: its own mapping,
@@ -317,7 +364,19 @@ impl Block {
 
     /// Gives up the block after its copies have finished, for its caller to
     /// unregister what it pinned (see [`Unpinned`]).
-    pub(crate) fn unpin(self) -> Unpinned {
+    pub(crate) fn unpin(mut self) -> Unpinned {
+        if let Some(region) = self.meta().region {
+            self.zero_dirty();
+            let (ptr, footprint) = (self.as_ptr(), self.footprint());
+            let meta = self.into_raw();
+            // SAFETY: from `into_raw` above, owned by nobody else; the
+            // memory is the region's.
+            drop(unsafe { Box::from_raw(meta) });
+            // SAFETY: the block was carved there with its footprint and is
+            // given back once, all-zero; its copies have finished (the
+            // caller's contract).
+            return Unpinned::Carved(unsafe { Region::give_back(region, ptr, footprint) });
+        }
         let Some(slab) = self.meta().slab else {
             return Unpinned::Alone(self);
         };
@@ -511,10 +570,15 @@ impl Block {
     /// block's footprint, or its whole slab for the first block of the slab
     /// leaked (0 for the next ones).
     pub(crate) fn leak(self) -> usize {
-        let (footprint, slab) = (self.footprint(), self.meta().slab);
+        let (footprint, slab, region) = (self.footprint(), self.meta().slab, self.meta().region);
         let meta = self.into_raw();
         // SAFETY: from `into_raw` above, owned by nobody else.
         drop(unsafe { Box::from_raw(meta) });
+        if let Some(region) = region {
+            // SAFETY: the block was carved there and never comes back.
+            unsafe { Region::leak_block(region) };
+            return footprint;
+        }
         match slab {
             None => footprint,
             // SAFETY: the share kept here keeps the slab alive for good.
@@ -527,6 +591,18 @@ impl Drop for Block {
     fn drop(&mut self) {
         // SAFETY: the metadata box is owned by this block and dropped once.
         let meta = unsafe { Box::from_raw(self.meta.as_ptr()) };
+        if let Some(region) = meta.region {
+            // The region's memory: give it back (zeroed) if its copies are
+            // done, which a block dropped rather than released or leaked
+            // cannot say; keep it from reuse instead.
+            // SAFETY: the block was carved there and is never given back.
+            unsafe { Region::leak_block(region) };
+            tracing::error!(
+                bytes = meta.footprint,
+                "pinpool: a carved block was dropped without being given back; leaking it"
+            );
+            return;
+        }
         if meta.pinned {
             // Unmapping page-locked memory would hand registered pages back
             // to the OS; losing the mapping is the lesser harm.

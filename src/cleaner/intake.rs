@@ -47,6 +47,9 @@ pub(crate) struct Intake {
     pub(crate) lanes: Lanes<Job>,
     /// Whether the backend pins (a miss buffer needs registering).
     pub(crate) pins: bool,
+    /// Whether buffers are carved from regions (see `alloc::region`): a
+    /// miss buffer is then freed, and its demand met by a region.
+    pub(crate) regions: bool,
     /// The device synchronizes for pinned buffers dropped without events.
     pub(crate) syncs: DeviceSyncs,
     /// Registrations queued or running, and the most allowed.
@@ -74,10 +77,11 @@ impl std::fmt::Debug for Intake {
 impl Intake {
     /// The intake of a cleaner of `width` workers for `devices` devices, on
     /// a backend that `pins` or not.
-    pub(crate) fn new(width: usize, devices: usize, pins: bool) -> Self {
+    pub(crate) fn new(width: usize, devices: usize, pins: bool, regions: bool) -> Self {
         Self {
             lanes: Lanes::new(),
             pins,
+            regions: pins && regions,
             syncs: DeviceSyncs::new(devices),
             register_queued: AtomicUsize::new(0),
             register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
@@ -132,6 +136,10 @@ impl Intake {
     /// if `to_shard`, and is pinned ahead of demand if `ahead`.
     fn submit_to(&self, from: Origin<'_>, mut block: Block, to_shard: bool, ahead: bool) {
         let register = self.pins && !block.is_pinned();
+        if self.regions && register && !ahead {
+            // A miss back: no longer demand the regions fall short of.
+            Counters::sub(&from.counters.misses_out, block.footprint() as u64);
+        }
         self.note_drop(&mut block);
         let meta = block.meta_mut();
         meta.dropped_at = Some(Instant::now());

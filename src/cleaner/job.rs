@@ -67,6 +67,11 @@ impl Returned {
         self.block.take()
     }
 
+    /// Puts `block` in the place of the block held, which it returns.
+    pub(crate) fn replace_block(&mut self, block: Block) -> Block {
+        self.block.replace(block).expect("held until finished")
+    }
+
     /// Takes the block out, completing nothing yet.
     pub(crate) fn into_block(mut self) -> Block {
         self.block.take().expect("held until finished")

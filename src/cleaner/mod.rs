@@ -50,10 +50,11 @@ mod sweep;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::clean_range;
+use crate::alloc::{clean_range, Block, Regions, Unpinned};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
+use crate::size_class::SizeClass;
 use crate::stats::Counters;
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
 use crate::tune::{Tune, Tuning};
@@ -64,7 +65,7 @@ use intake::Intake;
 pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
-pub(crate) use release::{release, release_all, Releaser};
+pub(crate) use release::{release, release_all, release_regions, Releaser};
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -535,6 +536,12 @@ impl Cleaner {
     fn prepare(&self, env: Env<'_>, returned: Returned) {
         let block = returned.block();
         let register = self.intake.pins && !block.is_pinned();
+        if register && self.intake.regions && !block.in_slab() {
+            // Replaced by a block carved from a region (`finish`): its
+            // bytes are freed, not cleaned.
+            self.finish(env, returned);
+            return;
+        }
         let dirty = block.dirty();
         let end = if register { block.footprint() } else { dirty };
         let base = block.as_ptr();
@@ -596,6 +603,21 @@ impl Cleaner {
         let pins = self.intake.pins;
         let block = returned.block_mut();
         block.meta_mut().dirty = 0;
+        if self.intake.regions && !block.is_pinned() && !block.in_slab() {
+            // A pageable buffer (a miss, or memory to pin ahead of demand):
+            // a block of its class carved from a region takes its place,
+            // and its own memory goes back to the OS.
+            let Some(mut carved) = self.carve_for(env, block) else {
+                self.release_returned(env, returned);
+                return;
+            };
+            block.hand_over(&mut carved);
+            let mut old = returned.replace_block(carved);
+            // Pageable and quiescent (its fences are done): unmapped here.
+            old.fences_mut().release(&env.places.caches.events);
+            drop(old);
+        }
+        let block = returned.block_mut();
         if pins && !block.is_pinned() {
             let (base, len) = block.region();
             if !block.is_reserved() && !counters.fits_pinned(len as u64) {
@@ -619,7 +641,7 @@ impl Cleaner {
                     let took = started.elapsed();
                     counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
-                    tracing::debug!(bytes = len, ?took, "pinpool: registered a buffer");
+                    tracing::debug!(bytes = len, ?took, "pinpool: registered a slab");
                 }
                 Err(e) => {
                     Counters::add(&counters.registration_failures, 1);
@@ -640,6 +662,23 @@ impl Cleaner {
             counters.record_ready(at.elapsed());
         }
         Counters::add(&counters.recycled, 1);
+        if block.is_carved() && block.footprint() >= Tune::REGION_RETURN && !block.is_reserved() {
+            // A large buffer goes back to its region, where it coalesces
+            // with its free neighbours: the next take of any size carves
+            // from there (see `alloc::region`).
+            let mut block = returned.into_block();
+            let (ticket, device) = (block.take_ticket(), block.device());
+            block.fences_mut().release(&env.places.caches.events);
+            if let Unpinned::Carved(Some(region)) = block.unpin() {
+                // Its region was unlisted (a shutdown) with it out.
+                Counters::add(&counters.regions_released, 1);
+                release::release_region(env.releaser(), device, region);
+            }
+            if let Some(ticket) = ticket {
+                ticket.close(false);
+            }
+            return;
+        }
         let ticket = block.take_ticket();
         let (home, to_shard) = (returned.home, returned.to_shard);
         let block = returned.into_block();
@@ -652,6 +691,125 @@ impl Cleaner {
         }
         if let Some(ticket) = ticket {
             ticket.close(false);
+        }
+    }
+
+    /// Pins memory for a pageable buffer that came back (a miss, or one
+    /// to pin ahead of demand): first grows its device's regions by what
+    /// they fall short of the most its takes wanted at once (one
+    /// registration, within the pinned budget), then carves a block of its
+    /// class to take its place, unless it is one that would go back to its
+    /// region anyway (`REGION_RETURN`): then `None`, and the next take of
+    /// its size carves. `None` too if no memory could be had (counted).
+    fn carve_for(&self, env: Env<'_>, like: &Block) -> Option<Block> {
+        let (device, class) = (like.device(), like.class());
+        let classes = &env.places.caches.classes;
+        let footprint = like.footprint();
+        let regions = env.places.shards[device].regions(footprint);
+        let _growing = regions.growing();
+        let shortfall = regions.shortfall();
+        if shortfall > 0 {
+            Self::grow(
+                env,
+                device,
+                regions,
+                shortfall,
+                footprint,
+                like.is_reserved(),
+            );
+        }
+        if footprint >= Tune::REGION_RETURN && !like.is_reserved() {
+            return None;
+        }
+        if let Some(at) = regions.carve(footprint) {
+            return Some(Block::carved(classes, class, device, at));
+        }
+        // An idle buffer of a larger class in the shard gives its space.
+        let shard = &env.places.shards[device];
+        let idle = (class.index() + 1..classes.count())
+            .map(SizeClass::at)
+            .find_map(|larger| shard.pop(larger));
+        if let Some(idle) = idle {
+            env.admission.removed(idle.footprint());
+            if idle.is_carved() {
+                release(env.releaser(), idle);
+                if let Some(at) = regions.carve(footprint) {
+                    return Some(Block::carved(classes, class, device, at));
+                }
+            } else {
+                let evicted = env.admission.admit(env.places, idle, None);
+                release_all(env.releaser(), evicted);
+            }
+        }
+        if Self::grow(
+            env,
+            device,
+            regions,
+            footprint,
+            footprint,
+            like.is_reserved(),
+        ) {
+            let at = regions.carve(footprint)?;
+            return Some(Block::carved(classes, class, device, at));
+        }
+        None
+    }
+
+    /// Registers a region of `device` of at least `want` bytes (see
+    /// [`Regions::next_len`]); within the pinned budget unless `reserved`
+    /// (memory `reserve` asked for), retrying smaller, down to `least`
+    /// bytes, if the budget or the registration fails. Whether one was
+    /// registered.
+    ///
+    /// [`Regions::next_len`]: crate::alloc::Regions::next_len
+    pub(crate) fn grow(
+        env: Env<'_>,
+        device: usize,
+        regions: &Regions,
+        want: usize,
+        least: usize,
+        reserved: bool,
+    ) -> bool {
+        let counters = env.counters();
+        let footprint = least;
+        let mut len = regions.next_len(want.max(least));
+        loop {
+            if !reserved && !counters.fits_pinned(len as u64) {
+                if len > regions.fit_len(footprint) {
+                    len = regions.fit_len(footprint);
+                    continue;
+                }
+                Counters::add(&counters.registrations_skipped, 1);
+                tracing::debug!(
+                    bytes = len,
+                    "pinpool: the pinned budget is spent; no region"
+                );
+                return false;
+            }
+            let started = Instant::now();
+            let mut register = |ptr: *mut u8, len: usize| {
+                // SAFETY: a fresh mapping of `len` bytes, which stays mapped
+                // until the region is unregistered in `release_region`.
+                unsafe { env.backend.register(device, ptr, len) }
+            };
+            match regions.grow(len, Some(&mut register)) {
+                Ok(()) => {
+                    let took = started.elapsed();
+                    counters.registered(len as u64);
+                    Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
+                    tracing::debug!(bytes = len, ?took, "pinpool: registered a region");
+                    return true;
+                }
+                Err(e) => {
+                    Counters::add(&counters.registration_failures, 1);
+                    tracing::warn!(error = %e, bytes = len, "pinpool: registering a region failed");
+                    let smaller = regions.fit_len(footprint).max(len / 2);
+                    if smaller >= len {
+                        return false;
+                    }
+                    len = smaller;
+                }
+            }
         }
     }
 

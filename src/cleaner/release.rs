@@ -1,10 +1,12 @@
 //! Releasing buffers: unregister (if pinned) and free, or leak what the
 //! driver would not unregister.
 
-use crate::alloc::{Block, Unpinned};
+use crate::alloc::{Block, Unlisted, Unpinned};
 use crate::backend::Backend;
 use crate::fence::EventPool;
+use crate::shard::Shard;
 use crate::stats::Counters;
+use std::time::Duration;
 
 /// What releasing a pool's buffer needs: its backend (to unregister), its
 /// counters, and its spare events (where the buffer's go back).
@@ -21,7 +23,7 @@ pub(crate) fn release(with: Releaser<'_>, mut block: Block) {
     let (backend, counters) = (with.backend, with.counters);
     block.fences_mut().release(with.events);
     Counters::add(&counters.released, 1);
-    if !block.is_pinned() {
+    if !block.is_pinned() && !block.is_carved() {
         drop(block);
         return;
     }
@@ -51,7 +53,37 @@ pub(crate) fn release(with: Releaser<'_>, mut block: Block) {
             }
         }
         Unpinned::Last(slab) => slab.free(),
+        // Back to its region, which stays registered while listed.
+        Unpinned::Carved(None) => {}
+        Unpinned::Carved(Some(region)) => {
+            Counters::add(&counters.regions_released, 1);
+            release_region(with, device, region);
+        }
     }
+}
+
+/// Unregisters (if registered) and frees a region that nothing is carved
+/// from any more; leaks it if the unregistration fails.
+pub(crate) fn release_region(with: Releaser<'_>, device: usize, region: Unlisted) {
+    if region.registered() {
+        // SAFETY: the region was registered by this backend at its base,
+        // and no block of it is left, so no copy from it is in flight.
+        if unsafe {
+            unregister(
+                with.backend,
+                with.counters,
+                device,
+                region.base(),
+                region.len(),
+            )
+        } {
+            region.set_unregistered();
+        } else {
+            region.leak();
+            return;
+        }
+    }
+    region.free();
 }
 
 /// Unregisters the `bytes` registered at `ptr`, counting the outcome; false
@@ -77,6 +109,32 @@ unsafe fn unregister(
             Counters::add(&counters.leaked_bytes, bytes as u64);
             tracing::error!(error = %e, bytes, "pinpool: unregistering failed; leaking the memory");
             false
+        }
+    }
+}
+
+/// Releases the regions of `shards` that nothing is carved from and that
+/// `pick` chooses (given a region's length and how long it has been wholly
+/// free); with `all`, unlists the others too, to be released by the
+/// give-back of their last block (see `alloc::region`).
+pub(crate) fn release_regions(
+    with: Releaser<'_>,
+    shards: &[Shard],
+    mut pick: impl FnMut(usize, Duration) -> bool,
+    all: bool,
+) {
+    for (device, shard) in shards.iter().enumerate() {
+        for regions in shard.all_regions() {
+            let unlisted = regions.unlist_idle(&mut pick, all);
+            if !unlisted.is_empty() {
+                // Demand from before counts no more: what is carved now is
+                // what the regions must hold, not the peak they met.
+                regions.reset_peak();
+            }
+            for region in unlisted {
+                Counters::add(&with.counters.regions_released, 1);
+                release_region(with, device, region);
+            }
         }
     }
 }

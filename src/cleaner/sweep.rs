@@ -9,7 +9,7 @@ use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
 
-use super::{release_all, Cleaner, Env};
+use super::{release_all, release_regions, Cleaner, Env};
 
 impl Cleaner {
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
@@ -94,6 +94,27 @@ impl Cleaner {
         let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
         Counters::add(&env.counters().trimmed_bytes, trimmed);
         release_all(env.releaser(), plan.trimmed);
+        if let Some(idle_trim) = env.provisioner.idle_trim() {
+            // Regions wholly free for the idle-trim time go back too.
+            release_regions(
+                env.releaser(),
+                env.places.shards,
+                |_, idle| force || idle >= idle_trim,
+                false,
+            );
+        }
+        // Regions that fell short of what takes wanted at once grow by the
+        // difference, here as well as when a miss comes back (which a full
+        // backlog may have freed on the way).
+        for (device, shard) in env.places.shards.iter().enumerate() {
+            for regions in shard.all_regions() {
+                let _growing = regions.growing();
+                let shortfall = regions.shortfall();
+                if shortfall > 0 {
+                    Self::grow(env, device, regions, shortfall, shortfall, false);
+                }
+            }
+        }
         if plan.provision.is_empty() {
             return;
         }

@@ -107,6 +107,14 @@ impl Shared {
             tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
         }
         cleaner::release_all(self.releaser(), blocks);
+        cleaner::release_regions(self.releaser(), &self.shards, |_, _| true, false);
+    }
+
+    /// As [`clear`](Self::clear), and every region goes too: at once if
+    /// nothing is carved from it, else with its last buffer.
+    fn clear_all(&self) {
+        self.clear();
+        cleaner::release_regions(self.releaser(), &self.shards, |_, _| true, true);
     }
 
     pub(crate) fn set_max_pinned_bytes(&self, bytes: usize) {
@@ -128,7 +136,7 @@ impl Shared {
         Self::flush(this);
         this.cleaner.stop();
         this.cleaner.drain_inline(this.env());
-        this.clear();
+        this.clear_all();
     }
 
     /// Shuts down for good (the last handle is gone).
@@ -154,7 +162,7 @@ impl Shared {
         let mut locked = this.caches.lock_out(this.caches.iter());
         locked.each(|cache, lists| returned.extend(lists.take_deferred(cache)));
         drop(locked);
-        this.clear();
+        this.clear_all();
         // Buffers pinned ahead of demand were counted as drops without a
         // take: they count as taken too.
         let taken: u64 = this.caches.iter().map(|c| c.takes() + c.ahead()).sum();

@@ -242,7 +242,12 @@ impl Pool {
         } else {
             Placement::unplaced(devices)
         };
-        let intake = Arc::new(Intake::new(config.cleaner_threads, devices, pins));
+        let intake = Arc::new(Intake::new(
+            config.cleaner_threads,
+            devices,
+            pins,
+            config.regions,
+        ));
         let shared = Arc::new(Shared {
             caches: Caches::new(
                 classes,

@@ -27,10 +27,18 @@ impl Shared {
             }
             stats.cleaned_by_takers += cache.cleaned();
             stats.borrowed += cache.borrowed();
+            stats.carved += cache.carved();
         }
         for (device, shard) in self.shards.iter().enumerate() {
             for class in classes.all() {
                 pooled[classes.slot(device, class)] += shard.len(class);
+            }
+            for regions in shard.all_regions() {
+                let regions = regions.figures();
+                stats.regions += regions.regions;
+                stats.region_bytes += regions.bytes;
+                stats.free_extent_bytes += regions.free;
+                stats.largest_free_extent = stats.largest_free_extent.max(regions.largest_free);
             }
         }
         stats.hits = hits.iter().sum();

@@ -6,7 +6,8 @@ use crate::buffer::PinnedBuffer;
 use crate::cleaner::Returned;
 use crate::error::Error;
 use crate::size_class::SizeClass;
-use crate::sync::Arc;
+use crate::stats::Counters;
+use crate::sync::{Arc, Ordering};
 use crate::thread_cache::{Caches, Found, ThreadCache};
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
@@ -147,14 +148,73 @@ impl Shared {
         if let Some(block) = this.steal(cache, owned, device, class) {
             return Ok((block, true));
         }
+        if this.caches.carves() {
+            if let Some(block) = this.carve(cache, owned, device, class) {
+                return Ok((block, true));
+            }
+        }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
         cache.count_miss(block.slot());
+        if this.caches.carves() {
+            let counters = this.counters();
+            let footprint = block.footprint();
+            Counters::add(&counters.misses_out, footprint as u64);
+            // Relaxed: a statistic and a hint (see `alloc::region`).
+            let out = counters.misses_out.load(Ordering::Relaxed) as usize;
+            this.shards[device].regions(footprint).note_miss(out);
+        }
         tracing::trace!(
             bytes = block.len(),
             device,
             "pinpool: pool miss, allocated a pageable buffer"
         );
         Ok((block, false))
+    }
+
+    /// A block of `class` carved from the device's regions: from a free
+    /// extent if one holds it, else from the space of an idle buffer of the
+    /// next larger class that has one ready, given back to its region for
+    /// it (so that memory moves from a class not in demand to one that
+    /// is).
+    #[cold]
+    fn carve(
+        &self,
+        taker: &ThreadCache,
+        owned: bool,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        let classes = self.classes();
+        let shard = &self.shards[device];
+        let footprint = classes.footprint(class);
+        let carve = || {
+            let at = shard.regions(footprint).carve(footprint)?;
+            let block = Block::carved(classes, class, device, at);
+            // Not from the pooled buffers' estimate: free extents are not
+            // in it.
+            taker.count_hit(block.slot(), 0);
+            taker.count_carved();
+            Some(block)
+        };
+        if let Some(block) = carve() {
+            return Some(block);
+        }
+
+        let larger = || (class.index() + 1..classes.count()).map(SizeClass::at);
+        let idle = owned
+            .then(|| taker.borrow_ready(device, larger()))
+            .flatten()
+            .or_else(|| larger().find_map(|larger| shard.pop(larger)))?;
+        // Out of the pool's estimate, as any take of a pooled buffer.
+        taker.count_split(idle.footprint());
+        if !idle.is_carved() {
+            // Not region memory (a slab's): it serves as a borrowed buffer.
+            taker.count_hit(idle.slot(), 0);
+            taker.count_borrowed();
+            return Some(idle);
+        }
+        crate::cleaner::release(self.releaser(), idle);
+        carve()
     }
 
     /// An idle ready buffer of a larger class within the borrowing slack:

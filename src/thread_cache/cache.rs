@@ -62,6 +62,8 @@ pub(super) struct OwnerPart {
     cleaned: Counter,
     /// Takes served by a buffer of a larger class.
     borrowed: Counter,
+    /// Takes served by carving from a region.
+    carved: Counter,
     pub(super) caches: NonNull<Caches>,
 }
 
@@ -128,6 +130,7 @@ impl ThreadCache {
                 last_steal: AtomicU64::new(0),
                 cleaned: Counter::default(),
                 borrowed: Counter::default(),
+                carved: Counter::default(),
                 caches,
             }),
             shared: CachePadded::new(SharedPart {
@@ -431,6 +434,24 @@ impl ThreadCache {
         if pooled_bytes > 0 {
             self.count_taken_bytes(pooled_bytes);
         }
+    }
+
+    /// Counts a take served by carving from a region.
+    #[inline]
+    pub(crate) fn count_carved(&self) {
+        self.owner.carved.count(1, !self.is_orphan());
+    }
+
+    /// Takes served by carving from a region.
+    pub(crate) fn carved(&self) -> u64 {
+        self.owner.carved.get()
+    }
+
+    /// Counts an idle buffer of `bytes` footprint taken from a shard to be
+    /// given back to its region for a carve (see `count_hit`'s bytes).
+    #[inline]
+    pub(crate) fn count_split(&self, bytes: usize) {
+        self.count_taken_bytes(bytes);
     }
 
     /// Counts a take that allocated.

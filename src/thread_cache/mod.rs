@@ -195,6 +195,13 @@ impl Caches {
         unsafe { self.backend.0.as_ref() }
     }
 
+    /// Whether buffers are carved from regions (the backend pins, and the
+    /// pool's settings ask for them).
+    #[inline]
+    pub(crate) fn carves(&self) -> bool {
+        self.intake.regions
+    }
+
     /// The cap on pooled bytes now (see the `cap` field).
     #[inline]
     pub(crate) fn cap(&self) -> usize {

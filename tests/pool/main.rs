@@ -35,6 +35,8 @@ mod pinned_budget;
 mod provision;
 #[cfg(feature = "testing")]
 mod reaper;
+#[cfg(feature = "testing")]
+mod regions;
 mod sizes;
 #[cfg(feature = "testing")]
 mod slabs;

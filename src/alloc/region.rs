@@ -1,0 +1,587 @@
+//! Regions: large registrations that buffers are carved from.
+//!
+//! A [`Region`] is one mapping on its device's NUMA node, registered with
+//! one call when the pool pins, then carved into buffers: a carved block
+//! lies wholly inside its region, so no copy from it spans two
+//! registrations, and pinning a buffer costs no registration at all. The
+//! region keeps its *free extents* (the ranges no block holds) coalesced,
+//! by offset and by size, under a lock of its own: a block given back
+//! merges with free neighbours, so memory moves between size classes. Free
+//! extents are always all-zero: a mapping starts zeroed, and a block is
+//! given back only once its bytes are (the releaser zeroes what was
+//! written).
+//!
+//! A device's [`Regions`] list the regions that takes may carve from; the
+//! list's lock is held across a carve, so a region is unlisted (to be
+//! unregistered and unmapped) only while no carve can pick it. A region is
+//! released once it is wholly free and unlisted: by [`Regions::unlist_idle`]
+//! (idle trim, the cap, `clear`) when nothing is carved from it, or, for a
+//! region unlisted with blocks still out (`shutdown` while buffers are
+//! held), by whoever gives back its last block. A block that is leaked
+//! (its copies not known to have finished) stays carved for good, so its
+//! region is never unmapped.
+//!
+//! Both locks are taken on the slow paths only (a take that found no
+//! buffer of its class, the cleaner, trims), never by a take or drop that
+//! its thread cache or a class stack serves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ptr::NonNull;
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::sync::track::Track;
+use crate::sync::{Arc, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::tune::{Tune, Tuning};
+
+use super::mmap::{huge_page_size, map, map_huge};
+
+/// One registration that blocks are carved from; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Region {
+    base: NonNull<u8>,
+    /// The bytes mapped (and registered, when pinned).
+    len: usize,
+    state: Mutex<Extents>,
+    totals: Arc<Totals>,
+    _track: Track,
+}
+
+/// A region's free extents and carved blocks.
+#[derive(Debug)]
+struct Extents {
+    /// Free extents: offset -> length, never adjacent (coalesced).
+    by_offset: BTreeMap<usize, usize>,
+    /// The same extents as (length, offset), for best fit.
+    by_size: BTreeSet<(usize, usize)>,
+    free: usize,
+    /// Blocks carved and not given back (leaked ones included).
+    out: usize,
+    /// In its device's list, so that takes may carve from it.
+    listed: bool,
+    /// Registered: unregister before unmapping.
+    registered: bool,
+    /// A block of it was leaked: the region is never unmapped.
+    leaked: bool,
+    /// When the region last became wholly free.
+    idle_since: Option<Instant>,
+}
+
+impl Extents {
+    fn insert(&mut self, mut offset: usize, mut len: usize) {
+        if let Some((&before, &before_len)) = self.by_offset.range(..offset).next_back() {
+            debug_assert!(
+                before + before_len <= offset,
+                "a free extent given back twice"
+            );
+            if before + before_len == offset {
+                self.remove(before, before_len);
+                offset = before;
+                len += before_len;
+            }
+        }
+        if let Some((&after, &after_len)) = self.by_offset.range(offset + len..).next() {
+            if offset + len == after {
+                self.remove(after, after_len);
+                len += after_len;
+            }
+        }
+        self.by_offset.insert(offset, len);
+        self.by_size.insert((len, offset));
+    }
+
+    fn remove(&mut self, offset: usize, len: usize) {
+        self.by_offset.remove(&offset);
+        self.by_size.remove(&(len, offset));
+    }
+
+    /// The smallest free extent of at least `len` bytes, as (length,
+    /// offset).
+    fn best_fit(&self, len: usize) -> Option<(usize, usize)> {
+        self.by_size.range((len, 0)..).next().copied()
+    }
+
+    fn largest(&self) -> usize {
+        self.by_size.last().map_or(0, |&(len, _)| len)
+    }
+}
+
+// SAFETY: a region owns its mapping; its mutable state is behind its lock,
+// and the bytes of each extent are written only by the block carved there.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// The base pointer the region is registered at.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Gives back the block of `len` bytes at `ptr`, all-zero, carved from
+    /// `region`. `Some` if that was the last block of an unlisted region:
+    /// the caller now owns it, to unregister and free.
+    ///
+    /// # Safety
+    /// The block was carved from `region` at `ptr` with `len` bytes, is
+    /// given back once, and its bytes are all zero; no copy reads them.
+    pub(crate) unsafe fn give_back(
+        region: NonNull<Region>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Option<Unlisted> {
+        // SAFETY: a carved block keeps its region alive (`out > 0`).
+        let this = unsafe { region.as_ref() };
+        let offset = ptr as usize - this.base() as usize;
+        let mut state = this.state.lock();
+        debug_assert!(state.out > 0 && offset + len <= this.len);
+        state.insert(offset, len);
+        state.free += len;
+        state.out -= 1;
+        if state.listed {
+            // Relaxed: see `Totals`.
+            this.totals.out.fetch_sub(len, Ordering::Relaxed);
+        }
+        if state.out > 0 {
+            return None;
+        }
+        state.idle_since = Some(Instant::now());
+        (!state.listed).then_some(Unlisted(region))
+    }
+
+    /// Notes that the block carved from `region` will never come back (its
+    /// copies are not known to have finished): the region stays mapped,
+    /// and registered if it was, for good.
+    ///
+    /// # Safety
+    /// The block was carved from `region` and is not given back.
+    pub(crate) unsafe fn leak_block(region: NonNull<Region>) {
+        // SAFETY: a carved block keeps its region alive.
+        let this = unsafe { region.as_ref() };
+        this.state.lock().leaked = true;
+    }
+}
+
+/// A region taken out of its list with nothing carved from it: its holder
+/// unregisters it if [`registered`](Self::registered), then
+/// [`free`](Self::free)s or [`leak`](Self::leak)s it.
+#[derive(Debug)]
+pub(crate) struct Unlisted(NonNull<Region>);
+
+// SAFETY: an unlisted region with nothing out is owned by its holder alone.
+unsafe impl Send for Unlisted {}
+
+impl Unlisted {
+    fn region(&self) -> &Region {
+        // SAFETY: the holder owns the live region.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The base pointer the region was registered at.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.region().base()
+    }
+
+    /// The bytes the region pins while registered.
+    pub(crate) fn len(&self) -> usize {
+        self.region().len
+    }
+
+    /// Whether the region is still registered.
+    pub(crate) fn registered(&self) -> bool {
+        self.region().state.lock().registered
+    }
+
+    /// Marks the region unregistered, after its holder unregistered it.
+    pub(crate) fn set_unregistered(&self) {
+        self.region().state.lock().registered = false;
+    }
+
+    /// Unmaps the region, or leaks it if it is still registered or a block
+    /// of it was leaked.
+    pub(crate) fn free(self) {
+        // SAFETY: the holder owns the region box, made by `Box::leak`.
+        let region = unsafe { Box::from_raw(self.0.as_ptr()) };
+        let state = region.state.lock();
+        if state.registered || state.leaked {
+            if state.registered {
+                tracing::error!(
+                    bytes = region.len,
+                    "pinpool: a pinned region was freed without unregistering; leaking it"
+                );
+            }
+            return;
+        }
+        drop(state);
+        // SAFETY: `base` starts a mapping of `len` bytes made for this
+        // region, and no block of it is left.
+        let rc = unsafe { libc::munmap(region.base().cast(), region.len) };
+        if rc != 0 {
+            tracing::error!(error = %std::io::Error::last_os_error(), "pinpool: munmap failed");
+        }
+    }
+
+    /// Forgets the region: it stays mapped, and registered if it was.
+    pub(crate) fn leak(self) {
+        // SAFETY: as in `free`; the mapping is not touched.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
+/// A block's place in a region: what [`Regions::carve`] hands out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Carved {
+    pub(crate) region: NonNull<Region>,
+    pub(crate) ptr: NonNull<u8>,
+    /// Whether the region is registered.
+    pub(crate) pinned: bool,
+}
+
+/// What a device's listed regions hold, and what the device's takes have
+/// wanted of them. Every access is Relaxed: the figures size the next
+/// region, and a stale one makes it a little larger or smaller than the
+/// demand, which the next miss corrects.
+#[derive(Debug, Default)]
+struct Totals {
+    /// Bytes of the listed regions.
+    bytes: AtomicUsize,
+    /// Bytes carved from them and not given back.
+    out: AtomicUsize,
+    /// The most bytes wanted at once: carved out, plus the misses out (see
+    /// [`note_miss`](Regions::note_miss)).
+    peak: AtomicUsize,
+}
+
+/// A device's regions; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Regions {
+    list: Mutex<Vec<NonNull<Region>>>,
+    totals: Arc<Totals>,
+    /// Held by the one cleaner worker growing the regions, so that workers
+    /// short of memory at once register one region, not one each.
+    growth: Mutex<()>,
+    node: Option<u32>,
+}
+
+// SAFETY: the list's pointers are to live boxed regions, which are `Sync`;
+// it is only read or changed under its lock.
+unsafe impl Send for Regions {}
+// SAFETY: as above.
+unsafe impl Sync for Regions {}
+
+/// What a device's regions hold (statistics).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RegionFigures {
+    pub(crate) regions: usize,
+    pub(crate) bytes: usize,
+    pub(crate) free: usize,
+    pub(crate) largest_free: usize,
+}
+
+impl Regions {
+    /// No regions yet, on NUMA `node` when mapped.
+    pub(crate) fn new(node: Option<u32>) -> Self {
+        Self {
+            list: Mutex::new(Vec::new()),
+            totals: Arc::new(Totals::default()),
+            growth: Mutex::new(()),
+            node,
+        }
+    }
+
+    /// The right to grow the regions: one grower at a time.
+    pub(crate) fn growing(&self) -> MutexGuard<'_, ()> {
+        self.growth.lock()
+    }
+
+    /// The length of the next region, for `want` bytes: at least
+    /// [`REGION_MIN`](Tuning::REGION_MIN), at most
+    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `want` alone is more, in
+    /// huge pages once it is one or more.
+    pub(crate) fn next_len(&self, want: usize) -> usize {
+        self.fit_len(want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want)))
+    }
+
+    /// Notes a take that found no memory (a pool miss), with `missed`
+    /// bytes of such misses out now, its own included: demand the regions
+    /// should have met.
+    pub(crate) fn note_miss(&self, missed: usize) {
+        // Relaxed: see `Totals`.
+        let out = self.totals.out.load(Ordering::Relaxed);
+        self.totals.peak.fetch_max(out + missed, Ordering::Relaxed);
+    }
+
+    /// The bytes the regions fall short of the most wanted at once (0 if
+    /// none).
+    pub(crate) fn shortfall(&self) -> usize {
+        // Relaxed: see `Totals`.
+        let peak = self.totals.peak.load(Ordering::Relaxed);
+        peak.saturating_sub(self.totals.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Forgets the most wanted at once, down to what is carved out now
+    /// (`Pool::reset_peaks`, idle trimming).
+    pub(crate) fn reset_peak(&self) {
+        // Relaxed: see `Totals`.
+        let out = self.totals.out.load(Ordering::Relaxed);
+        self.totals.peak.store(out, Ordering::Relaxed);
+    }
+
+    /// `bytes` rounded up to whole pages, or to huge pages from one up.
+    pub(crate) fn fit_len(&self, bytes: usize) -> usize {
+        let huge = huge_page_size();
+        if bytes >= huge {
+            bytes.next_multiple_of(huge)
+        } else {
+            bytes.next_multiple_of(crate::size_class::page_size())
+        }
+    }
+
+    /// Carves `len` bytes (a page multiple) from the smallest free extent
+    /// that holds them, in any listed region; `None` if none does.
+    pub(crate) fn carve(&self, len: usize) -> Option<Carved> {
+        let list = self.list.lock();
+        let mut best: Option<(usize, NonNull<Region>)> = None;
+        for &region in list.iter() {
+            // SAFETY: listed regions are live.
+            let state = unsafe { region.as_ref() }.state.lock();
+            if let Some((fit, _)) = state.best_fit(len) {
+                if best.is_none_or(|(b, _)| fit < b) {
+                    best = Some((fit, region));
+                }
+            }
+        }
+        let (_, region) = best?;
+        // SAFETY: as above; the list lock is still held, so nobody else
+        // carves, and give-backs only grow extents: the fit is still there.
+        let this = unsafe { region.as_ref() };
+        let mut state = this.state.lock();
+        let (fit, offset) = state
+            .best_fit(len)
+            .expect("extents only grow under the list lock");
+        state.remove(offset, fit);
+        if fit > len {
+            state.insert(offset + len, fit - len);
+        }
+        state.free -= len;
+        state.out += 1;
+        state.idle_since = None;
+        // Relaxed: see `Totals`.
+        let out = self.totals.out.fetch_add(len, Ordering::Relaxed) + len;
+        self.totals.peak.fetch_max(out, Ordering::Relaxed);
+        let pinned = state.registered;
+        drop(state);
+        drop(list);
+        // SAFETY: `offset + len <= this.len`, inside the mapping.
+        let ptr = unsafe { NonNull::new_unchecked(this.base().add(offset)) };
+        Some(Carved {
+            region,
+            ptr,
+            pinned,
+        })
+    }
+
+    /// Maps a region of `len` bytes, registers it through `register` (if
+    /// given), and lists it, wholly free. On a registration failure the
+    /// mapping is freed and the error returned.
+    pub(crate) fn grow(
+        &self,
+        len: usize,
+        register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>>,
+    ) -> Result<(), Error> {
+        let ptr = if len >= huge_page_size() {
+            map_huge(len)?
+        } else {
+            map(len)?
+        };
+        if let Some(node) = self.node {
+            if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), len, node) {
+                tracing::debug!(node, %error, "pinpool: a region could not be bound to its NUMA node");
+            }
+        }
+        let registered = match register {
+            Some(register) => {
+                prefault(ptr.as_ptr(), len);
+                if let Err(e) = register(ptr.as_ptr(), len) {
+                    // SAFETY: the mapping was just made, unregistered, and
+                    // nothing was carved from it.
+                    unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+                    return Err(e);
+                }
+                true
+            }
+            None => false,
+        };
+        let mut extents = Extents {
+            by_offset: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+            free: len,
+            out: 0,
+            listed: true,
+            registered,
+            leaked: false,
+            idle_since: Some(Instant::now()),
+        };
+        extents.insert(0, len);
+        let region = Box::new(Region {
+            base: ptr,
+            len,
+            state: Mutex::new(extents),
+            totals: Arc::clone(&self.totals),
+            _track: Track::new(),
+        });
+        self.list.lock().push(NonNull::from(Box::leak(region)));
+        // Relaxed: see `Totals`.
+        self.totals.bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Unlists the regions that nothing is carved from and that `pick`
+    /// chooses (given each one's length and how long it has been wholly
+    /// free), for the caller to unregister and free; with `all`, unlists
+    /// every other region too, each to be released by the give-back of its
+    /// last block.
+    pub(crate) fn unlist_idle(
+        &self,
+        mut pick: impl FnMut(usize, std::time::Duration) -> bool,
+        all: bool,
+    ) -> Vec<Unlisted> {
+        let now = Instant::now();
+        let mut list = self.list.lock();
+        let mut out = Vec::new();
+        list.retain(|&region| {
+            // SAFETY: listed regions are live.
+            let this = unsafe { region.as_ref() };
+            let mut state = this.state.lock();
+            let idle = state
+                .idle_since
+                .filter(|_| state.out == 0)
+                .map(|at| now.saturating_duration_since(at));
+            let unlist = match idle {
+                Some(idle) => pick(this.len, idle) || all,
+                None => all,
+            };
+            if !unlist {
+                return true;
+            }
+            state.listed = false;
+            // Relaxed: see `Totals`.
+            self.totals.bytes.fetch_sub(this.len, Ordering::Relaxed);
+            self.totals
+                .out
+                .fetch_sub(this.len - state.free, Ordering::Relaxed);
+            if state.out == 0 {
+                out.push(Unlisted(region));
+            }
+            false
+        });
+        out
+    }
+
+    /// The listed regions' figures.
+    pub(crate) fn figures(&self) -> RegionFigures {
+        let list = self.list.lock();
+        let mut figures = RegionFigures::default();
+        for &region in list.iter() {
+            // SAFETY: listed regions are live.
+            let this = unsafe { region.as_ref() };
+            let state = this.state.lock();
+            figures.regions += 1;
+            figures.bytes += this.len;
+            figures.free += state.free;
+            figures.largest_free = figures.largest_free.max(state.largest());
+        }
+        figures
+    }
+}
+
+impl Drop for Regions {
+    fn drop(&mut self) {
+        for region in self.list.get_mut().drain(..) {
+            // SAFETY: listed regions are live; dropping the list owns them.
+            let this = unsafe { region.as_ref() };
+            let mut state = this.state.lock();
+            if state.out > 0 {
+                // Blocks still out keep it: freed by the last give-back.
+                state.listed = false;
+                continue;
+            }
+            drop(state);
+            Unlisted(region).free();
+        }
+    }
+}
+
+/// Touches every page of the `len` bytes at `ptr` (writing a zero), so
+/// that the registration finds them resident.
+fn prefault(ptr: *mut u8, len: usize) {
+    let page = crate::size_class::page_size();
+    let mut offset = 0;
+    while offset < len {
+        // SAFETY: `offset < len`, inside the fresh mapping, whose bytes
+        // are zero: writing zero leaves them as they are.
+        unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
+        offset += page;
+    }
+}
+
+#[cfg(all(test, not(pinpool_loom)))]
+mod tests {
+    use super::*;
+
+    fn page() -> usize {
+        crate::size_class::page_size()
+    }
+
+    #[test]
+    fn carving_takes_the_best_fit_and_giving_back_coalesces() {
+        let regions = Regions::new(None);
+        regions.grow(16 * page(), None).unwrap();
+        let a = regions.carve(4 * page()).unwrap();
+        let b = regions.carve(4 * page()).unwrap();
+        let c = regions.carve(4 * page()).unwrap();
+        assert_eq!(
+            b.ptr.as_ptr() as usize - a.ptr.as_ptr() as usize,
+            4 * page()
+        );
+        assert_eq!(regions.figures().free, 4 * page());
+        // SAFETY: carved above, given back once, untouched (zero).
+        unsafe {
+            assert!(Region::give_back(a.region, a.ptr.as_ptr(), 4 * page()).is_none());
+            assert!(Region::give_back(c.region, c.ptr.as_ptr(), 4 * page()).is_none());
+        }
+        // Two free extents (a's, and c's merged with the tail): 4 and 8
+        // pages. A 6-page carve fits only the merged one.
+        let f = regions.figures();
+        assert_eq!((f.free, f.largest_free), (12 * page(), 8 * page()));
+        let d = regions.carve(6 * page()).unwrap();
+        assert_eq!(d.ptr, c.ptr);
+        // SAFETY: as above.
+        unsafe {
+            Region::give_back(b.region, b.ptr.as_ptr(), 4 * page());
+            Region::give_back(d.region, d.ptr.as_ptr(), 6 * page());
+        }
+        let f = regions.figures();
+        assert_eq!((f.free, f.largest_free), (16 * page(), 16 * page()));
+        assert!(regions.carve(17 * page()).is_none());
+        let unlisted = regions.unlist_idle(|_, _| true, false);
+        assert_eq!(unlisted.len(), 1);
+        unlisted.into_iter().for_each(Unlisted::free);
+        assert_eq!(regions.figures().regions, 0);
+    }
+
+    #[test]
+    fn a_region_unlisted_with_blocks_out_goes_with_its_last_block() {
+        let regions = Regions::new(None);
+        regions.grow(2 * page(), None).unwrap();
+        let a = regions.carve(page()).unwrap();
+        assert!(regions.unlist_idle(|_, _| true, true).is_empty());
+        assert!(
+            regions.carve(page()).is_none(),
+            "carved from an unlisted region"
+        );
+        // SAFETY: carved above, given back once, untouched.
+        let last = unsafe { Region::give_back(a.region, a.ptr.as_ptr(), page()) };
+        last.expect("the last block hands the region over").free();
+    }
+}
