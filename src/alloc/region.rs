@@ -320,8 +320,8 @@ impl Regions {
     }
 
     /// Forgets the most wanted at once, down to what is carved out now
-    /// (`Pool::reset_peaks`, idle trimming).
-    pub(crate) fn reset_peak(&self) {
+    /// (when regions are unlisted).
+    fn reset_peak(&self) {
         // Relaxed: see `Totals`.
         let out = self.totals.out.load(Ordering::Relaxed);
         self.totals.peak.store(out, Ordering::Relaxed);
@@ -449,6 +449,7 @@ impl Regions {
         let now = Instant::now();
         let mut list = self.list.lock();
         let mut out = Vec::new();
+        let before = list.len();
         list.retain(|&region| {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
@@ -475,6 +476,12 @@ impl Regions {
             }
             false
         });
+        if list.len() < before {
+            // Demand from before counts no more once regions go: what is
+            // carved now is what the rest must hold, not the peak the
+            // unlisted ones met (else the next tick would grow them back).
+            self.reset_peak();
+        }
         out
     }
 

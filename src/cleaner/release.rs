@@ -125,13 +125,7 @@ pub(crate) fn release_regions(
 ) {
     for (device, shard) in shards.iter().enumerate() {
         for regions in shard.all_regions() {
-            let unlisted = regions.unlist_idle(&mut pick, all);
-            if !unlisted.is_empty() {
-                // Demand from before counts no more: what is carved now is
-                // what the regions must hold, not the peak they met.
-                regions.reset_peak();
-            }
-            for region in unlisted {
+            for region in regions.unlist_idle(&mut pick, all) {
                 Counters::add(&with.counters.regions_released, 1);
                 release_region(with, device, region);
             }
