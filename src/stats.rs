@@ -34,10 +34,6 @@ pub(crate) struct Counters {
     pub(crate) device_syncs: StatCounter,
     pub(crate) trimmed_bytes: StatCounter,
     pub(crate) regions_released: StatCounter,
-    /// Footprint bytes of pageable buffers that takes of a pinning pool
-    /// missed to and that are not dropped yet: demand the regions did not
-    /// meet (see `alloc::region`).
-    pub(crate) misses_out: StatCounter,
     /// The most bytes registered at once.
     peak_pinned: StatCounter,
     /// The most bytes in use at once, as sampled (see `note_in_use`).
@@ -54,16 +50,6 @@ impl Counters {
     pub(crate) fn add(counter: &StatCounter, n: u64) {
         // Relaxed: statistics publish nothing.
         counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Subtracts `n` from `counter`, stopping at 0 (for levels whose
-    /// decrements may race ahead of their increments' reads).
-    #[inline]
-    pub(crate) fn sub(counter: &StatCounter, n: u64) {
-        // Relaxed: statistics publish nothing.
-        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            Some(v.saturating_sub(n))
-        });
     }
 
     /// Bytes registered now.

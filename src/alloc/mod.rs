@@ -283,6 +283,15 @@ impl Block {
         self.meta().region.is_some()
     }
 
+    /// Whether the block's region is listed (carvable); false for a block
+    /// of a region unlisted while it was out, or one not carved.
+    pub(crate) fn region_listed(&self) -> bool {
+        // SAFETY: a carved block keeps its region alive.
+        self.meta()
+            .region
+            .is_some_and(|region| unsafe { Region::is_listed(region) })
+    }
+
     /// Whether the block shares a slab.
     pub(crate) fn in_slab(&self) -> bool {
         self.meta().slab.is_some()

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use crate::error::Error;
 use crate::sync::track::Track;
-use crate::sync::{Arc, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::tune::{Tune, Tuning};
 
 use super::mmap::{huge_page_size, map, map_huge};
@@ -149,6 +149,15 @@ impl Region {
         (!state.listed).then_some(Unlisted(region))
     }
 
+    /// Whether `region` is listed (see `Regions`).
+    ///
+    /// # Safety
+    /// The caller holds a block carved from `region`.
+    pub(crate) unsafe fn is_listed(region: NonNull<Region>) -> bool {
+        // SAFETY: a carved block keeps its region alive.
+        unsafe { region.as_ref() }.state.lock().listed
+    }
+
     /// Notes that the block carved from `region` will never come back (its
     /// copies are not known to have finished): the region stays mapped,
     /// and registered if it was, for good.
@@ -250,6 +259,8 @@ struct Totals {
     /// The most bytes wanted at once: carved out, plus the misses out (see
     /// [`note_miss`](Regions::note_miss)).
     peak: AtomicUsize,
+    /// A take missed since the regions last grew: only then may they grow.
+    missed: AtomicBool,
 }
 
 /// A device's regions; see the module docs.
@@ -309,12 +320,16 @@ impl Regions {
         // Relaxed: see `Totals`.
         let out = self.totals.out.load(Ordering::Relaxed);
         self.totals.peak.fetch_max(out + missed, Ordering::Relaxed);
+        self.totals.missed.store(true, Ordering::Relaxed);
     }
 
     /// The bytes the regions fall short of the most wanted at once (0 if
     /// none).
     pub(crate) fn shortfall(&self) -> usize {
         // Relaxed: see `Totals`.
+        if !self.totals.missed.load(Ordering::Relaxed) {
+            return 0;
+        }
         let peak = self.totals.peak.load(Ordering::Relaxed);
         peak.saturating_sub(self.totals.bytes.load(Ordering::Relaxed))
     }
@@ -433,6 +448,7 @@ impl Regions {
         self.list.lock().push(NonNull::from(Box::leak(region)));
         // Relaxed: see `Totals`.
         self.totals.bytes.fetch_add(len, Ordering::Relaxed);
+        self.totals.missed.store(false, Ordering::Relaxed);
         Ok(())
     }
 

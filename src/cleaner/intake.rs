@@ -50,6 +50,11 @@ pub(crate) struct Intake {
     /// Whether buffers are carved from regions (see `alloc::region`): a
     /// miss buffer is then freed, and its demand met by a region.
     pub(crate) regions: bool,
+    /// Per device and set of regions (small, large), the footprint bytes of
+    /// pageable buffers that takes missed to and that are not dropped yet:
+    /// demand the regions did not meet. Relaxed: a hint for the size of
+    /// the next region, which a racing miss or drop leaves a buffer off.
+    misses_out: Box<[AtomicUsize]>,
     /// The device synchronizes for pinned buffers dropped without events.
     pub(crate) syncs: DeviceSyncs,
     /// Registrations queued or running, and the most allowed.
@@ -82,6 +87,7 @@ impl Intake {
             lanes: Lanes::new(),
             pins,
             regions: pins && regions,
+            misses_out: (0..devices * 2).map(|_| AtomicUsize::new(0)).collect(),
             syncs: DeviceSyncs::new(devices),
             register_queued: AtomicUsize::new(0),
             register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
@@ -89,6 +95,21 @@ impl Intake {
             recycle_queued: HintCounter::new(0),
             spent: Spent::new(),
         }
+    }
+
+    /// The index of `device`'s set of regions for `footprint` in
+    /// `misses_out`.
+    fn set(device: usize, footprint: usize) -> usize {
+        device * 2 + usize::from(footprint >= Tune::REGION_RETURN)
+    }
+
+    /// Notes a take of `device` that missed to a pageable buffer of
+    /// `footprint` bytes; returns the bytes of such misses out now in its
+    /// set of regions, its own included.
+    pub(crate) fn note_miss(&self, device: usize, footprint: usize) -> usize {
+        // Relaxed: see `misses_out`.
+        self.misses_out[Self::set(device, footprint)].fetch_add(footprint, Ordering::Relaxed)
+            + footprint
     }
 
     /// The key a closed pool's late buffers are filed under with the
@@ -136,9 +157,13 @@ impl Intake {
     /// if `to_shard`, and is pinned ahead of demand if `ahead`.
     fn submit_to(&self, from: Origin<'_>, mut block: Block, to_shard: bool, ahead: bool) {
         let register = self.pins && !block.is_pinned();
-        if self.regions && register && !ahead {
+        if self.regions && register && !ahead && !block.in_slab() {
             // A miss back: no longer demand the regions fall short of.
-            Counters::sub(&from.counters.misses_out, block.footprint() as u64);
+            let out = &self.misses_out[Self::set(block.device(), block.footprint())];
+            // Relaxed: see `misses_out`; stops at 0 rather than wrap.
+            let _ = out.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(block.footprint()))
+            });
         }
         self.note_drop(&mut block);
         let meta = block.meta_mut();

@@ -50,7 +50,7 @@ mod sweep;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Regions, Unpinned};
+use crate::alloc::{clean_range, Block, Regions};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -65,7 +65,9 @@ use intake::Intake;
 pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
-pub(crate) use release::{release, release_all, release_regions, Releaser};
+pub(crate) use release::{
+    give_back, release, release_all, release_regions, release_regions_over_budget, Releaser,
+};
 
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
@@ -641,7 +643,7 @@ impl Cleaner {
                     let took = started.elapsed();
                     counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
-                    tracing::debug!(bytes = len, ?took, "pinpool: registered a slab");
+                    tracing::debug!(bytes = len, ?took, "pinpool: registered a buffer");
                 }
                 Err(e) => {
                     Counters::add(&counters.registration_failures, 1);
@@ -653,8 +655,10 @@ impl Cleaner {
         }
         if pins && block.is_pinned() && !counters.fits_pinned(0) {
             // Past a lowered pinned budget: give the memory back rather
-            // than pool it pinned.
+            // than pool it pinned (a carved buffer's region with it, once
+            // wholly free).
             self.release_returned(env, returned);
+            release_regions_over_budget(env.releaser(), env.places.shards);
             return;
         }
         let siblings = block.carve();
@@ -662,18 +666,18 @@ impl Cleaner {
             counters.record_ready(at.elapsed());
         }
         Counters::add(&counters.recycled, 1);
-        if block.is_carved() && block.footprint() >= Tune::REGION_RETURN && !block.is_reserved() {
+        let back_to_region = block.is_carved()
+            && (block.footprint() >= Tune::REGION_RETURN && !block.is_reserved()
+                || !block.region_listed());
+        if back_to_region {
             // A large buffer goes back to its region, where it coalesces
             // with its free neighbours: the next take of any size carves
-            // from there (see `alloc::region`).
+            // from there (see `alloc::region`). So does any buffer of a
+            // region unlisted (by `shutdown`) while it was out, so that
+            // the region goes with its last buffer.
             let mut block = returned.into_block();
-            let (ticket, device) = (block.take_ticket(), block.device());
-            block.fences_mut().release(&env.places.caches.events);
-            if let Unpinned::Carved(Some(region)) = block.unpin() {
-                // Its region was unlisted (a shutdown) with it out.
-                Counters::add(&counters.regions_released, 1);
-                release::release_region(env.releaser(), device, region);
-            }
+            let ticket = block.take_ticket();
+            give_back(env.releaser(), block);
             if let Some(ticket) = ticket {
                 ticket.close(false);
             }
@@ -728,11 +732,12 @@ impl Cleaner {
         let shard = &env.places.shards[device];
         let idle = (class.index() + 1..classes.count())
             .map(SizeClass::at)
+            .filter(|&c| std::ptr::eq(shard.regions(classes.footprint(c)), regions))
             .find_map(|larger| shard.pop(larger));
         if let Some(idle) = idle {
             env.admission.removed(idle.footprint());
-            if idle.is_carved() {
-                release(env.releaser(), idle);
+            if idle.is_carved() && !idle.is_reserved() {
+                give_back(env.releaser(), idle);
                 if let Some(at) = regions.carve(footprint) {
                     return Some(Block::carved(classes, class, device, at));
                 }

@@ -19,10 +19,23 @@ pub(crate) struct Releaser<'a> {
 
 /// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
 /// fails is leaked (unmapping registered memory would be worse).
-pub(crate) fn release(with: Releaser<'_>, mut block: Block) {
+pub(crate) fn release(with: Releaser<'_>, block: Block) {
+    Counters::add(&with.counters.released, 1);
+    free(with, block);
+}
+
+/// Gives a carved block, quiescent, back to its region (zeroing what was
+/// written), not counted as released: its memory stays pooled as a free
+/// extent. The region goes too if that was its last block and it was
+/// unlisted.
+pub(crate) fn give_back(with: Releaser<'_>, block: Block) {
+    debug_assert!(block.is_carved());
+    free(with, block);
+}
+
+fn free(with: Releaser<'_>, mut block: Block) {
     let (backend, counters) = (with.backend, with.counters);
     block.fences_mut().release(with.events);
-    Counters::add(&counters.released, 1);
     if !block.is_pinned() && !block.is_carved() {
         drop(block);
         return;
@@ -131,6 +144,22 @@ pub(crate) fn release_regions(
             }
         }
     }
+}
+
+/// Releases wholly free regions of `shards` while the pinned bytes exceed
+/// the pinned budget (after it was lowered).
+pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) {
+    let counters = with.counters;
+    let mut over = counters.pinned().saturating_sub(counters.max_pinned());
+    if over == 0 {
+        return;
+    }
+    let pick = |len: usize, _| {
+        let pick = over > 0;
+        over = over.saturating_sub(len as u64);
+        pick
+    };
+    release_regions(with, shards, pick, false);
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).

@@ -124,6 +124,7 @@ impl Shared {
         if over > 0 {
             let evicted = self.admission.shrink_by(self.places(), over as usize);
             cleaner::release_all(self.releaser(), evicted);
+            cleaner::release_regions_over_budget(self.releaser(), &self.shards);
         }
     }
 

@@ -6,8 +6,7 @@ use crate::buffer::PinnedBuffer;
 use crate::cleaner::Returned;
 use crate::error::Error;
 use crate::size_class::SizeClass;
-use crate::stats::Counters;
-use crate::sync::{Arc, Ordering};
+use crate::sync::Arc;
 use crate::thread_cache::{Caches, Found, ThreadCache};
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
@@ -155,12 +154,9 @@ impl Shared {
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
         cache.count_miss(block.slot());
-        if this.caches.carves() {
-            let counters = this.counters();
+        if this.caches.carves() && !block.in_slab() {
             let footprint = block.footprint();
-            Counters::add(&counters.misses_out, footprint as u64);
-            // Relaxed: a statistic and a hint (see `alloc::region`).
-            let out = counters.misses_out.load(Ordering::Relaxed) as usize;
+            let out = this.caches.intake.note_miss(device, footprint);
             this.shards[device].regions(footprint).note_miss(out);
         }
         tracing::trace!(
@@ -185,10 +181,15 @@ impl Shared {
         class: SizeClass,
     ) -> Option<Block> {
         let classes = self.classes();
+        if classes.per_slab(class) > 1 {
+            // Sub-page buffers come from slabs, never from regions.
+            return None;
+        }
         let shard = &self.shards[device];
         let footprint = classes.footprint(class);
+        let regions = shard.regions(footprint);
         let carve = || {
-            let at = shard.regions(footprint).carve(footprint)?;
+            let at = regions.carve(footprint)?;
             let block = Block::carved(classes, class, device, at);
             // Not from the pooled buffers' estimate: free extents are not
             // in it.
@@ -199,21 +200,27 @@ impl Shared {
         if let Some(block) = carve() {
             return Some(block);
         }
-
-        let larger = || (class.index() + 1..classes.count()).map(SizeClass::at);
+        // Larger classes carved from the same set of regions: only their
+        // space can serve this take.
+        let larger = || {
+            (class.index() + 1..classes.count())
+                .map(SizeClass::at)
+                .filter(|&c| std::ptr::eq(shard.regions(classes.footprint(c)), regions))
+        };
         let idle = owned
             .then(|| taker.borrow_ready(device, larger()))
             .flatten()
             .or_else(|| larger().find_map(|larger| shard.pop(larger)))?;
         // Out of the pool's estimate, as any take of a pooled buffer.
         taker.count_split(idle.footprint());
-        if !idle.is_carved() {
-            // Not region memory (a slab's): it serves as a borrowed buffer.
-            taker.count_hit(idle.slot(), 0);
-            taker.count_borrowed();
-            return Some(idle);
+        if !idle.is_carved() || idle.is_reserved() {
+            // Not region memory, or pinned on request for its class: it
+            // stays pooled as it was.
+            let admitted = self.admission.admit(self.places(), idle, None);
+            crate::cleaner::release_all(self.releaser(), admitted);
+            return None;
         }
-        crate::cleaner::release(self.releaser(), idle);
+        crate::cleaner::give_back(self.releaser(), idle);
         carve()
     }
 

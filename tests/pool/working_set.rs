@@ -96,6 +96,9 @@ fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) ->
     });
     pool.flush();
     let stats = pool.stats();
+    if std::env::var_os("WS_DEBUG").is_some() {
+        eprintln!("{stats:#?}");
+    }
     let (hit, asked) = *steady.lock().unwrap();
     Figures {
         peak_pinned: stats.peak_pinned_bytes,
