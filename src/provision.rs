@@ -24,10 +24,13 @@ use std::time::{Duration, Instant};
 use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::size_class::SizeClass;
-use crate::sync::Mutex;
+use crate::sync::{AtomicBool, Mutex, Ordering};
 
 /// How often a tick does its work, at most.
 const TICK: Duration = Duration::from_millis(10);
+
+/// Takes of a slot over one tick that make it hot (see `Provisioner::hot`).
+const HOT_TAKES: u64 = 4;
 
 /// The window of a high-water mark when idle trimming is off.
 const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
@@ -43,6 +46,8 @@ struct Mark {
 #[derive(Debug)]
 struct State {
     marks: Vec<Option<Mark>>,
+    /// Per slot, the takes counted at the last tick.
+    takes: Vec<u64>,
     last: Instant,
     last_trim: Instant,
 }
@@ -51,6 +56,11 @@ struct State {
 #[derive(Debug)]
 pub(crate) struct Provisioner {
     state: Mutex<State>,
+    /// Per slot, whether it is *hot*: taken at least [`HOT_TAKES`] times
+    /// over the last tick. A clean carved buffer of a hot slot goes back to
+    /// its class for same-size reuse; of any other, to its region (see
+    /// `alloc::region`).
+    hot: Box<[AtomicBool]>,
     provision: bool,
     idle_trim: Option<Duration>,
 }
@@ -67,14 +77,22 @@ pub(crate) struct Plan {
 impl Provisioner {
     pub(crate) fn new(slots: usize, provision: bool, idle_trim: Option<Duration>) -> Self {
         Self {
+            hot: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             state: Mutex::new(State {
                 marks: vec![None; slots],
+                takes: vec![0; slots],
                 last: Instant::now(),
                 last_trim: Instant::now(),
             }),
             provision,
             idle_trim,
         }
+    }
+
+    /// Whether `slot` is hot (see the field).
+    pub(crate) fn is_hot(&self, slot: usize) -> bool {
+        // Relaxed: see `tick`.
+        self.hot[slot].load(Ordering::Relaxed)
     }
 
     /// The idle-trim time, if idle trimming is on.
@@ -113,6 +131,20 @@ impl Provisioner {
             .map(|(slot, &n)| n * classes.size(SizeClass::at(slot % count)) as u64)
             .sum();
         at.caches.counters.note_in_use(in_use_bytes);
+        let mut takes = vec![0u64; state.takes.len()];
+        for cache in at.caches.iter() {
+            for (slot, n) in takes.iter_mut().enumerate() {
+                let (hits, misses) = cache.hits_misses(slot);
+                *n += hits + misses;
+            }
+        }
+        for (slot, &n) in takes.iter().enumerate() {
+            let hot = n.saturating_sub(state.takes[slot]) >= HOT_TAKES;
+            // Relaxed: a hint for where a clean buffer goes; a stale one
+            // sends a buffer to its class or its region for one tick.
+            self.hot[slot].store(hot, Ordering::Relaxed);
+        }
+        state.takes = takes;
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
                 Some(m) if now_in_use >= m.peak => {
@@ -174,6 +206,10 @@ impl Provisioner {
                     continue;
                 };
                 let (device, class) = (slot / count, SizeClass::at(slot % count));
+                if at.caches.carves() && classes.per_slab(class) == 1 {
+                    // Regions meet these classes' demand (they grow by it).
+                    continue;
+                }
                 let ready: u64 = at.shards[device].len(class) as u64
                     + at.caches
                         .iter()

@@ -39,7 +39,19 @@ impl Shard {
         &self.regions[usize::from(footprint >= Tune::REGION_RETURN)]
     }
 
-    /// Both sets of regions.
+    /// The regions small buffers are carved from: sub-regions of the large
+    /// ones (see `alloc::region`).
+    pub(crate) fn small_regions(&self) -> &Regions {
+        &self.regions[0]
+    }
+
+    /// The regions large buffers are carved from, each one registration.
+    pub(crate) fn large_regions(&self) -> &Regions {
+        &self.regions[1]
+    }
+
+    /// Both sets of regions, the small first (whose regions go back to the
+    /// large ones when freed).
     pub(crate) fn all_regions(&self) -> &[Regions] {
         &self.regions
     }

@@ -11,7 +11,15 @@
 //! given back only once its bytes are (the releaser zeroes what was
 //! written).
 //!
-//! A device's [`Regions`] list the regions that takes may carve from; the
+//! A device has two sets of [`Regions`]: for small buffers and for large
+//! ones (see `Shard::regions`). The small set's regions are *sub-regions*,
+//! carved from the large set's, so they cost no registration of their own
+//! and go back to their parent when freed. Each set grows by demand: the
+//! most bytes carved out at once (idle buffers aside) plus the misses out,
+//! as noted at each miss; the cleaner grows a set by what it falls short
+//! of that peak.
+//!
+//! A set lists the regions that takes may carve from; the
 //! list's lock is held across a carve, so a region is unlisted (to be
 //! unregistered and unmapped) only while no carve can pick it. A region is
 //! released once it is wholly free and unlisted: by [`Regions::unlist_idle`]
@@ -44,6 +52,11 @@ pub(crate) struct Region {
     len: usize,
     state: Mutex<Extents>,
     totals: Arc<Totals>,
+    /// For a *sub-region* (the small buffers' regions are carved from the
+    /// large ones', so that they cost no registration of their own): the
+    /// region it was carved from, which it goes back to when freed, and
+    /// whose registration pins it.
+    parent: Option<NonNull<Region>>,
     _track: Track,
 }
 
@@ -61,6 +74,9 @@ struct Extents {
     listed: bool,
     /// Registered: unregister before unmapping.
     registered: bool,
+    /// Its memory is page-locked (registered, or carved from a region that
+    /// is).
+    pinned: bool,
     /// A block of it was leaked: the region is never unmapped.
     leaked: bool,
     /// When the region last became wholly free.
@@ -203,12 +219,16 @@ impl Unlisted {
 
     /// Marks the region unregistered, after its holder unregistered it.
     pub(crate) fn set_unregistered(&self) {
-        self.region().state.lock().registered = false;
+        let mut state = self.region().state.lock();
+        state.registered = false;
+        state.pinned = false;
     }
 
     /// Unmaps the region, or leaks it if it is still registered or a block
-    /// of it was leaked.
-    pub(crate) fn free(self) {
+    /// of it was leaked. A sub-region goes back to its parent instead:
+    /// `Some` if that was the last block of an unlisted parent, which the
+    /// caller then owns, to unregister and free.
+    pub(crate) fn free(self) -> Option<Unlisted> {
         // SAFETY: the holder owns the region box, made by `Box::leak`.
         let region = unsafe { Box::from_raw(self.0.as_ptr()) };
         let state = region.state.lock();
@@ -219,15 +239,22 @@ impl Unlisted {
                     "pinpool: a pinned region was freed without unregistering; leaking it"
                 );
             }
-            return;
+            return None;
         }
         drop(state);
+        if let Some(parent) = region.parent {
+            // SAFETY: the sub-region was carved from `parent` at its base
+            // with its length, is given back once (its box is gone after
+            // this), and is wholly free, so all-zero.
+            return unsafe { Region::give_back(parent, region.base(), region.len) };
+        }
         // SAFETY: `base` starts a mapping of `len` bytes made for this
         // region, and no block of it is left.
         let rc = unsafe { libc::munmap(region.base().cast(), region.len) };
         if rc != 0 {
             tracing::error!(error = %std::io::Error::last_os_error(), "pinpool: munmap failed");
         }
+        None
     }
 
     /// Forgets the region: it stays mapped, and registered if it was.
@@ -314,24 +341,27 @@ impl Regions {
     }
 
     /// Notes a take that found no memory (a pool miss), with `missed`
-    /// bytes of such misses out now, its own included: demand the regions
-    /// should have met.
-    pub(crate) fn note_miss(&self, missed: usize) {
+    /// bytes of such misses out now, its own included, and `idle` bytes of
+    /// idle buffers carved from these regions: demand the regions should
+    /// have met is what is carved out and not idle, plus the misses.
+    pub(crate) fn note_miss(&self, missed: usize, idle: usize) {
         // Relaxed: see `Totals`.
-        let out = self.totals.out.load(Ordering::Relaxed);
+        let out = self.totals.out.load(Ordering::Relaxed).saturating_sub(idle);
         self.totals.peak.fetch_max(out + missed, Ordering::Relaxed);
         self.totals.missed.store(true, Ordering::Relaxed);
     }
 
-    /// The bytes the regions fall short of the most wanted at once (0 if
-    /// none).
+    /// The bytes the regions fall short of the most wanted at once, plus an
+    /// eighth of it as headroom (so that a workload whose peak creeps up
+    /// does not register a region at every new peak); 0 if no take missed
+    /// since they last grew.
     pub(crate) fn shortfall(&self) -> usize {
         // Relaxed: see `Totals`.
         if !self.totals.missed.load(Ordering::Relaxed) {
             return 0;
         }
         let peak = self.totals.peak.load(Ordering::Relaxed);
-        peak.saturating_sub(self.totals.bytes.load(Ordering::Relaxed))
+        (peak + peak / 8).saturating_sub(self.totals.bytes.load(Ordering::Relaxed))
     }
 
     /// Forgets the most wanted at once, down to what is carved out now
@@ -384,7 +414,7 @@ impl Regions {
         // Relaxed: see `Totals`.
         let out = self.totals.out.fetch_add(len, Ordering::Relaxed) + len;
         self.totals.peak.fetch_max(out, Ordering::Relaxed);
-        let pinned = state.registered;
+        let pinned = state.pinned;
         drop(state);
         drop(list);
         // SAFETY: `offset + len <= this.len`, inside the mapping.
@@ -427,6 +457,24 @@ impl Regions {
             }
             None => false,
         };
+        self.list_new(ptr, len, registered, registered, None);
+        Ok(())
+    }
+
+    /// Lists a sub-region (see `Region::parent`) over `at`, `len` bytes
+    /// carved from a region of another set, wholly free.
+    pub(crate) fn adopt(&self, at: Carved, len: usize) {
+        self.list_new(at.ptr, len, false, at.pinned, Some(at.region));
+    }
+
+    fn list_new(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        registered: bool,
+        pinned: bool,
+        parent: Option<NonNull<Region>>,
+    ) {
         let mut extents = Extents {
             by_offset: BTreeMap::new(),
             by_size: BTreeSet::new(),
@@ -434,6 +482,7 @@ impl Regions {
             out: 0,
             listed: true,
             registered,
+            pinned,
             leaked: false,
             idle_since: Some(Instant::now()),
         };
@@ -443,13 +492,13 @@ impl Regions {
             len,
             state: Mutex::new(extents),
             totals: Arc::clone(&self.totals),
+            parent,
             _track: Track::new(),
         });
         self.list.lock().push(NonNull::from(Box::leak(region)));
         // Relaxed: see `Totals`.
         self.totals.bytes.fetch_add(len, Ordering::Relaxed);
         self.totals.missed.store(false, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Unlists the regions that nothing is carved from and that `pick`
@@ -530,7 +579,11 @@ impl Drop for Regions {
                 continue;
             }
             drop(state);
-            Unlisted(region).free();
+            if let Some(parent) = Unlisted(region).free() {
+                // Dropped with its pool; unregistered (and so freed) only
+                // if nothing pinned is left: else leaked, and said so.
+                let _ = parent.free();
+            }
         }
     }
 }
@@ -589,7 +642,9 @@ mod tests {
         assert!(regions.carve(17 * page()).is_none());
         let unlisted = regions.unlist_idle(|_, _| true, false);
         assert_eq!(unlisted.len(), 1);
-        unlisted.into_iter().for_each(Unlisted::free);
+        unlisted
+            .into_iter()
+            .for_each(|r| assert!(r.free().is_none()));
         assert_eq!(regions.figures().regions, 0);
     }
 
@@ -605,6 +660,7 @@ mod tests {
         );
         // SAFETY: carved above, given back once, untouched.
         let last = unsafe { Region::give_back(a.region, a.ptr.as_ptr(), page()) };
-        last.expect("the last block hands the region over").free();
+        let last = last.expect("the last block hands the region over");
+        assert!(last.free().is_none());
     }
 }

@@ -667,14 +667,15 @@ impl Cleaner {
         }
         Counters::add(&counters.recycled, 1);
         let back_to_region = block.is_carved()
-            && (block.footprint() >= Tune::REGION_RETURN && !block.is_reserved()
+            && (!block.is_reserved() && !env.provisioner.is_hot(block.slot())
                 || !block.region_listed());
         if back_to_region {
-            // A large buffer goes back to its region, where it coalesces
-            // with its free neighbours: the next take of any size carves
-            // from there (see `alloc::region`). So does any buffer of a
-            // region unlisted (by `shutdown`) while it was out, so that
-            // the region goes with its last buffer.
+            // A buffer of a class not in demand (not hot) goes back to its
+            // region, where it coalesces with its free neighbours: the
+            // next take of any size carves from there (see
+            // `alloc::region`). So does any buffer of a region unlisted
+            // (by `shutdown`) while it was out, so that the region goes
+            // with its last buffer.
             let mut block = returned.into_block();
             let ticket = block.take_ticket();
             give_back(env.releaser(), block);
@@ -688,7 +689,9 @@ impl Cleaner {
         let block = returned.into_block();
         // SAFETY: see `Returned`'s `Send` impl.
         let home = unsafe { home.as_ref() };
-        let place = (!to_shard).then_some(home);
+        // A carved buffer goes to its shard, where a take short of memory
+        // can give it back to its region (see `Shared::carve`).
+        let place = (!to_shard && !block.is_carved()).then_some(home);
         for block in siblings.into_iter().chain(std::iter::once(block)) {
             let evicted = env.admission.admit(env.places, block, place);
             release_all(env.releaser(), evicted);
@@ -722,7 +725,7 @@ impl Cleaner {
                 like.is_reserved(),
             );
         }
-        if footprint >= Tune::REGION_RETURN && !like.is_reserved() {
+        if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
             return None;
         }
         if let Some(at) = regions.carve(footprint) {
@@ -775,6 +778,26 @@ impl Cleaner {
         least: usize,
         reserved: bool,
     ) -> bool {
+        let shard = &env.places.shards[device];
+        if std::ptr::eq(regions, shard.small_regions()) {
+            // Small buffers' regions are carved from the large ones: no
+            // registration of their own.
+            let large = shard.large_regions();
+            let len = regions.next_len(want.max(least));
+            let _growing = large.growing();
+            let at = match large.carve(len) {
+                Some(at) => at,
+                None if Self::grow(env, device, large, len, len, reserved) => {
+                    let Some(at) = large.carve(len) else {
+                        return false;
+                    };
+                    at
+                }
+                None => return false,
+            };
+            regions.adopt(at, len);
+            return true;
+        }
         let counters = env.counters();
         let footprint = least;
         let mut len = regions.next_len(want.max(least));

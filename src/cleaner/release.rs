@@ -78,25 +78,34 @@ fn free(with: Releaser<'_>, mut block: Block) {
 /// Unregisters (if registered) and frees a region that nothing is carved
 /// from any more; leaks it if the unregistration fails.
 pub(crate) fn release_region(with: Releaser<'_>, device: usize, region: Unlisted) {
-    if region.registered() {
-        // SAFETY: the region was registered by this backend at its base,
-        // and no block of it is left, so no copy from it is in flight.
-        if unsafe {
-            unregister(
-                with.backend,
-                with.counters,
-                device,
-                region.base(),
-                region.len(),
-            )
-        } {
+    let mut next = Some(region);
+    while let Some(region) = next.take() {
+        if region.registered() {
+            // SAFETY: the region was registered by this backend at its
+            // base, and no block of it is left, so no copy from it is in
+            // flight.
+            let unregistered = unsafe {
+                unregister(
+                    with.backend,
+                    with.counters,
+                    device,
+                    region.base(),
+                    region.len(),
+                )
+            };
+            if !unregistered {
+                region.leak();
+                return;
+            }
             region.set_unregistered();
-        } else {
-            region.leak();
-            return;
+        }
+        // A sub-region goes back to its parent, which comes back if that
+        // was the last block of an unlisted one.
+        next = region.free();
+        if next.is_some() {
+            Counters::add(&with.counters.regions_released, 1);
         }
     }
-    region.free();
 }
 
 /// Unregisters the `bytes` registered at `ptr`, counting the outcome; false
@@ -150,16 +159,25 @@ pub(crate) fn release_regions(
 /// the pinned budget (after it was lowered).
 pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) {
     let counters = with.counters;
-    let mut over = counters.pinned().saturating_sub(counters.max_pinned());
-    if over == 0 {
+    if counters.pinned() <= counters.max_pinned() {
         return;
     }
-    let pick = |len: usize, _| {
-        let pick = over > 0;
-        over = over.saturating_sub(len as u64);
-        pick
-    };
-    release_regions(with, shards, pick, false);
+    for (device, shard) in shards.iter().enumerate() {
+        // Wholly free small regions first: they go back to the large ones,
+        // whose registrations are what the budget counts.
+        for regions in shard.all_regions() {
+            let mut over = counters.pinned().saturating_sub(counters.max_pinned());
+            let pick = |len: usize, _| {
+                let pick = over > 0;
+                over = over.saturating_sub(len as u64);
+                pick
+            };
+            for region in regions.unlist_idle(pick, false) {
+                Counters::add(&counters.regions_released, 1);
+                release_region(with, device, region);
+            }
+        }
+    }
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).

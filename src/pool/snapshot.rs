@@ -33,13 +33,19 @@ impl Shared {
             for class in classes.all() {
                 pooled[classes.slot(device, class)] += shard.len(class);
             }
-            for regions in shard.all_regions() {
-                let regions = regions.figures();
-                stats.regions += regions.regions;
-                stats.region_bytes += regions.bytes;
-                stats.free_extent_bytes += regions.free;
-                stats.largest_free_extent = stats.largest_free_extent.max(regions.largest_free);
-            }
+            // The small buffers' regions lie inside the large ones: counted
+            // for their free extents only.
+            let (small, large) = (
+                shard.small_regions().figures(),
+                shard.large_regions().figures(),
+            );
+            stats.regions += large.regions;
+            stats.region_bytes += large.bytes;
+            stats.free_extent_bytes += small.free + large.free;
+            stats.largest_free_extent = stats
+                .largest_free_extent
+                .max(small.largest_free)
+                .max(large.largest_free);
         }
         stats.hits = hits.iter().sum();
         stats.misses = misses.iter().sum();

@@ -13,6 +13,10 @@ use std::time::Instant;
 
 use super::Shared;
 
+/// The most idle buffers of smaller classes that one take gives back to
+/// their regions to carve its own (see `Shared::carve`).
+const RECLAIM_MAX: usize = 32;
+
 impl Shared {
     /// The take path; see the module docs. `caches` is `this.caches`,
     /// reached from the handle without going through `this` (a take served
@@ -138,7 +142,13 @@ impl Shared {
             cache.count_hit(block.slot(), block.footprint());
             return Ok((block, true));
         }
-        if let Some(block) = this.borrow(cache, owned, device, class) {
+        // With regions, a class of whole pages is served by splitting (see
+        // `carve`), not by lending a larger buffer whole.
+        let splits = this.caches.carves() && this.classes().per_slab(class) == 1;
+        if let Some(block) = (!splits)
+            .then(|| this.borrow(cache, owned, device, class))
+            .flatten()
+        {
             // Counted in the class served, so taken bytes stay exact.
             cache.count_hit(block.slot(), block.footprint());
             cache.count_borrowed();
@@ -156,8 +166,18 @@ impl Shared {
         cache.count_miss(block.slot());
         if this.caches.carves() && !block.in_slab() {
             let footprint = block.footprint();
+            let shard = &this.shards[device];
+            let regions = shard.regions(footprint);
             let out = this.caches.intake.note_miss(device, footprint);
-            this.shards[device].regions(footprint).note_miss(out);
+            // Idle buffers carved from the set are not demand: a take short
+            // of memory gives them back.
+            let classes = this.classes();
+            let idle: usize = classes
+                .all()
+                .filter(|&c| std::ptr::eq(shard.regions(classes.footprint(c)), regions))
+                .map(|c| shard.len(c) * classes.footprint(c))
+                .sum();
+            regions.note_miss(out, idle);
         }
         tracing::trace!(
             bytes = block.len(),
@@ -210,18 +230,45 @@ impl Shared {
         let idle = owned
             .then(|| taker.borrow_ready(device, larger()))
             .flatten()
-            .or_else(|| larger().find_map(|larger| shard.pop(larger)))?;
-        // Out of the pool's estimate, as any take of a pooled buffer.
-        taker.count_split(idle.footprint());
-        if !idle.is_carved() || idle.is_reserved() {
-            // Not region memory, or pinned on request for its class: it
-            // stays pooled as it was.
-            let admitted = self.admission.admit(self.places(), idle, None);
-            crate::cleaner::release_all(self.releaser(), admitted);
-            return None;
+            .or_else(|| larger().find_map(|larger| shard.pop(larger)));
+        if let Some(idle) = idle {
+            // Out of the pool's estimate, as any take of a pooled buffer.
+            taker.count_split(idle.footprint());
+            if !idle.is_carved() || idle.is_reserved() {
+                // Not region memory, or pinned on request for its class: it
+                // stays pooled as it was.
+                let admitted = self.admission.admit(self.places(), idle, None);
+                crate::cleaner::release_all(self.releaser(), admitted);
+                return None;
+            }
+            crate::cleaner::give_back(self.releaser(), idle);
+            return carve();
         }
-        crate::cleaner::give_back(self.releaser(), idle);
-        carve()
+        // Idle buffers of smaller classes of the set, given back until
+        // their space, with its free neighbours, holds this one.
+        let mut given = 0;
+        for smaller in (0..class.index()).rev().map(SizeClass::at) {
+            if !std::ptr::eq(shard.regions(classes.footprint(smaller)), regions) {
+                continue;
+            }
+            while given < RECLAIM_MAX {
+                let Some(idle) = shard.pop(smaller) else {
+                    break;
+                };
+                taker.count_split(idle.footprint());
+                if !idle.is_carved() || idle.is_reserved() {
+                    let admitted = self.admission.admit(self.places(), idle, None);
+                    crate::cleaner::release_all(self.releaser(), admitted);
+                    break;
+                }
+                crate::cleaner::give_back(self.releaser(), idle);
+                given += 1;
+                if let Some(block) = carve() {
+                    return Some(block);
+                }
+            }
+        }
+        None
     }
 
     /// An idle ready buffer of a larger class within the borrowing slack:

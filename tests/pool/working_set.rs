@@ -1,8 +1,9 @@
 //! A prover-like workload on the fault backend (which "pins"), with
 //! buffers carved from regions: a few threads, each taking a segment of
-//! log-uniform sizes from a page to a few MiB, holding them all, writing a
-//! little into each, dropping them, and working 2 ms before its next
-//! segment (as a prover does between segments); the cap at the working
+//! log-uniform sizes from a page to a few MiB, writing 5-60% of each (and
+//! saying so with `set_dirty_len`), holding them all, dropping them, and
+//! working 2 ms before its next segment (as the real client does with its
+//! record arenas); the cap at the working
 //! set's upper bound (every thread at its largest segment at once). What the pool should reach on
 //! it, for every seed, thread count and size range below: peak pinned at
 //! most 1.3x the most bytes held at once, steady byte hits (after the
@@ -40,17 +41,32 @@ struct Figures {
 
 fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) -> Figures {
     // Plans first: the cap is the working set's upper bound.
-    let plans: Vec<Vec<Vec<usize>>> = (0..threads)
+    let plans: Vec<Vec<Vec<(usize, usize)>>> = (0..threads)
         .map(|t| {
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9) + t as u64 + 1);
             (0..segments)
-                .map(|_| (0..buffers).map(|_| rng.log_uniform(4096, hi)).collect())
+                .map(|_| {
+                    (0..buffers)
+                        .map(|_| {
+                            let size = rng.log_uniform(4096, hi);
+                            // Written: 5-60% of the buffer, as the real
+                            // client writes of its record arenas.
+                            let percent = 5 + (rng.next() % 56) as usize;
+                            (size, size * percent / 100)
+                        })
+                        .collect()
+                })
                 .collect()
         })
         .collect();
     let bound: usize = plans
         .iter()
-        .map(|p| p.iter().map(|s| s.iter().sum::<usize>()).max().unwrap())
+        .map(|p| {
+            p.iter()
+                .map(|s| s.iter().map(|b| b.0).sum::<usize>())
+                .max()
+                .unwrap()
+        })
         .sum();
     let pool = Pool::builder()
         .faults(Arc::new(Faults::default()))
@@ -69,9 +85,10 @@ fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) ->
                 for (i, segment) in plan.iter().enumerate() {
                     let mut bufs = Vec::with_capacity(segment.len());
                     let (mut hit, mut asked) = (0u64, 0u64);
-                    for &size in segment {
+                    for &(size, written) in segment {
                         let mut b = pool.take(size);
-                        b[..64].fill(1);
+                        b[..written].fill(1);
+                        b.set_dirty_len(written);
                         asked += size as u64;
                         if b.was_pooled() {
                             hit += size as u64;
@@ -96,9 +113,6 @@ fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) ->
     });
     pool.flush();
     let stats = pool.stats();
-    if std::env::var_os("WS_DEBUG").is_some() {
-        eprintln!("{stats:#?}");
-    }
     let (hit, asked) = *steady.lock().unwrap();
     Figures {
         peak_pinned: stats.peak_pinned_bytes,
