@@ -20,6 +20,8 @@
 //! size, the figures of the tight loops' pools (hit rate, drop-to-ready p50
 //! and p99) are printed per thread count.
 //!
+//! The pools take `PINPOOL_CONF` settings (e.g. `regions=on`).
+//!
 //! Millions of operations per second over all threads, the median of
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
 //! 0.5) seconds each. On a machine without a GPU it says so and exits 0.
@@ -296,6 +298,7 @@ fn main() {
     let new_pool = |size: usize| {
         let pool = Pool::builder()
             .backend(BackendKind::Cuda)
+            .from_env()
             .build()
             .expect("the CUDA backend builds on a GPU machine");
         // Warm the pool: enough pinned buffers for the widest run.

@@ -327,17 +327,25 @@ impl PoolBuilder {
 
     /// Whether buffers are carved from *regions* (default off): on a
     /// pinning backend, the cleaner registers a few large mappings, sized
-    /// by the most bytes the takes wanted at once, instead of one
-    /// registration per buffer; a take whose class is empty carves its
-    /// buffer from a region's free extents (or from the space of an idle
-    /// buffer of a larger class) before it misses; large buffers (256 KiB
-    /// and up) go back to their region when clean, where free neighbours
-    /// coalesce, so memory moves between size classes. Idle regions are
-    /// trimmed whole; `clear` frees the regions nothing is carved from,
-    /// `shutdown` every region (one with a buffer still out goes with its
-    /// last buffer). Free extents are pinned but not pooled buffers: they
-    /// count in [`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes),
-    /// not in the cap's pooled bytes.
+    /// by the most bytes the takes wanted at once (plus an eighth), instead
+    /// of one registration per buffer; a miss buffer is freed, never
+    /// registered. A take whose class is empty carves its buffer from a
+    /// region's free extents, or from the space of idle buffers of its
+    /// region set, before it misses (borrowing a larger buffer whole gives
+    /// way to this). A clean buffer goes back to its class only while the
+    /// class is *hot* (taken several times per provisioning tick, as in a
+    /// staging loop); otherwise back to its region, where free neighbours
+    /// coalesce, so memory moves between size classes. Buffers under
+    /// 256 KiB are carved from regions of their own, themselves carved
+    /// from the large ones, so that they do not scatter through the
+    /// extents large buffers need; sub-page buffers still come from slabs.
+    /// Regions wholly free for the idle-trim time are released; `clear`
+    /// frees the regions nothing is carved from, `shutdown` every region
+    /// (one with a buffer still out goes with its last buffer); a lowered
+    /// pinned budget frees wholly free regions. Free extents are pinned but
+    /// are not pooled buffers: they count in
+    /// [`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes), not
+    /// in the cap's pooled bytes.
     ///
     /// # Examples
     ///

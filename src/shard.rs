@@ -33,10 +33,10 @@ impl Shard {
     }
 
     /// The regions that blocks of `footprint` bytes are carved from: the
-    /// small ones below [`REGION_RETURN`](Tuning::REGION_RETURN).
+    /// small ones below [`LARGE_BUFFER`](Tuning::LARGE_BUFFER).
     #[inline]
     pub(crate) fn regions(&self, footprint: usize) -> &Regions {
-        &self.regions[usize::from(footprint >= Tune::REGION_RETURN)]
+        &self.regions[usize::from(footprint >= Tune::LARGE_BUFFER)]
     }
 
     /// The regions small buffers are carved from: sub-regions of the large

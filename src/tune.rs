@@ -122,13 +122,11 @@ pub(crate) trait Tuning {
     /// that one registration may not reach on recent drivers.
     const REGION_MAX: usize;
 
-    /// Carved buffers of at least this footprint go back to their region
-    /// once clean, rather than to their class's stack or thread cache: at
-    /// these sizes a take's carve (a lock and a search, a few hundred
-    /// nanoseconds) costs little next to the copy, and memory moves freely
-    /// between sizes. Smaller ones stay with their class for same-size
-    /// reuse on the lock-free paths.
-    const REGION_RETURN: usize;
+    /// Buffers of at least this footprint are carved from a device's large
+    /// regions, smaller ones from its small regions (sub-regions of the
+    /// large), so that small buffers kept by their classes do not scatter
+    /// through the extents large ones need whole.
+    const LARGE_BUFFER: usize;
 }
 
 /// The tuning of a real pool.
@@ -170,7 +168,7 @@ impl Tuning for Production {
     const ZERO_BACKLOG_MIN: usize = 64 << 20;
     const REGION_MIN: usize = 2 << 20;
     const REGION_MAX: usize = 1 << 30;
-    const REGION_RETURN: usize = 256 << 10;
+    const LARGE_BUFFER: usize = 256 << 10;
 }
 
 impl Tuning for Small {
@@ -195,7 +193,7 @@ impl Tuning for Small {
     const ZERO_BACKLOG_MIN: usize = 64;
     const REGION_MIN: usize = 8;
     const REGION_MAX: usize = 64;
-    const REGION_RETURN: usize = 8;
+    const LARGE_BUFFER: usize = 8;
 }
 
 /// Fails the build if `T` breaks a rule the code relies on: chunks and

@@ -100,7 +100,7 @@ impl Intake {
     /// The index of `device`'s set of regions for `footprint` in
     /// `misses_out`.
     fn set(device: usize, footprint: usize) -> usize {
-        device * 2 + usize::from(footprint >= Tune::REGION_RETURN)
+        device * 2 + usize::from(footprint >= Tune::LARGE_BUFFER)
     }
 
     /// Notes a take of `device` that missed to a pageable buffer of

@@ -705,9 +705,10 @@ impl Cleaner {
     /// to pin ahead of demand): first grows its device's regions by what
     /// they fall short of the most its takes wanted at once (one
     /// registration, within the pinned budget), then carves a block of its
-    /// class to take its place, unless it is one that would go back to its
-    /// region anyway (`REGION_RETURN`): then `None`, and the next take of
-    /// its size carves. `None` too if no memory could be had (counted).
+    /// class to take its place, unless it would go back to its region
+    /// anyway (its class is not hot, nor was it asked for by `reserve`):
+    /// then `None`, and the next take of its size carves. `None` too if no
+    /// memory could be had (counted).
     fn carve_for(&self, env: Env<'_>, like: &Block) -> Option<Block> {
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;

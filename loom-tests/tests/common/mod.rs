@@ -81,6 +81,23 @@ pub fn workerless_pool(refused: &[&str]) -> (Pool, StdArc<Faults>) {
     (pool, faults)
 }
 
+/// As [`workerless_pool`], with buffers carved from regions
+/// (`PoolBuilder::regions`).
+pub fn carving_pool() -> (Pool, StdArc<Faults>) {
+    let faults = StdArc::new(Faults::default());
+    faults.fail_spawn("pinpool-cleaner");
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .borrow_slack(0)
+        .provision(false)
+        .regions(true)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
 /// A pool whose calling thread's cache holds one ready buffer of 8 bytes;
 /// returns it with the buffer's address.
 pub fn pool_with_cached_buffer() -> (Pool, usize) {

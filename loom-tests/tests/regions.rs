@@ -1,0 +1,91 @@
+//! Loom models of regions (`PoolBuilder::regions`): a buffer given back to
+//! its region racing a carve from it, and a trim releasing a region racing
+//! a take that would carve from it. Workerless pools: the flushes and the
+//! trim clean and release on their callers' threads, so each model races
+//! only its own two threads. The CI runs these at `LOOM_MAX_PREEMPTIONS=2`.
+#![cfg(loom)]
+
+mod common;
+
+use common::{carving_pool, model};
+use loom::thread;
+
+/// One thread drops a carved buffer and flushes (giving it back to its
+/// region, where it coalesces with the free rest) while another takes a
+/// buffer of the same size, which carves from the same free extents.
+///
+/// Catches: a carve and a give-back that do not exclude each other on the
+/// region's extents (two live buffers at one address, or a free extent
+/// lost: the region never wholly free, never unregistered at shutdown),
+/// or a carved buffer that is not zero.
+#[test]
+fn a_give_back_races_a_carve_from_the_same_region() {
+    model(|| {
+        let (pool, faults) = carving_pool();
+        drop(pool.take(8));
+        pool.flush();
+        let mut a = pool.take(8);
+        assert!(a.is_pinned(), "not carved from a region");
+        a.fill(0xFF);
+        let dropper = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let ptr = a.as_ptr() as usize;
+                drop(a);
+                pool.flush();
+                ptr
+            })
+        };
+        let b = pool.take(8);
+        let b_ptr = b.as_ptr() as usize;
+        assert!(b.iter().all(|&x| x == 0), "carved over written bytes");
+        let a_ptr = dropper.join().unwrap();
+        let c = pool.take(8);
+        assert_ne!(
+            c.as_ptr() as usize,
+            b_ptr,
+            "two live buffers at one address"
+        );
+        assert!(c.iter().all(|&x| x == 0));
+        let _ = a_ptr;
+        drop((b, c));
+        pool.shutdown();
+        assert_eq!(
+            faults.registered(),
+            faults.unregistered(),
+            "a region stayed registered"
+        );
+    });
+}
+
+/// A trim (which releases regions that are wholly free) races a take that
+/// carves from the one region there is.
+///
+/// Catches: a region unlisted, unregistered and freed while a take is
+/// carving from it (the take's buffer then lies in unregistered or
+/// unmapped memory), or a region left registered after the shutdown.
+#[test]
+fn a_trim_races_a_carve_from_the_region_it_releases() {
+    model(|| {
+        let (pool, faults) = carving_pool();
+        drop(pool.take(8));
+        pool.flush();
+        let trimmer = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.trim())
+        };
+        let b = pool.take(8);
+        trimmer.join().unwrap();
+        if b.was_pooled() {
+            assert!(b.is_pinned(), "carved from a released region");
+            assert!(
+                faults.registered() > faults.unregistered(),
+                "carved from an unregistered region"
+            );
+        }
+        drop(b);
+        pool.flush();
+        pool.shutdown();
+        assert_eq!(faults.registered(), faults.unregistered());
+    });
+}
