@@ -194,7 +194,13 @@ pub fn in_child(module: &str, test: &str, env: &[(&str, &str)]) -> Option<String
     }
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
-        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            name.as_str(),
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, &name)
         .envs(env.iter().copied())
         .output()
