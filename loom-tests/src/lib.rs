@@ -23,9 +23,9 @@
 //! | `cap::cap_change_races_return` | the admission fast path checking the cap before adding the buffer | accounting drifted |
 //! | `shutdown::close_races_a_drop` | a remote drop without the fence of its handshake with `close` | a buffer leaked (loom's leak check) |
 //! | `cleaner::chunked_buffer_is_completed_once` | the chunk countdown with Relaxed instead of AcqRel | causality violation on the buffer's bytes |
-//! | `cleaner::miss_buffer_is_registered_once_and_unregistered_at_shutdown` | release without unregistering | shutdown left it registered |
+//! | `cleaner::miss_buffer_is_registered_once_and_unregistered_at_shutdown` | release without unregistering; a recycled buffer's flush ticket closed before its admission | shutdown left it registered; the miss buffer came back unregistered (both at one preemption) |
 //! | `cleaner::a_slab_is_unregistered_once_after_both_of_its_buffers` | a slab's share count decremented by a load and a store | the slab was not unregistered (0 calls); seen again at two preemptions once the model ran without a worker |
-//! | `cleaner::event_less_pinned_buffers_wait_for_a_later_synchronize` | no device synchronize for event-less pinned buffers | unregistered before a synchronize |
+//! | `cleaner::event_less_pinned_buffers_wait_for_a_later_synchronize` | no device synchronize for event-less pinned buffers | unregistered before a synchronize; at one preemption, reused without a device synchronize |
 //! | `thread_cache::trim_races_a_take_of_the_buffer_it_would_release` | trim not subtracting what it released from the pooled estimate; a remote list's take-all as a load and a store instead of a swap | pooled bytes drifted (4096, want 0); the process crashed (SIGSEGV) on the buffer both handed out and trimmed |
 //! | `thread_cache::a_dying_thread_never_owns_the_cache_a_new_thread_inherits` | `current_index` without its `DEAD` check (a dying thread's old index honoured after its guard) | concurrent write accesses to the lists' `UnsafeCell` |
 //! | `shutdown::a_reserved_buffer_dropped_racing_the_close` | the close counting the buffers out without the reserved ones (`takes()` without `injected()`) | the late drop waited for a pool already freed (loom: maximum branches exceeded) |
