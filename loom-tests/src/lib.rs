@@ -18,21 +18,25 @@
 //! | `thread_cache::flush_reaches_an_exited_threads_cache` | a flush that skips the caches' deferred buffers | concurrent access to a buffer |
 //! | `flush::flush_waits_for_an_earlier_drop_despite_a_racing_flush` | `flush` draining only one parity | flush returned early |
 //! | `flush::two_racing_flushes_both_return_and_see_earlier_drops` | flushes not serialized | does not finish (over 60 s at two preemptions, against 1.9 s unmutated) |
-//! | `cap::cap_lowered_to_zero_racing_a_return_pools_nothing` | admission not re-reading a cap lowered during it | pooled above a cap of 0 |
-//! | `cap::cap_below_one_buffer_racing_returns_pools_nothing` | admission without the buffer-larger-than-the-cap check | a buffer larger than the cap was pooled |
+//! | `cap::cap_lowered_to_zero_racing_a_return_pools_nothing` | admission not re-reading a cap lowered during it; the setter without its fence | pooled above a cap of 0 (both seen again at one preemption) |
+//! | `cap::cap_below_one_buffer_racing_returns_pools_nothing` | admission not re-reading a cap lowered during it; the setter without its fence; eviction not subtracting what it evicted from the estimate | a buffer larger than the cap was pooled; accounting drifted (all three at two preemptions) |
 //! | `cap::cap_change_races_return` | the admission fast path checking the cap before adding the buffer | accounting drifted |
 //! | `shutdown::close_races_a_drop` | a remote drop without the fence of its handshake with `close` | a buffer leaked (loom's leak check) |
 //! | `cleaner::chunked_buffer_is_completed_once` | the chunk countdown with Relaxed instead of AcqRel | causality violation on the buffer's bytes |
-//! | `cleaner::miss_buffer_is_registered_once_and_unregistered_at_shutdown` | release without unregistering | shutdown left it registered |
+//! | `cleaner::miss_buffer_is_registered_once_and_unregistered_at_shutdown` | release without unregistering; a recycled buffer's flush ticket closed before its admission | shutdown left it registered; the miss buffer came back unregistered (both at one preemption) |
 //! | `cleaner::a_slab_is_unregistered_once_after_both_of_its_buffers` | a slab's share count decremented by a load and a store | the slab was not unregistered (0 calls); seen again at two preemptions once the model ran without a worker |
-//! | `cleaner::event_less_pinned_buffers_wait_for_a_later_synchronize` | no device synchronize for event-less pinned buffers | unregistered before a synchronize |
+//! | `cleaner::event_less_pinned_buffers_wait_for_a_later_synchronize` | no device synchronize for event-less pinned buffers | unregistered before a synchronize; at one preemption, reused without a device synchronize |
 //! | `thread_cache::trim_races_a_take_of_the_buffer_it_would_release` | trim not subtracting what it released from the pooled estimate; a remote list's take-all as a load and a store instead of a swap | pooled bytes drifted (4096, want 0); the process crashed (SIGSEGV) on the buffer both handed out and trimmed |
 //! | `thread_cache::a_dying_thread_never_owns_the_cache_a_new_thread_inherits` | `current_index` without its `DEAD` check (a dying thread's old index honoured after its guard) | concurrent write accesses to the lists' `UnsafeCell` |
 //! | `shutdown::a_reserved_buffer_dropped_racing_the_close` | the close counting the buffers out without the reserved ones (`takes()` without `injected()`) | the late drop waited for a pool already freed (loom: maximum branches exceeded) |
 //! | `shutdown::a_late_drop_waits_for_a_reaper_that_a_later_close_starts` | a message sent while no reaper runs dropped; a reaper that starts without taking over the queued messages | the closed pool's state freed with a buffer out; the late drop waited forever (maximum branches exceeded) |
 //!
-//! Two mutations went unnoticed, both equivalent: `shutdown_races_drop_and_flush`
+//! Three mutations went unnoticed, all equivalent: `shutdown_races_drop_and_flush`
 //! with a flush that no longer drains inline when no worker runs (the flush
-//! restarts the cleaner first, so a worker always drains), and
+//! restarts the cleaner first, so a worker always drains),
 //! `drop_after_shutdown_comes_back_on_flush` with a flush that does not
-//! restart the cleaner (a drop after shutdown restarts it itself).
+//! restart the cleaner (a drop after shutdown restarts it itself), and
+//! `cap_below_one_buffer_racing_returns_pools_nothing` with admission
+//! without the buffer-larger-than-the-cap check (at three preemptions as at
+//! two: the slow path then evicts everything, and its second check of the
+//! estimate releases the buffer anyway).

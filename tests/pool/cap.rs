@@ -202,7 +202,7 @@ fn cap_changes_while_threads_take_and_drop() {
             }
             let (pool, stop) = (&pool, &stop);
             s.spawn(move || {
-                for k in 0..200usize {
+                for k in 0..100usize {
                     pool.set_max_pooled_bytes([0, 4096, 1 << 20, 5 << 20, 32 << 20][k % 5]);
                     std::thread::sleep(Duration::from_micros(500));
                 }

@@ -102,7 +102,7 @@ fn shutdown_races_flush(workers: usize) {
         "take/flush racing shutdown",
         move || {
             let stop = Arc::new(AtomicBool::new(false));
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + Duration::from_secs(5);
             std::thread::scope(|scope| {
                 for _ in 0..2 {
                     let (pool, stop) = (&pool, &stop);
