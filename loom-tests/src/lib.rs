@@ -30,6 +30,8 @@
 //! | `thread_cache::a_dying_thread_never_owns_the_cache_a_new_thread_inherits` | `current_index` without its `DEAD` check (a dying thread's old index honoured after its guard) | concurrent write accesses to the lists' `UnsafeCell` |
 //! | `shutdown::a_reserved_buffer_dropped_racing_the_close` | the close counting the buffers out without the reserved ones (`takes()` without `injected()`) | the late drop waited for a pool already freed (loom: maximum branches exceeded) |
 //! | `shutdown::a_late_drop_waits_for_a_reaper_that_a_later_close_starts` | a message sent while no reaper runs dropped; a reaper that starts without taking over the queued messages | the closed pool's state freed with a buffer out; the late drop waited forever (maximum branches exceeded) |
+//! | `regions::a_give_back_races_a_carve_from_the_same_region` | a carve that splits its extent without taking the carved part out of the free extents | carved over written bytes (the new buffer lay on the live one) |
+//! | `regions::a_trim_races_a_carve_from_the_region_it_releases` | unlisting (and so releasing) a region with a buffer still carved from it | the model crashed (SIGSEGV: the freed region was used by the give-back) |
 //!
 //! Three mutations went unnoticed, all equivalent: `shutdown_races_drop_and_flush`
 //! with a flush that no longer drains inline when no worker runs (the flush

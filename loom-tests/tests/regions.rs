@@ -14,10 +14,10 @@ use loom::thread;
 /// region, where it coalesces with the free rest) while another takes a
 /// buffer of the same size, which carves from the same free extents.
 ///
-/// Catches: a carve and a give-back that do not exclude each other on the
-/// region's extents (two live buffers at one address, or a free extent
-/// lost: the region never wholly free, never unregistered at shutdown),
-/// or a carved buffer that is not zero.
+/// Catches: a carve that leaves its bytes among the free extents, or a
+/// give-back and a carve that lose or double an extent between them (two
+/// live buffers at one address, a carved buffer over written bytes, or a
+/// region never wholly free again, left registered at shutdown).
 #[test]
 fn a_give_back_races_a_carve_from_the_same_region() {
     model(|| {
@@ -30,10 +30,8 @@ fn a_give_back_races_a_carve_from_the_same_region() {
         let dropper = {
             let pool = pool.clone();
             thread::spawn(move || {
-                let ptr = a.as_ptr() as usize;
                 drop(a);
                 pool.flush();
-                ptr
             })
         };
         let b = pool.take(8);
@@ -61,9 +59,10 @@ fn a_give_back_races_a_carve_from_the_same_region() {
 /// A trim (which releases regions that are wholly free) races a take that
 /// carves from the one region there is.
 ///
-/// Catches: a region unlisted, unregistered and freed while a take is
-/// carving from it (the take's buffer then lies in unregistered or
-/// unmapped memory), or a region left registered after the shutdown.
+/// Catches: a region unlisted, unregistered and freed while a buffer is
+/// still carved from it, or while a take is carving from it (the buffer
+/// then lies in unregistered or freed memory), or a region left registered
+/// after the shutdown.
 #[test]
 fn a_trim_races_a_carve_from_the_region_it_releases() {
     model(|| {
