@@ -342,10 +342,12 @@ impl PoolBuilder {
     /// Regions wholly free for the idle-trim time are released; `clear`
     /// frees the regions nothing is carved from, `shutdown` every region
     /// (one with a buffer still out goes with its last buffer); a lowered
-    /// pinned budget frees wholly free regions. Free extents are pinned but
-    /// are not pooled buffers: they count in
-    /// [`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes), not
-    /// in the cap's pooled bytes.
+    /// pinned budget frees wholly free regions. Free extents count as
+    /// pooled bytes ([`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes)
+    /// says how many): while idle buffers and free extents together exceed
+    /// the cap, the cleaner releases wholly free regions, giving idle
+    /// buffers back to their regions first if that is not enough; a region
+    /// with a buffer in use keeps its free extents until it comes back.
     ///
     /// # Examples
     ///

@@ -50,6 +50,13 @@ impl Shard {
         &self.regions[1]
     }
 
+    /// Bytes of free extents in the shard's regions (the small regions'
+    /// lie inside the large ones' carved space, so the two do not
+    /// overlap).
+    pub(crate) fn free_extent_bytes(&self) -> usize {
+        self.regions.iter().map(|r| r.figures().free).sum()
+    }
+
     /// Both sets of regions, the small first (whose regions go back to the
     /// large ones when freed).
     pub(crate) fn all_regions(&self) -> &[Regions] {

@@ -191,15 +191,16 @@ pub struct Stats {
     pub regions: usize,
     /// Bytes of those regions (pinned; buffers carved from them included).
     pub region_bytes: usize,
-    /// Bytes of their free extents (pinned, all-zero, not carved). Not
-    /// counted in `pooled_bytes`.
+    /// Bytes of their free extents (pinned, all-zero, not carved), counted
+    /// in `pooled_bytes` too.
     pub free_extent_bytes: usize,
     /// The largest free extent of any region.
     pub largest_free_extent: usize,
     /// Regions unregistered and freed (trimmed, cleared, or shut down).
     pub regions_released: u64,
     /// Bytes of ready buffers (footprints: whole pages, or a sub-page
-    /// buffer's share of its slab), thread caches included.
+    /// buffer's share of its slab), thread caches included, and of the
+    /// regions' free extents: what the cap bounds.
     pub pooled_bytes: usize,
     /// Ready buffers, thread caches included.
     pub pooled_buffers: usize,

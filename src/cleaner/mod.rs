@@ -66,7 +66,8 @@ pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
 pub(crate) use release::{
-    give_back, release, release_all, release_regions, release_regions_over_budget, Releaser,
+    fit_regions_to_cap, give_back, release, release_all, release_regions,
+    release_regions_over_budget, Releaser,
 };
 
 /// What the cleaner reaches of its pool.

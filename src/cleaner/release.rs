@@ -1,6 +1,7 @@
 //! Releasing buffers: unregister (if pinned) and free, or leak what the
 //! driver would not unregister.
 
+use crate::admission::{Admission, Places};
 use crate::alloc::{Block, Unlisted, Unpinned};
 use crate::backend::Backend;
 use crate::fence::EventPool;
@@ -178,6 +179,39 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
             }
         }
     }
+}
+
+/// Free extents are pooled bytes too: while idle buffers and free extents
+/// together exceed the cap, releases wholly free regions, largest share of
+/// the excess first, then gives idle buffers back to their regions
+/// (largest first, as eviction does) and releases the regions that leaves
+/// wholly free. A region with a buffer in use keeps its free extents until
+/// that buffer comes back.
+pub(crate) fn fit_regions_to_cap(with: Releaser<'_>, admission: &Admission, at: Places<'_>) {
+    let over = || {
+        let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
+        (admission.pooled_bytes(at) + free).saturating_sub(at.caches.cap())
+    };
+    let release_free = |excess: usize| {
+        let mut left = excess as u64;
+        let pick = |len: usize, _| {
+            let pick = left > 0;
+            left = left.saturating_sub(len as u64);
+            pick
+        };
+        release_regions(with, at.shards, pick, false);
+    };
+    let excess = over();
+    if excess == 0 {
+        return;
+    }
+    release_free(excess);
+    let excess = over();
+    if excess == 0 {
+        return;
+    }
+    release_all(with, admission.shrink_by(at, excess));
+    release_free(over());
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).

@@ -9,7 +9,7 @@ use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
 
-use super::{release_all, release_regions, Cleaner, Env};
+use super::{fit_regions_to_cap, release_all, release_regions, Cleaner, Env};
 
 impl Cleaner {
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
@@ -102,6 +102,9 @@ impl Cleaner {
                 |_, idle| force || idle >= idle_trim,
                 false,
             );
+        }
+        if self.intake.regions {
+            fit_regions_to_cap(env.releaser(), env.admission, env.places);
         }
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full

@@ -131,6 +131,9 @@ impl Shared {
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
         let evicted = self.admission.set_cap(self.places(), bytes);
         cleaner::release_all(self.releaser(), evicted);
+        if self.caches.carves() {
+            cleaner::fit_regions_to_cap(self.releaser(), &self.admission, self.places());
+        }
     }
 
     pub(crate) fn shutdown(this: &Arc<Self>) {

@@ -84,7 +84,8 @@ impl Shared {
             .filter(|c| c.pooled_buffers > 0 || c.hits > 0 || c.misses > 0)
             .collect();
         let places = self.places();
-        stats.pooled_bytes = self.admission.pooled_bytes(places);
+        // Free extents are pooled bytes too (see `cleaner::fit_regions_to_cap`).
+        stats.pooled_bytes = self.admission.pooled_bytes(places) + stats.free_extent_bytes;
         stats.peak_pooled_bytes = self.admission.peak(places);
         stats.max_pooled_bytes = self.caches.cap();
         stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;

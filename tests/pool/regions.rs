@@ -271,3 +271,34 @@ fn no_region_is_registered_without_demand() {
     );
     pool.shutdown();
 }
+
+/// Free extents count as pooled bytes: lowering the cap releases wholly
+/// free regions until idle buffers and free extents fit, and a cap of 0
+/// leaves nothing pinned once nothing is held.
+#[test]
+fn the_cap_bounds_idle_buffers_and_free_extents_together() {
+    let (pool, faults) = carving();
+    let first: Vec<_> = SIZES.iter().map(|&n| pool.take(n)).collect();
+    drop(first);
+    pool.flush();
+    let stats = pool.stats();
+    assert!(stats.free_extent_bytes > 0, "{stats:#?}");
+    assert!(stats.pooled_bytes >= stats.free_extent_bytes);
+    pool.set_max_pooled_bytes(4096);
+    let stats = pool.stats();
+    assert!(
+        stats.pooled_bytes <= 4096,
+        "{} bytes pooled over a 4096-byte cap: {stats:#?}",
+        stats.pooled_bytes
+    );
+    assert_eq!((stats.regions, stats.pinned_bytes), (0, 0));
+    assert_eq!(faults.registered(), faults.unregistered());
+    // Under the low cap the pool still serves, and stays within it.
+    let again: Vec<_> = SIZES.iter().map(|&n| pool.take(n)).collect();
+    drop(again);
+    pool.flush();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let stats = pool.stats();
+    assert!(stats.pooled_bytes <= 4096, "{stats:#?}");
+    pool.shutdown();
+}
