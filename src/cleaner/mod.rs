@@ -785,17 +785,23 @@ impl Cleaner {
             // Small buffers' regions are carved from the large ones: no
             // registration of their own.
             let large = shard.large_regions();
-            let len = regions.next_len(want.max(least));
+            let (len, smallest) = (regions.next_len(want.max(least)), regions.fit_len(least));
             let _growing = large.growing();
-            let at = match large.carve(len) {
-                Some(at) => at,
-                None if Self::grow(env, device, large, len, len, reserved) => {
-                    let Some(at) = large.carve(len) else {
-                        return false;
-                    };
-                    at
-                }
-                None => return false,
+            // The region asked for, or one just large enough, from what the
+            // large regions have free; else they grow (down to what the
+            // budget allows) and it is carved from there.
+            let carve = || {
+                [len, smallest]
+                    .into_iter()
+                    .find_map(|n| large.carve(n).map(|at| (at, n)))
+            };
+            let carved = carve().or_else(|| {
+                Self::grow(env, device, large, len, smallest, reserved)
+                    .then(carve)
+                    .flatten()
+            });
+            let Some((at, len)) = carved else {
+                return false;
             };
             regions.adopt(at, len);
             return true;

@@ -102,6 +102,7 @@ pub(crate) fn release_region(with: Releaser<'_>, device: usize, region: Unlisted
         }
         // A sub-region goes back to its parent, which comes back if that
         // was the last block of an unlisted one.
+        // (A parent coming back is a large region: counted released.)
         next = region.free();
         if next.is_some() {
             Counters::add(&with.counters.regions_released, 1);
@@ -148,8 +149,11 @@ pub(crate) fn release_regions(
 ) {
     for (device, shard) in shards.iter().enumerate() {
         for regions in shard.all_regions() {
+            let large = std::ptr::eq(regions, shard.large_regions());
             for region in regions.unlist_idle(&mut pick, all) {
-                Counters::add(&with.counters.regions_released, 1);
+                if large {
+                    Counters::add(&with.counters.regions_released, 1);
+                }
                 release_region(with, device, region);
             }
         }
@@ -173,8 +177,11 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
                 over = over.saturating_sub(len as u64);
                 pick
             };
+            let large = std::ptr::eq(regions, shard.large_regions());
             for region in regions.unlist_idle(pick, false) {
-                Counters::add(&counters.regions_released, 1);
+                if large {
+                    Counters::add(&counters.regions_released, 1);
+                }
                 release_region(with, device, region);
             }
         }
@@ -182,36 +189,38 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
 }
 
 /// Free extents are pooled bytes too: while idle buffers and free extents
-/// together exceed the cap, releases wholly free regions, largest share of
-/// the excess first, then gives idle buffers back to their regions
-/// (largest first, as eviction does) and releases the regions that leaves
-/// wholly free. A region with a buffer in use keeps its free extents until
-/// that buffer comes back.
+/// together exceed the cap, releases wholly free regions. A small region
+/// (a sub-region) released goes back to its parent as free extents, which
+/// releases nothing pinned: every wholly free one goes first, then the
+/// large regions, until the excess is covered. Idle buffers are left to
+/// the cap's own eviction (`Admission`): giving them back to regions that
+/// other buffers keep in use would bring nothing under the cap. A region
+/// with a buffer in use, or idle in its class, keeps its free extents.
 pub(crate) fn fit_regions_to_cap(with: Releaser<'_>, admission: &Admission, at: Places<'_>) {
     let over = || {
         let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
         (admission.pooled_bytes(at) + free).saturating_sub(at.caches.cap())
     };
-    let release_free = |excess: usize| {
-        let mut left = excess as u64;
+    if over() == 0 {
+        return;
+    }
+    for (device, shard) in at.shards.iter().enumerate() {
+        for region in shard.small_regions().unlist_idle(|_, _| true, false) {
+            release_region(with, device, region);
+        }
+    }
+    let mut left = over() as u64;
+    for (device, shard) in at.shards.iter().enumerate() {
         let pick = |len: usize, _| {
             let pick = left > 0;
             left = left.saturating_sub(len as u64);
             pick
         };
-        release_regions(with, at.shards, pick, false);
-    };
-    let excess = over();
-    if excess == 0 {
-        return;
+        for region in shard.large_regions().unlist_idle(pick, false) {
+            Counters::add(&with.counters.regions_released, 1);
+            release_region(with, device, region);
+        }
     }
-    release_free(excess);
-    let excess = over();
-    if excess == 0 {
-        return;
-    }
-    release_all(with, admission.shrink_by(at, excess));
-    release_free(over());
 }
 
 /// Releases every block of `blocks` (evicted or cleared: quiescent).

@@ -302,3 +302,95 @@ fn the_cap_bounds_idle_buffers_and_free_extents_together() {
     assert!(stats.pooled_bytes <= 4096, "{stats:#?}");
     pool.shutdown();
 }
+
+/// With a pinned budget below the smallest region (2 MiB), small page
+/// buffers are still pinned: the regions grow smaller, down to the
+/// buffer's own size.
+#[test]
+fn small_buffers_are_pinned_under_a_budget_below_the_smallest_region() {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(2)
+        .provision(false)
+        .regions(true)
+        .max_pinned_bytes(1 << 20)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        drop(pool.take(4096));
+        pool.flush();
+    }
+    let b = pool.take(4096);
+    let s = pool.stats();
+    assert!(
+        b.is_pinned() && b.was_pooled(),
+        "a 4 KiB buffer was never pinned under a 1 MiB budget: {s:#?}"
+    );
+    drop(b);
+    pool.shutdown();
+}
+
+/// Lowering the cap just below what is pooled: releasing one wholly free
+/// region is enough, so no idle buffer is evicted (a small region released
+/// into its parent does not count as bytes released).
+#[test]
+fn the_cap_releases_a_free_region_rather_than_evict_an_idle_buffer() {
+    let (pool, _f) = carving();
+    pool.reserve(0, &[(1 << 20, 1)]).unwrap();
+    pool.flush();
+    drop(pool.take(4096));
+    pool.flush();
+    let before = pool.stats();
+    assert_eq!(before.pooled_buffers, 1, "{before:#?}");
+    pool.set_max_pooled_bytes(before.pooled_bytes - 4096);
+    let after = pool.stats();
+    assert_eq!(
+        (after.evictions - before.evictions, after.pooled_buffers),
+        (0, 1),
+        "an idle (reserved) buffer was evicted although releasing one wholly free region met the cap"
+    );
+    pool.shutdown();
+}
+
+/// One small carved buffer held keeps its 2 MiB region's free extents,
+/// which alone exceed a 1 MiB cap: idle buffers (here a sub-page one), far
+/// below the cap themselves, are not evicted for nothing.
+#[test]
+fn the_cap_never_evicts_idle_buffers_that_cannot_bring_it_under() {
+    let (pool, _f) = carving();
+    drop(pool.take(4096));
+    pool.flush();
+    let held = pool.take(4096);
+    assert!(held.is_pinned() && held.was_pooled());
+    drop(pool.take(100));
+    pool.flush();
+    assert!(
+        pool.take(100).was_pooled(),
+        "setup: sub-page buffer not pooled"
+    );
+    pool.flush();
+    let before = pool.stats();
+    pool.set_max_pooled_bytes(1 << 20);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let after = pool.stats();
+    eprintln!(
+        "before: pooled {} free {} buffers {} ev {}; after: pooled {} free {} buffers {} ev {}",
+        before.pooled_bytes,
+        before.free_extent_bytes,
+        before.pooled_buffers,
+        before.evictions,
+        after.pooled_bytes,
+        after.free_extent_bytes,
+        after.pooled_buffers,
+        after.evictions
+    );
+    let b = pool.take(100);
+    assert!(
+        b.was_pooled(),
+        "an idle sub-page buffer ({} pooled buffers before) was evicted under a cap it was far below: {after:#?}",
+        before.pooled_buffers
+    );
+    drop((b, held));
+    pool.shutdown();
+}
