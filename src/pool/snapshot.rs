@@ -86,8 +86,7 @@ impl Shared {
         let places = self.places();
         // Free extents are pooled bytes too (see `cleaner::fit_regions_to_cap`).
         stats.pooled_bytes = self.admission.pooled_bytes(places) + stats.free_extent_bytes;
-        stats.peak_pooled_bytes = stats.peak_pooled_bytes.max(stats.pooled_bytes);
-        stats.peak_pooled_bytes = self.admission.peak(places);
+        stats.peak_pooled_bytes = self.admission.peak(places).max(stats.pooled_bytes);
         stats.max_pooled_bytes = self.caches.cap();
         stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;
         stats.evictions = self.admission.evictions() as u64;
