@@ -193,7 +193,9 @@ impl Tuning for Small {
     const ZERO_BACKLOG_MIN: usize = 64;
     const REGION_MIN: usize = 8;
     const REGION_MAX: usize = 64;
-    const LARGE_BUFFER: usize = 8;
+    // Above a page: the models' buffers (one page each) come from small
+    // regions, themselves carved from large ones.
+    const LARGE_BUFFER: usize = 2 << 12;
 }
 
 /// Fails the build if `T` breaks a rule the code relies on: chunks and

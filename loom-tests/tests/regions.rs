@@ -1,6 +1,8 @@
 //! Loom models of regions (`PoolBuilder::regions`): a buffer given back to
-//! its region racing a carve from it, and a trim releasing a region racing
-//! a take that would carve from it. Workerless pools: the flushes and the
+//! its region racing a carve from it, a trim releasing a region racing a
+//! take that would carve from it, and a trim racing the last give-back of a
+//! small region. The loom tuning puts every model buffer in a small region
+//! (a sub-region carved from a large one), so each model runs both levels. Workerless pools: the flushes and the
 //! trim clean and release on their callers' threads, so each model races
 //! only its own two threads. The CI runs these at `LOOM_MAX_PREEMPTIONS=2`.
 #![cfg(loom)]
@@ -37,7 +39,7 @@ fn a_give_back_races_a_carve_from_the_same_region() {
         let b = pool.take(8);
         let b_ptr = b.as_ptr() as usize;
         assert!(b.iter().all(|&x| x == 0), "carved over written bytes");
-        let a_ptr = dropper.join().unwrap();
+        dropper.join().unwrap();
         let c = pool.take(8);
         assert_ne!(
             c.as_ptr() as usize,
@@ -45,7 +47,6 @@ fn a_give_back_races_a_carve_from_the_same_region() {
             "two live buffers at one address"
         );
         assert!(c.iter().all(|&x| x == 0));
-        let _ = a_ptr;
         drop((b, c));
         pool.shutdown();
         assert_eq!(
@@ -86,5 +87,42 @@ fn a_trim_races_a_carve_from_the_region_it_releases() {
         pool.flush();
         pool.shutdown();
         assert_eq!(faults.registered(), faults.unregistered());
+    });
+}
+
+/// A small buffer (carved from a small region, itself carved from a large
+/// one) is dropped and flushed on one thread while a trim on another
+/// releases what is wholly free: the small region goes back to its parent,
+/// and the parent to the system, in whichever order the two threads reach
+/// them.
+///
+/// Catches: a small region freed without going back to its parent (the
+/// parent never wholly free again: left registered at shutdown), or a
+/// parent released while a small region carved from it is still listed
+/// (then used after it was freed).
+#[test]
+fn a_trim_races_the_last_give_back_of_a_small_region() {
+    model(|| {
+        let (pool, faults) = carving_pool();
+        drop(pool.take(4));
+        pool.flush();
+        let a = pool.take(4);
+        assert!(a.is_pinned(), "not carved from a small region");
+        let dropper = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                drop(a);
+                pool.flush();
+            })
+        };
+        pool.trim();
+        dropper.join().unwrap();
+        pool.trim();
+        pool.shutdown();
+        assert_eq!(
+            faults.registered(),
+            faults.unregistered(),
+            "a region stayed registered"
+        );
     });
 }
