@@ -345,9 +345,9 @@ impl PoolBuilder {
     /// pinned budget frees wholly free regions. Free extents count as
     /// pooled bytes ([`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes)
     /// says how many): while idle buffers and free extents together exceed
-    /// the cap, the cleaner releases wholly free regions, giving idle
-    /// buffers back to their regions first if that is not enough; a region
-    /// with a buffer in use keeps its free extents until it comes back.
+    /// the cap, wholly free regions are released (when the cap is set, and
+    /// by the cleaner once they have been wholly free for 100 ms); a region
+    /// with a buffer in use, or idle in its class, keeps its free extents.
     ///
     /// # Examples
     ///

@@ -195,8 +195,16 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
 /// large regions, until the excess is covered. Idle buffers are left to
 /// the cap's own eviction (`Admission`): giving them back to regions that
 /// other buffers keep in use would bring nothing under the cap. A region
-/// with a buffer in use, or idle in its class, keeps its free extents.
-pub(crate) fn fit_regions_to_cap(with: Releaser<'_>, admission: &Admission, at: Places<'_>) {
+/// with a buffer in use, or idle in its class, keeps its free extents. Only
+/// regions wholly free for `min_idle` or more go: a region a workload
+/// empties between two of its steps is not released only to be registered
+/// again at the next.
+pub(crate) fn fit_regions_to_cap(
+    with: Releaser<'_>,
+    admission: &Admission,
+    at: Places<'_>,
+    min_idle: Duration,
+) {
     let over = || {
         let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
         (admission.pooled_bytes(at) + free).saturating_sub(at.caches.cap())
@@ -205,15 +213,18 @@ pub(crate) fn fit_regions_to_cap(with: Releaser<'_>, admission: &Admission, at: 
         return;
     }
     for (device, shard) in at.shards.iter().enumerate() {
-        for region in shard.small_regions().unlist_idle(|_, _| true, false) {
+        let pick = |_, idle: Duration| idle >= min_idle;
+        for region in shard.small_regions().unlist_idle(pick, false) {
             release_region(with, device, region);
         }
     }
     let mut left = over() as u64;
     for (device, shard) in at.shards.iter().enumerate() {
-        let pick = |len: usize, _| {
-            let pick = left > 0;
-            left = left.saturating_sub(len as u64);
+        let pick = |len: usize, idle: Duration| {
+            let pick = left > 0 && idle >= min_idle;
+            if pick {
+                left = left.saturating_sub(len as u64);
+            }
             pick
         };
         for region in shard.large_regions().unlist_idle(pick, false) {

@@ -11,6 +11,10 @@ use std::time::Instant;
 
 use super::{fit_regions_to_cap, release_all, release_regions, Cleaner, Env};
 
+/// How long a region must have been wholly free before the provisioning
+/// tick releases it for the cap (see `fit_regions_to_cap`).
+const CAP_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Cleaner {
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
     /// all of them (`flush`), or only those of caches whose owner has been
@@ -104,7 +108,7 @@ impl Cleaner {
             );
         }
         if self.intake.regions {
-            fit_regions_to_cap(env.releaser(), env.admission, env.places);
+            fit_regions_to_cap(env.releaser(), env.admission, env.places, CAP_RELEASE_AFTER);
         }
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full

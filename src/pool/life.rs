@@ -132,7 +132,12 @@ impl Shared {
         let evicted = self.admission.set_cap(self.places(), bytes);
         cleaner::release_all(self.releaser(), evicted);
         if self.caches.carves() {
-            cleaner::fit_regions_to_cap(self.releaser(), &self.admission, self.places());
+            cleaner::fit_regions_to_cap(
+                self.releaser(),
+                &self.admission,
+                self.places(),
+                std::time::Duration::ZERO,
+            );
         }
     }
 

@@ -293,13 +293,16 @@ fn the_cap_bounds_idle_buffers_and_free_extents_together() {
     );
     assert_eq!((stats.regions, stats.pinned_bytes), (0, 0));
     assert_eq!(faults.registered(), faults.unregistered());
-    // Under the low cap the pool still serves, and stays within it.
+    // Under the low cap the pool still serves, and is back within it once
+    // its regions have been wholly free for the cleaner's 100 ms.
     let again: Vec<_> = SIZES.iter().map(|&n| pool.take(n)).collect();
     drop(again);
     pool.flush();
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    let stats = pool.stats();
-    assert!(stats.pooled_bytes <= 4096, "{stats:#?}");
+    let within = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        pool.stats().pooled_bytes <= 4096
+    });
+    assert!(within, "{:#?}", pool.stats());
     pool.shutdown();
 }
 
