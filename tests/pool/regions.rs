@@ -234,17 +234,11 @@ fn a_take_never_gives_up_a_reserved_buffer_for_nothing() {
     assert!(before.pooled_bytes >= 1 << 20, "{before:#?}");
     let small = pool.take(4096);
     let after = pool.stats();
-    eprintln!(
-        "small was_pooled {} pooled_bytes {} -> {} released {} -> {}",
-        small.was_pooled(),
-        before.pooled_bytes,
-        after.pooled_bytes,
-        before.released,
-        after.released
-    );
+    // (Pooled bytes may change: the miss may grow the regions.)
     assert!(
-        small.was_pooled() || after.pooled_bytes == before.pooled_bytes,
-        "the reserved buffer was given up, and the take missed anyway"
+        small.was_pooled()
+            || (after.pooled_buffers, after.released) == (before.pooled_buffers, before.released),
+        "the reserved buffer was given up, and the take missed anyway: {before:#?} {after:#?}"
     );
     drop(small);
     pool.shutdown();
