@@ -30,7 +30,9 @@ const SIZES: [usize; 6] = [300 << 10, 1 << 20, 2 << 20, 700 << 10, 3 << 20, 5 <<
 fn misses_are_met_by_one_region_and_the_next_takes_carve_from_it() {
     let (pool, faults) = carving();
     let first: Vec<_> = SIZES.iter().map(|&n| pool.take(n)).collect();
-    assert!(first.iter().all(|b| !b.was_pooled() && !b.is_pinned()));
+    // The first misses; later ones may already carve from a region the
+    // cleaner grew for it meanwhile.
+    assert!(!first[0].was_pooled() && !first[0].is_pinned());
     drop(first);
     pool.flush();
     let stats = pool.stats();
