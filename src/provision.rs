@@ -95,6 +95,25 @@ impl Provisioner {
         self.hot[slot].load(Ordering::Relaxed)
     }
 
+    /// Marks each slot hot or not from its takes since the last tick (only
+    /// a pool that carves from regions asks).
+    fn mark_hot(&self, at: Places<'_>, state: &mut State) {
+        let mut takes = vec![0u64; state.takes.len()];
+        for cache in at.caches.iter() {
+            for (slot, n) in takes.iter_mut().enumerate() {
+                let (hits, misses) = cache.hits_misses(slot);
+                *n += hits + misses;
+            }
+        }
+        for (slot, &n) in takes.iter().enumerate() {
+            let hot = n.saturating_sub(state.takes[slot]) >= HOT_TAKES;
+            // Relaxed: a hint for where a clean buffer goes; a stale one
+            // sends a buffer to its class or its region for one tick.
+            self.hot[slot].store(hot, Ordering::Relaxed);
+        }
+        state.takes = takes;
+    }
+
     /// The idle-trim time, if idle trimming is on.
     pub(crate) fn idle_trim(&self) -> Option<Duration> {
         self.idle_trim
@@ -131,20 +150,9 @@ impl Provisioner {
             .map(|(slot, &n)| n * classes.size(SizeClass::at(slot % count)) as u64)
             .sum();
         at.caches.counters.note_in_use(in_use_bytes);
-        let mut takes = vec![0u64; state.takes.len()];
-        for cache in at.caches.iter() {
-            for (slot, n) in takes.iter_mut().enumerate() {
-                let (hits, misses) = cache.hits_misses(slot);
-                *n += hits + misses;
-            }
+        if at.caches.carves() {
+            self.mark_hot(at, &mut state);
         }
-        for (slot, &n) in takes.iter().enumerate() {
-            let hot = n.saturating_sub(state.takes[slot]) >= HOT_TAKES;
-            // Relaxed: a hint for where a clean buffer goes; a stale one
-            // sends a buffer to its class or its region for one tick.
-            self.hot[slot].store(hot, Ordering::Relaxed);
-        }
-        state.takes = takes;
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
                 Some(m) if now_in_use >= m.peak => {

@@ -2,7 +2,7 @@
 //! the regions its buffers are carved from.
 
 use crate::alloc::{Block, Regions};
-use crate::size_class::SizeClass;
+use crate::size_class::{Classes, SizeClass};
 use crate::stack::Stack;
 use crate::tune::{Tune, Tuning};
 
@@ -37,6 +37,19 @@ impl Shard {
     #[inline]
     pub(crate) fn regions(&self, footprint: usize) -> &Regions {
         &self.regions[usize::from(footprint >= Tune::LARGE_BUFFER)]
+    }
+
+    /// Whether buffers of `class` are carved from `regions` (a class of
+    /// whole pages whose footprint falls in that set; sub-page classes
+    /// come from slabs).
+    pub(crate) fn carves_into(
+        &self,
+        classes: &Classes,
+        class: SizeClass,
+        regions: &Regions,
+    ) -> bool {
+        classes.per_slab(class) == 1
+            && std::ptr::eq(self.regions(classes.footprint(class)), regions)
     }
 
     /// The regions small buffers are carved from: sub-regions of the large

@@ -54,7 +54,6 @@ use crate::alloc::{clean_range, Block, Regions};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
-use crate::size_class::SizeClass;
 use crate::stats::Counters;
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
 use crate::tune::{Tune, Tuning};
@@ -538,13 +537,13 @@ impl Cleaner {
     /// pre-faults the rest; splits the work across workers when large.
     fn prepare(&self, env: Env<'_>, returned: Returned) {
         let block = returned.block();
-        let register = self.intake.pins && !block.is_pinned();
-        if register && self.intake.regions && !block.in_slab() {
+        if self.replaces(block) {
             // Replaced by a block carved from a region (`finish`): its
             // bytes are freed, not cleaned.
             self.finish(env, returned);
             return;
         }
+        let register = self.intake.pins && !block.is_pinned();
         let dirty = block.dirty();
         let end = if register { block.footprint() } else { dirty };
         let base = block.as_ptr();
@@ -606,7 +605,7 @@ impl Cleaner {
         let pins = self.intake.pins;
         let block = returned.block_mut();
         block.meta_mut().dirty = 0;
-        if self.intake.regions && !block.is_pinned() && !block.in_slab() {
+        if self.replaces(block) {
             // A pageable buffer (a miss, or memory to pin ahead of demand):
             // a block of its class carved from a region takes its place,
             // and its own memory goes back to the OS.
@@ -702,6 +701,13 @@ impl Cleaner {
         }
     }
 
+    /// Whether `block`, pageable on a pool that carves from regions (and
+    /// not a slab's head, which registers its slab), is replaced in
+    /// `finish` by a block carved from a region, its own memory freed.
+    fn replaces(&self, block: &Block) -> bool {
+        self.intake.regions && !block.is_pinned() && !block.in_slab()
+    }
+
     /// Pins memory for a pageable buffer that came back (a miss, or one
     /// to pin ahead of demand): first grows its device's regions by what
     /// they fall short of the most its takes wanted at once (one
@@ -732,24 +738,6 @@ impl Cleaner {
         }
         if let Some(at) = regions.carve(footprint) {
             return Some(Block::carved(classes, class, device, at));
-        }
-        // An idle buffer of a larger class in the shard gives its space.
-        let shard = &env.places.shards[device];
-        let idle = (class.index() + 1..classes.count())
-            .map(SizeClass::at)
-            .filter(|&c| std::ptr::eq(shard.regions(classes.footprint(c)), regions))
-            .find_map(|larger| shard.pop(larger));
-        if let Some(idle) = idle {
-            env.admission.removed(idle.footprint());
-            if idle.is_carved() && !idle.is_reserved() {
-                give_back(env.releaser(), idle);
-                if let Some(at) = regions.carve(footprint) {
-                    return Some(Block::carved(classes, class, device, at));
-                }
-            } else {
-                let evicted = env.admission.admit(env.places, idle, None);
-                release_all(env.releaser(), evicted);
-            }
         }
         if Self::grow(
             env,

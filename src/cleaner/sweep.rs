@@ -114,7 +114,8 @@ impl Cleaner {
         // difference, here as well as when a miss comes back (which a full
         // backlog may have freed on the way).
         for (device, shard) in env.places.shards.iter().enumerate() {
-            for regions in shard.all_regions() {
+            for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
+                // Again under the lock: another worker may have grown them.
                 let _growing = regions.growing();
                 let shortfall = regions.shortfall();
                 if shortfall > 0 {

@@ -174,7 +174,7 @@ impl Shared {
             let classes = this.classes();
             let idle: usize = classes
                 .all()
-                .filter(|&c| std::ptr::eq(shard.regions(classes.footprint(c)), regions))
+                .filter(|&c| shard.carves_into(classes, c, regions))
                 .map(|c| shard.len(c) * classes.footprint(c))
                 .sum();
             regions.note_miss(out, idle);
@@ -222,46 +222,34 @@ impl Shared {
         }
         // Larger classes carved from the same set of regions: only their
         // space can serve this take.
+        let in_set = |c: SizeClass| shard.carves_into(classes, c, regions);
         let larger = || {
             (class.index() + 1..classes.count())
                 .map(SizeClass::at)
-                .filter(|&c| std::ptr::eq(shard.regions(classes.footprint(c)), regions))
+                .filter(|&c| in_set(c))
         };
         let idle = owned
             .then(|| taker.borrow_ready(device, larger()))
             .flatten()
             .or_else(|| larger().find_map(|larger| shard.pop(larger)));
         if let Some(idle) = idle {
-            // Out of the pool's estimate, as any take of a pooled buffer.
-            taker.count_split(idle.footprint());
-            if !idle.is_carved() || idle.is_reserved() {
-                // Not region memory, or pinned on request for its class: it
-                // stays pooled as it was.
-                let admitted = self.admission.admit(self.places(), idle, None);
-                crate::cleaner::release_all(self.releaser(), admitted);
-                return None;
-            }
-            crate::cleaner::give_back(self.releaser(), idle);
-            return carve();
+            return self.give_up_idle(idle).then(carve).flatten();
         }
         // Idle buffers of smaller classes of the set, given back until
         // their space, with its free neighbours, holds this one.
         let mut given = 0;
-        for smaller in (0..class.index()).rev().map(SizeClass::at) {
-            if !std::ptr::eq(shard.regions(classes.footprint(smaller)), regions) {
-                continue;
-            }
+        for smaller in (0..class.index())
+            .rev()
+            .map(SizeClass::at)
+            .filter(|&c| in_set(c))
+        {
             while given < RECLAIM_MAX {
                 let Some(idle) = shard.pop(smaller) else {
                     break;
                 };
-                taker.count_split(idle.footprint());
-                if !idle.is_carved() || idle.is_reserved() {
-                    let admitted = self.admission.admit(self.places(), idle, None);
-                    crate::cleaner::release_all(self.releaser(), admitted);
+                if !self.give_up_idle(idle) {
                     break;
                 }
-                crate::cleaner::give_back(self.releaser(), idle);
                 given += 1;
                 if let Some(block) = carve() {
                     return Some(block);
@@ -269,6 +257,21 @@ impl Shared {
             }
         }
         None
+    }
+
+    /// Takes `idle`, a pooled buffer the caller removed from its lists or
+    /// its shard, out of the pool's estimate and gives it back to its
+    /// region; one that is not region memory or was pinned on request for
+    /// its class is admitted again instead (false).
+    fn give_up_idle(&self, idle: Block) -> bool {
+        self.admission.removed(idle.footprint());
+        if !idle.is_carved() || idle.is_reserved() {
+            let evicted = self.admission.admit(self.places(), idle, None);
+            crate::cleaner::release_all(self.releaser(), evicted);
+            return false;
+        }
+        crate::cleaner::give_back(self.releaser(), idle);
+        true
     }
 
     /// An idle ready buffer of a larger class within the borrowing slack:

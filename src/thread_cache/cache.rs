@@ -447,13 +447,6 @@ impl ThreadCache {
         self.owner.carved.get()
     }
 
-    /// Counts an idle buffer of `bytes` footprint taken from a shard to be
-    /// given back to its region for a carve (see `count_hit`'s bytes).
-    #[inline]
-    pub(crate) fn count_split(&self, bytes: usize) {
-        self.count_taken_bytes(bytes);
-    }
-
     /// Counts a take that allocated.
     #[inline]
     pub(crate) fn count_miss(&self, slot: usize) {
