@@ -340,8 +340,9 @@ impl Regions {
         self.fit_len(want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want)))
     }
 
-    /// Notes a take that found no memory (a pool miss), with `missed`
-    /// bytes of such misses out now, its own included, and `idle` bytes of
+    /// Notes a take that found no memory (a pool miss), or one that carved
+    /// while misses were out, with `missed` bytes of misses out now (a
+    /// miss's own included), and `idle` bytes of
     /// idle buffers carved from these regions: demand the regions should
     /// have met is what is carved out and not idle, plus the misses.
     pub(crate) fn note_miss(&self, missed: usize, idle: usize) {

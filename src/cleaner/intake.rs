@@ -112,6 +112,13 @@ impl Intake {
             + footprint
     }
 
+    /// The bytes of misses out now in `device`'s set of regions for
+    /// `footprint`.
+    pub(crate) fn misses_out(&self, device: usize, footprint: usize) -> usize {
+        // Relaxed: see `misses_out`.
+        self.misses_out[Self::set(device, footprint)].load(Ordering::Relaxed)
+    }
+
     /// The key a closed pool's late buffers are filed under with the
     /// reaper: this intake's address, stable while the pool's state lives.
     pub(crate) fn key(&self) -> usize {

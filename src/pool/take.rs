@@ -169,15 +169,7 @@ impl Shared {
             let shard = &this.shards[device];
             let regions = shard.regions(footprint);
             let out = this.caches.intake.note_miss(device, footprint);
-            // Idle buffers carved from the set are not demand: a take short
-            // of memory gives them back.
-            let classes = this.classes();
-            let idle: usize = classes
-                .all()
-                .filter(|&c| shard.carves_into(classes, c, regions))
-                .map(|c| shard.len(c) * classes.footprint(c))
-                .sum();
-            regions.note_miss(out, idle);
+            regions.note_miss(out, this.idle_carved(device, regions));
         }
         tracing::trace!(
             bytes = block.len(),
@@ -210,6 +202,17 @@ impl Shared {
         let regions = shard.regions(footprint);
         let carve = || {
             let at = regions.carve(footprint)?;
+            let missed = self.caches.intake.misses_out(device, footprint);
+            // (A stale 0 from a racing miss skips the note: that miss
+            // noted the demand itself.)
+            if missed > 0 {
+                // Misses of the set are still out: the regions hold less
+                // than is wanted now, this take included, and must grow by
+                // the difference once the misses come back (else the same
+                // demand misses again, the space grown for the misses
+                // having gone to this take).
+                regions.note_miss(missed, self.idle_carved(device, regions));
+            }
             let block = Block::carved(classes, class, device, at);
             // Not from the pooled buffers' estimate: free extents are not
             // in it.
@@ -257,6 +260,17 @@ impl Shared {
             }
         }
         None
+    }
+
+    /// The bytes of idle buffers in `device`'s shard carved from
+    /// `regions`: not demand, since a take short of memory gives them back.
+    fn idle_carved(&self, device: usize, regions: &crate::alloc::Regions) -> usize {
+        let (classes, shard) = (self.classes(), &self.shards[device]);
+        classes
+            .all()
+            .filter(|&c| shard.carves_into(classes, c, regions))
+            .map(|c| shard.len(c) * classes.footprint(c))
+            .sum()
     }
 
     /// Takes `idle`, a pooled buffer the caller removed from its lists or

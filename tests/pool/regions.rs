@@ -395,3 +395,30 @@ fn the_cap_never_evicts_idle_buffers_that_cannot_bring_it_under() {
     drop((b, held));
     pool.shutdown();
 }
+
+/// Demand met partly by a region grown while misses were still out: a take
+/// that carves then counts with them, so that the regions grow to hold
+/// the misses too once they come back, and the same demand again is met.
+#[test]
+fn a_take_carving_while_misses_are_out_counts_them_as_demand() {
+    let (pool, _faults) = carving();
+    let a = pool.take(1 << 20);
+    assert!(!a.was_pooled());
+    // The provisioning tick grows the regions by the miss's shortfall,
+    // while the miss is still out.
+    pool.trim();
+    let grown = pool.stats().region_bytes;
+    assert!(grown >= 1 << 20, "{:#?}", pool.stats());
+    let b = pool.take(grown);
+    assert!(b.was_pooled(), "the grown region was not carved");
+    drop((a, b));
+    pool.flush();
+    let again = (pool.take(1 << 20), pool.take(grown));
+    assert!(
+        again.0.was_pooled() && again.1.was_pooled(),
+        "the same demand missed again: {:#?}",
+        pool.stats()
+    );
+    drop(again);
+    pool.shutdown();
+}
