@@ -16,6 +16,9 @@ impl Shared {
             ..Stats::default()
         };
         let mut pooled = vec![0usize; devices * count];
+        // Caches are read before shards: no sweep may move a buffer from
+        // one to the other in between.
+        let moves = self.cleaner.no_moves();
         let mut hits = vec![0u64; devices * count];
         let mut misses = vec![0u64; devices * count];
         for cache in self.caches.iter() {
@@ -33,6 +36,9 @@ impl Shared {
             for class in classes.all() {
                 pooled[classes.slot(device, class)] += shard.len(class);
             }
+        }
+        drop(moves);
+        for shard in self.shards.iter() {
             // The small buffers' regions lie inside the large ones: counted
             // for their free extents only.
             let (small, large) = (

@@ -123,3 +123,73 @@ fn stats_exact_after_mixed_workload() {
         Arc::strong_count(&faults)
     );
 }
+
+/// The cleaner moves the ready buffers of threads gone idle from their
+/// caches to the shards; a snapshot taken meanwhile counts each buffer
+/// once, in a cache or in the shard, never both nor neither.
+#[test]
+fn a_snapshot_during_a_sweep_counts_each_pooled_buffer_once() {
+    use std::sync::mpsc::channel;
+    use std::time::{Duration, Instant};
+    const THREADS: usize = 16;
+    // Provisioning off: it would pool more than the threads dropped.
+    let pool = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .provision(false)
+        .build()
+        .unwrap();
+    let (done, finished) = channel::<()>();
+    // Every thread holds its buffers until all have taken theirs, so that
+    // none takes another's: as many buffers pooled as taken.
+    let all_taken = Arc::new(std::sync::Barrier::new(THREADS));
+    // Alive and idle between rounds, so that their caches are swept, all
+    // at once.
+    let workers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (pool, done, all_taken) = (pool.clone(), done.clone(), all_taken.clone());
+            let (go, work) = channel::<bool>();
+            let thread = std::thread::spawn(move || {
+                let mut held = None;
+                while let Ok(take) = work.recv() {
+                    if take {
+                        drop(held.take());
+                        let bufs: Vec<_> =
+                            (0..128).map(|i| pool.take(4096 * (1 + i % 64))).collect();
+                        all_taken.wait();
+                        drop(bufs);
+                    } else {
+                        // The take collects the cleaned buffers into the
+                        // thread's lists, where a sweep finds them.
+                        held = Some(pool.take(4096));
+                    }
+                    done.send(()).unwrap();
+                }
+            });
+            (go, thread)
+        })
+        .collect();
+    let each = |take: bool| {
+        for (go, _) in &workers {
+            go.send(take).unwrap();
+        }
+        for _ in &workers {
+            finished.recv().unwrap();
+        }
+    };
+    for round in 0..5 {
+        each(true);
+        pool.flush();
+        each(false);
+        let expected = THREADS * 128 - THREADS;
+        // Within the sweep's longest wait, twice over.
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until {
+            assert_eq!(pool.stats().pooled_buffers, expected, "round {round}");
+        }
+        pool.clear();
+    }
+    for (go, thread) in workers {
+        drop(go);
+        thread.join().unwrap();
+    }
+}
