@@ -40,7 +40,7 @@ pub struct Faults {
     unregistered: StatCounter,
     synchronize_calls: StatCounter,
     spawn_failures: StatCounter,
-    held: Mutex<bool>,
+    held: Mutex<Held>,
     released: Condvar,
     threads: Unmodeled<Vec<std::thread::ThreadId>>,
 }
@@ -55,11 +55,18 @@ impl Default for Faults {
             unregistered: StatCounter::new(0),
             synchronize_calls: StatCounter::new(0),
             spawn_failures: StatCounter::new(0),
-            held: Mutex::new(false),
+            held: Mutex::new(Held::default()),
             released: Condvar::new(),
             threads: Unmodeled::new(Vec::new()),
         }
     }
+}
+
+/// Which calls block until [`Faults::release`].
+#[derive(Debug, Default)]
+struct Held {
+    synchronize: bool,
+    register: bool,
 }
 
 #[derive(Debug, Default)]
@@ -138,12 +145,19 @@ impl Faults {
 
     /// Makes every synchronize call block until [`release`](Self::release).
     pub fn hold_synchronize(&self) {
-        *self.held.lock() = true;
+        self.held.lock().synchronize = true;
     }
 
-    /// Lets held synchronize calls return.
+    /// Makes every registration call block until
+    /// [`release`](Self::release) (counted in
+    /// [`register_calls`](Self::register_calls) once it blocks).
+    pub fn hold_register(&self) {
+        self.held.lock().register = true;
+    }
+
+    /// Lets held synchronize and registration calls return.
     pub fn release(&self) {
-        *self.held.lock() = false;
+        *self.held.lock() = Held::default();
         self.released.notify_all();
     }
 
@@ -253,9 +267,15 @@ impl Backend for FaultBackend {
 
     unsafe fn register(&self, _device: usize, _ptr: *mut u8, _len: usize) -> Result<(), Error> {
         let f = &self.faults;
-        match f.call(&f.register_calls, |p| {
+        let outcome = f.call(&f.register_calls, |p| {
             (&p.fail_register, Some(&p.panic_register))
-        }) {
+        });
+        let mut held = f.held.lock();
+        while held.register {
+            held = f.released.wait(held);
+        }
+        drop(held);
+        match outcome {
             Outcome::Pass => {
                 f.registered.fetch_add(1, Ordering::Relaxed);
                 Ok(())
@@ -289,7 +309,7 @@ impl Backend for FaultBackend {
     fn synchronize(&self, _device: usize) -> Result<(), Error> {
         let f = &self.faults;
         let mut held = f.held.lock();
-        while *held {
+        while held.synchronize {
             held = f.released.wait(held);
         }
         drop(held);
