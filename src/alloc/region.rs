@@ -286,7 +286,9 @@ struct Totals {
     /// The most bytes wanted at once: carved out, plus the misses out (see
     /// [`note_miss`](Regions::note_miss)).
     peak: AtomicUsize,
-    /// A take missed since the regions last grew: only then may they grow.
+    /// A take missed since a grower last took the shortfall (see
+    /// [`take_shortfall`](Regions::take_shortfall)): only then may the
+    /// regions grow.
     missed: AtomicBool,
 }
 
@@ -361,6 +363,31 @@ impl Regions {
         if !self.totals.missed.load(Ordering::Relaxed) {
             return 0;
         }
+        self.short_of_peak()
+    }
+
+    /// As [`shortfall`](Self::shortfall), for the grower (who holds
+    /// [`growing`](Self::growing)): the misses noted so far count as met
+    /// by what it grows, and one noted from now on makes the regions fall
+    /// short again, even while this growth runs. A grower that fails gives
+    /// them back with [`unmet`](Self::unmet).
+    pub(crate) fn take_shortfall(&self) -> usize {
+        // Relaxed: see `Totals`. A note racing the swap either is taken
+        // with it (its peak is read after) or sets the flag again.
+        if !self.totals.missed.swap(false, Ordering::Relaxed) {
+            return 0;
+        }
+        self.short_of_peak()
+    }
+
+    /// The misses a failed growth took count as unmet again.
+    pub(crate) fn unmet(&self) {
+        // Relaxed: see `Totals`.
+        self.totals.missed.store(true, Ordering::Relaxed);
+    }
+
+    fn short_of_peak(&self) -> usize {
+        // Relaxed: see `Totals`.
         let peak = self.totals.peak.load(Ordering::Relaxed);
         (peak + peak / 8).saturating_sub(self.totals.bytes.load(Ordering::Relaxed))
     }
@@ -499,7 +526,6 @@ impl Regions {
         self.list.lock().push(NonNull::from(Box::leak(region)));
         // Relaxed: see `Totals`.
         self.totals.bytes.fetch_add(len, Ordering::Relaxed);
-        self.totals.missed.store(false, Ordering::Relaxed);
     }
 
     /// Unlists the regions that nothing is carved from and that `pick`

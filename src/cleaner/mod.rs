@@ -736,16 +736,18 @@ impl Cleaner {
         let footprint = like.footprint();
         let regions = env.places.shards[device].regions(footprint);
         let _growing = regions.growing();
-        let shortfall = regions.shortfall();
-        if shortfall > 0 {
-            Self::grow(
+        let shortfall = regions.take_shortfall();
+        if shortfall > 0
+            && !Self::grow(
                 env,
                 device,
                 regions,
                 shortfall,
                 footprint,
                 like.is_reserved(),
-            );
+            )
+        {
+            regions.unmet();
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
             return None;

@@ -124,9 +124,9 @@ impl Cleaner {
             for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
                 // Again under the lock: another worker may have grown them.
                 let _growing = regions.growing();
-                let shortfall = regions.shortfall();
-                if shortfall > 0 {
-                    Self::grow(env, device, regions, shortfall, shortfall, false);
+                let shortfall = regions.take_shortfall();
+                if shortfall > 0 && !Self::grow(env, device, regions, shortfall, shortfall, false) {
+                    regions.unmet();
                 }
             }
         }

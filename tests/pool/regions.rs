@@ -422,3 +422,42 @@ fn a_take_carving_while_misses_are_out_counts_them_as_demand() {
     drop(again);
     pool.shutdown();
 }
+
+/// A miss noted while the regions grow for an earlier one (its
+/// registration still running) is demand the growth did not size for:
+/// the regions grow for it too once it comes back.
+#[test]
+fn a_miss_during_a_growth_still_makes_the_regions_grow() {
+    let (pool, faults) = carving();
+    let a = pool.take(1 << 20);
+    assert!(!a.was_pooled());
+    faults.hold_register();
+    // The provisioning tick grows the regions for `a`, and blocks in the
+    // registration.
+    let tick = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.trim())
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while faults.register_calls() == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the tick did not grow the regions"
+        );
+        std::thread::yield_now();
+    }
+    let b = pool.take(3 << 20);
+    assert!(!b.was_pooled(), "no region is listed yet");
+    faults.release();
+    tick.join().unwrap();
+    drop((a, b));
+    pool.flush();
+    let again = (pool.take(1 << 20), pool.take(3 << 20));
+    assert!(
+        again.0.was_pooled() && again.1.was_pooled(),
+        "the same demand missed again: {:#?}",
+        pool.stats()
+    );
+    drop(again);
+    pool.shutdown();
+}
