@@ -405,8 +405,16 @@ fn a_take_carving_while_misses_are_out_counts_them_as_demand() {
     let a = pool.take(1 << 20);
     assert!(!a.was_pooled());
     // The provisioning tick grows the regions by the miss's shortfall,
-    // while the miss is still out.
-    pool.trim();
+    // while the miss is still out. (Not `trim`, whose release of wholly
+    // free regions could take one the periodic tick grew meanwhile.)
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pool.stats().regions == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the tick did not grow the regions"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let grown = pool.stats().region_bytes;
     assert!(grown >= 1 << 20, "{:#?}", pool.stats());
     let b = pool.take(grown);
@@ -433,11 +441,8 @@ fn a_miss_during_a_growth_still_makes_the_regions_grow() {
     assert!(!a.was_pooled());
     faults.hold_register();
     // The provisioning tick grows the regions for `a`, and blocks in the
-    // registration.
-    let tick = {
-        let pool = pool.clone();
-        std::thread::spawn(move || pool.trim())
-    };
+    // registration. (Not `trim`, whose release of wholly free regions
+    // could take the one the periodic tick grows.)
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while faults.register_calls() == 0 {
         assert!(
@@ -449,7 +454,6 @@ fn a_miss_during_a_growth_still_makes_the_regions_grow() {
     let b = pool.take(3 << 20);
     assert!(!b.was_pooled(), "no region is listed yet");
     faults.release();
-    tick.join().unwrap();
     drop((a, b));
     pool.flush();
     let again = (pool.take(1 << 20), pool.take(3 << 20));
