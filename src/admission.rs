@@ -287,6 +287,8 @@ impl Admission {
             // meanwhile adopts it inside its owner's operation, which the
             // lock-out below waits for.
             let mut keep = Vec::new();
+            // Out of a snapshot's sight until the kept ones are back.
+            let _moving = at.caches.no_moves();
             for block in cache.inbox().ready.take_all() {
                 if over(self) && block.class() == class {
                     take(block, evicted);
@@ -337,6 +339,8 @@ impl Admission {
         keep: &dyn Fn(usize) -> usize,
     ) -> Vec<Block> {
         let _folded = self.folded.lock();
+        // Out of a snapshot's sight until every kept buffer is back.
+        let _moving = at.caches.no_moves();
         let classes = &at.caches.classes;
         // Every pooled buffer, gathered per slot (under the admission lock
         // and with every owner locked out, as `clear` does, nothing moves

@@ -141,13 +141,6 @@ pub(crate) struct Cleaner {
     /// Per device: the synchronize run for closed pools' late buffers.
     late_syncs: Box<[LateSync]>,
     sweep: Mutex<Sweep>,
-    /// Held while a sweep moves ready buffers from caches to the shards or
-    /// a provisioning tick trims (gathering every pooled buffer, putting
-    /// back those it keeps), and by a statistics snapshot while it counts
-    /// the pooled buffers, so that the snapshot counts each buffer once
-    /// (not in the cache it read first and again in the shard it read
-    /// after, nor in neither).
-    moving: Mutex<()>,
 }
 
 impl std::fmt::Debug for Cleaner {
@@ -175,12 +168,6 @@ enum Failed {
 }
 
 impl Cleaner {
-    /// Keeps sweeps and trims from moving pooled buffers between caches and
-    /// shards while the guard lives (see `moving`).
-    pub(crate) fn no_moves(&self) -> crate::sync::MutexGuard<'_, ()> {
-        self.moving.lock()
-    }
-
     /// A stopped cleaner of `width` workers for `devices` devices.
     pub(crate) fn new(width: usize, devices: usize, intake: Arc<Intake>) -> Self {
         Self {
@@ -196,7 +183,6 @@ impl Cleaner {
                 due: Instant::now(),
                 seen: std::collections::HashMap::new(),
             }),
-            moving: Mutex::new(()),
         }
     }
 

@@ -48,7 +48,7 @@ impl Cleaner {
         }
         // Ready buffers move to the shards (below) out of a snapshot's
         // sight. (Taken before the caches' locks, as a trim takes it.)
-        let _moving = only_idle.then(|| self.moving.lock());
+        let _moving = only_idle.then(|| caches.no_moves());
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             for block in lists.take_deferred(cache) {
@@ -95,13 +95,9 @@ impl Cleaner {
     /// (`Pool::trim`).
     pub(crate) fn provision(&self, env: Env<'_>, force: bool) {
         let quiet = crate::flush::in_flight(env.places.caches.counts()) == 0;
-        // A trim gathers every pooled buffer and puts back those it keeps:
-        // out of a snapshot's sight.
-        let moving = self.moving.lock();
         let plan = env
             .provisioner
             .tick(env.places, env.admission, quiet, force);
-        drop(moving);
         let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
         Counters::add(&env.counters().trimmed_bytes, trimmed);
         release_all(env.releaser(), plan.trimmed);

@@ -18,7 +18,7 @@ impl Shared {
         let mut pooled = vec![0usize; devices * count];
         // Caches are read before shards: no sweep may move a buffer from
         // one to the other in between.
-        let moves = self.cleaner.no_moves();
+        let moves = self.caches.no_moves();
         let mut hits = vec![0u64; devices * count];
         let mut misses = vec![0u64; devices * count];
         for cache in self.caches.iter() {

@@ -53,7 +53,7 @@ use crate::flush::{Counts, Flush};
 use crate::size_class::Classes;
 use crate::stats::Counters;
 use crate::sync::per_thread::PerThread;
-use crate::sync::{barrier, spin, Arc, AtomicUsize, MutexGuard, Ordering};
+use crate::sync::{barrier, spin, Arc, AtomicUsize, Mutex, MutexGuard, Ordering};
 
 pub(crate) use cache::{Found, ThreadCache};
 pub(crate) use lists::Lists;
@@ -95,6 +95,15 @@ pub(crate) struct Caches {
     pub(crate) events: EventPool,
     /// Where the drops the caches do not keep go: the cleaner's intake.
     pub(crate) intake: Arc<Intake>,
+    /// Held while pooled buffers move between caches and shards out of
+    /// any take (a sweep moving idle threads' ready buffers to the shards,
+    /// a trim gathering every pooled buffer and putting back those it
+    /// keeps, an eviction putting back the inbox buffers it keeps), and by
+    /// a statistics snapshot while it counts the pooled buffers, so that
+    /// the snapshot counts each buffer once (not in the cache it read
+    /// first and again in the shard it read after, nor in neither). Taken
+    /// after the admission lock and before any cache's lock.
+    moving: Mutex<()>,
 }
 
 /// A pointer to the pool's backend.
@@ -181,12 +190,19 @@ impl Caches {
             pins,
             events: EventPool::default(),
             intake,
+            moving: Mutex::new(()),
         });
         // The box gave `Caches` its address: point the orphan at it.
         caches.orphan.owner.caches = NonNull::from(&*caches);
         let flush = NonNull::from(&caches.flush);
         caches.orphan.books.set_flush(flush);
         caches
+    }
+
+    /// Keeps sweeps, trims and evictions from moving pooled buffers
+    /// between caches and shards while the guard lives (see `moving`).
+    pub(crate) fn no_moves(&self) -> MutexGuard<'_, ()> {
+        self.moving.lock()
     }
 
     /// The pool's backend.
