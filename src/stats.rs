@@ -202,7 +202,10 @@ pub struct Stats {
     /// buffer's share of its slab), thread caches included, and of the
     /// regions' free extents: what the cap bounds.
     pub pooled_bytes: usize,
-    /// Ready buffers, thread caches included.
+    /// Ready buffers, thread caches included: each counted once while no
+    /// take runs (the cleaner's own moves between caches and shards hold
+    /// the count off); a take moving buffers meanwhile can leave it off
+    /// by those buffers.
     pub pooled_buffers: usize,
     /// The most pooled bytes seen (sampled at admissions past the cap's
     /// fast path, evictions and snapshots).
