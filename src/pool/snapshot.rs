@@ -16,8 +16,8 @@ impl Shared {
             ..Stats::default()
         };
         let mut pooled = vec![0usize; devices * count];
-        // Caches are read before shards: no sweep may move a buffer from
-        // one to the other in between.
+        // Caches are read before shards: no sweep, trim or eviction may
+        // move a buffer from one to the other in between.
         let moves = self.caches.no_moves();
         let mut hits = vec![0u64; devices * count];
         let mut misses = vec![0u64; devices * count];

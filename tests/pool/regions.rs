@@ -4,9 +4,12 @@
 //! with that buffer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pinpool::testing::Faults;
 use pinpool::Pool;
+
+use crate::common::eventually;
 
 fn pool_with(regions: bool) -> (Pool, Arc<Faults>) {
     built(|b| b.regions(regions))
@@ -407,28 +410,15 @@ fn a_take_carving_while_misses_are_out_counts_them_as_demand() {
     // The provisioning tick grows the regions by the miss's shortfall,
     // while the miss is still out. (Not `trim`, whose release of wholly
     // free regions could take one the periodic tick grew meanwhile.)
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while pool.stats().regions == 0 {
-        assert!(
-            std::time::Instant::now() < until,
-            "the tick did not grow the regions"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || pool.stats().regions > 0),
+        "the tick did not grow the regions"
+    );
     let grown = pool.stats().region_bytes;
     assert!(grown >= 1 << 20, "{:#?}", pool.stats());
     let b = pool.take(grown);
     assert!(b.was_pooled(), "the grown region was not carved");
-    drop((a, b));
-    pool.flush();
-    let again = (pool.take(1 << 20), pool.take(grown));
-    assert!(
-        again.0.was_pooled() && again.1.was_pooled(),
-        "the same demand missed again: {:#?}",
-        pool.stats()
-    );
-    drop(again);
-    pool.shutdown();
+    met_again(&pool, (a, b));
 }
 
 /// A miss noted while the regions grow for an earlier one (its
@@ -443,20 +433,23 @@ fn a_miss_during_a_growth_still_makes_the_regions_grow() {
     // The provisioning tick grows the regions for `a`, and blocks in the
     // registration. (Not `trim`, whose release of wholly free regions
     // could take the one the periodic tick grows.)
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while faults.register_calls() == 0 {
-        assert!(
-            std::time::Instant::now() < until,
-            "the tick did not grow the regions"
-        );
-        std::thread::yield_now();
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || faults.register_calls() > 0),
+        "the tick did not grow the regions"
+    );
     let b = pool.take(3 << 20);
     assert!(!b.was_pooled(), "no region is listed yet");
     faults.release();
-    drop((a, b));
+    met_again(&pool, (a, b));
+}
+
+/// Drops `held` and flushes, then takes the same sizes again: each must be
+/// met by the regions. Shuts `pool` down.
+fn met_again(pool: &Pool, held: (pinpool::PinnedBuffer, pinpool::PinnedBuffer)) {
+    let sizes = (held.0.len(), held.1.len());
+    drop(held);
     pool.flush();
-    let again = (pool.take(1 << 20), pool.take(3 << 20));
+    let again = (pool.take(sizes.0), pool.take(sizes.1));
     assert!(
         again.0.was_pooled() && again.1.was_pooled(),
         "the same demand missed again: {:#?}",
