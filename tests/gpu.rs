@@ -1,6 +1,7 @@
 //! The CUDA backend on real hardware. Every test is `#[ignore]`d: run them
 //! on a GPU machine with `--ignored` (or `--include-ignored`), one at a
-//! time (`--test-threads=1`) so the bandwidth figures are not disturbed.
+//! time (`--test-threads=1`) so the bandwidth figures are not disturbed;
+//! [`gpu`] makes them take turns anyway (see `Gpu` for why they must).
 //! Asked to run without a GPU, they fail loudly. The tests that need two
 //! GPUs are in `multi_gpu.rs`.
 
@@ -668,7 +669,8 @@ fn current_context() -> sys::CUcontext {
 #[test]
 #[ignore = "needs a GPU"]
 fn dropping_the_last_handle_keeps_the_threads_context() {
-    let ctx = gpu();
+    let gpu = gpu();
+    let ctx = std::sync::Arc::clone(&gpu);
     std::thread::spawn(move || {
         // SAFETY: null unbinds.
         unsafe { result::ctx::set_current(std::ptr::null_mut()) }.unwrap();

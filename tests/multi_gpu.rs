@@ -13,7 +13,7 @@ mod common;
 use common::gpu::*;
 
 /// Devices 0 and 1's contexts; panics with fewer than two GPUs.
-fn two_gpus() -> (Arc<CudaContext>, Arc<CudaContext>) {
+fn two_gpus() -> (Gpu, Arc<CudaContext>) {
     let ctx0 = gpu();
     let count = CudaContext::device_count().expect("cuDeviceGetCount");
     assert!(

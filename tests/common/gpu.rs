@@ -2,21 +2,50 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use pinpool::{BackendKind, PinnedBuffer, Pool};
 
-/// Device 0's context, bound to this thread; panics without a GPU.
-pub fn gpu() -> Arc<CudaContext> {
+/// Device 0's context, bound to this thread, for one test at a time.
+///
+/// The tests share the process's primary context. A test that holds a
+/// stream behind a [`Gate`] and then calls the driver before opening it
+/// deadlocks with any other test's context-wide synchronize (`cuCtxSynchronize`,
+/// which cudarc's `new_stream` and a pool's device-wide fence call): the
+/// synchronize holds a driver lock while it waits for the gated stream, and
+/// the gating test's driver call waits for that lock. So the tests of one
+/// process take turns, whatever `--test-threads` says.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    _alone: MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Gpu {
+    type Target = Arc<CudaContext>;
+
+    fn deref(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+/// Device 0's context for this test alone (see [`Gpu`]); panics without a
+/// GPU.
+pub fn gpu() -> Gpu {
+    static ALONE: Mutex<()> = Mutex::new(());
+    // A test that panicked while holding it leaves nothing to repair.
+    let alone = ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // SAFETY: only tries to load the driver library.
     let present = unsafe { sys::is_culib_present() };
     assert!(
         present,
         "GPU test asked to run, but libcuda cannot be loaded"
     );
-    CudaContext::new(0).expect("GPU test asked to run, but no CUDA device is usable")
+    let ctx = CudaContext::new(0).expect("GPU test asked to run, but no CUDA device is usable");
+    Gpu { ctx, _alone: alone }
 }
 
 pub fn cuda_pool() -> Pool {
