@@ -25,6 +25,7 @@ use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::size_class::SizeClass;
 use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::tune::{Tune, Tuning};
 
 /// How often a tick does its work, at most.
 const TICK: Duration = Duration::from_millis(10);
@@ -72,6 +73,8 @@ pub(crate) struct Plan {
     pub(crate) provision: Vec<Block>,
     /// Idle buffers to release.
     pub(crate) trimmed: Vec<Block>,
+    /// The tick ran (it runs at most every 10 ms): the hot slots are new.
+    pub(crate) ticked: bool,
 }
 
 impl Provisioner {
@@ -114,6 +117,32 @@ impl Provisioner {
         state.takes = takes;
     }
 
+    /// Tells each device's regions what is in use of their buffers now
+    /// (`in_use`: buffers per slot), so that they can grow ahead of demand
+    /// (see `Regions::note_in_use`). The large regions hold the small
+    /// ones, so their demand includes the small set's bytes.
+    fn note_demand(at: Places<'_>, in_use: &[u64]) {
+        let classes = &at.caches.classes;
+        let intake = &at.caches.intake;
+        for (device, shard) in at.shards.iter().enumerate() {
+            let [small, large] = shard.all_regions() else {
+                continue;
+            };
+            let mut demand = [0usize; 2];
+            for class in classes.all().filter(|&c| classes.per_slab(c) == 1) {
+                let footprint = classes.footprint(class);
+                let set = usize::from(std::ptr::eq(shard.regions(footprint), large));
+                demand[set] += in_use[classes.slot(device, class)] as usize * footprint;
+            }
+            let page = crate::size_class::page_size();
+            small.note_in_use(demand[0], intake.misses_out(device, page));
+            large.note_in_use(
+                demand[1] + small.bytes(),
+                intake.misses_out(device, Tune::LARGE_BUFFER),
+            );
+        }
+    }
+
     /// The idle-trim time, if idle trimming is on.
     pub(crate) fn idle_trim(&self) -> Option<Duration> {
         self.idle_trim
@@ -152,6 +181,7 @@ impl Provisioner {
         at.caches.counters.note_in_use(in_use_bytes);
         if at.caches.carves() {
             self.mark_hot(at, &mut state);
+            Self::note_demand(at, &in_use);
         }
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
@@ -185,7 +215,10 @@ impl Provisioner {
             }
             marks[slot].map_or(0, |m| m.peak.saturating_sub(in_use[slot])) as usize
         };
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            ticked: true,
+            ..Plan::default()
+        };
         // Trimming locks every owner out: a quarter of the idle time apart
         // (at least a second), or now when forced.
         let idle = if force {

@@ -283,10 +283,15 @@ struct Totals {
     bytes: AtomicUsize,
     /// Bytes carved from them and not given back.
     out: AtomicUsize,
-    /// The most bytes wanted at once: carved out, plus the misses out (see
+    /// The bytes of pinned buffers of this set that takes held at the last
+    /// provisioning tick (see [`note_in_use`](Regions::note_in_use)).
+    held: AtomicUsize,
+    /// The most bytes wanted at once: in use, misses included (see
+    /// [`note_in_use`](Regions::note_in_use) and
     /// [`note_miss`](Regions::note_miss)).
     peak: AtomicUsize,
-    /// A take missed since a grower last took the shortfall (see
+    /// A take missed, or the demand passed what the regions hold, since a
+    /// grower last took the shortfall (see
     /// [`take_shortfall`](Regions::take_shortfall)): only then may the
     /// regions grow.
     missed: AtomicBool,
@@ -344,14 +349,40 @@ impl Regions {
 
     /// Notes a take that found no memory (a pool miss), or one that carved
     /// while misses were out, with `missed` bytes of misses out now (a
-    /// miss's own included), and `idle` bytes of
-    /// idle buffers carved from these regions: demand the regions should
-    /// have met is what is carved out and not idle, plus the misses.
-    pub(crate) fn note_miss(&self, missed: usize, idle: usize) {
+    /// miss's own included): the demand the regions should have met is
+    /// what the takes held of them at the last provisioning tick (see
+    /// [`note_in_use`](Self::note_in_use)) plus the misses.
+    pub(crate) fn note_miss(&self, missed: usize) {
         // Relaxed: see `Totals`.
-        let out = self.totals.out.load(Ordering::Relaxed).saturating_sub(idle);
-        self.totals.peak.fetch_max(out + missed, Ordering::Relaxed);
+        let held = self.totals.held.load(Ordering::Relaxed);
+        self.totals.peak.fetch_max(held + missed, Ordering::Relaxed);
         self.totals.missed.store(true, Ordering::Relaxed);
+    }
+
+    /// Notes `in_use` bytes of buffers of this set taken and not dropped
+    /// (hits and misses alike), `missed` bytes of them misses, as the
+    /// provisioning tick counts them. That is the demand: memory carved
+    /// but idle, or dropped and still in the cleaner, is not (so a cleaner
+    /// that falls behind does not make the regions grow). Once the demand,
+    /// with an eighth as headroom, passes what the regions hold, they fall
+    /// short *ahead* of any miss: growth follows a working set that creeps
+    /// up before its takes find nothing.
+    pub(crate) fn note_in_use(&self, in_use: usize, missed: usize) {
+        // Relaxed: see `Totals`.
+        let bytes = self.totals.bytes.load(Ordering::Relaxed);
+        self.totals
+            .held
+            .store(in_use.saturating_sub(missed), Ordering::Relaxed);
+        self.totals.peak.fetch_max(in_use, Ordering::Relaxed);
+        if in_use + in_use / 8 > bytes {
+            self.totals.missed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes of the listed regions.
+    pub(crate) fn bytes(&self) -> usize {
+        // Relaxed: see `Totals`.
+        self.totals.bytes.load(Ordering::Relaxed)
     }
 
     /// The bytes the regions fall short of the most wanted at once, plus an
@@ -386,18 +417,26 @@ impl Regions {
         self.totals.missed.store(true, Ordering::Relaxed);
     }
 
+    /// What the regions fall short of the peak plus its headroom; at least
+    /// an eighth of what they hold once they fall short at all, so that a
+    /// demand creeping up registers a few growing regions, not one small
+    /// one per step.
     fn short_of_peak(&self) -> usize {
         // Relaxed: see `Totals`.
         let peak = self.totals.peak.load(Ordering::Relaxed);
-        (peak + peak / 8).saturating_sub(self.totals.bytes.load(Ordering::Relaxed))
+        let bytes = self.totals.bytes.load(Ordering::Relaxed);
+        match (peak + peak / 8).saturating_sub(bytes) {
+            0 => 0,
+            short => short.max(bytes / 8),
+        }
     }
 
-    /// Forgets the most wanted at once, down to what is carved out now
-    /// (when regions are unlisted).
+    /// Forgets the most wanted at once, down to what takes held at the
+    /// last tick (when regions are unlisted).
     fn reset_peak(&self) {
         // Relaxed: see `Totals`.
-        let out = self.totals.out.load(Ordering::Relaxed);
-        self.totals.peak.store(out, Ordering::Relaxed);
+        let held = self.totals.held.load(Ordering::Relaxed);
+        self.totals.peak.store(held, Ordering::Relaxed);
     }
 
     /// `bytes` rounded up to whole pages, or to huge pages from one up.
@@ -439,8 +478,9 @@ impl Regions {
         state.free -= len;
         state.out += 1;
         state.idle_since = None;
-        // Relaxed: see `Totals`. (The peak follows misses only: what is
-        // carved out includes idle buffers, which are not demand.)
+        // Relaxed: see `Totals`. (The peak follows what takes hold, not
+        // this: what is carved out includes idle buffers and buffers in
+        // the cleaner, which are not demand.)
         self.totals.out.fetch_add(len, Ordering::Relaxed);
         let pinned = state.pinned;
         drop(state);

@@ -65,7 +65,7 @@ pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
 pub(crate) use release::{
-    fit_regions_to_cap, give_back, release, release_all, release_regions,
+    cool, fit_regions_to_cap, give_back, release, release_all, release_regions,
     release_regions_over_budget, Releaser,
 };
 

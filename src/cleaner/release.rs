@@ -199,6 +199,50 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
 /// regions wholly free for `min_idle` or more go: a region a workload
 /// empties between two of its steps is not released only to be registered
 /// again at the next.
+/// Gives the idle carved buffers of every class that is not hot (see
+/// [`Provisioner::is_hot`]) back to their regions, where they coalesce with
+/// their free neighbours: a buffer kept for same-size reuse while its class
+/// was in demand does not hold region memory once the demand moves to
+/// other sizes (the next take of its size carves again). Buffers pinned on
+/// request (`reserve`) or not carved stay in their class.
+///
+/// [`Provisioner::is_hot`]: crate::provision::Provisioner::is_hot
+pub(crate) fn cool(
+    with: Releaser<'_>,
+    admission: &Admission,
+    at: Places<'_>,
+    provisioner: &crate::provision::Provisioner,
+) {
+    let classes = &at.caches.classes;
+    // A snapshot must not see a kept buffer popped and pushed back as
+    // gone (see `Caches::no_moves`).
+    let _no_moves = at.caches.no_moves();
+    for (device, shard) in at.shards.iter().enumerate() {
+        for class in classes.all().filter(|&c| classes.per_slab(c) == 1) {
+            // Relaxed reads: a stale one keeps a buffer a tick longer, or
+            // gives one back that the next take of its size carves again.
+            let held = shard.len(class);
+            if held == 0 || provisioner.is_hot(classes.slot(device, class)) {
+                continue;
+            }
+            for _ in 0..held {
+                let Some(block) = shard.pop(class) else {
+                    break;
+                };
+                if !block.is_carved() || block.is_reserved() {
+                    if let Err(block) = shard.push(block) {
+                        admission.removed(block.footprint());
+                        release(with, block);
+                    }
+                    continue;
+                }
+                admission.removed(block.footprint());
+                give_back(with, block);
+            }
+        }
+    }
+}
+
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,

@@ -9,7 +9,7 @@ use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
 
-use super::{fit_regions_to_cap, release_all, release_regions, Cleaner, Env};
+use super::{cool, fit_regions_to_cap, release_all, release_regions, Cleaner, Env};
 
 /// How long a region must have been wholly free before the provisioning
 /// tick releases it for the cap (see `fit_regions_to_cap`).
@@ -109,6 +109,9 @@ impl Cleaner {
                 |_, idle| force || idle >= idle_trim,
                 false,
             );
+        }
+        if self.intake.regions && plan.ticked {
+            cool(env.releaser(), env.admission, env.places, env.provisioner);
         }
         if self.intake.regions {
             fit_regions_to_cap(env.releaser(), env.admission, env.places, CAP_RELEASE_AFTER);

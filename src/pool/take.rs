@@ -169,7 +169,7 @@ impl Shared {
             let shard = &this.shards[device];
             let regions = shard.regions(footprint);
             let out = this.caches.intake.note_miss(device, footprint);
-            regions.note_miss(out, this.idle_carved(device, regions));
+            regions.note_miss(out);
         }
         tracing::trace!(
             bytes = block.len(),
@@ -210,8 +210,10 @@ impl Shared {
                 // than is wanted now, this take included, and must grow by
                 // the difference once the misses come back (else the same
                 // demand misses again, the space grown for the misses
-                // having gone to this take).
-                regions.note_miss(missed, self.idle_carved(device, regions));
+                // having gone to this take). The last tick's count of what
+                // takes hold may predate this take: it counts with the
+                // misses.
+                regions.note_miss(missed + footprint);
             }
             let block = Block::carved(classes, class, device, at);
             // Not from the pooled buffers' estimate: free extents are not
@@ -260,17 +262,6 @@ impl Shared {
             }
         }
         None
-    }
-
-    /// The bytes of idle buffers in `device`'s shard carved from
-    /// `regions`: not demand, since a take short of memory gives them back.
-    fn idle_carved(&self, device: usize, regions: &crate::alloc::Regions) -> usize {
-        let (classes, shard) = (self.classes(), &self.shards[device]);
-        classes
-            .all()
-            .filter(|&c| shard.carves_into(classes, c, regions))
-            .map(|c| shard.len(c) * classes.footprint(c))
-            .sum()
     }
 
     /// Takes `idle`, a pooled buffer the caller removed from its lists or
