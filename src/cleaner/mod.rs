@@ -712,10 +712,12 @@ impl Cleaner {
     /// to pin ahead of demand): first grows its device's regions by what
     /// they fall short of the most its takes wanted at once (one
     /// registration, within the pinned budget), then carves a block of its
-    /// class to take its place, unless it would go back to its region
-    /// anyway (its class is not hot, nor was it asked for by `reserve`):
-    /// then `None`, and the next take of its size carves. `None` too if no
-    /// memory could be had (counted).
+    /// class to take its place from what they have free, unless it would
+    /// go back to its region anyway (its class is not hot, nor was it asked
+    /// for by `reserve`): then `None`, and the next take of its size
+    /// carves. Only memory `reserve` asked for grows the regions by its own
+    /// size when none is free; any other replacement is `None` then (its
+    /// class may hold idle buffers already, and the demand decides growth).
     fn carve_for(&self, env: Env<'_>, like: &Block) -> Option<Block> {
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;
@@ -741,14 +743,10 @@ impl Cleaner {
         if let Some(at) = regions.carve(footprint) {
             return Some(Block::carved(classes, class, device, at));
         }
-        if Self::grow(
-            env,
-            device,
-            regions,
-            footprint,
-            footprint,
-            like.is_reserved(),
-        ) {
+        // Memory `reserve` asked for is pinned whatever the demand; any
+        // other replacement only comes from what the demand grew (its
+        // class may well hold idle buffers already).
+        if like.is_reserved() && Self::grow(env, device, regions, footprint, footprint, true) {
             let at = regions.carve(footprint)?;
             return Some(Block::carved(classes, class, device, at));
         }

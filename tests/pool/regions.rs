@@ -458,3 +458,88 @@ fn met_again(pool: &Pool, held: (pinpool::PinnedBuffer, pinpool::PinnedBuffer)) 
     drop(again);
     pool.shutdown();
 }
+
+/// The ready buffers of `size` bytes pooled in their class.
+fn pooled_of(pool: &Pool, size: usize) -> usize {
+    let stats = pool.stats();
+    stats
+        .per_class
+        .iter()
+        .find(|c| c.size == size)
+        .map_or(0, |c| c.pooled_buffers)
+}
+
+/// Buffers kept in their class while it was in demand go back to their
+/// region once it is not, well before the idle trim: the class does not
+/// hold region memory that other sizes could carve.
+#[test]
+fn idle_buffers_of_a_class_no_longer_in_demand_go_back_to_their_region() {
+    const SIZE: usize = 1 << 20;
+    let (pool, _faults) = carving();
+    // Many takes of one size at once, again and again: the class is hot,
+    // and its buffers wait in it for the next takes.
+    let kept = eventually(Duration::from_secs(10), || {
+        let held: Vec<_> = (0..16).map(|_| pool.take(SIZE)).collect();
+        drop(held);
+        pool.flush();
+        pooled_of(&pool, SIZE) > 0
+    });
+    assert!(
+        kept,
+        "no buffer was kept in its hot class: {:#?}",
+        pool.stats()
+    );
+    // No take of it any more: within a few ticks (the idle trim is 30 s
+    // away) every buffer is back in its region, coalesced.
+    assert!(
+        eventually(Duration::from_secs(5), || pooled_of(&pool, SIZE) == 0),
+        "idle buffers stayed in their cold class: {:#?}",
+        pool.stats()
+    );
+    let stats = pool.stats();
+    assert_eq!(stats.free_extent_bytes, stats.region_bytes, "{stats:#?}");
+    pool.shutdown();
+}
+
+/// Carved buffers dropped and still in the cleaner (waiting for a device
+/// synchronize) are not demand: misses taken meanwhile for the same sizes
+/// do not make the regions grow by what the cleaner holds (else a cleaner
+/// that falls behind pins more and more).
+#[test]
+fn buffers_waiting_in_the_cleaner_do_not_make_the_regions_grow() {
+    const SIZE: usize = 4 << 20;
+    const N: usize = 8;
+    let (pool, faults) = carving();
+    drop((0..N).map(|_| pool.take(SIZE)).collect::<Vec<_>>());
+    pool.flush();
+    let carved: Vec<_> = (0..N).map(|_| pool.take(SIZE)).collect();
+    assert!(carved.iter().all(|b| b.was_pooled()), "{:#?}", pool.stats());
+    let grown = pool.stats().region_bytes;
+    // Event-less pinned buffers wait for a device synchronize: held.
+    faults.hold_synchronize();
+    drop(carved);
+    // Past a provisioning tick (every 10 ms), which counts what takes hold:
+    // a miss noted before it counts the dropped buffers as still held.
+    std::thread::sleep(Duration::from_millis(50));
+    // The same demand again, while the cleaner holds the memory: misses,
+    // held across a few provisioning ticks, then dropped.
+    let missed: Vec<_> = (0..N).map(|_| pool.take(SIZE)).collect();
+    assert!(missed.iter().any(|b| !b.was_pooled()));
+    std::thread::sleep(Duration::from_millis(100));
+    drop(missed);
+    std::thread::sleep(Duration::from_millis(100));
+    let while_held = pool.stats().region_bytes;
+    faults.release();
+    pool.flush();
+    // Once the misses came back too, and a few ticks later.
+    std::thread::sleep(Duration::from_millis(50));
+    let after = pool.stats().region_bytes;
+    for bytes in [while_held, after] {
+        assert!(
+            bytes < grown + N * SIZE / 2,
+            "the regions grew from {grown} to {bytes} bytes for a demand of {} bytes",
+            N * SIZE
+        );
+    }
+    pool.shutdown();
+}
