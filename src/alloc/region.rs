@@ -15,9 +15,11 @@
 //! ones (see `Shard::regions`). The small set's regions are *sub-regions*,
 //! carved from the large set's, so they cost no registration of their own
 //! and go back to their parent when freed. Each set grows by demand: the
-//! most bytes carved out at once (idle buffers aside) plus the misses out,
-//! as noted at each miss; the cleaner grows a set by what it falls short
-//! of that peak.
+//! most bytes its takes held at once, misses included, as the provisioning
+//! tick counts them and each miss adds to them (see
+//! [`Regions::note_in_use`]); the cleaner grows a set by what it falls
+//! short of that peak plus an eighth, ahead of misses once the demand
+//! comes near what it holds.
 //!
 //! A set lists the regions that takes may carve from; the
 //! list's lock is held across a carve, so a region is unlisted (to be
@@ -290,6 +292,9 @@ struct Totals {
     /// [`note_in_use`](Regions::note_in_use) and
     /// [`note_miss`](Regions::note_miss)).
     peak: AtomicUsize,
+    /// The largest footprint a take found no free extent for since a
+    /// grower last took the shortfall.
+    largest_miss: AtomicUsize,
     /// A take missed, or the demand passed what the regions hold, since a
     /// grower last took the shortfall (see
     /// [`take_shortfall`](Regions::take_shortfall)): only then may the
@@ -352,10 +357,15 @@ impl Regions {
     /// miss's own included): the demand the regions should have met is
     /// what the takes held of them at the last provisioning tick (see
     /// [`note_in_use`](Self::note_in_use)) plus the misses.
-    pub(crate) fn note_miss(&self, missed: usize) {
+    ///
+    /// `len` is the footprint the take found no free extent for (0 for a
+    /// take that carved): the next growth makes room for it in one extent,
+    /// even if the regions hold enough bytes in smaller ones.
+    pub(crate) fn note_miss(&self, missed: usize, len: usize) {
         // Relaxed: see `Totals`.
         let held = self.totals.held.load(Ordering::Relaxed);
         self.totals.peak.fetch_max(held + missed, Ordering::Relaxed);
+        self.totals.largest_miss.fetch_max(len, Ordering::Relaxed);
         self.totals.missed.store(true, Ordering::Relaxed);
     }
 
@@ -387,14 +397,16 @@ impl Regions {
 
     /// The bytes the regions fall short of the most wanted at once, plus an
     /// eighth of it as headroom (so that a workload whose peak creeps up
-    /// does not register a region at every new peak); 0 if no take missed
-    /// since they last grew.
+    /// does not register a region at every new peak), or the largest
+    /// footprint a take found no extent for if that is more; 0 if no take
+    /// missed (nor demand passed what they hold) since they last grew.
     pub(crate) fn shortfall(&self) -> usize {
         // Relaxed: see `Totals`.
         if !self.totals.missed.load(Ordering::Relaxed) {
             return 0;
         }
-        self.short_of_peak()
+        let len = self.totals.largest_miss.load(Ordering::Relaxed);
+        self.short_of_peak().max(len)
     }
 
     /// As [`shortfall`](Self::shortfall), for the grower (who holds
@@ -408,7 +420,15 @@ impl Regions {
         if !self.totals.missed.swap(false, Ordering::Relaxed) {
             return 0;
         }
-        self.short_of_peak()
+        let short = self.short_of_peak();
+        // A miss for want of one extent large enough, not of bytes: the
+        // growth is at least a region that holds it (the bytes free in
+        // smaller extents cannot serve it, however many they are).
+        let len = self.totals.largest_miss.swap(0, Ordering::Relaxed);
+        if len > short && len > self.figures().largest_free {
+            return len;
+        }
+        short
     }
 
     /// The misses a failed growth took count as unmet again.
@@ -656,13 +676,54 @@ impl Drop for Regions {
 }
 
 /// Touches every page of the `len` bytes at `ptr` (writing a zero), so
-/// that the registration finds them resident.
+/// that the registration finds them resident. Faulting a page in zeroes
+/// it, at a few GB/s per core: a large region is touched by several
+/// threads at once, each a run of whole huge pages (up to 8 threads, at
+/// least 64 MiB each).
 fn prefault(ptr: *mut u8, len: usize) {
+    const PER_THREAD: usize = 64 << 20;
+    const MAX_THREADS: usize = 8;
+    let threads = if cfg!(pinpool_loom) {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS)
+            .min(len / PER_THREAD)
+            .max(1)
+    };
+    if threads == 1 {
+        touch(ptr, len);
+        return;
+    }
+    let run = (len / threads).next_multiple_of(huge_page_size());
+    let base = ptr as usize;
+    std::thread::scope(|scope| {
+        let mut offset = run;
+        while offset < len {
+            let n = run.min(len - offset);
+            // Addresses cross as integers: each thread touches its own run.
+            let at = base + offset;
+            let spawned = std::thread::Builder::new()
+                .name("pinpool-prefault".into())
+                .spawn_scoped(scope, move || touch(at as *mut u8, n));
+            if spawned.is_err() {
+                touch(at as *mut u8, n);
+            }
+            offset += n;
+        }
+        touch(ptr, run.min(len));
+    });
+}
+
+/// [`prefault`] on one thread.
+fn touch(ptr: *mut u8, len: usize) {
     let page = crate::size_class::page_size();
     let mut offset = 0;
     while offset < len {
-        // SAFETY: `offset < len`, inside the fresh mapping, whose bytes
-        // are zero: writing zero leaves them as they are.
+        // SAFETY: `offset < len`, inside the fresh mapping (the caller's
+        // run of it), whose bytes are zero: writing zero leaves them as
+        // they are.
         unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
         offset += page;
     }

@@ -169,13 +169,28 @@ impl Shared {
             let shard = &this.shards[device];
             let regions = shard.regions(footprint);
             let out = this.caches.intake.note_miss(device, footprint);
-            regions.note_miss(out);
+            regions.note_miss(out, footprint);
+            if tracing::enabled!(tracing::Level::TRACE) {
+                // What the regions held when the take found nothing (their
+                // figures take their locks: only when asked for).
+                let held = regions.figures();
+                tracing::trace!(
+                    bytes = block.len(),
+                    device,
+                    misses_out = out,
+                    region_bytes = held.bytes,
+                    free = held.free,
+                    largest_free = held.largest_free,
+                    "pinpool: pool miss, allocated a pageable buffer"
+                );
+            }
+        } else {
+            tracing::trace!(
+                bytes = block.len(),
+                device,
+                "pinpool: pool miss, allocated a pageable buffer"
+            );
         }
-        tracing::trace!(
-            bytes = block.len(),
-            device,
-            "pinpool: pool miss, allocated a pageable buffer"
-        );
         Ok((block, false))
     }
 
@@ -213,7 +228,7 @@ impl Shared {
                 // having gone to this take). The last tick's count of what
                 // takes hold may predate this take: it counts with the
                 // misses.
-                regions.note_miss(missed + footprint);
+                regions.note_miss(missed + footprint, 0);
             }
             let block = Block::carved(classes, class, device, at);
             // Not from the pooled buffers' estimate: free extents are not

@@ -543,3 +543,46 @@ fn buffers_waiting_in_the_cleaner_do_not_make_the_regions_grow() {
     }
     pool.shutdown();
 }
+
+/// A take that finds enough free bytes but no extent large enough (the
+/// free space lies between buffers still held) makes the regions grow by
+/// a region that holds it: the same take again is met, although the bytes
+/// in use never passed what the regions hold.
+#[test]
+fn a_miss_for_want_of_one_large_extent_grows_a_region_that_holds_it() {
+    const MIB: usize = 1 << 20;
+    // Eight sizes of eight classes: none is hot, so each buffer goes back
+    // to its region when dropped, and the layout is the takes' order.
+    let sizes: Vec<usize> = (0..8).map(|k| MIB + k * (MIB / 8)).collect();
+    let (pool, _faults) = carving();
+    drop(sizes.iter().map(|&n| pool.take(n)).collect::<Vec<_>>());
+    pool.flush();
+    let mut held: Vec<_> = sizes.iter().map(|&n| pool.take(n)).collect();
+    assert!(held.iter().all(|b| b.was_pooled()), "{:#?}", pool.stats());
+    // Every other one back: narrow holes between the ones still held.
+    let mut kept = Vec::new();
+    for (i, b) in held.drain(..).enumerate() {
+        if i % 2 == 1 {
+            kept.push(b);
+        }
+    }
+    pool.flush();
+    let before = pool.stats();
+    let wide = 3 * MIB;
+    assert!(
+        before.largest_free_extent < wide && before.free_extent_bytes >= wide,
+        "the set-up wants free bytes in narrow extents: {before:#?}"
+    );
+    let miss = pool.take(wide);
+    assert!(!miss.was_pooled(), "{:#?}", pool.stats());
+    drop(miss);
+    pool.flush();
+    let again = pool.take(wide);
+    assert!(
+        again.was_pooled(),
+        "the same take missed again: {:#?}",
+        pool.stats()
+    );
+    drop((again, kept));
+    pool.shutdown();
+}
