@@ -398,8 +398,10 @@ impl Regions {
     /// The bytes the regions fall short of the most wanted at once, plus an
     /// eighth of it as headroom (so that a workload whose peak creeps up
     /// does not register a region at every new peak), or the largest
-    /// footprint a take found no extent for if that is more; 0 if no take
-    /// missed (nor demand passed what they hold) since they last grew.
+    /// footprint a take found no extent for if that is more (the grower,
+    /// in [`take_shortfall`](Self::take_shortfall), grows for it only if
+    /// no free extent holds it now); 0 if no take missed (nor demand
+    /// passed what they hold) since they last grew.
     pub(crate) fn shortfall(&self) -> usize {
         // Relaxed: see `Totals`.
         if !self.totals.missed.load(Ordering::Relaxed) {
@@ -415,8 +417,9 @@ impl Regions {
     /// short again, even while this growth runs. A grower that fails gives
     /// them back with [`unmet`](Self::unmet).
     pub(crate) fn take_shortfall(&self) -> usize {
-        // Relaxed: see `Totals`. A note racing the swap either is taken
-        // with it (its peak is read after) or sets the flag again.
+        // Relaxed: see `Totals`. A note racing the swap either sets the
+        // flag again, or is taken with it, its peak possibly read stale:
+        // a growth a little short, which the next miss corrects.
         if !self.totals.missed.swap(false, Ordering::Relaxed) {
             return 0;
         }

@@ -725,16 +725,9 @@ impl Cleaner {
         let regions = env.places.shards[device].regions(footprint);
         let _growing = regions.growing();
         let shortfall = regions.take_shortfall();
-        if shortfall > 0
-            && !Self::grow(
-                env,
-                device,
-                regions,
-                shortfall,
-                footprint,
-                like.is_reserved(),
-            )
-        {
+        // Within the budget, even for memory `reserve` asked for: only its
+        // own bytes may pass it (below).
+        if shortfall > 0 && !Self::grow(env, device, regions, shortfall, footprint, false) {
             regions.unmet();
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {

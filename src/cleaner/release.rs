@@ -188,17 +188,6 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
     }
 }
 
-/// Free extents are pooled bytes too: while idle buffers and free extents
-/// together exceed the cap, releases wholly free regions. A small region
-/// (a sub-region) released goes back to its parent as free extents, which
-/// releases nothing pinned: every wholly free one goes first, then the
-/// large regions, until the excess is covered. Idle buffers are left to
-/// the cap's own eviction (`Admission`): giving them back to regions that
-/// other buffers keep in use would bring nothing under the cap. A region
-/// with a buffer in use, or idle in its class, keeps its free extents. Only
-/// regions wholly free for `min_idle` or more go: a region a workload
-/// empties between two of its steps is not released only to be registered
-/// again at the next.
 /// Gives the idle carved buffers of every class that is not hot (see
 /// [`Provisioner::is_hot`]) back to their regions, where they coalesce with
 /// their free neighbours: a buffer kept for same-size reuse while its class
@@ -225,24 +214,41 @@ pub(crate) fn cool(
             if held == 0 || provisioner.is_hot(classes.slot(device, class)) {
                 continue;
             }
+            // Kept ones go back once the stack is gone through, not on top
+            // of it, where the next pop would find them again.
+            let mut kept = Vec::new();
             for _ in 0..held {
                 let Some(block) = shard.pop(class) else {
                     break;
                 };
                 if !block.is_carved() || block.is_reserved() {
-                    if let Err(block) = shard.push(block) {
-                        admission.removed(block.footprint());
-                        release(with, block);
-                    }
+                    kept.push(block);
                     continue;
                 }
                 admission.removed(block.footprint());
                 give_back(with, block);
             }
+            for block in kept {
+                if let Err(block) = shard.push(block) {
+                    admission.removed(block.footprint());
+                    release(with, block);
+                }
+            }
         }
     }
 }
 
+/// Free extents are pooled bytes too: while idle buffers and free extents
+/// together exceed the cap, releases wholly free regions. A small region
+/// (a sub-region) released goes back to its parent as free extents, which
+/// releases nothing pinned: every wholly free one goes first, then the
+/// large regions, until the excess is covered. Idle buffers are left to
+/// the cap's own eviction (`Admission`): giving them back to regions that
+/// other buffers keep in use would bring nothing under the cap. A region
+/// with a buffer in use, or idle in its class, keeps its free extents. Only
+/// regions wholly free for `min_idle` or more go: a region a workload
+/// empties between two of its steps is not released only to be registered
+/// again at the next.
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,

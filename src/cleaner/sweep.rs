@@ -118,14 +118,41 @@ impl Cleaner {
         }
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full
-        // backlog may have freed on the way).
+        // backlog may have freed on the way). Growth ahead of demand (no
+        // miss of the set out) only while the cap leaves room for what it
+        // adds free: else the cap's release would take it back, and the
+        // next tick grow it again. A growth that fails is not retried at
+        // every tick by itself: the next miss, or demand held past the
+        // regions, asks for it again.
+        let free: usize = env
+            .places
+            .shards
+            .iter()
+            .map(|s| s.free_extent_bytes())
+            .sum();
+        let mut room = env
+            .places
+            .caches
+            .cap()
+            .saturating_sub(env.admission.pooled_bytes(env.places) + free);
         for (device, shard) in env.places.shards.iter().enumerate() {
             for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
                 // Again under the lock: another worker may have grown them.
                 let _growing = regions.growing();
+                let set = if std::ptr::eq(regions, shard.small_regions()) {
+                    crate::size_class::page_size()
+                } else {
+                    Tune::LARGE_BUFFER
+                };
+                // Relaxed: see `Intake::misses_out`; a stale 0 holds a
+                // growth for misses back until they return (`carve_for`).
+                let ahead = self.intake.misses_out(device, set) == 0;
+                if ahead && regions.shortfall() > room {
+                    continue;
+                }
                 let shortfall = regions.take_shortfall();
-                if shortfall > 0 && !Self::grow(env, device, regions, shortfall, shortfall, false) {
-                    regions.unmet();
+                if shortfall > 0 && Self::grow(env, device, regions, shortfall, shortfall, false) {
+                    room = room.saturating_sub(shortfall);
                 }
             }
         }
