@@ -60,6 +60,10 @@ fn misses_are_met_by_one_region_and_the_next_takes_carve_from_it() {
     // The first misses; later ones may already carve from a region the
     // cleaner grew for it meanwhile.
     assert!(!first[0].was_pooled() && !first[0].is_pinned());
+    // Held across provisioning ticks (every 10 ms), which count the whole
+    // demand at once: the regions grow for all of it, headroom included,
+    // and the same demand again has no reason to grow them.
+    std::thread::sleep(Duration::from_millis(100));
     drop(first);
     pool.flush();
     let stats = pool.stats();
@@ -510,7 +514,11 @@ fn buffers_waiting_in_the_cleaner_do_not_make_the_regions_grow() {
     const SIZE: usize = 4 << 20;
     const N: usize = 8;
     let (pool, faults) = carving();
-    drop((0..N).map(|_| pool.take(SIZE)).collect::<Vec<_>>());
+    // Held across provisioning ticks, which count the whole demand at once
+    // (see the first test).
+    let first: Vec<_> = (0..N).map(|_| pool.take(SIZE)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(first);
     pool.flush();
     let carved: Vec<_> = (0..N).map(|_| pool.take(SIZE)).collect();
     assert!(carved.iter().all(|b| b.was_pooled()), "{:#?}", pool.stats());
