@@ -124,17 +124,21 @@ impl Cleaner {
         // next tick grow it again. A growth that fails is not retried at
         // every tick by itself: the next miss, or demand held past the
         // regions, asks for it again.
-        let free: usize = env
-            .places
-            .shards
-            .iter()
-            .map(|s| s.free_extent_bytes())
-            .sum();
-        let mut room = env
-            .places
-            .caches
-            .cap()
-            .saturating_sub(env.admission.pooled_bytes(env.places) + free);
+        // The room is counted only when some set falls short (it locks
+        // the admission's folded counts and every region's extents).
+        let room_now = || {
+            let free: usize = env
+                .places
+                .shards
+                .iter()
+                .map(|s| s.free_extent_bytes())
+                .sum();
+            env.places
+                .caches
+                .cap()
+                .saturating_sub(env.admission.pooled_bytes(env.places) + free)
+        };
+        let mut room: Option<usize> = None;
         for (device, shard) in env.places.shards.iter().enumerate() {
             for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
                 // Again under the lock: another worker may have grown them.
@@ -147,12 +151,13 @@ impl Cleaner {
                 // Relaxed: see `Intake::misses_out`; a stale 0 holds a
                 // growth for misses back until they return (`carve_for`).
                 let ahead = self.intake.misses_out(device, set) == 0;
-                if ahead && regions.shortfall() > room {
+                let left = *room.get_or_insert_with(room_now);
+                if ahead && regions.shortfall() > left {
                     continue;
                 }
                 let shortfall = regions.take_shortfall();
                 if shortfall > 0 && Self::grow(env, device, regions, shortfall, shortfall, false) {
-                    room = room.saturating_sub(shortfall);
+                    room = Some(left.saturating_sub(shortfall));
                 }
             }
         }
