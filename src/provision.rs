@@ -25,7 +25,6 @@ use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::size_class::SizeClass;
 use crate::sync::{AtomicBool, Mutex, Ordering};
-use crate::tune::{Tune, Tuning};
 
 /// How often a tick does its work, at most.
 const TICK: Duration = Duration::from_millis(10);
@@ -134,12 +133,9 @@ impl Provisioner {
                 let set = usize::from(std::ptr::eq(shard.regions(footprint), large));
                 demand[set] += in_use[classes.slot(device, class)] as usize * footprint;
             }
-            let page = crate::size_class::page_size();
-            small.note_in_use(demand[0], intake.misses_out(device, page));
-            large.note_in_use(
-                demand[1] + small.bytes(),
-                intake.misses_out(device, Tune::LARGE_BUFFER),
-            );
+            let missed = |regions| intake.misses_out(device, shard.set_footprint(regions));
+            small.note_in_use(demand[0], missed(small));
+            large.note_in_use(demand[1] + small.bytes(), missed(large));
         }
     }
 

@@ -70,6 +70,16 @@ impl Shard {
         self.regions.iter().map(|r| r.figures().free).sum()
     }
 
+    /// A footprint that falls in `regions`, one of this shard's sets: what
+    /// the per-set figures kept by footprint (misses out) are asked with.
+    pub(crate) fn set_footprint(&self, regions: &Regions) -> usize {
+        if std::ptr::eq(regions, self.small_regions()) {
+            crate::size_class::page_size()
+        } else {
+            Tune::LARGE_BUFFER
+        }
+    }
+
     /// Both sets of regions, the small first (whose regions go back to the
     /// large ones when freed).
     pub(crate) fn all_regions(&self) -> &[Regions] {

@@ -143,14 +143,9 @@ impl Cleaner {
             for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
                 // Again under the lock: another worker may have grown them.
                 let _growing = regions.growing();
-                let set = if std::ptr::eq(regions, shard.small_regions()) {
-                    crate::size_class::page_size()
-                } else {
-                    Tune::LARGE_BUFFER
-                };
                 // Relaxed: see `Intake::misses_out`; a stale 0 holds a
                 // growth for misses back until they return (`carve_for`).
-                let ahead = self.intake.misses_out(device, set) == 0;
+                let ahead = self.intake.misses_out(device, shard.set_footprint(regions)) == 0;
                 let left = *room.get_or_insert_with(room_now);
                 if ahead && regions.shortfall() > left {
                     continue;

@@ -164,33 +164,28 @@ impl Shared {
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
         cache.count_miss(block.slot());
+        let mut set = None;
         if this.caches.carves() && !block.in_slab() {
             let footprint = block.footprint();
-            let shard = &this.shards[device];
-            let regions = shard.regions(footprint);
+            let regions = this.shards[device].regions(footprint);
             let out = this.caches.intake.note_miss(device, footprint);
             regions.note_miss(out, footprint);
-            if tracing::enabled!(tracing::Level::TRACE) {
-                // What the regions held when the take found nothing (their
-                // figures take their locks: only when asked for).
-                let held = regions.figures();
-                tracing::trace!(
-                    bytes = block.len(),
-                    device,
-                    misses_out = out,
-                    region_bytes = held.bytes,
-                    free = held.free,
-                    largest_free = held.largest_free,
-                    "pinpool: pool miss, allocated a pageable buffer"
-                );
-            }
-        } else {
-            tracing::trace!(
-                bytes = block.len(),
-                device,
-                "pinpool: pool miss, allocated a pageable buffer"
-            );
+            set = Some((regions, out));
         }
+        // What the regions held when the take found nothing: their figures
+        // take their locks, so only when traced.
+        let held = set
+            .filter(|_| tracing::enabled!(tracing::Level::TRACE))
+            .map(|(regions, out)| (regions.figures(), out));
+        tracing::trace!(
+            bytes = block.len(),
+            device,
+            misses_out = held.map(|(_, out)| out),
+            region_bytes = held.map(|(f, _)| f.bytes),
+            free = held.map(|(f, _)| f.free),
+            largest_free = held.map(|(f, _)| f.largest_free),
+            "pinpool: pool miss, allocated a pageable buffer"
+        );
         Ok((block, false))
     }
 
