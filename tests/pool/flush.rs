@@ -137,6 +137,14 @@ fn run(pool: Pool, fenced_churn: bool) {
                         if i.is_multiple_of(16) {
                             std::thread::sleep(Duration::from_micros(50));
                         }
+                        // And one the cleaner keeps up with: where it falls
+                        // behind by a full recycling backlog (a slow
+                        // sanitizer run), drops are shed, the probe's
+                        // among them. A flush now and then bounds the
+                        // backlog; the other thread's drops go on meanwhile.
+                        if i.is_multiple_of(512) {
+                            pool.flush();
+                        }
                     }
                 });
             }
@@ -150,13 +158,14 @@ fn run(pool: Pool, fenced_churn: bool) {
                     assert!(buf.iter().step_by(4096).all(|&b| b == 0));
                     buf[..100].fill(9);
                     // A probe that missed may be freed unregistered when the
-                    // registration backlog is full (by design): then its
-                    // absence says nothing of the flush.
-                    let missed = !buf.was_pooled();
-                    let skipped = pool.stats().registrations_skipped;
-                    if std::env::var("PROBE_TRACE").is_ok() {
-                        eprintln!("round {round} path {path} {:?}", pool.stats().in_cleaner);
-                    }
+                    // registration backlog is full, and any probe when the
+                    // recycling backlog is (by design): then its absence
+                    // says nothing of the flush. The counts are the pool's,
+                    // so a shed churn buffer also excuses a round: the
+                    // count of excused rounds is bounded below.
+                    let shed_so_far =
+                        |s: &pinpool::Stats| s.registrations_skipped + s.zeroing_skipped;
+                    let skipped = shed_so_far(&pool.stats());
                     drop_via(path, buf);
                     {
                         let (tx, rx) = std::sync::mpsc::channel();
@@ -187,7 +196,7 @@ fn run(pool: Pool, fenced_churn: bool) {
                         std::thread::sleep(Duration::from_millis(1));
                         n = probe_pooled(pool);
                     }
-                    if n == 0 && missed && pool.stats().registrations_skipped > skipped {
+                    if n == 0 && shed_so_far(&pool.stats()) > skipped {
                         shed += 1;
                         continue;
                     }
@@ -203,7 +212,7 @@ fn run(pool: Pool, fenced_churn: bool) {
                 stop.store(true, Ordering::Relaxed);
                 assert!(
                     shed <= 10,
-                    "{shed} of 30 probes were shed past the registration backlog: \
+                    "{shed} of 30 rounds saw drops shed past a full backlog: \
                      too few rounds checked the flush"
                 );
             });
