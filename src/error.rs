@@ -78,6 +78,12 @@ pub enum Error {
         /// The operating system's reason.
         source: std::io::Error,
     },
+    /// No live allocation of a `PinnedAlloc` begins at the address given
+    /// (the `allocator-api2` feature).
+    UnknownAllocation {
+        /// The address given.
+        addr: usize,
+    },
     /// A CUDA driver call failed.
     Cuda {
         /// The driver call that failed (`CudaContext::new` for a failure
@@ -128,6 +134,9 @@ impl fmt::Display for Error {
             Error::BackendUnavailable(why) => write!(f, "CUDA backend unavailable: {why}"),
             Error::AllocationFailed { bytes, source } => {
                 write!(f, "could not allocate {bytes} bytes: {source}")
+            }
+            Error::UnknownAllocation { addr } => {
+                write!(f, "no live allocation of this allocator begins at {addr:#x}")
             }
             Error::Cuda { op, source } => write!(f, "{op} failed: {source}"),
         }

@@ -41,6 +41,8 @@
 
 mod admission;
 mod alloc;
+#[cfg(feature = "allocator-api2")]
+mod allocator;
 mod backend;
 mod buffer;
 mod cleaner;
@@ -68,6 +70,8 @@ mod views;
 
 pub mod implementation;
 
+#[cfg(feature = "allocator-api2")]
+pub use allocator::PinnedAlloc;
 pub use backend::{BackendKind, MAX_DEVICES};
 pub use buffer::PinnedBuffer;
 pub use config::{

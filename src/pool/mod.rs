@@ -289,6 +289,12 @@ impl Pool {
         &self.handle.shared
     }
 
+    /// How many devices the pool serves.
+    #[cfg(feature = "allocator-api2")]
+    pub(crate) fn devices(&self) -> usize {
+        self.handle.caches().devices()
+    }
+
     /// An all-zero buffer of at least `min_size` bytes, rounded up to its
     /// size class (see [`SizeClasses`](crate::SizeClasses)), from the shard
     /// of the calling thread's *current device*: the device of the CUDA

@@ -8,6 +8,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(all(feature = "allocator-api2", feature = "testing"))]
+mod allocator;
 mod backlog;
 mod borrowing;
 mod cap;
