@@ -800,3 +800,72 @@ fn an_explicit_memory_policy_of_the_process_is_kept() {
     .join()
     .expect("the test's thread");
 }
+
+/// A `Vec` in pooled pinned memory: filled, copied behind a closed gate,
+/// its last use recorded through `PinnedAlloc` (or not: then the device is
+/// synchronized), and freed; its buffer is reused only once the copy has
+/// landed, and comes back zero.
+#[cfg(feature = "allocator-api2")]
+fn vec_copy_gates_reuse(record: bool) {
+    use allocator_api2::alloc::{Allocator, Layout};
+    use allocator_api2::vec::Vec as PinnedVec;
+    use pinpool::PinnedAlloc;
+
+    const SIZE: usize = 8 << 20;
+    let ctx = gpu();
+    let stream = ctx.new_stream().unwrap();
+    let pool = cuda_pool();
+    let alloc = PinnedAlloc::new(&pool, 0).unwrap();
+    drop(PinnedVec::<u8, _>::with_capacity_in(SIZE, alloc.clone()));
+    pool.flush();
+    let dst = DeviceBytes::new(SIZE);
+    let mut v: PinnedVec<u8, _> = PinnedVec::with_capacity_in(SIZE, alloc.clone());
+    assert!(alloc.is_pinned(v.as_ptr()).unwrap(), "a pinned hit");
+    v.extend((0..SIZE).map(|i| (i % 251) as u8 + 1));
+    let expected = v.to_vec();
+    let ptr = v.as_ptr() as usize;
+    let gate = Gate::close(&stream);
+    copy_async(&stream, &dst, &v);
+    if record {
+        alloc.record_last_use(v.as_ptr(), &stream).unwrap();
+    }
+    drop(v);
+    let flushed = flush_in_background(&pool);
+    assert!(
+        flushed.recv_timeout(Duration::from_millis(300)).is_err(),
+        "flush returned while the copy was still held"
+    );
+    assert_eq!(pool.stats().pooled_buffers, 0, "reused during the copy");
+    gate.open();
+    flushed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("flush returns once the copy lands");
+    assert!(dst.read() == expected, "the device holds the written bytes");
+    let layout = Layout::from_size_align(SIZE, 4096).unwrap();
+    let again = alloc.allocate_zeroed(layout).unwrap();
+    assert_eq!(
+        again.cast::<u8>().as_ptr() as usize,
+        ptr,
+        "the buffer came back"
+    );
+    // SAFETY: a live zeroed block of at least `SIZE` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(again.cast::<u8>().as_ptr(), SIZE) };
+    assert!(bytes.iter().all(|&b| b == 0));
+    // SAFETY: allocated above with `layout`, not used after.
+    unsafe { alloc.deallocate(again.cast(), layout) };
+    pool.shutdown();
+}
+
+#[cfg(feature = "allocator-api2")]
+#[test]
+#[ignore = "needs a GPU"]
+fn pinned_vec_recorded_copy_gates_reuse() {
+    vec_copy_gates_reuse(true);
+}
+
+#[cfg(feature = "allocator-api2")]
+#[test]
+#[ignore = "needs a GPU"]
+fn pinned_vec_without_record_device_sync_gates_reuse() {
+    vec_copy_gates_reuse(false);
+}
