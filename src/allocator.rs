@@ -51,7 +51,10 @@ const SUB_PAGE_ALIGN: usize = 256;
 /// [`record_last_use_raw`](Self::record_last_use_raw) (a raw stream),
 /// given the collection's pointer (`Vec::as_ptr`). A collection that grows
 /// moves to a new allocation, and the copies recorded for the old one stay
-/// with it; record again after the last growth.
+/// with it; record again after the last growth, with the pointer the
+/// collection has then. (Allocations are found by address: a pointer kept
+/// from before a move may by then begin another live allocation of this
+/// allocator, and a use recorded with it lands on that one.)
 ///
 /// # Pinned or not
 ///
@@ -244,8 +247,11 @@ impl PinnedAlloc {
     /// Narrows the prefix of the allocation at `ptr` that the cleaner
     /// re-zeroes when it is freed (by default all of it), as
     /// [`PinnedBuffer::set_dirty_len`] does: the caller asserts that the
-    /// allocation's bytes at `bytes..` have not been written. Growing moves
-    /// a collection to a new allocation, which starts wholly dirty again.
+    /// allocation's bytes at `bytes..` have not been written, and will not
+    /// be before it is freed: call it after the last write. A growth or a
+    /// shrink, moving or not, makes the allocation wholly dirty again (a
+    /// `Vec` fills its allocation before it grows), so narrow again after
+    /// the last one.
     ///
     /// # Errors
     ///
@@ -313,17 +319,7 @@ impl PinnedAlloc {
     /// (the caller's `AllocError`) if the pool cannot serve it.
     fn take(&self, layout: Layout) -> Option<NonNull<[u8]>> {
         let align = layout.align();
-        let page = crate::size_class::page_size();
-        if align > page {
-            return None;
-        }
-        // A buffer of a page or more is page-aligned; a shorter one is
-        // aligned to `SUB_PAGE_ALIGN` at least.
-        let size = if align > SUB_PAGE_ALIGN {
-            layout.size().max(page)
-        } else {
-            layout.size()
-        };
+        let size = buffer_size(layout)?;
         let mut buf = self.inner.pool.take_on(self.inner.device, size).ok()?;
         let len = buf.len();
         let ptr = NonNull::new(buf.as_mut_ptr())?;
@@ -344,9 +340,18 @@ impl PinnedAlloc {
         lock(self.inner.shard(addr)).remove(&addr)
     }
 
-    /// The length of the live allocation at `ptr`.
-    fn len_of(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.with_buffer(ptr.as_ptr(), |buf| buf.len()).ok()
+    /// The length of the live allocation at `ptr`, which a collection is
+    /// growing or shrinking: its dirty prefix is widened to all of it
+    /// again, since the collection may have written anywhere in it after a
+    /// narrowing (`Vec::extend` fills the allocation before it grows), so
+    /// a narrowing holds only until the next growth or shrink, whether the
+    /// allocation moves or not.
+    fn resizing(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.with_buffer(ptr.as_ptr(), |buf| {
+            buf.set_dirty_len(usize::MAX);
+            buf.len()
+        })
+        .ok()
     }
 
     /// Moves the allocation at `ptr` (whose first `keep` bytes are in use)
@@ -369,6 +374,19 @@ impl PinnedAlloc {
         // The old buffer goes back through the cleaner.
         drop(self.remove(ptr));
         Ok(new)
+    }
+}
+
+/// The length of buffer to take for `layout`, `None` if its alignment is
+/// above a page: a buffer of a page or more is page-aligned, a shorter one
+/// aligned to `SUB_PAGE_ALIGN` at least, so a larger alignment takes a
+/// page at least.
+fn buffer_size(layout: Layout) -> Option<usize> {
+    let page = crate::size_class::page_size();
+    match layout.align() {
+        align if align > page => None,
+        align if align > SUB_PAGE_ALIGN => Some(layout.size().max(page)),
+        _ => Some(layout.size()),
     }
 }
 
@@ -450,7 +468,9 @@ unsafe impl Allocator for PinnedAlloc {
         if old_layout.size() == 0 {
             return self.allocate(new_layout);
         }
-        let len = self.len_of(ptr).ok_or(AllocError)?;
+        // An alignment above a page is an error wherever the block lies.
+        buffer_size(new_layout).ok_or(AllocError)?;
+        let len = self.resizing(ptr).ok_or(AllocError)?;
         if new_layout.size() <= len && ptr.as_ptr().addr().is_multiple_of(new_layout.align()) {
             return Ok(NonNull::slice_from_raw_parts(ptr, len));
         }
@@ -478,17 +498,22 @@ unsafe impl Allocator for PinnedAlloc {
         old_layout: Layout,
         new_layout: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
+        // An alignment above a page is an error wherever the block lies,
+        // checked before anything is freed: on an error the caller keeps
+        // the block.
+        let want = buffer_size(new_layout).ok_or(AllocError)?;
         if new_layout.size() == 0 {
             // SAFETY: forwarded from the caller.
             unsafe { self.deallocate(ptr, old_layout) };
-            return self.allocate(new_layout);
+            return Ok(dangling(new_layout));
         }
-        let len = self.len_of(ptr).ok_or(AllocError)?;
+        let len = self.resizing(ptr).ok_or(AllocError)?;
         let aligned = ptr.as_ptr().addr().is_multiple_of(new_layout.align());
-        // Shrinking to half or less moves to a shorter buffer, so that the
-        // pool gets the longer one back; otherwise, or if no shorter one
-        // can be taken, the block stays as it is.
-        if aligned && new_layout.size() > len / 2 {
+        // Shrinking to half or less of the buffer (counting the page an
+        // alignment above `SUB_PAGE_ALIGN` takes) moves to a shorter one,
+        // so that the pool gets the longer one back; otherwise, or if no
+        // shorter one can be taken, the block stays as it is.
+        if aligned && want > len / 2 {
             return Ok(NonNull::slice_from_raw_parts(ptr, len));
         }
         // SAFETY: the caller's contract: `ptr` is live, at least

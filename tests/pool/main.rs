@@ -10,6 +10,8 @@ mod common;
 
 #[cfg(all(feature = "allocator-api2", feature = "testing"))]
 mod allocator;
+#[cfg(all(feature = "allocator-api2", feature = "testing"))]
+mod allocator_edges;
 mod backlog;
 mod borrowing;
 mod cap;
