@@ -35,6 +35,18 @@ unsafe fn nonzero(ptr: *const u8, len: usize) -> (usize, std::vec::Vec<usize>) {
     (all.len(), all.into_iter().take(4).collect())
 }
 
+/// A zeroed block for `layout`, freed again: its address, and its non-zero
+/// bytes as [`nonzero`] counts them.
+fn zeroed_block(alloc: &PinnedAlloc, layout: Layout) -> (usize, usize, std::vec::Vec<usize>) {
+    let block = alloc.allocate_zeroed(layout).unwrap();
+    let ptr = block.cast::<u8>().as_ptr();
+    // SAFETY: the block is ours, `block.len()` bytes long.
+    let (count, first) = unsafe { nonzero(ptr, block.len()) };
+    // SAFETY: allocated above with `layout`, not used after.
+    unsafe { alloc.deallocate(block.cast(), layout) };
+    (ptr as usize, count, first)
+}
+
 // === the Allocator trait's contract ===
 
 /// `shrink` returning `Err` leaves the block allocated ("ownership of the
@@ -321,14 +333,8 @@ fn a_growth_in_place_makes_the_allocation_wholly_dirty() {
     v.resize(4096, 0xab);
     drop(v);
     pool.flush();
-    let block = alloc
-        .allocate_zeroed(Layout::from_size_align(4096, 1).unwrap())
-        .unwrap();
-    // SAFETY: the block is ours, `block.len()` bytes long.
-    let (count, first) = unsafe { nonzero(block.cast::<u8>().as_ptr(), block.len()) };
-    let same = block.cast::<u8>().as_ptr().cast_const() == at;
-    // SAFETY: allocated above.
-    unsafe { alloc.deallocate(block.cast(), Layout::from_size_align(4096, 1).unwrap()) };
+    let (addr, count, first) = zeroed_block(&alloc, Layout::from_size_align(4096, 1).unwrap());
+    let same = addr == at as usize;
     assert_eq!(
         count, 0,
         "allocate_zeroed (same buffer: {same}) returned {count} non-zero bytes, first at {first:?}"
@@ -353,13 +359,7 @@ fn a_shrink_in_place_then_growth_makes_the_allocation_wholly_dirty() {
     v.resize(1 << 20, 0x77);
     drop(v);
     pool.flush();
-    let block = alloc
-        .allocate_zeroed(Layout::from_size_align(1 << 20, 1).unwrap())
-        .unwrap();
-    // SAFETY: the block is ours, `block.len()` bytes long.
-    let (count, first) = unsafe { nonzero(block.cast::<u8>().as_ptr(), block.len()) };
-    // SAFETY: allocated above.
-    unsafe { alloc.deallocate(block.cast(), Layout::from_size_align(1 << 20, 1).unwrap()) };
+    let (_, count, first) = zeroed_block(&alloc, Layout::from_size_align(1 << 20, 1).unwrap());
     assert_eq!(count, 0, "{count} non-zero bytes, first at {first:?}");
 }
 
@@ -489,14 +489,8 @@ fn freeing_after_shutdown_and_clear() {
     assert_eq!(alloc.allocations(), 0);
     assert_eq!(pool.stats().in_use_bytes, 0, "{}", pool.stats());
     for size in [5000, 100_000 * 4, 1 << 19] {
-        let block = alloc
-            .allocate_zeroed(Layout::from_size_align(size, 4).unwrap())
-            .unwrap();
-        // SAFETY: the block is ours.
-        let (count, _) = unsafe { nonzero(block.cast::<u8>().as_ptr(), block.len()) };
+        let (_, count, _) = zeroed_block(&alloc, Layout::from_size_align(size, 4).unwrap());
         assert_eq!(count, 0);
-        // SAFETY: allocated above.
-        unsafe { alloc.deallocate(block.cast(), Layout::from_size_align(size, 4).unwrap()) };
     }
 }
 
@@ -633,15 +627,10 @@ fn a_growth_loop_with_uneven_chunks_leaves_every_buffer_zero() {
     pool.flush();
     let mut dirty = std::vec::Vec::new();
     for &size in &seen {
-        let layout = Layout::from_size_align(size, 8).unwrap();
-        let block = alloc.allocate_zeroed(layout).unwrap();
-        // SAFETY: the block is ours, `block.len()` bytes long.
-        let (count, _) = unsafe { nonzero(block.cast::<u8>().as_ptr(), block.len()) };
+        let (_, count, _) = zeroed_block(&alloc, Layout::from_size_align(size, 8).unwrap());
         if count > 0 {
             dirty.push((size, count));
         }
-        // SAFETY: allocated above.
-        unsafe { alloc.deallocate(block.cast(), layout) };
     }
     assert!(
         dirty.is_empty(),
