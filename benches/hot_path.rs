@@ -289,5 +289,56 @@ fn tracing_cost(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, take_drop, latency, cross_thread, tracing_cost);
+/// What writing a trace adds to the single-thread loop: an untraced pool
+/// against one tracing to `/dev/null`, side by side. The loop runs in
+/// bursts of 2,048 take + drop pairs (4,096 records, half a thread's trace
+/// buffer) with an untimed 8 ms pause after each, in which the trace's
+/// background thread empties the buffer: so every record is written, and
+/// the figure is the cost of writing them (a loop faster than the
+/// background thread drains would mostly count records as lost, which
+/// costs less).
+fn trace_cost(c: &mut Criterion) {
+    const BURST: u64 = 2048;
+    let untraced = pool();
+    let traced = Pool::builder()
+        .backend(BackendKind::Host)
+        .trace("/dev/null")
+        .build()
+        .expect("build the traced pool");
+    let mut group = c.benchmark_group("hot_path/trace_4KiB");
+    for (name, pool) in [("untraced", &untraced), ("traced", &traced)] {
+        drop(pool.take(SIZE));
+        pool.flush();
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(BURST);
+                    let t0 = Instant::now();
+                    for _ in 0..n {
+                        let mut buf = pool.take(SIZE);
+                        buf[..64].fill(1);
+                        buf.set_dirty_len(64);
+                        drop(black_box(buf));
+                    }
+                    total += t0.elapsed();
+                    left -= n;
+                    std::thread::sleep(Duration::from_millis(8));
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    take_drop,
+    latency,
+    cross_thread,
+    tracing_cost,
+    trace_cost
+);
 criterion_main!(benches);

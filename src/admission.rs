@@ -246,6 +246,16 @@ impl Admission {
                 cap,
                 "pinpool: evicted pooled buffers to respect the cap"
             );
+            if let Some(tracer) = &at.caches.trace {
+                tracer.event(
+                    crate::trace::EVICT,
+                    0,
+                    0,
+                    0,
+                    bytes as u64,
+                    evicted.len() as u64,
+                );
+            }
         }
         evicted
     }

@@ -1,5 +1,6 @@
 //! Building a pool: [`PoolBuilder`] and the effective [`Config`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::backend::{BackendKind, MAX_DEVICES};
@@ -72,6 +73,9 @@ pub struct Config {
     pub borrow_slack: u32,
     /// Whether each device's buffers are placed on its host NUMA node.
     pub numa: NumaMode,
+    /// The file the pool writes its trace to (see [`trace`](crate::trace)
+    /// and [`PoolBuilder::trace`]); `None`: no trace.
+    pub trace: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -90,11 +94,47 @@ impl Default for Config {
             regions: false,
             borrow_slack: DEFAULT_BORROW_SLACK,
             numa: NumaMode::Auto,
+            trace: None,
         }
     }
 }
 
 impl Config {
+    /// The settings as `key=value` pairs that [`PoolBuilder::try_conf`]
+    /// reads back (the trace's header keeps them), the trace itself left
+    /// out.
+    pub(crate) fn conf_pairs(&self) -> Vec<(&'static str, String)> {
+        let switch = |on: bool| if on { "on" } else { "off" }.to_string();
+        let mut pairs = vec![("backend", self.backend.to_string())];
+        if let Some(devices) = self.devices {
+            pairs.push(("devices", devices.to_string()));
+        }
+        pairs.extend([
+            ("cleaner_threads", self.cleaner_threads.to_string()),
+            ("max_pooled_bytes", self.max_pooled_bytes.to_string()),
+            (
+                "max_pinned_bytes",
+                if self.max_pinned_bytes == usize::MAX {
+                    "unlimited".to_string()
+                } else {
+                    self.max_pinned_bytes.to_string()
+                },
+            ),
+            ("thread_cache_bytes", self.thread_cache_bytes.to_string()),
+            ("size_classes", self.size_classes.to_string()),
+            (
+                "idle_trim",
+                self.idle_trim
+                    .map_or("off".to_string(), |d| format!("{}ms", d.as_millis())),
+            ),
+            ("provision", switch(self.provision)),
+            ("regions", switch(self.regions)),
+            ("borrow", self.borrow_slack.to_string()),
+            ("numa", self.numa.to_string()),
+        ]);
+        pairs
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Error> {
         if self.cleaner_threads == 0 || self.cleaner_threads > MAX_CLEANER_THREADS {
             return Err(Error::InvalidConfig(format!(
@@ -151,6 +191,9 @@ impl Config {
 #[derive(Debug, Clone, Default)]
 pub struct PoolBuilder {
     pub(crate) config: Config,
+    /// Whether a trace file that cannot be written is only warned about
+    /// (the trace set by the lenient `conf` or `from_env`), not an error.
+    pub(crate) trace_lenient: bool,
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<std::sync::Arc<crate::backend::fault::Faults>>,
 }
@@ -396,6 +439,30 @@ impl PoolBuilder {
         self
     }
 
+    /// Writes a trace of the pool's takes, drops and own events to `path`
+    /// (see [`trace`](crate::trace) for what it holds and its format); the
+    /// file is created (or truncated) by [`build`](Self::build), which fails
+    /// with [`Error::Trace`] naming the path if it cannot be. Each thread
+    /// that takes from a traced pool keeps a 384 KiB buffer of records.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let path = std::env::temp_dir().join(format!("pinpool-builder-{}.trace", std::process::id()));
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).trace(&path).build()?;
+    /// assert_eq!(pool.config().trace.as_deref(), Some(path.as_path()));
+    /// let bad = pinpool::Pool::builder().trace("/no/such/dir/pool.trace").build();
+    /// assert!(matches!(bad, Err(pinpool::Error::Trace { .. })));
+    /// # drop(pool);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn trace(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.trace = Some(path.into());
+        self.trace_lenient = false;
+        self
+    }
+
     /// Applies settings written as comma-separated `key=value` pairs, the
     /// format of the `PINPOOL_CONF` environment variable; see
     /// [`try_conf`](Self::try_conf) for the keys. This lenient form skips
@@ -440,6 +507,7 @@ impl PoolBuilder {
     /// | `regions` | `on`, `off` |
     /// | `borrow` | a percent, 0 to 100 (`50` or `50%`) |
     /// | `numa` | `auto`, `off` |
+    /// | `trace` | a file path (without commas), or `off` (see [`trace`](Self::trace)) |
     ///
     /// # Examples
     ///
@@ -451,20 +519,38 @@ impl PoolBuilder {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn try_conf(mut self, text: &str) -> Result<Self, Error> {
+        let mut config = self.config.clone();
         for pair in pairs(text) {
-            apply(&mut self.config, pair).map_err(|reason| Error::Setting {
+            let traced = apply(&mut config, pair).map_err(|reason| Error::Setting {
                 pair: pair.to_string(),
                 reason,
             })?;
+            if traced {
+                self.trace_lenient = false;
+            }
         }
+        self.config = config;
         Ok(self)
     }
 
     fn conf_reporting(mut self, text: &str, mut report: impl FnMut(&str, &str)) -> Self {
         for pair in pairs(text) {
-            if let Err(why) = apply(&mut self.config, pair) {
-                report(pair, &why);
+            match apply(&mut self.config, pair) {
+                Ok(true) => self.trace_lenient = true,
+                Ok(false) => {}
+                Err(why) => report(pair, &why),
             }
+        }
+        self
+    }
+
+    /// Traces to the `PINPOOL_TRACE` environment variable's path, if set
+    /// and not empty (`lenient`: a file that cannot be written is warned
+    /// about, not an error).
+    fn trace_from_env(mut self, lenient: bool) -> Self {
+        if let Some(path) = std::env::var_os("PINPOOL_TRACE").filter(|p| !p.is_empty()) {
+            self.config.trace = Some(PathBuf::from(path));
+            self.trace_lenient = lenient;
         }
         self
     }
@@ -472,7 +558,10 @@ impl PoolBuilder {
     /// Applies the `PINPOOL_CONF` environment variable, if set, leniently
     /// (see [`conf`](Self::conf)): each skipped pair is reported once on
     /// standard error as well as through `tracing`. The global pool is built
-    /// this way (see [`Pool::global`](crate::pool::Pool::global)).
+    /// this way (see [`Pool::global`](crate::pool::Pool::global)). Then
+    /// `PINPOOL_TRACE`, if set, names the file to trace to (see
+    /// [`trace`](Self::trace)); one that cannot be written is reported once
+    /// the same way, and the pool runs untraced.
     ///
     /// # Examples
     ///
@@ -493,11 +582,13 @@ impl PoolBuilder {
             }),
             Err(_) => self,
         }
+        .trace_from_env(true)
     }
 
     /// Applies the `PINPOOL_CONF` environment variable strictly (see
     /// [`try_conf`](Self::try_conf)). A variable that is not valid UTF-8 is
-    /// an error too; an unset one changes nothing.
+    /// an error too; an unset one changes nothing. Then `PINPOOL_TRACE`, if
+    /// set, names the file to trace to, as [`trace`](Self::trace) does.
     ///
     /// # Examples
     ///
@@ -507,14 +598,15 @@ impl PoolBuilder {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn try_from_env(self) -> Result<Self, Error> {
-        match std::env::var("PINPOOL_CONF") {
-            Ok(text) => self.try_conf(&text),
-            Err(std::env::VarError::NotPresent) => Ok(self),
+        let this = match std::env::var("PINPOOL_CONF") {
+            Ok(text) => self.try_conf(&text)?,
+            Err(std::env::VarError::NotPresent) => self,
             Err(std::env::VarError::NotUnicode(_)) => Err(Error::Setting {
                 pair: "PINPOOL_CONF".into(),
                 reason: "not valid UTF-8".into(),
-            }),
-        }
+            })?,
+        };
+        Ok(this.trace_from_env(false))
     }
 
     /// Runs the pool on a fault-injecting backend under `faults` (the
@@ -531,8 +623,9 @@ fn pairs(text: &str) -> impl Iterator<Item = &str> {
     text.split(',').map(str::trim).filter(|p| !p.is_empty())
 }
 
-/// Applies one `key=value` pair to `config`, checking its range.
-fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
+/// Applies one `key=value` pair to `config`, checking its range; whether
+/// it set a trace path.
+fn apply(config: &mut Config, pair: &str) -> Result<bool, String> {
     let (key, value) = pair.split_once('=').ok_or("expected key=value")?;
     let (key, value) = (key.trim(), value.trim());
     match key {
@@ -586,9 +679,20 @@ fn apply(config: &mut Config, pair: &str) -> Result<(), String> {
                 _ => return Err("backend must be auto, cuda or host".into()),
             }
         }
+        "trace" => {
+            if value.is_empty() {
+                return Err("needs a path, or off".into());
+            }
+            if value.eq_ignore_ascii_case("off") {
+                config.trace = None;
+                return Ok(false);
+            }
+            config.trace = Some(PathBuf::from(value));
+            return Ok(true);
+        }
         _ => return Err(format!("unknown key `{key}`")),
     }
-    Ok(())
+    Ok(false)
 }
 
 /// A count in `[lo, hi]`.

@@ -84,6 +84,14 @@ pub enum Error {
         /// The address given.
         addr: usize,
     },
+    /// The trace file (see [`PoolBuilder::trace`](crate::PoolBuilder::trace))
+    /// could not be created or written.
+    Trace {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
     /// A CUDA driver call failed.
     Cuda {
         /// The driver call that failed (`CudaContext::new` for a failure
@@ -138,6 +146,9 @@ impl fmt::Display for Error {
             Error::UnknownAllocation { addr } => {
                 write!(f, "no live allocation of this allocator begins at {addr:#x}")
             }
+            Error::Trace { path, source } => {
+                write!(f, "could not write the trace file {}: {source}", path.display())
+            }
             Error::Cuda { op, source } => write!(f, "{op} failed: {source}"),
         }
     }
@@ -148,6 +159,7 @@ impl std::error::Error for Error {
         match self {
             Error::AllocationFailed { source, .. } => Some(source),
             Error::Cuda { source, .. } => Some(source),
+            Error::Trace { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -65,6 +65,7 @@ mod stack;
 mod stats;
 mod sync;
 mod thread_cache;
+pub mod trace;
 mod tune;
 mod views;
 

@@ -56,6 +56,7 @@ use crate::error::Error;
 use crate::provision::Provisioner;
 use crate::stats::Counters;
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, HintCounter, Mutex, Ordering};
+use crate::trace;
 use crate::tune::{Tune, Tuning};
 use lanes::{Lane, Popped};
 
@@ -644,8 +645,18 @@ impl Cleaner {
                     counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes = len, ?took, "pinpool: registered a buffer");
+                    trace_registration(env, block.device(), base, len, took, 0);
                 }
                 Err(e) => {
+                    let took = started.elapsed();
+                    trace_registration(
+                        env,
+                        block.device(),
+                        base,
+                        len,
+                        took,
+                        trace::REGISTER_FAILED,
+                    );
                     Counters::add(&counters.registration_failures, 1);
                     tracing::warn!(error = %e, bytes = len, "pinpool: registration failed; freeing the buffer");
                     self.release_returned(env, returned);
@@ -815,9 +826,25 @@ impl Cleaner {
                     counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes = len, ?took, "pinpool: registered a region");
+                    trace_registration(
+                        env,
+                        device,
+                        std::ptr::null_mut(),
+                        len,
+                        took,
+                        trace::REGISTER_REGION,
+                    );
                     return true;
                 }
                 Err(e) => {
+                    trace_registration(
+                        env,
+                        device,
+                        std::ptr::null_mut(),
+                        len,
+                        started.elapsed(),
+                        trace::REGISTER_REGION | trace::REGISTER_FAILED,
+                    );
                     Counters::add(&counters.registration_failures, 1);
                     tracing::warn!(error = %e, bytes = len, "pinpool: registering a region failed");
                     let smaller = regions.fit_len(footprint).max(len / 2);
@@ -838,5 +865,26 @@ impl Cleaner {
         if let Some(ticket) = ticket {
             ticket.close(false);
         }
+    }
+}
+
+/// Records a registration in the pool's trace, if it writes one.
+fn trace_registration(
+    env: Env<'_>,
+    device: usize,
+    at: *mut u8,
+    len: usize,
+    took: std::time::Duration,
+    flags: u8,
+) {
+    if let Some(tracer) = &env.places.caches.trace {
+        tracer.event(
+            trace::REGISTER,
+            flags,
+            device,
+            at as u64,
+            len as u64,
+            took.as_nanos() as u64,
+        );
     }
 }

@@ -100,6 +100,16 @@ impl Cleaner {
             .tick(env.places, env.admission, quiet, force);
         let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
         Counters::add(&env.counters().trimmed_bytes, trimmed);
+        if let (Some(tracer), false) = (&env.places.caches.trace, plan.trimmed.is_empty()) {
+            tracer.event(
+                crate::trace::TRIM,
+                0,
+                0,
+                0,
+                trimmed,
+                plan.trimmed.len() as u64,
+            );
+        }
         release_all(env.releaser(), plan.trimmed);
         if let Some(idle_trim) = env.provisioner.idle_trim() {
             // Regions wholly free for the idle-trim time go back too.

@@ -82,6 +82,15 @@ impl Shared {
     /// Blocks until every buffer dropped before the call is ready again or
     /// released.
     pub(crate) fn flush(this: &Arc<Self>) {
+        let started = std::time::Instant::now();
+        Self::flush_untraced(this);
+        if let Some(tracer) = &this.caches.trace {
+            let took = started.elapsed().as_nanos() as u64;
+            tracer.event(crate::trace::FLUSH, 0, 0, 0, took, 0);
+        }
+    }
+
+    fn flush_untraced(this: &Arc<Self>) {
         Self::start_cleaner(this);
         this.caches.flush.wait(
             || this.caches.counts(),
@@ -179,6 +188,9 @@ impl Shared {
         let outstanding = taken.saturating_sub(dropped);
         // Every close tries to start the reaper, so that one that could not
         // start earlier takes over what earlier closes left it.
+        if let Some(tracer) = &this.caches.trace {
+            tracer.finish();
+        }
         let reaping = reaper::start(&*this.backend);
         if outstanding > 0 || !returned.is_empty() {
             if !reaping {

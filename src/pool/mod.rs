@@ -36,6 +36,7 @@ use crate::size_class::Classes;
 use crate::stats::{Counters, Stats};
 use crate::sync::{barrier, Arc, AtomicBool, Ordering};
 use crate::thread_cache::Caches;
+use crate::trace::writer::Tracer;
 use std::ptr::NonNull;
 use std::time::Instant;
 
@@ -221,17 +222,43 @@ impl Pool {
         PoolBuilder::default()
     }
 
-    pub(crate) fn from_config(config: Config) -> Result<Self, Error> {
+    pub(crate) fn from_config(config: Config, trace_lenient: bool) -> Result<Self, Error> {
         let backend = backend::select(config.backend, config.devices)?;
-        Self::with_backend(config, backend)
+        Self::with_backend(config, backend, trace_lenient)
     }
 
-    pub(crate) fn with_backend(config: Config, backend: Box<dyn Backend>) -> Result<Self, Error> {
+    pub(crate) fn with_backend(
+        mut config: Config,
+        backend: Box<dyn Backend>,
+        trace_lenient: bool,
+    ) -> Result<Self, Error> {
         barrier::init();
         let devices = backend.device_count();
         if devices > crate::backend::MAX_DEVICES {
             return Err(crate::backend::too_many_devices(devices));
         }
+        let trace = match &config.trace {
+            None => None,
+            Some(path) => match Tracer::start(path, trace_header(&config, &*backend)) {
+                Ok(tracer) => Some(tracer),
+                Err(source) if trace_lenient => {
+                    tracing::warn!(path = %path.display(), error = %source,
+                        "pinpool: cannot write the trace file; running untraced");
+                    eprintln!(
+                        "pinpool: cannot write the trace file {}: {source}; running untraced",
+                        path.display()
+                    );
+                    config.trace = None;
+                    None
+                }
+                Err(source) => {
+                    return Err(Error::Trace {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            },
+        };
         let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();
         let pins = backend.pins();
@@ -248,16 +275,20 @@ impl Pool {
             pins,
             config.regions,
         ));
+        let mut caches = Caches::new(
+            classes,
+            devices,
+            config.thread_cache_bytes,
+            config.max_pooled_bytes,
+            pins,
+            NonNull::from(&*backend),
+            Arc::clone(&intake),
+        );
+        if let Some(tracer) = trace {
+            caches.trace_to(tracer);
+        }
         let shared = Arc::new(Shared {
-            caches: Caches::new(
-                classes,
-                devices,
-                config.thread_cache_bytes,
-                config.max_pooled_bytes,
-                pins,
-                NonNull::from(&*backend),
-                Arc::clone(&intake),
-            ),
+            caches,
             shards: (0..devices)
                 .map(|device| Shard::new(count, placement.node(device).map(|n| n.id)))
                 .collect(),
@@ -660,6 +691,35 @@ impl Pool {
 /// 0. Registrations are portable, so any of the pool's contexts will do,
 /// and a region may be given back under another current device than it
 /// was registered under.
+/// A trace's header: the crate, the machine, the backend and the settings.
+fn trace_header(config: &Config, backend: &dyn Backend) -> crate::trace::Header {
+    let one_line = |v: String| v.replace(['\n', '\r'], " ");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut entries = vec![
+        ("pinpool".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+        ("host".to_string(), one_line(host)),
+        ("os".to_string(), std::env::consts::OS.to_string()),
+        ("arch".to_string(), std::env::consts::ARCH.to_string()),
+        ("cores".to_string(), cores.to_string()),
+        ("started_unix_ms".to_string(), started.to_string()),
+        ("backend".to_string(), backend.kind().to_string()),
+        ("devices".to_string(), backend.device_count().to_string()),
+    ];
+    entries.extend(
+        config
+            .conf_pairs()
+            .into_iter()
+            .map(|(k, v)| (format!("setting.{k}"), one_line(v))),
+    );
+    crate::trace::Header { entries }
+}
+
 fn region_device(backend: &dyn Backend) -> usize {
     let device = backend.current_device();
     if device < backend.device_count() {
@@ -690,9 +750,9 @@ impl PoolBuilder {
         if let Some(faults) = self.faults {
             let devices = self.config.devices.unwrap_or(1);
             let backend = Box::new(crate::backend::fault::FaultBackend::new(faults, devices));
-            return Pool::with_backend(self.config, backend);
+            return Pool::with_backend(self.config, backend, self.trace_lenient);
         }
-        Pool::from_config(self.config)
+        Pool::from_config(self.config, self.trace_lenient)
     }
 }
 

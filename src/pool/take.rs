@@ -8,6 +8,7 @@ use crate::error::Error;
 use crate::size_class::SizeClass;
 use crate::sync::Arc;
 use crate::thread_cache::{Caches, Found, ThreadCache};
+use crate::trace::Source;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
 
@@ -44,21 +45,29 @@ impl Shared {
         let block = match found {
             Some(Found::Ready(block)) => {
                 cache.count_hit(block.slot(), block.footprint());
-                Some(block)
+                Some((block, Source::Ready))
             }
-            Some(Found::Deferred(block, behind)) => this.reuse_own(cache, block, behind),
+            Some(Found::Deferred(block, behind)) => this
+                .reuse_own(cache, block, behind)
+                .map(|b| (b, Source::Deferred)),
             None => None,
         };
-        if let Some(block) = block {
+        if let Some((block, source)) = block {
             // The cache's own lists hold blocks of their slot's class only.
             let len = block.len();
+            if let Some(ring) = cache.ring() {
+                cache.trace_take(ring, &block, min_size, len, source);
+            }
             return Ok(PinnedBuffer::new(block, cache, true, len));
         }
-        let (block, pooled) = Self::take_slow(this, cache, owned, device, class)?;
+        let (block, source) = Self::take_slow(this, cache, owned, device, class)?;
         // A borrowed block is longer than the class asked for: the buffer
         // shows the class's length.
         let len = this.classes().size(class);
-        Ok(PinnedBuffer::new(block, cache, pooled, len))
+        if let Some(ring) = cache.ring() {
+            cache.trace_take(ring, &block, min_size, len, source);
+        }
+        Ok(PinnedBuffer::new(block, cache, source.is_hit(), len))
     }
 
     /// The owner's reuse of its own oldest deferred buffer: if its copies
@@ -136,11 +145,11 @@ impl Shared {
         owned: bool,
         device: usize,
         class: SizeClass,
-    ) -> Result<(Block, bool), Error> {
+    ) -> Result<(Block, Source), Error> {
         Self::start_cleaner(this);
         if let Some(block) = this.shards[device].pop(class) {
             cache.count_hit(block.slot(), block.footprint());
-            return Ok((block, true));
+            return Ok((block, Source::Shard));
         }
         // With regions, a class of whole pages is served by splitting (see
         // `carve`), not by lending a larger buffer whole.
@@ -152,14 +161,14 @@ impl Shared {
             // Counted in the class served, so taken bytes stay exact.
             cache.count_hit(block.slot(), block.footprint());
             cache.count_borrowed();
-            return Ok((block, true));
+            return Ok((block, Source::Borrowed));
         }
         if let Some(block) = this.steal(cache, owned, device, class) {
-            return Ok((block, true));
+            return Ok((block, Source::Stolen));
         }
         if this.caches.carves() {
             if let Some(block) = this.carve(cache, owned, device, class) {
-                return Ok((block, true));
+                return Ok((block, Source::Carved));
             }
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
@@ -186,7 +195,7 @@ impl Shared {
             largest_free = held.map(|(f, _)| f.largest_free),
             "pinpool: pool miss, allocated a pageable buffer"
         );
-        Ok((block, false))
+        Ok((block, Source::Miss))
     }
 
     /// A block of `class` carved from the device's regions: from a free

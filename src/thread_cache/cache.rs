@@ -17,6 +17,8 @@ use crate::sync::per_thread::{self};
 use crate::sync::{
     barrier, fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, UnsafeCell,
 };
+use crate::trace::ring::Ring;
+use crate::trace::{trace_head, Source, DROP, DROP_COPY, DROP_PINNED, DROP_REMOTE, TAKE};
 use crate::tune::{Tune, Tuning};
 
 use super::counts::SlotCounts;
@@ -65,6 +67,9 @@ pub(super) struct OwnerPart {
     /// Takes served by carving from a region.
     carved: Counter,
     pub(super) caches: NonNull<Caches>,
+    /// Where this cache's owner writes its trace records, if the pool
+    /// traces (the orphan cache's is shared, and locked).
+    ring: Option<std::sync::Arc<Ring>>,
 }
 
 /// State other threads write.
@@ -116,6 +121,7 @@ impl ThreadCache {
         caches: NonNull<Caches>,
         flush: NonNull<Flush>,
         orphan: bool,
+        ring: Option<std::sync::Arc<Ring>>,
     ) -> Self {
         let slots = classes.count() * devices;
         Self {
@@ -132,6 +138,7 @@ impl ThreadCache {
                 borrowed: Counter::default(),
                 carved: Counter::default(),
                 caches,
+                ring,
             }),
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
@@ -322,7 +329,11 @@ impl ThreadCache {
     pub(crate) fn give_back(&self, mut block: Block) {
         let caches = self.caches();
         let keep = self.deferrable(&mut block);
-        if !self.is_owned_here() {
+        let owned = self.is_owned_here();
+        if self.owner.ring.is_some() {
+            self.trace_drop(&mut block, owned);
+        }
+        if !owned {
             return self.give_back_remote(block, keep);
         }
         let mut held = Some(block);
@@ -345,6 +356,64 @@ impl ThreadCache {
                 .intake
                 .late(held.take().expect("the closure did not run"));
         }
+    }
+
+    /// Gives the cache a trace ring (before its first take).
+    pub(super) fn trace_to(&mut self, ring: std::sync::Arc<Ring>) {
+        self.owner.ring = Some(ring);
+    }
+
+    /// The trace's ring of this cache, if the pool traces.
+    #[inline]
+    pub(crate) fn ring(&self) -> Option<&Ring> {
+        self.owner.ring.as_deref()
+    }
+
+    /// Records a take through this cache (the caller owns it, or it is the
+    /// orphan cache, whose ring is shared).
+    #[inline]
+    pub(crate) fn trace_take(
+        &self,
+        ring: &Ring,
+        block: &Block,
+        asked: usize,
+        len: usize,
+        source: Source,
+    ) {
+        ring.push(
+            trace_head(TAKE, source.code(), block.device() as u16),
+            per_thread::current_token(),
+            block.as_ptr() as u64,
+            asked as u64,
+            len as u64,
+        );
+    }
+
+    /// Records the drop of `block`, taken through this cache (`owned`:
+    /// the dropping thread owns it), in the dropping thread's ring.
+    #[cold]
+    fn trace_drop(&self, block: &mut Block, owned: bool) {
+        let caches = self.caches();
+        let (ring_cache, _) = if owned { (self, true) } else { caches.local() };
+        let Some(ring) = ring_cache.ring() else {
+            return;
+        };
+        let fences = block.fences_mut();
+        let copied = !fences.is_empty();
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        let flags = flag(copied, DROP_COPY)
+            | flag(block.is_pinned(), DROP_PINNED)
+            | flag(!owned, DROP_REMOTE);
+        // Relaxed: a name for the record; a stale owner names the
+        // previous one.
+        let taker = self.owner.token.load(Ordering::Relaxed);
+        ring.push(
+            trace_head(DROP, flags, block.device() as u16),
+            per_thread::current_token(),
+            block.as_ptr() as u64,
+            block.dirty() as u64,
+            taker,
+        );
     }
 
     fn give_back_remote(&self, mut block: Block, keep: bool) {

@@ -54,6 +54,7 @@ use crate::size_class::Classes;
 use crate::stats::Counters;
 use crate::sync::per_thread::PerThread;
 use crate::sync::{barrier, spin, Arc, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::trace::writer::Tracer;
 
 pub(crate) use cache::{Found, ThreadCache};
 pub(crate) use lists::Lists;
@@ -104,6 +105,8 @@ pub(crate) struct Caches {
     /// first and again in the shard it read after, nor in neither). Taken
     /// after the admission lock and before any cache's lock.
     moving: Mutex<()>,
+    /// The pool's trace, if it writes one: each cache gets a ring of it.
+    pub(crate) trace: Option<std::sync::Arc<Tracer>>,
 }
 
 /// A pointer to the pool's backend.
@@ -174,6 +177,7 @@ impl Caches {
             NonNull::dangling(),
             NonNull::dangling(),
             true,
+            None,
         );
         let slots = devices * classes.count();
         let mut caches = Box::new(Self {
@@ -191,12 +195,20 @@ impl Caches {
             events: EventPool::default(),
             intake,
             moving: Mutex::new(()),
+            trace: None,
         });
         // The box gave `Caches` its address: point the orphan at it.
         caches.orphan.owner.caches = NonNull::from(&*caches);
         let flush = NonNull::from(&caches.flush);
         caches.orphan.books.set_flush(flush);
         caches
+    }
+
+    /// Makes the caches write their takes and drops to `tracer` (before
+    /// any thread has a cache).
+    pub(crate) fn trace_to(&mut self, tracer: std::sync::Arc<Tracer>) {
+        self.orphan.trace_to(tracer.shared_ring());
+        self.trace = Some(tracer);
     }
 
     /// Keeps sweeps, trims and evictions from moving pooled buffers
@@ -248,6 +260,7 @@ impl Caches {
                     NonNull::from(self),
                     NonNull::from(&self.flush),
                     false,
+                    self.trace.as_ref().map(|t| t.ring()),
                 )
             },
             |cache, token| {

@@ -49,6 +49,7 @@ mod stress;
 mod teardown;
 #[cfg(feature = "testing")]
 mod thread_starts;
+mod trace;
 mod views;
 #[cfg(feature = "testing")]
 mod working_set;

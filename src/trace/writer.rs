@@ -1,0 +1,254 @@
+//! The trace's background thread and file: the rings of the threads that
+//! trace, the shared ring, and what turns their words into the file's
+//! records (see the parent module for the format).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::clock::Clock;
+use super::format::{self, Header, Record, DROP, END, LOST, OUTSTANDING, TAKE};
+use super::ring::{Ring, SHARED_RECORDS, THREAD_RECORDS};
+
+/// How often the background thread empties the rings.
+const DRAIN_EVERY: Duration = Duration::from_millis(5);
+
+/// A trace being written; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Tracer {
+    clock: Clock,
+    /// The orphan cache's takes and drops and the pool's own events.
+    shared: Arc<Ring>,
+    /// Every thread cache's ring.
+    rings: Mutex<Vec<Arc<Ring>>>,
+    file: Mutex<FileState>,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the background thread keeps between drains.
+#[derive(Debug)]
+struct FileState {
+    out: BufWriter<File>,
+    path: PathBuf,
+    /// The clock and `Instant` when the trace began.
+    tick0: u64,
+    instant0: Instant,
+    /// Records written.
+    records: u64,
+    /// Records lost.
+    lost: u64,
+    /// Buffers taken and not dropped: by address, takes minus drops and
+    /// the last take's words.
+    live: HashMap<u64, (i64, [u64; 6])>,
+    /// Set at the first write that fails: nothing more is written.
+    failed: bool,
+    finished: bool,
+    /// Reused between drains.
+    batch: Vec<[u64; 6]>,
+}
+
+impl Tracer {
+    /// Creates the file at `path`, writes `header` (to which the clock is
+    /// added) and starts the background thread.
+    pub(crate) fn start(path: &Path, mut header: Header) -> std::io::Result<Arc<Self>> {
+        let clock = Clock::choose();
+        header.entries.push(("clock".into(), clock.name().into()));
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
+        out.write_all(&format::preamble(&header))?;
+        out.flush()?;
+        let tracer = Arc::new(Self {
+            clock,
+            shared: Arc::new(Ring::new(SHARED_RECORDS, clock, true)),
+            rings: Mutex::new(Vec::new()),
+            file: Mutex::new(FileState {
+                out,
+                path: path.to_path_buf(),
+                tick0: clock.ticks(),
+                instant0: Instant::now(),
+                records: 0,
+                lost: 0,
+                live: HashMap::new(),
+                failed: false,
+                finished: false,
+                batch: Vec::new(),
+            }),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        });
+        let background = Arc::clone(&tracer);
+        let handle = std::thread::Builder::new()
+            .name("pinpool-trace".into())
+            .spawn(move || {
+                // Relaxed: the flag only ends the loop; `finish` drains
+                // again after joining.
+                while !background.stop.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(DRAIN_EVERY);
+                    background.drain();
+                }
+            })?;
+        *lock(&tracer.thread) = Some(handle);
+        Ok(tracer)
+    }
+
+    /// A ring for a new thread cache.
+    pub(crate) fn ring(&self) -> Arc<Ring> {
+        let ring = Arc::new(Ring::new(THREAD_RECORDS, self.clock, false));
+        lock(&self.rings).push(Arc::clone(&ring));
+        ring
+    }
+
+    /// The shared ring (several writers, under its lock).
+    pub(crate) fn shared_ring(&self) -> Arc<Ring> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Records one of the pool's own events (kind, flags, device, buffer
+    /// address, `a`, `b`; see the format).
+    pub(crate) fn event(&self, kind: u8, flags: u8, device: usize, id: u64, a: u64, b: u64) {
+        self.shared
+            .push(format::head(kind, flags, device as u16), 0, id, a, b);
+    }
+
+    /// Writes what the rings hold to the file.
+    fn drain(&self) {
+        let mut file = lock(&self.file);
+        if file.finished {
+            return;
+        }
+        self.drain_locked(&mut file);
+    }
+
+    fn drain_locked(&self, file: &mut FileState) {
+        let now_ticks = self.clock.ticks();
+        let now = file.instant0.elapsed().as_nanos() as u64;
+        let mut batch = std::mem::take(&mut file.batch);
+        let rings: Vec<Arc<Ring>> = lock(&self.rings).clone();
+        for ring in std::iter::once(&self.shared).chain(rings.iter()) {
+            let from = batch.len();
+            let lost = ring.drain(&mut batch);
+            if lost > 0 {
+                let thread = batch[from..].last().map_or(0, |w| w[2]);
+                file.lost += lost;
+                batch.push([u64::from(LOST), now_ticks, thread, 0, lost, 0]);
+            }
+        }
+        // Ticks to nanoseconds since the trace began, against the
+        // `Instant` now (the counter's rate is constant).
+        let elapsed_ticks = now_ticks.saturating_sub(file.tick0);
+        let ns_per_tick = match self.clock {
+            Clock::Monotonic => 1.0,
+            Clock::Tsc if elapsed_ticks > 0 => now as f64 / elapsed_ticks as f64,
+            Clock::Tsc => 0.0,
+        };
+        for words in &mut batch {
+            words[1] = (words[1].saturating_sub(file.tick0) as f64 * ns_per_tick) as u64;
+        }
+        batch.sort_by_key(|w| w[1]);
+        for words in &batch {
+            match words[0] as u8 {
+                TAKE => {
+                    let entry = file.live.entry(words[3]).or_insert((0, *words));
+                    entry.0 += 1;
+                    entry.1 = *words;
+                }
+                DROP => {
+                    let entry = file.live.entry(words[3]).or_insert((0, *words));
+                    entry.0 -= 1;
+                    if entry.0 == 0 {
+                        file.live.remove(&words[3]);
+                    }
+                }
+                _ => {}
+            }
+            file.write(*words);
+        }
+        batch.clear();
+        file.batch = batch;
+        if !file.failed {
+            if let Err(e) = file.out.flush() {
+                file.fail(&e);
+            }
+        }
+    }
+
+    /// Stops the background thread and finishes the file: what the rings
+    /// still hold, the buffers never dropped, the end record. Later calls
+    /// do nothing; records pushed after it are not written.
+    pub(crate) fn finish(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = lock(&self.thread).take() {
+            handle.thread().unpark();
+            let _ = handle.join();
+        }
+        let mut file = lock(&self.file);
+        if file.finished {
+            return;
+        }
+        self.drain_locked(&mut file);
+        let now = file.instant0.elapsed().as_nanos() as u64;
+        let mut live: Vec<[u64; 6]> = file
+            .live
+            .values()
+            .filter(|(count, _)| *count > 0)
+            .map(|(_, take)| *take)
+            .collect();
+        live.sort_by_key(|w| w[1]);
+        for take in live {
+            let device = (take[0] >> 16) as u16;
+            let words = [
+                format::head(OUTSTANDING, 0, device),
+                take[1],
+                take[2],
+                take[3],
+                take[4],
+                take[5],
+            ];
+            file.write(words);
+        }
+        let end = Record::End {
+            time_ns: now,
+            records: file.records,
+            lost: file.lost,
+        };
+        debug_assert_eq!(end.to_words()[0] as u8, END);
+        file.write(end.to_words());
+        if !file.failed {
+            if let Err(e) = file.out.flush() {
+                file.fail(&e);
+            }
+        }
+        file.finished = true;
+    }
+}
+
+impl FileState {
+    fn write(&mut self, words: [u64; 6]) {
+        if self.failed {
+            return;
+        }
+        match self.out.write_all(&format::words_to_bytes(words)) {
+            Ok(()) => self.records += 1,
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        self.failed = true;
+        tracing::warn!(path = %self.path.display(), error = %e,
+            "pinpool: could not write the trace; tracing stops");
+        eprintln!(
+            "pinpool: could not write the trace {}: {e}; tracing stops",
+            self.path.display()
+        );
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

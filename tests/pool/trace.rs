@@ -1,0 +1,408 @@
+//! Traces: a traced pool writes every take and drop (cross-thread drops
+//! naming both threads), its own events, the buffers never dropped and an
+//! end record; the file reads back into the same bytes; a truncated,
+//! corrupt or wrong-version file is an error with its byte offset, never
+//! a panic; a path that cannot be written fails a strict build and leaves
+//! a lenient one untraced.
+
+use std::path::PathBuf;
+
+use pinpool::trace::{Reader, Record, Source, Trace};
+use pinpool::{BackendKind, Error, Pool};
+
+use crate::common::in_child;
+
+/// A fresh path in the temporary directory, removed when dropped.
+struct TempPath(PathBuf);
+
+impl TempPath {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "pinpool-test-{}-{name}-{:?}.trace",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        Self(path)
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn traced(path: &TempPath) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .trace(&path.0)
+        .build()
+        .expect("a traced pool")
+}
+
+fn takes(trace: &Trace) -> Vec<Record> {
+    trace
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Take { .. }))
+        .copied()
+        .collect()
+}
+
+fn drops(trace: &Trace) -> Vec<Record> {
+    trace
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Drop { .. }))
+        .copied()
+        .collect()
+}
+
+#[test]
+fn takes_drops_and_the_buffers_never_dropped_are_recorded() {
+    let path = TempPath::new("records");
+    let pool = traced(&path);
+    let mut first = pool.take(5000);
+    first[..10].fill(1);
+    first.set_dirty_len(10);
+    let first_addr = first.as_ptr() as u64;
+    let first_len = first.len() as u64;
+    drop(first);
+    // Reused by the same thread: its deferred buffer, re-zeroed.
+    let again = pool.take(5000);
+    assert_eq!(again.as_ptr() as u64, first_addr);
+    // Dropped on another thread.
+    let moved = pool.take(1 << 20);
+    let moved_addr = moved.as_ptr() as u64;
+    std::thread::spawn(move || drop(moved)).join().unwrap();
+    // Still out when the pool closes.
+    let kept = pool.take(100);
+    let kept_addr = kept.as_ptr() as u64;
+    pool.flush();
+    drop(again);
+    drop(pool);
+    let trace = Trace::read(&path.0).expect("the trace reads");
+    drop(kept);
+
+    let takes = takes(&trace);
+    assert_eq!(takes.len(), 4, "{:#?}", trace.records);
+    let Record::Take {
+        thread: me,
+        asked,
+        len,
+        source,
+        id,
+        ..
+    } = takes[0]
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (asked, len, id, source),
+        (5000, first_len, first_addr, Source::Miss)
+    );
+    assert!(
+        matches!(takes[1], Record::Take { source: Source::Deferred, id, thread, .. } if id == first_addr && thread == me)
+    );
+    let drops = drops(&trace);
+    assert_eq!(drops.len(), 3, "{drops:#?}");
+    assert!(matches!(
+        drops[0],
+        Record::Drop { dirty: 10, remote: false, copy_recorded: false, thread, .. } if thread == me
+    ));
+    let remote = drops
+        .iter()
+        .find(|d| matches!(d, Record::Drop { id, .. } if *id == moved_addr))
+        .expect("the other thread's drop");
+    assert!(
+        matches!(*remote, Record::Drop { remote: true, taker, thread, dirty, .. }
+            if taker == me && thread != me && dirty == 1 << 20),
+        "{remote:?}"
+    );
+    let outstanding: Vec<_> = trace
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Outstanding { .. }))
+        .collect();
+    assert!(
+        matches!(outstanding[..], [Record::Outstanding { id, asked: 100, thread, .. }] if *id == kept_addr && *thread == me),
+        "{outstanding:?}"
+    );
+    assert!(trace
+        .records
+        .iter()
+        .any(|r| matches!(r, Record::Flush { .. })));
+    assert!(matches!(
+        trace.records.last(),
+        Some(Record::End { lost: 0, .. })
+    ));
+    // Times are in order within the batches, and all before the end.
+    let end = trace.records.last().unwrap().time_ns();
+    assert!(trace.records.iter().all(|r| r.time_ns() <= end));
+}
+
+#[test]
+fn the_header_names_the_settings_and_the_machine() {
+    let path = TempPath::new("header");
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .max_pooled_bytes(3 << 30)
+        .borrow_slack(20)
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let h = &trace.header;
+    assert_eq!(h.get("backend"), Some("host"));
+    assert_eq!(h.get("devices"), Some("1"));
+    assert!(matches!(h.get("clock"), Some("tsc" | "monotonic")));
+    assert!(h.get("cores").unwrap().parse::<usize>().unwrap() >= 1);
+    assert_eq!(h.get("setting.max_pooled_bytes"), Some("3221225472"));
+    // The settings build the same pool again.
+    let again = Pool::builder()
+        .try_conf(&h.conf())
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut want = pinpool::Config::default();
+    want.backend = BackendKind::Host;
+    let config = again.config();
+    assert_eq!(config.max_pooled_bytes, 3 << 30);
+    assert_eq!(config.borrow_slack, 20);
+    assert_eq!(config.backend, BackendKind::Host);
+    assert_eq!(config.idle_trim, want.idle_trim);
+}
+
+#[test]
+fn the_file_reads_back_into_its_own_bytes() {
+    let path = TempPath::new("bytes");
+    let pool = traced(&path);
+    for size in [1, 4096, 70_000, 3 << 20] {
+        drop(pool.take(size));
+    }
+    drop(pool);
+    let bytes = std::fs::read(&path.0).unwrap();
+    let trace = Trace::from_reader(&bytes[..]).unwrap();
+    assert_eq!(trace.to_bytes(), bytes);
+    assert_eq!(takes(&trace).len(), 4);
+}
+
+#[test]
+fn bad_files_are_errors_with_their_offsets() {
+    let path = TempPath::new("bad");
+    let pool = traced(&path);
+    drop(pool.take(4096));
+    drop(pool);
+    let good = std::fs::read(&path.0).unwrap();
+    let header_len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+    let records_at = 16 + header_len;
+    // Cut anywhere: an error at or before the cut, never a panic.
+    for cut in 0..good.len() {
+        let err = Trace::from_reader(&good[..cut]).expect_err("a cut file");
+        assert!(err.offset <= cut as u64, "cut {cut}: {err}");
+    }
+    let err = Trace::from_reader(&good[..records_at + 50]).unwrap_err();
+    assert_eq!(err.offset, (records_at + 48) as u64);
+    assert!(err.to_string().contains("truncated record"), "{err}");
+    let err = Trace::from_reader(&good[..good.len() - 48]).unwrap_err();
+    assert!(err.to_string().contains("without an end record"), "{err}");
+
+    let corrupt = |at: usize, byte: u8| {
+        let mut bad = good.clone();
+        bad[at] = byte;
+        Trace::from_reader(&bad[..]).unwrap_err()
+    };
+    assert_eq!(corrupt(0, b'X').offset, 0);
+    let err = corrupt(8, 7);
+    assert_eq!(err.offset, 8);
+    assert!(err.to_string().contains("version 7"), "{err}");
+    assert_eq!(corrupt(15, 0x7f).offset, 12, "a header over 1 MiB");
+    let err = corrupt(records_at, 200);
+    assert_eq!(err.offset, records_at as u64);
+    assert!(err.to_string().contains("unknown record kind 200"), "{err}");
+    let err = corrupt(records_at + 5, 1);
+    assert!(err.to_string().contains("reserved"), "{err}");
+    // A take whose source is not one of the seven.
+    let take_at = (records_at..good.len())
+        .step_by(48)
+        .find(|&at| good[at] == 1)
+        .unwrap();
+    let err = corrupt(take_at + 1, 9);
+    assert_eq!(err.offset, take_at as u64);
+    // Data after the end record, and an end record miscounting.
+    let mut longer = good.clone();
+    longer.push(0);
+    let err = Trace::from_reader(&longer[..]).unwrap_err();
+    assert_eq!(err.offset, good.len() as u64);
+    let end_at = good.len() - 48;
+    let err = corrupt(end_at + 32, 99);
+    assert_eq!(err.offset, end_at as u64);
+    // A header line without `=`.
+    let mut bad = good.clone();
+    let eq = 16 + bad[16..].iter().position(|&b| b == b'=').unwrap();
+    bad[eq] = b':';
+    let err = Trace::from_reader(&bad[..]).unwrap_err();
+    assert_eq!(err.offset, 16);
+    // The streaming reader yields the good records, then the error.
+    let mut reader = Reader::new(&good[..good.len() - 48]).unwrap();
+    let mut seen = 0;
+    let last = loop {
+        match reader.next().expect("an error ends it") {
+            Ok(_) => seen += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(seen >= 2);
+    assert_eq!(last.offset, end_at as u64);
+    assert!(reader.next().is_none());
+}
+
+#[test]
+fn records_past_a_full_buffer_are_counted_as_lost() {
+    let path = TempPath::new("lost");
+    let pool = traced(&path);
+    const N: u64 = 200_000;
+    for _ in 0..N {
+        drop(pool.take(4096));
+    }
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let recorded = (takes(&trace).len() + drops(&trace).len()) as u64;
+    let lost: u64 = trace
+        .records
+        .iter()
+        .map(|r| match r {
+            Record::Lost { records, .. } => *records,
+            _ => 0,
+        })
+        .sum();
+    let Some(Record::End { lost: total, .. }) = trace.records.last() else {
+        panic!("no end")
+    };
+    assert_eq!(lost, *total);
+    assert_eq!(recorded + lost, 2 * N);
+}
+
+#[test]
+fn an_unwritable_path_fails_a_strict_build_and_a_lenient_one_runs_untraced() {
+    let dir = std::env::temp_dir().join(format!("pinpool-no-such-dir-{}", std::process::id()));
+    let path = dir.join("t.trace");
+    match Pool::builder()
+        .backend(BackendKind::Host)
+        .trace(&path)
+        .build()
+    {
+        Err(Error::Trace { path: p, .. }) => assert_eq!(p, path),
+        other => panic!("{other:?}"),
+    }
+    let strict = Pool::builder()
+        .try_conf(&format!("backend=host,trace={}", path.display()))
+        .unwrap()
+        .build();
+    assert!(matches!(strict, Err(Error::Trace { .. })), "{strict:?}");
+    assert!(strict
+        .unwrap_err()
+        .to_string()
+        .contains(&*path.to_string_lossy()));
+    let lenient = Pool::builder()
+        .conf(&format!("backend=host,trace={}", path.display()))
+        .build()
+        .expect("runs untraced");
+    assert_eq!(lenient.config().trace, None);
+    drop(lenient.take(1));
+    // `trace=off` and an empty value.
+    let b = Pool::builder()
+        .try_conf("trace=/tmp/x.trace,trace=off")
+        .unwrap();
+    assert_eq!(b.build().unwrap().config().trace, None);
+    assert!(matches!(
+        Pool::builder().try_conf("trace="),
+        Err(Error::Setting { .. })
+    ));
+}
+
+#[test]
+fn pinpool_trace_in_the_environment_traces() {
+    const TEST: &str = "pinpool_trace_in_the_environment_traces";
+    let path = std::env::temp_dir().join(format!("pinpool-env-{}.trace", std::process::id()));
+    let bad = "/no/such/dir/env.trace";
+    let env = [
+        ("PINPOOL_TRACE", path.to_str().unwrap()),
+        ("PINPOOL_TEST_BAD_TRACE", bad),
+    ];
+    if let Some(out) = in_child(module_path!(), TEST, &env) {
+        let trace = Trace::read(&path).expect("the child traced");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(takes(&trace).len(), 1);
+        assert!(
+            out.contains("cannot write the trace file /no/such/dir/env.trace"),
+            "{out}"
+        );
+        return;
+    }
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .from_env()
+        .build()
+        .unwrap();
+    drop(pool.take(64));
+    drop(pool);
+    std::env::set_var("PINPOOL_TRACE", bad);
+    let lenient = Pool::builder()
+        .backend(BackendKind::Host)
+        .from_env()
+        .build()
+        .expect("lenient: untraced");
+    assert_eq!(lenient.config().trace, None);
+    let strict = Pool::builder()
+        .backend(BackendKind::Host)
+        .try_from_env()
+        .unwrap()
+        .build();
+    assert!(matches!(strict, Err(Error::Trace { .. })));
+}
+
+#[cfg(feature = "testing")]
+#[test]
+fn registrations_are_recorded() {
+    let path = TempPath::new("registrations");
+    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .provision(false)
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    let buf = pool.take(1 << 20);
+    let addr = buf.as_ptr() as u64;
+    drop(buf);
+    pool.flush();
+    faults.fail_register(&[2]);
+    drop(pool.take(3 << 20));
+    pool.flush();
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let registrations: Vec<_> = trace
+        .records
+        .iter()
+        .filter_map(|r| match *r {
+            Record::Register {
+                id, bytes, failed, ..
+            } => Some((id, bytes, failed)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        registrations,
+        [(addr, 1 << 20, false), (registrations[1].0, 3 << 20, true)],
+        "{:#?}",
+        trace.records
+    );
+    assert!(matches!(
+        drops(&trace)[0],
+        Record::Drop { pinned: false, .. }
+    ));
+}
