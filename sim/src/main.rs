@@ -37,6 +37,13 @@ struct Cli {
 enum Command {
     /// Simulate a proving workload with each strategy on the same draws.
     Sim(SimArgs),
+    /// Print a pinpool trace (written through `PINPOOL_TRACE` or
+    /// `PoolBuilder::trace`) as text: the header's lines, then one line
+    /// per record.
+    TraceDump {
+        /// The trace file.
+        trace: std::path::PathBuf,
+    },
 }
 
 #[derive(Parser)]
@@ -172,7 +179,47 @@ fn main() {
             validate(&args);
             sim(args)
         }
+        Command::TraceDump { trace } => trace_dump(&trace),
     }
+}
+
+/// `trace-dump`: the header as `# key=value` lines, then the records; a
+/// bad file is reported with its byte offset after the records before it
+/// (exit status 1).
+fn trace_dump(path: &std::path::Path) {
+    use std::io::Write;
+    let fail = |e: pinpool::trace::ParseError| -> ! {
+        eprintln!("pinpool-sim trace-dump: {}: {e}", path.display());
+        std::process::exit(1)
+    };
+    let file = std::fs::File::open(path).unwrap_or_else(|e| {
+        eprintln!("pinpool-sim trace-dump: {}: {e}", path.display());
+        std::process::exit(1)
+    });
+    let reader =
+        pinpool::trace::Reader::new(std::io::BufReader::new(file)).unwrap_or_else(|e| fail(e));
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut write = |line: std::fmt::Arguments<'_>| {
+        if writeln!(out, "{line}").is_err() {
+            // A closed pipe (`| head`): stop quietly.
+            std::process::exit(0)
+        }
+    };
+    for (key, value) in &reader.header().entries {
+        write(format_args!("# {key}={value}"));
+    }
+    for record in reader {
+        match record {
+            Ok(record) => write(format_args!("{record}")),
+            Err(e) => {
+                drop(write);
+                let _ = out.flush();
+                fail(e)
+            }
+        }
+    }
+    let _ = out.flush();
 }
 
 fn sim(args: SimArgs) {

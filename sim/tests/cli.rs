@@ -291,3 +291,55 @@ fn repeated_runs_report_every_run_and_their_spread() {
         .unwrap();
     assert!(row.contains('(') && row.contains(')'), "{row}");
 }
+
+#[test]
+fn trace_dump_prints_every_record_and_reports_a_bad_file_with_its_offset() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("pinpool-sim-dump-{}.trace", std::process::id()));
+    let pool = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .trace(&path)
+        .build()
+        .unwrap();
+    drop(pool.take(4096));
+    drop(pool);
+    let dump = |path: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+            .arg("trace-dump")
+            .arg(path)
+            .output()
+            .expect("run pinpool-sim")
+    };
+    let out = dump(&path);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.lines().any(|l| l == "# backend=host"), "{text}");
+    let take = text.lines().find(|l| l.contains(" take ")).expect(&text);
+    assert!(
+        take.contains("asked=4096") && take.contains("source=miss"),
+        "{take}"
+    );
+    assert!(text.lines().any(|l| l.contains(" drop ")), "{text}");
+    assert!(
+        text.lines().last().unwrap().contains(" end records="),
+        "{text}"
+    );
+    // Cut inside its last record: the records before it, then the error.
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 7]).unwrap();
+    let out = dump(&path);
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let at = bytes.len() - 48;
+    assert!(
+        stderr.contains(&format!("bad trace at byte {at}: truncated record")),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" take "));
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

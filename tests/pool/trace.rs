@@ -406,3 +406,38 @@ fn registrations_are_recorded() {
         Record::Drop { pinned: false, .. }
     ));
 }
+
+#[test]
+fn random_corruption_is_an_error_or_a_trace_never_a_panic() {
+    let path = TempPath::new("random");
+    let pool = traced(&path);
+    for size in [1, 4096, 1 << 20] {
+        drop(pool.take(size));
+    }
+    pool.flush();
+    drop(pool);
+    let good = std::fs::read(&path.0).unwrap();
+    // xorshift: the same mutations every run.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..5000 {
+        let mut bad = good.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() % bad.len() as u64) as usize;
+            bad[at] = next() as u8;
+        }
+        let cut = if next() % 4 == 0 {
+            (next() % bad.len() as u64) as usize
+        } else {
+            bad.len()
+        };
+        if let Err(e) = Trace::from_reader(&bad[..cut]) {
+            assert!(e.offset <= cut as u64, "{e}");
+        }
+    }
+}
