@@ -198,28 +198,22 @@ fn trace_dump(path: &std::path::Path) {
     });
     let reader =
         pinpool::trace::Reader::new(std::io::BufReader::new(file)).unwrap_or_else(|e| fail(e));
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut write = |line: std::fmt::Arguments<'_>| {
-        if writeln!(out, "{line}").is_err() {
-            // A closed pipe (`| head`): stop quietly.
-            std::process::exit(0)
-        }
-    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // A closed pipe (`| head`) stops the dump quietly.
+    let closed = |_| std::process::exit(0);
     for (key, value) in &reader.header().entries {
-        write(format_args!("# {key}={value}"));
+        writeln!(out, "# {key}={value}").unwrap_or_else(closed);
     }
     for record in reader {
         match record {
-            Ok(record) => write(format_args!("{record}")),
+            Ok(record) => writeln!(out, "{record}").unwrap_or_else(closed),
             Err(e) => {
-                drop(write);
-                let _ = out.flush();
+                out.flush().unwrap_or_else(closed);
                 fail(e)
             }
         }
     }
-    let _ = out.flush();
+    out.flush().unwrap_or_else(closed);
 }
 
 fn sim(args: SimArgs) {
