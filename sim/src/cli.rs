@@ -71,6 +71,15 @@ pub fn parse_cap(text: &str) -> Result<usize, String> {
     check_cap((gib * (1u64 << 30) as f64) as usize)
 }
 
+/// `--speed`: a finite factor above 0.
+pub fn parse_speed(text: &str) -> Result<f64, String> {
+    let speed = parse_finite(text)?;
+    if speed <= 0.0 {
+        return Err(format!("the speed must be above 0, got {speed}"));
+    }
+    Ok(speed)
+}
+
 /// `--cap-factor`: a finite factor above 0.
 pub fn parse_cap_factor(text: &str) -> Result<f64, String> {
     let factor = parse_finite(text)?;

@@ -24,8 +24,8 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 use pinpool::SizeClasses;
 
+use crate::demand::Demand;
 use crate::gpu::HostAlloc;
-use crate::workload::Workload;
 
 /// The free lists of one prover, by length.
 type Lists = HashMap<usize, Vec<IdealBuffer>>;
@@ -36,30 +36,37 @@ type Lists = HashMap<usize, Vec<IdealBuffer>>;
 #[derive(Debug)]
 pub struct Prepared {
     provers: Vec<Mutex<Lists>>,
-    pinned_bytes: u64,
-    registrations: u64,
+    /// Each prover's context, on a GPU.
+    contexts: Vec<Option<Arc<CudaContext>>>,
+    pinned_bytes: AtomicU64,
+    registrations: AtomicU64,
+    /// Buffers prepared during the run (see [`Prepared::pop`]).
+    late: AtomicU64,
 }
 
 impl Prepared {
-    /// Bytes the lists for `workload` hold.
-    pub fn bytes_needed(workload: &Workload) -> u64 {
-        (0..workload.provers())
-            .flat_map(|p| workload.peak_holdings(p, length))
+    /// Bytes the lists for `demand` hold.
+    pub fn bytes_needed(demand: &dyn Demand) -> u64 {
+        (0..demand.provers())
+            .flat_map(|p| demand.peak_holdings(p, &length))
             .map(|(size, count)| (size * count) as u64)
             .sum()
     }
 
-    /// Prepares every buffer of `workload`, one thread per prover, pinned
+    /// Prepares every buffer of `demand`, one thread per prover, pinned
     /// on `gpu` if given (on the prover's device, usable from every
     /// context).
-    pub fn new(workload: &Workload, gpu: Option<&[Arc<CudaContext>]>) -> Self {
+    pub fn new(demand: &dyn Demand, gpu: Option<&[Arc<CudaContext>]>) -> Self {
+        let contexts: Vec<Option<Arc<CudaContext>>> = (0..demand.provers())
+            .map(|prover| gpu.map(|g| g[demand.device_of(prover)].clone()))
+            .collect();
         let provers: Vec<Mutex<Lists>> = std::thread::scope(|scope| {
-            let preparing: Vec<_> = (0..workload.provers())
+            let preparing: Vec<_> = (0..demand.provers())
                 .map(|prover| {
-                    let ctx = gpu.map(|g| &g[prover % workload.devices]);
+                    let ctx = contexts[prover].as_ref();
                     scope.spawn(move || {
-                        workload
-                            .peak_holdings(prover, length)
+                        demand
+                            .peak_holdings(prover, &length)
                             .into_iter()
                             .map(|(size, count)| {
                                 let buffers = (0..count)
@@ -84,30 +91,48 @@ impl Prepared {
                     lists.values().map(Vec::len).sum::<usize>()
                 })
                 .sum();
-            (Self::bytes_needed(workload), buffers as u64)
+            (Self::bytes_needed(demand), buffers as u64)
         } else {
             (0, 0)
         };
         Self {
             provers,
-            pinned_bytes,
-            registrations,
+            contexts,
+            pinned_bytes: AtomicU64::new(pinned_bytes),
+            registrations: AtomicU64::new(registrations),
+            late: AtomicU64::new(0),
         }
     }
 
     /// Pops a buffer of `size`'s length (its fine class) from `prover`'s
     /// list, as it was given back.
     ///
-    /// # Panics
-    ///
-    /// If the prover holds more buffers of the length than its plan does.
+    /// A simulated prover never finds its list empty: it holds at most
+    /// its plan's buffers. A replayed thread can, when a buffer another
+    /// thread gives back to it runs late against the trace's times; then
+    /// a buffer is prepared now, counted as pinned and as a registration on
+    /// a GPU, and in [`Prepared::late`].
     pub fn pop(&self, prover: usize, size: usize) -> IdealBuffer {
-        self.provers[prover]
+        let popped = self.provers[prover]
             .lock()
             .expect("the prover's free lists")
             .get_mut(&length(size))
-            .and_then(Vec::pop)
-            .expect("the prepared lists hold every buffer their prover's plan needs")
+            .and_then(Vec::pop);
+        popped.unwrap_or_else(|| {
+            let len = length(size);
+            self.late.fetch_add(1, Ordering::Relaxed);
+            if self.contexts[prover].is_some() {
+                self.pinned_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                self.registrations.fetch_add(1, Ordering::Relaxed);
+            }
+            IdealBuffer::prepared(self.contexts[prover].as_ref(), len)
+        })
+    }
+
+    /// Buffers prepared during the run because a list was empty (see
+    /// [`Prepared::pop`]).
+    pub fn late(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
     }
 
     /// Pushes `buf` onto `prover`'s list of its length.
@@ -122,13 +147,13 @@ impl Prepared {
 
     /// Bytes page-locked (all the lists', on a GPU).
     pub fn pinned_bytes(&self) -> u64 {
-        self.pinned_bytes
+        self.pinned_bytes.load(Ordering::Relaxed)
     }
 
     /// `cuMemHostAlloc` calls made, all before the run: one per buffer on
     /// a GPU, none without.
     pub fn registrations(&self) -> u64 {
-        self.registrations
+        self.registrations.load(Ordering::Relaxed)
     }
 
     /// Bytes of the buffers in the lists now.
@@ -171,15 +196,15 @@ enum Memory {
 }
 
 impl IdealPool {
-    /// Bytes the pool for `workload` holds.
-    pub fn bytes_needed(workload: &Workload) -> u64 {
-        Prepared::bytes_needed(workload)
+    /// Bytes the pool for `demand` holds.
+    pub fn bytes_needed(demand: &dyn Demand) -> u64 {
+        Prepared::bytes_needed(demand)
     }
 
-    /// Prepares every buffer of `workload` ([`Prepared::new`]).
-    pub fn new(workload: &Workload, gpu: Option<&[Arc<CudaContext>]>) -> Self {
+    /// Prepares every buffer of `demand` ([`Prepared::new`]).
+    pub fn new(demand: &dyn Demand, gpu: Option<&[Arc<CudaContext>]>) -> Self {
         Self {
-            lists: Prepared::new(workload, gpu),
+            lists: Prepared::new(demand, gpu),
             bytes_zeroed: AtomicU64::new(0),
         }
     }
@@ -187,9 +212,7 @@ impl IdealPool {
     /// A zeroed buffer of at least `size` bytes (its class's length) for
     /// `prover`.
     ///
-    /// # Panics
-    ///
-    /// If the prover holds more buffers of the length than its plan does.
+    /// A list found empty prepares one now ([`Prepared::pop`]).
     pub fn take(&self, prover: usize, size: usize) -> IdealBuffer {
         let mut buf = self.lists.pop(prover, size);
         self.clean(&mut buf);
@@ -312,6 +335,7 @@ impl DerefMut for IdealBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::Workload;
 
     fn workload() -> Workload {
         Workload {

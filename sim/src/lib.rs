@@ -3,10 +3,12 @@
 //! speed limit, wrong on purpose, the seed design, pageable staging,
 //! `cuMemHostAlloc`), and the measurements.
 
+pub mod demand;
 pub mod gpu;
 pub mod ideal;
 pub mod limit;
 pub mod machine;
+pub mod replay;
 pub mod report;
 pub mod run;
 pub mod seed;

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
+use crate::demand::Demand;
 use crate::ideal::{IdealBuffer, Prepared};
-use crate::workload::Workload;
 
 /// The limit strategy's buffers.
 #[derive(Debug)]
@@ -22,26 +22,22 @@ pub struct LimitPool {
 }
 
 impl LimitPool {
-    /// Bytes the pool for `workload` holds (as many as the ideal
+    /// Bytes the pool for `demand` holds (as many as the ideal
     /// strategy's).
-    pub fn bytes_needed(workload: &Workload) -> u64 {
-        Prepared::bytes_needed(workload)
+    pub fn bytes_needed(demand: &dyn Demand) -> u64 {
+        Prepared::bytes_needed(demand)
     }
 
-    /// Prepares every buffer of `workload` ([`Prepared::new`]).
-    pub fn new(workload: &Workload, gpu: Option<&[Arc<CudaContext>]>) -> Self {
+    /// Prepares every buffer of `demand` ([`Prepared::new`]).
+    pub fn new(demand: &dyn Demand, gpu: Option<&[Arc<CudaContext>]>) -> Self {
         Self {
-            lists: Prepared::new(workload, gpu),
+            lists: Prepared::new(demand, gpu),
         }
     }
 
     /// A buffer of at least `size` bytes (its fine class's length) for
     /// `prover`, as it was last given back: neither re-zeroed nor waited
-    /// for.
-    ///
-    /// # Panics
-    ///
-    /// If the prover holds more buffers of the length than its plan does.
+    /// for ([`Prepared::pop`]).
     pub fn take(&self, prover: usize, size: usize) -> IdealBuffer {
         self.lists.pop(prover, size)
     }
@@ -67,6 +63,7 @@ impl LimitPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::Workload;
 
     #[test]
     fn hands_buffers_out_again_as_they_were_given_back() {

@@ -1,5 +1,7 @@
 //! `pinpool-sim sim`: runs a proving workload through several staging
-//! strategies side by side and reports how each fared.
+//! strategies side by side and reports how each fared; `pinpool-sim
+//! replay` does the same with a trace of a real process, and `pinpool-sim
+//! trace-dump` prints a trace as text.
 
 mod cli;
 
@@ -12,8 +14,10 @@ use clap::{CommandFactory, Parser, Subcommand};
 use cudarc::driver::CudaContext;
 use indicatif::{ProgressBar, ProgressStyle};
 use pinpool::SizeClasses;
+use pinpool_sim::demand::Demand;
 use pinpool_sim::ideal::IdealPool;
 use pinpool_sim::machine::Machine;
+use pinpool_sim::replay::Replay;
 use pinpool_sim::report::{Report, FIGURES};
 use pinpool_sim::run::{run, RunResult};
 use pinpool_sim::strategy::{Kind, Settings};
@@ -37,6 +41,10 @@ struct Cli {
 enum Command {
     /// Simulate a proving workload with each strategy on the same draws.
     Sim(SimArgs),
+    /// Replay a pinpool trace (written through `PINPOOL_TRACE`,
+    /// `PoolBuilder::trace` or `sim --trace`) against each strategy: one
+    /// thread per traced thread, each take and drop at its time.
+    Replay(ReplayArgs),
     /// Print a pinpool trace (written through `PINPOOL_TRACE` or
     /// `PoolBuilder::trace`) as text: the header's lines, then one line
     /// per record.
@@ -114,6 +122,41 @@ struct SimArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Write a trace of pinpool's run to PATH (with --repeat above 1, run
+    /// N after the first to PATH.N), for `replay` and `trace-dump`.
+    #[arg(long, value_name = "PATH")]
+    trace: Option<std::path::PathBuf>,
+}
+
+#[derive(Parser)]
+struct ReplayArgs {
+    /// The trace file.
+    trace: std::path::PathBuf,
+    /// Replays the trace this many times faster than it was recorded
+    /// (gaps between takes and drops divided by F); above 0.
+    #[arg(long, value_name = "F", default_value_t = 1.0, value_parser = cli::parse_speed)]
+    speed: f64,
+    /// pinpool settings, as `key=value` pairs in the format of
+    /// `PINPOOL_CONF`, applied over those the trace records.
+    #[arg(long, value_name = "PAIRS", default_value = "", value_parser = cli::parse_conf)]
+    pinpool_conf: String,
+    /// Strategies to run, in order; those that need a GPU are skipped
+    /// without one, and ideal and limit are skipped when their buffers
+    /// would not fit in the memory available. limit is wrong on purpose:
+    /// the workload's speed limit, never a real strategy.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Pinpool, Kind::Ideal, Kind::Seed, Kind::Pageable, Kind::HostAlloc])]
+    strategies: Vec<Kind>,
+    /// Run on the host backend even when a GPU is present.
+    #[arg(long)]
+    host: bool,
+    /// Runs of each strategy, 1 to 1000; with more than one the table
+    /// shows each figure's median (min-max), and the JSON every run and
+    /// the summary.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=cli::MAX_REPEAT))]
+    repeat: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// How pinpool rounds requested sizes (`--size-classes`).
@@ -138,9 +181,15 @@ impl From<Classes> for SizeClasses {
 /// Reports a bad combination of `sim` arguments as clap does and exits
 /// with its usage status, 2.
 fn usage_error(message: impl std::fmt::Display) -> ! {
+    subcommand_error("sim", message)
+}
+
+/// Reports a bad combination of `subcommand`'s arguments as clap does and
+/// exits with its usage status, 2.
+fn subcommand_error(subcommand: &str, message: impl std::fmt::Display) -> ! {
     let mut cli = Cli::command();
     cli.build();
-    match cli.find_subcommand_mut("sim") {
+    match cli.find_subcommand_mut(subcommand) {
         Some(sim) => sim.error(ErrorKind::ValueValidation, message).exit(),
         None => cli.error(ErrorKind::ValueValidation, message).exit(),
     }
@@ -159,14 +208,20 @@ fn validate(args: &SimArgs) {
     if args.arenas + args.staging == 0 {
         usage_error("--arenas and --staging are both 0: segments would take no buffers");
     }
-    if let Some(kind) = args
-        .strategies
-        .iter()
-        .enumerate()
-        .find_map(|(i, k)| args.strategies[..i].contains(k).then_some(k))
-    {
+    if let Some(kind) = twice(&args.strategies) {
         usage_error(format_args!("--strategies names {} twice", kind.name()));
     }
+    if args.trace.is_some() && !args.strategies.contains(&Kind::Pinpool) {
+        usage_error("--trace records pinpool's runs, and --strategies leaves pinpool out");
+    }
+}
+
+/// A strategy `strategies` names twice.
+fn twice(strategies: &[Kind]) -> Option<Kind> {
+    strategies
+        .iter()
+        .enumerate()
+        .find_map(|(i, k)| strategies[..i].contains(k).then_some(*k))
 }
 
 fn main() {
@@ -178,6 +233,15 @@ fn main() {
         Command::Sim(args) => {
             validate(&args);
             sim(args)
+        }
+        Command::Replay(args) => {
+            if let Some(kind) = twice(&args.strategies) {
+                subcommand_error(
+                    "replay",
+                    format_args!("--strategies names {} twice", kind.name()),
+                );
+            }
+            replay(args)
         }
         Command::TraceDump { trace } => trace_dump(&trace),
     }
@@ -253,14 +317,37 @@ fn sim(args: SimArgs) {
         max_pooled_bytes,
         size_classes: args.size_classes.into(),
         conf: args.pinpool_conf.clone(),
+        trace: None,
     };
-    let strategies = fit_prepared(usable(&args, gpu.is_some()), &workload);
+    let strategies = fit_prepared(
+        "sim",
+        usable("sim", &args.strategies, args.host, gpu.is_some()),
+        &workload,
+    );
     let backend = Backend::new(gpu.as_deref(), &workload, &settings);
     let machine = Machine::this();
     if !args.json {
         print_header(&args, &settings, working_set, &backend, &machine);
     }
-    let reports = run_all(&strategies, &args, &workload, &settings, gpu.as_deref());
+    let reports = run_all(&strategies, args.repeat, |kind, round| {
+        let bar = progress_bar(&workload, kind, round, args.repeat, args.json);
+        let mut settings = settings.clone();
+        if kind == Kind::Pinpool {
+            settings.trace = args.trace.as_ref().map(|path| match round {
+                0 => path.clone(),
+                n => {
+                    let mut name = path.clone().into_os_string();
+                    name.push(format!(".{}", n + 1));
+                    name.into()
+                }
+            });
+        }
+        let result = run(kind, &workload, &settings, gpu.as_deref(), bar.as_ref());
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        result
+    });
     if args.json {
         let out = serde_json::json!({
             "workload": workload,
@@ -281,9 +368,134 @@ fn sim(args: SimArgs) {
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
     } else {
-        print_table(&reports);
+        print_table(&reports, "each prover's segments");
         print_legend(&reports, &backend);
     }
+}
+
+/// `replay`: the trace against each strategy, with its settings for
+/// pinpool (under `--pinpool-conf`'s).
+fn replay(args: ReplayArgs) {
+    let fail = |message: String| -> ! {
+        eprintln!("pinpool-sim replay: {}: {message}", args.trace.display());
+        std::process::exit(1)
+    };
+    let trace = pinpool::trace::Trace::read(&args.trace).unwrap_or_else(|e| fail(e.to_string()));
+    let gpu = if args.host {
+        None
+    } else {
+        pinpool_sim::gpu::detect()
+    };
+    let (replay, warnings) =
+        Replay::new(&trace, gpu.as_ref().map(Vec::len)).unwrap_or_else(|e| fail(e));
+    for warning in &warnings {
+        eprintln!("warning: {warning}");
+    }
+    if replay.takes() == 0 {
+        fail("the trace has no takes to replay".to_string());
+    }
+    // The trace's settings, then the command line's.
+    let conf = [replay.conf.as_str(), args.pinpool_conf.as_str()]
+        .iter()
+        .filter(|c| !c.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(",");
+    if let Err(e) = cli::parse_conf(&conf) {
+        fail(format!(
+            "its pinpool settings `{conf}` do not build a pool here: {e}"
+        ));
+    }
+    let defaults = pinpool::Config::default();
+    let settings = Settings {
+        cleaner_threads: defaults.cleaner_threads,
+        max_pooled_bytes: defaults.max_pooled_bytes,
+        size_classes: defaults.size_classes,
+        conf,
+        trace: None,
+    };
+    let strategies = fit_prepared(
+        "replay",
+        usable("replay", &args.strategies, args.host, gpu.is_some()),
+        &replay,
+    );
+    let backend = Backend::new(gpu.as_deref(), &replay, &settings);
+    let machine = Machine::this();
+    let peak_in_use = replay.peak_in_use_bytes();
+    if !args.json {
+        print_replay_header(&args, &trace.header, &replay, &settings, &backend, &machine);
+    }
+    let reports = run_all(&strategies, args.repeat, |kind, _| {
+        pinpool_sim::replay::run(kind, &replay, &settings, gpu.as_deref(), args.speed)
+    });
+    if args.json {
+        let out = serde_json::json!({
+            "trace": {
+                "path": args.trace,
+                "header": trace.header.entries.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                "threads": replay.threads.len(),
+                "takes": replay.takes(),
+                "never_dropped": replay.never_dropped(),
+                "span_s": replay.span_ns as f64 / 1e9,
+                "devices": replay.traced_devices,
+                "lost_records": replay.lost,
+                "unmatched_drops": replay.unmatched_drops,
+                "complete": replay.complete,
+                "peak_in_use_bytes": peak_in_use,
+            },
+            "settings": {
+                "speed": args.speed,
+                "pinpool_conf": settings.conf,
+                "repeat": args.repeat,
+                "strategies": strategies,
+                "devices": replay.devices,
+            },
+            "warnings": warnings,
+            "machine": machine,
+            "backend": backend,
+            "results": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
+    } else {
+        print_table(&reports, "the trace's time");
+        print_legend(&reports, &backend);
+    }
+}
+
+fn print_replay_header(
+    args: &ReplayArgs,
+    header: &pinpool::trace::Header,
+    replay: &Replay,
+    settings: &Settings,
+    backend: &Backend,
+    machine: &Machine,
+) {
+    print_backend(backend, machine);
+    let at = |key| header.get(key).unwrap_or("?");
+    println!(
+        "trace: {}, from {} ({} cores, {} backend, {} device(s)), {} thread(s), {} takes ({} never dropped) over {:.2} s{}",
+        args.trace.display(),
+        at("host"),
+        at("cores"),
+        at("backend"),
+        replay.traced_devices,
+        replay.threads.len(),
+        replay.takes(),
+        replay.never_dropped(),
+        replay.span_ns as f64 / 1e9,
+        if replay.lost > 0 {
+            format!(", {} records lost", replay.lost)
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "replay: speed {}, {} run(s) of each strategy; the trace's peak in use {}",
+        args.speed,
+        args.repeat,
+        human_bytes(replay.peak_in_use_bytes())
+    );
+    println!("pinpool: {}", settings.conf);
 }
 
 /// What the run stages with.
@@ -302,8 +514,8 @@ struct Backend {
 impl Backend {
     /// Describes the backend of `gpu` (host without), building a pinpool
     /// pool with `settings` to ask it; exits if that pool cannot be built.
-    fn new(gpu: Option<&[Arc<CudaContext>]>, workload: &Workload, settings: &Settings) -> Self {
-        let pool = match pinpool_sim::strategy::pinpool(workload, settings, gpu) {
+    fn new(gpu: Option<&[Arc<CudaContext>]>, demand: &dyn Demand, settings: &Settings) -> Self {
+        let pool = match pinpool_sim::strategy::pinpool(demand, settings, gpu) {
             Ok(pool) => pool,
             Err(e) => {
                 eprintln!("error: cannot build a pinpool pool with these settings: {e}");
@@ -313,7 +525,7 @@ impl Backend {
         let pinpool = pool.backend().to_string();
         pool.shutdown();
         let gpus = gpu.map_or_else(Vec::new, |g| {
-            g[..workload.devices]
+            g[..demand.devices()]
                 .iter()
                 .map(|ctx| {
                     ctx.name()
@@ -331,23 +543,24 @@ impl Backend {
 }
 
 /// The strategies of `--strategies` that can run, with a note for those
-/// left out; a usage error if none can.
-fn usable(args: &SimArgs, gpu: bool) -> Vec<Kind> {
+/// left out; a usage error of `subcommand` if none can.
+fn usable(subcommand: &str, strategies: &[Kind], host: bool, gpu: bool) -> Vec<Kind> {
     let (strategies, need_gpu): (Vec<Kind>, Vec<Kind>) =
-        args.strategies.iter().partition(|k| gpu || !k.needs_gpu());
+        strategies.iter().partition(|k| gpu || !k.needs_gpu());
     if !need_gpu.is_empty() {
         let names: Vec<_> = need_gpu.iter().map(|k| k.name()).collect();
         let names = names.join(", ");
-        let why = if args.host {
+        let why = if host {
             "--host was given"
         } else {
             "no GPU was found"
         };
         let needs = if need_gpu.len() == 1 { "needs" } else { "need" };
         if strategies.is_empty() {
-            usage_error(format_args!(
-                "--strategies: {names} {needs} a GPU, and {why}"
-            ));
+            subcommand_error(
+                subcommand,
+                format_args!("--strategies: {names} {needs} a GPU, and {why}"),
+            );
         }
         eprintln!("note: skipping {names} ({needs} a GPU; {why})");
     }
@@ -358,13 +571,13 @@ fn usable(args: &SimArgs, gpu: bool) -> Vec<Kind> {
 /// (ideal and limit), with a note, when those buffers would not fit in the
 /// memory available now (each such strategy holds them alone: strategies
 /// run one at a time); a usage error if nothing is left.
-fn fit_prepared(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
+fn fit_prepared(subcommand: &str, mut strategies: Vec<Kind>, demand: &dyn Demand) -> Vec<Kind> {
     if !strategies.iter().any(|k| k.prepares_everything()) {
         return strategies;
     }
     let (Some(available), needed) = (
         pinpool_sim::machine::available_memory(),
-        IdealPool::bytes_needed(workload),
+        IdealPool::bytes_needed(demand),
     ) else {
         return strategies;
     };
@@ -389,30 +602,27 @@ fn fit_prepared(mut strategies: Vec<Kind>, workload: &Workload) -> Vec<Kind> {
     );
     strategies.retain(|k| !k.prepares_everything());
     if strategies.is_empty() {
-        usage_error(format_args!("--strategies: {names} cannot run: {why}"));
+        subcommand_error(
+            subcommand,
+            format_args!("--strategies: {names} cannot run: {why}"),
+        );
     }
     eprintln!("note: skipping {names} ({why})");
     strategies
 }
 
-/// Runs every strategy `args.repeat` times, in rounds of every strategy in
-/// turn, so that drift over time (page cache, clocks) spreads over all of
-/// them alike.
+/// Runs every strategy `repeat` times through `run` (given the strategy
+/// and the round), in rounds of every strategy in turn, so that drift over
+/// time (page cache, clocks) spreads over all of them alike.
 fn run_all(
     strategies: &[Kind],
-    args: &SimArgs,
-    workload: &Workload,
-    settings: &Settings,
-    gpu: Option<&[Arc<CudaContext>]>,
+    repeat: u32,
+    mut run: impl FnMut(Kind, u32) -> RunResult,
 ) -> Vec<Report> {
     let mut runs: Vec<Vec<RunResult>> = vec![Vec::new(); strategies.len()];
-    for round in 0..args.repeat {
+    for round in 0..repeat {
         for (kind, runs) in strategies.iter().zip(&mut runs) {
-            let bar = progress_bar(workload, *kind, round, args.repeat, args.json);
-            runs.push(run(*kind, workload, settings, gpu, bar.as_ref()));
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
+            runs.push(run(*kind, round));
         }
     }
     strategies
@@ -429,26 +639,7 @@ fn print_header(
     backend: &Backend,
     machine: &Machine,
 ) {
-    match backend.gpus.first() {
-        Some(name) => println!(
-            "backend: CUDA, {} of {} GPU(s), {name} (pinpool: {})",
-            backend.gpus.len(),
-            backend.gpus_present,
-            backend.pinpool
-        ),
-        None => println!(
-            "backend: host, no GPU in use (pinpool: {})",
-            backend.pinpool
-        ),
-    }
-    let memory = machine
-        .total_memory_bytes
-        .map_or_else(String::new, |b| format!(", {:.1} GiB", b as f64 / GIB));
-    println!(
-        "machine: {}, {} CPUs{memory}",
-        machine.hostname.as_deref().unwrap_or("(no hostname)"),
-        machine.cpus
-    );
+    print_backend(backend, machine);
     println!(
         "workload: {} device(s) x {} prover(s), {} segments each, {} arenas + {} staging buffers, scale {}, seed {}",
         args.devices, args.provers_per_device, args.segments, args.arenas, args.staging, args.scale, args.seed
@@ -469,6 +660,30 @@ fn print_header(
         args.cleaner_threads,
         SizeClasses::from(args.size_classes),
         args.repeat
+    );
+}
+
+/// The backend and machine lines of a table's header.
+fn print_backend(backend: &Backend, machine: &Machine) {
+    match backend.gpus.first() {
+        Some(name) => println!(
+            "backend: CUDA, {} of {} GPU(s), {name} (pinpool: {})",
+            backend.gpus.len(),
+            backend.gpus_present,
+            backend.pinpool
+        ),
+        None => println!(
+            "backend: host, no GPU in use (pinpool: {})",
+            backend.pinpool
+        ),
+    }
+    let memory = machine
+        .total_memory_bytes
+        .map_or_else(String::new, |b| format!(", {:.1} GiB", b as f64 / GIB));
+    println!(
+        "machine: {}, {} CPUs{memory}",
+        machine.hostname.as_deref().unwrap_or("(no hostname)"),
+        machine.cpus
     );
 }
 
@@ -505,7 +720,9 @@ fn progress_bar(
     Some(bar)
 }
 
-fn print_table(reports: &[Report]) {
+/// The table of `reports`; `steady` says what the steady figures come
+/// after the first quarter of.
+fn print_table(reports: &[Report], steady: &str) {
     let label_width = FIGURES.iter().map(|f| f.label.len()).max().unwrap_or(0) + 2;
     let cells: Vec<Vec<String>> = reports
         .iter()
@@ -540,6 +757,11 @@ fn print_table(reports: &[Report]) {
         println!();
     }
     for (row, figure) in FIGURES.iter().enumerate() {
+        // A figure no strategy has here (segments/s in a replay, lateness
+        // outside one) is left out.
+        if cells.iter().all(|cells| cells[row] == "-") {
+            continue;
+        }
         print!("{:<label_width$}", figure.label);
         for (cells, width) in cells.iter().zip(&widths) {
             print!("{:>width$}", cells[row]);
@@ -550,7 +772,7 @@ fn print_table(reports: &[Report]) {
     if let Some(runs) = reports.first().map(|r| r.runs.len()).filter(|&n| n > 1) {
         println!("(each figure: median (min-max) of {runs} runs on the same draws)");
     }
-    println!("(steady = after the first quarter of each prover's segments; pinpool's drop-to-ready figures are power-of-two bucket edges)");
+    println!("(steady = after the first quarter of {steady}; pinpool's drop-to-ready figures are power-of-two bucket edges)");
 }
 
 fn print_legend(reports: &[Report], backend: &Backend) {

@@ -51,7 +51,7 @@ pub const FIGURES: &[Figure] = &[
     Figure {
         key: "segments_per_s",
         label: "segments/s",
-        value: |r| Some(r.segments_per_s),
+        value: |r| r.segments_per_s,
         format: one,
     },
     Figure {
@@ -161,6 +161,12 @@ pub const FIGURES: &[Figure] = &[
         label: "zeroed MiB",
         value: |r| Some(r.bytes_zeroed as f64),
         format: mib,
+    },
+    Figure {
+        key: "late_p99_ms",
+        label: "replay late p99 ms",
+        value: |r| r.late_p99_ms,
+        format: two,
     },
     Figure {
         key: "wall_s",
@@ -282,6 +288,7 @@ mod tests {
             max_pooled_bytes: 1 << 20,
             size_classes: pinpool::SizeClasses::Fine,
             conf: String::new(),
+            trace: None,
         };
         let result = crate::run::run(Kind::Pageable, &workload, &settings, None, None);
         let run = serde_json::to_value(result).unwrap();

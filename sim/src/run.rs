@@ -8,7 +8,7 @@ use cudarc::driver::CudaContext;
 use indicatif::ProgressBar;
 
 use crate::gpu::Sink;
-use crate::strategy::{Kind, Settings, Strategy};
+use crate::strategy::{Kind, Settings, Staged, Strategy};
 use crate::workload::Workload;
 
 /// What one strategy achieved.
@@ -18,8 +18,9 @@ pub struct RunResult {
     pub strategy: Kind,
     /// Wall time of the run, seconds.
     pub wall_s: f64,
-    /// Segments proved per second, all provers together.
-    pub segments_per_s: f64,
+    /// Segments proved per second, all provers together (`None` in a
+    /// replay, which has no segments).
+    pub segments_per_s: Option<f64>,
     /// Bytes staged (copied) per second, GB/s.
     pub staged_gb_per_s: f64,
     /// Take latency, median and 99th percentile, microseconds.
@@ -63,30 +64,54 @@ pub struct RunResult {
     pub class_overhead: f64,
     /// Bytes the strategy re-zeroed.
     pub bytes_zeroed: u64,
+    /// In a replay, how late the takes and drops ran against the trace's
+    /// times (scaled by `--speed`), 99th percentile, milliseconds.
+    pub late_p99_ms: Option<f64>,
 }
 
+/// What the takers of a run counted, merged over them.
 #[derive(Default)]
-struct Tally {
-    /// When the first prover started its segments (its sink ready).
-    started: Option<Instant>,
-    take_ns: Vec<u64>,
-    drop_ns: Vec<u64>,
-    takes: [u64; 2],
-    hits: [u64; 2],
-    bytes: [u64; 2],
-    hit_bytes: [u64; 2],
-    requested: u64,
-    staged: u64,
+pub(crate) struct Tally {
+    /// When the first taker started (its sink ready).
+    pub(crate) started: Option<Instant>,
+    pub(crate) take_ns: Vec<u64>,
+    pub(crate) drop_ns: Vec<u64>,
+    /// How late each take and drop of a replay ran.
+    pub(crate) late_ns: Vec<u64>,
+    /// Takes, hits and bytes, before and after the steady point (the
+    /// first quarter of each prover's segments, or of a trace's time).
+    pub(crate) takes: [u64; 2],
+    pub(crate) hits: [u64; 2],
+    pub(crate) bytes: [u64; 2],
+    pub(crate) hit_bytes: [u64; 2],
+    pub(crate) requested: u64,
+    pub(crate) staged: u64,
 }
 
 impl Tally {
-    fn merge(&mut self, other: Tally) {
+    /// Counts a take of `size` bytes asked, served with `buf`, after the
+    /// steady point if `steady`.
+    pub(crate) fn take(&mut self, buf: &mut Staged<'_>, size: usize, steady: bool) {
+        let phase = usize::from(steady);
+        // What the take occupies, a borrowed buffer's whole length.
+        let len = buf.occupied() as u64;
+        self.takes[phase] += 1;
+        self.requested += size as u64;
+        self.bytes[phase] += len;
+        if buf.hit() {
+            self.hits[phase] += 1;
+            self.hit_bytes[phase] += len;
+        }
+    }
+
+    pub(crate) fn merge(&mut self, other: Tally) {
         self.started = match (self.started, other.started) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         self.take_ns.extend(other.take_ns);
         self.drop_ns.extend(other.drop_ns);
+        self.late_ns.extend(other.late_ns);
         for i in 0..2 {
             self.takes[i] += other.takes[i];
             self.hits[i] += other.hits[i];
@@ -99,7 +124,7 @@ impl Tally {
 }
 
 /// The `q` quantile of `values` (sorted in place).
-fn quantile(values: &mut [u64], q: f64) -> f64 {
+pub(crate) fn quantile(values: &mut [u64], q: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
@@ -117,18 +142,18 @@ fn ratio(num: u64, den: u64) -> f64 {
 
 /// Bytes of buffers taken and not yet given back, all provers together.
 #[derive(Default)]
-struct InUse {
+pub(crate) struct InUse {
     now: AtomicU64,
     peak: AtomicU64,
 }
 
 impl InUse {
-    fn taken(&self, bytes: u64) {
+    pub(crate) fn taken(&self, bytes: u64) {
         let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(now, Ordering::Relaxed);
     }
 
-    fn given_back(&self, bytes: u64) {
+    pub(crate) fn given_back(&self, bytes: u64) {
         self.now.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
@@ -157,37 +182,54 @@ pub fn run_strategy(
     gpu: Option<&[Arc<CudaContext>]>,
     progress: Option<&ProgressBar>,
 ) -> RunResult {
-    let kind = strategy.kind();
     let max = workload.max_size();
+    let segments = (workload.provers() * workload.segments) as u64;
+    measure(strategy, Some(segments), |strategy, in_use| {
+        std::thread::scope(|scope| {
+            let provers: Vec<_> = (0..workload.provers())
+                .map(|p| {
+                    scope.spawn(move || prove(strategy, workload, p, max, gpu, in_use, progress))
+                })
+                .collect();
+            let mut tally = Tally::default();
+            for prover in provers {
+                tally.merge(prover.join().expect("a prover thread panicked"));
+            }
+            tally
+        })
+    })
+}
+
+/// Measures a run of `strategy`: `drive` runs the takers, counting into
+/// the in-use bytes it is given, and returns their merged tally; then the
+/// strategy flushes and shuts down. `segments` are the run's, if it has
+/// any.
+pub(crate) fn measure(
+    strategy: Strategy,
+    segments: Option<u64>,
+    drive: impl FnOnce(&Strategy, &InUse) -> Tally,
+) -> RunResult {
+    let kind = strategy.kind();
     let done = AtomicBool::new(false);
     let peak = AtomicU64::new(0);
     let in_use = InUse::default();
-    let mut tally = Tally::default();
-    // Wall time runs from the first prover's first segment (its sink, set
-    // up the same for every strategy, ready) until the strategy has
-    // flushed, before the sampler below wakes up to see `done` (a sleep of
-    // up to 2 ms, and longer on a loaded machine).
-    let wall = std::thread::scope(|scope| {
+    // Wall time runs from the first taker's start (its sink, set up the
+    // same for every strategy, ready) until the strategy has flushed,
+    // before the sampler below wakes up to see `done` (a sleep of up to
+    // 2 ms, and longer on a loaded machine).
+    let (wall, mut tally) = std::thread::scope(|scope| {
         scope.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 peak.fetch_max(strategy.pinned_bytes(), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(2));
             }
         });
-        let provers: Vec<_> = (0..workload.provers())
-            .map(|p| {
-                let (strategy, in_use) = (&strategy, &in_use);
-                scope.spawn(move || prove(strategy, workload, p, max, gpu, in_use, progress))
-            })
-            .collect();
-        for prover in provers {
-            tally.merge(prover.join().expect("a prover thread panicked"));
-        }
+        let tally = drive(&strategy, &in_use);
         strategy.flush();
-        let started = tally.started.expect("a run has provers");
+        let started = tally.started.expect("a run has takers");
         let wall = started.elapsed().as_secs_f64();
         done.store(true, Ordering::Relaxed);
-        wall
+        (wall, tally)
     });
     let (ready_p50_ms, ready_p99_ms, bytes_zeroed) = match &strategy {
         Strategy::Pinpool(pool) => {
@@ -224,7 +266,7 @@ pub fn run_strategy(
     RunResult {
         strategy: kind,
         wall_s: wall,
-        segments_per_s: (workload.provers() * workload.segments) as f64 / wall,
+        segments_per_s: segments.map(|n| n as f64 / wall),
         staged_gb_per_s: tally.staged as f64 / wall / 1e9,
         take_p50_us: quantile(&mut tally.take_ns, 0.5) / 1e3,
         take_p99_us: quantile(&mut tally.take_ns, 0.99) / 1e3,
@@ -243,6 +285,7 @@ pub fn run_strategy(
         bytes_handed_out: handed_out,
         class_overhead: ratio(handed_out, tally.requested),
         bytes_zeroed,
+        late_p99_ms: (!tally.late_ns.is_empty()).then(|| quantile(&mut tally.late_ns, 0.99) / 1e6),
     }
 }
 
@@ -264,22 +307,14 @@ fn prove(
         ..Tally::default()
     };
     for (index, segment) in workload.plan(prover).into_iter().enumerate() {
-        let phase = usize::from(index >= warmup);
+        let steady = index >= warmup;
         let mut staged = Vec::with_capacity(segment.buffers.len());
         for plan in &segment.buffers {
             let started = Instant::now();
             let mut buf = strategy.take(prover, device, plan.size);
             tally.take_ns.push(started.elapsed().as_nanos() as u64);
             in_use.taken(plan.size as u64);
-            // What the take occupies, a borrowed buffer's whole length.
-            let len = buf.occupied() as u64;
-            tally.takes[phase] += 1;
-            tally.requested += plan.size as u64;
-            tally.bytes[phase] += len;
-            if buf.hit() {
-                tally.hits[phase] += 1;
-                tally.hit_bytes[phase] += len;
-            }
+            tally.take(&mut buf, plan.size, steady);
             buf.bytes()[..plan.written].fill(0x5A);
             staged.push((buf, plan.size, plan.written));
         }

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 use pinpool::{BackendKind, PinnedBuffer, Pool, PoolBuilder, SizeClasses};
 
+use crate::demand::Demand;
 use crate::gpu::{HostAlloc, Sink};
 use crate::ideal::{IdealBuffer, IdealPool};
 use crate::limit::LimitPool;
 use crate::seed::{SeedBuffer, SeedPool};
-use crate::workload::Workload;
 
 /// pinpool's settings for a run.
 #[derive(Debug, Clone)]
@@ -24,35 +24,41 @@ pub struct Settings {
     pub size_classes: SizeClasses,
     /// More settings for pinpool, `PINPOOL_CONF` pairs (checked already).
     pub conf: String,
+    /// Where pinpool writes a trace of the run, if anywhere.
+    pub trace: Option<std::path::PathBuf>,
 }
 
-/// A pinpool pool for `workload` with `settings`, on the CUDA backend when
+/// A pinpool pool for `demand` with `settings`, on the CUDA backend when
 /// `gpu` is given, else on the host backend.
 pub fn pinpool(
-    workload: &Workload,
+    demand: &dyn Demand,
     settings: &Settings,
     gpu: Option<&[Arc<CudaContext>]>,
 ) -> Result<Pool, pinpool::Error> {
-    pinpool_builder(workload, settings, gpu)?.build()
+    pinpool_builder(demand, settings, gpu)?.build()
 }
 
 /// The builder of [`pinpool()`]'s pool, for a caller to add settings to.
 pub fn pinpool_builder(
-    workload: &Workload,
+    demand: &dyn Demand,
     settings: &Settings,
     gpu: Option<&[Arc<CudaContext>]>,
 ) -> Result<PoolBuilder, pinpool::Error> {
-    Pool::builder()
+    let builder = Pool::builder()
         .backend(if gpu.is_some() {
             BackendKind::Cuda
         } else {
             BackendKind::Host
         })
-        .devices(workload.devices)
+        .devices(demand.devices())
         .cleaner_threads(settings.cleaner_threads)
         .max_pooled_bytes(settings.max_pooled_bytes)
         .size_classes(settings.size_classes)
-        .try_conf(&settings.conf)
+        .try_conf(&settings.conf)?;
+    match &settings.trace {
+        Some(path) => Ok(builder.trace(path)),
+        None => Ok(builder),
+    }
 }
 
 /// Which strategy a run uses.
@@ -177,21 +183,21 @@ pub enum Staged<'a> {
 }
 
 impl Strategy {
-    /// A strategy of `kind` for `workload` with pinpool's `settings`, on
+    /// A strategy of `kind` for `demand` with pinpool's `settings`, on
     /// the GPU when `gpu` is given. The ideal strategy prepares all its
     /// buffers here.
     pub fn new(
         kind: Kind,
-        workload: &Workload,
+        demand: &dyn Demand,
         settings: &Settings,
         gpu: Option<&[Arc<CudaContext>]>,
     ) -> Self {
         match kind {
             Kind::Pinpool => {
-                Strategy::Pinpool(pinpool(workload, settings, gpu).expect("build the pool"))
+                Strategy::Pinpool(pinpool(demand, settings, gpu).expect("build the pool"))
             }
-            Kind::Ideal => Strategy::Ideal(IdealPool::new(workload, gpu)),
-            Kind::Limit => Strategy::Limit(LimitPool::new(workload, gpu)),
+            Kind::Ideal => Strategy::Ideal(IdealPool::new(demand, gpu)),
+            Kind::Limit => Strategy::Limit(LimitPool::new(demand, gpu)),
             Kind::Seed => Strategy::Seed(SeedPool::new(gpu.map(|g| g.to_vec()))),
             Kind::Pageable => Strategy::Pageable,
             Kind::HostAlloc => Strategy::HostAlloc(HostAllocs {
@@ -347,13 +353,26 @@ impl Staged<'_> {
     /// Copies the first `written` bytes through `sink` and gives the buffer
     /// back to `prover`'s strategy as the real client does (right after
     /// enqueueing the copy); returns how long the give-back took.
-    pub fn stage(mut self, prover: usize, written: usize, sink: &mut Sink) -> Duration {
-        sink.copy(&self.bytes()[..written]);
+    pub fn stage(self, prover: usize, written: usize, sink: &mut Sink) -> Duration {
+        self.give_back(prover, written, Some(sink))
+    }
+
+    /// Gives the buffer, of which the first `written` bytes were written,
+    /// back to the strategy of `prover` (the taker): after copying them
+    /// through `sink`, when given, as [`Staged::stage`] does, else with no
+    /// copy; returns how long the give-back took.
+    pub fn give_back(mut self, prover: usize, written: usize, sink: Option<&mut Sink>) -> Duration {
+        let copied = sink.is_some();
+        let stream = sink.map(|sink| {
+            sink.copy(&self.bytes()[..written]);
+            &*sink
+        });
+        let stream = stream.and_then(Sink::stream);
         let started;
         match self {
             Staged::Pinpool(mut buf) => {
                 buf.set_dirty_len(written);
-                if let Some(stream) = sink.stream() {
+                if let Some(stream) = stream {
                     buf.record_last_use(stream).expect("record last use");
                 }
                 started = Instant::now();
@@ -361,7 +380,7 @@ impl Staged<'_> {
             }
             Staged::Ideal(pool, buf) => {
                 started = Instant::now();
-                pool.give_back(prover, buf, written, sink.stream());
+                pool.give_back(prover, buf, written, stream);
             }
             Staged::Limit(pool, buf) => {
                 started = Instant::now();
@@ -369,7 +388,7 @@ impl Staged<'_> {
             }
             Staged::Seed(mut buf) => {
                 buf.set_dirty_len(written);
-                if let Some(stream) = sink.stream() {
+                if let Some(stream) = stream {
                     buf.record_last_use(stream);
                 }
                 started = Instant::now();
@@ -382,7 +401,9 @@ impl Staged<'_> {
             Staged::HostAlloc(allocs, buf) => {
                 started = Instant::now();
                 // Its copy has to finish before the memory is freed.
-                sink.synchronize();
+                if let (true, Some(stream)) = (copied, stream) {
+                    stream.synchronize().expect("stream synchronize");
+                }
                 let bytes = buf.len() as u64;
                 drop(buf);
                 allocs.pinned.fetch_sub(bytes, Ordering::Relaxed);

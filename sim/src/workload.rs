@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::demand::Demand;
+
 /// The largest buffer in the profile: 2 GiB.
 pub const LARGEST_SIZE: f64 = 2048.0 * 1048576.0;
 
@@ -165,6 +167,28 @@ impl Workload {
             }
         }
         peak
+    }
+}
+
+impl Demand for Workload {
+    fn devices(&self) -> usize {
+        self.devices
+    }
+
+    fn provers(&self) -> usize {
+        Workload::provers(self)
+    }
+
+    fn device_of(&self, prover: usize) -> usize {
+        prover % self.devices
+    }
+
+    fn peak_holdings(
+        &self,
+        prover: usize,
+        length: &dyn Fn(usize) -> usize,
+    ) -> HashMap<usize, usize> {
+        Workload::peak_holdings(self, prover, length)
     }
 }
 

@@ -343,3 +343,92 @@ fn trace_dump_prints_every_record_and_reports_a_bad_file_with_its_offset() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(" take "));
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Runs `pinpool-sim replay` with `args`.
+fn replay(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+        .arg("replay")
+        .args(args)
+        .output()
+        .expect("run pinpool-sim")
+}
+
+#[test]
+fn sim_traces_pinpool_and_replay_runs_the_trace_against_each_strategy() {
+    let path = std::env::temp_dir().join(format!("pinpool-sim-cli-{}.trace", std::process::id()));
+    let path_text = path.to_str().unwrap();
+    let mut args = TINY.to_vec();
+    args.extend([
+        "--strategies",
+        "pinpool,pageable",
+        "--json",
+        "--trace",
+        path_text,
+    ]);
+    let out = sim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let simmed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let out = replay(&[path.as_os_str(), "--host".as_ref(), "--json".as_ref()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let replayed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let takes = 2 * 2 * 18;
+    assert_eq!(replayed["trace"]["takes"], takes);
+    assert_eq!(replayed["trace"]["threads"], 2);
+    assert_eq!(replayed["trace"]["lost_records"], 0);
+    let conf = replayed["settings"]["pinpool_conf"].as_str().unwrap();
+    assert!(conf.contains("max_pooled_bytes=4294967296"), "{conf}");
+    let names: Vec<_> = replayed["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["pinpool", "ideal", "seed", "pageable"]);
+    let requested =
+        |v: &serde_json::Value, i: usize| v["results"][i]["runs"][0]["bytes_requested"].clone();
+    for i in 0..4 {
+        assert_eq!(requested(&replayed, i), requested(&simmed, 0));
+        assert!(replayed["results"][i]["runs"][0]["late_p99_ms"].is_f64());
+        assert!(replayed["results"][i]["runs"][0]["segments_per_s"].is_null());
+    }
+
+    // The table: the trace's line, lateness, no segments/s.
+    let out = replay(&[
+        path.as_os_str(),
+        "--host".as_ref(),
+        "--strategies".as_ref(),
+        "pageable".as_ref(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.lines().any(|l| l.starts_with("trace: ")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("replay late p99 ms")),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("segments/s")), "{text}");
+
+    // A cut file: exit status 1, the offset, no panic.
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+    let out = replay(&[path.as_os_str(), "--host".as_ref()]);
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("bad trace at byte"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Bad speeds are usage errors; so is a trace of no pinpool run.
+    for bad in ["0", "-1", "NaN", "x"] {
+        let out = replay(&[path.as_os_str(), "--speed".as_ref(), bad.as_ref()]);
+        assert_eq!(out.status.code(), Some(2), "--speed {bad}");
+    }
+    refused(&[&["--trace", path_text, "--strategies", "pageable"]]);
+}

@@ -28,6 +28,7 @@ fn once(kind: Kind) -> RunResult {
         max_pooled_bytes: 1 << 30,
         size_classes: pinpool::SizeClasses::Fine,
         conf: String::new(),
+        trace: None,
     };
     run(kind, &workload(), &settings, None, None)
 }

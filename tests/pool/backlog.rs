@@ -112,10 +112,12 @@ fn host_recycling_backlog_is_bounded() {
 /// miss (256-byte buffers: sixteen per registered slab, so that it grows
 /// within seconds), but the cleaner's backlog stays bounded in buffers:
 /// past it, pinned buffers are released in bulk. So a flush waits for a
-/// bounded backlog, and returns within a second.
+/// bounded backlog: a few milliseconds of the workers' time, stretched by
+/// the sixteen threads competing with them for two cores (and by the other
+/// tests running at once), and well within three seconds.
 #[cfg(feature = "testing")]
 #[test]
-fn flush_returns_within_a_second_while_small_drops_outrun_the_cleaner() {
+fn flush_returns_within_seconds_while_small_drops_outrun_the_cleaner() {
     let (pool, _faults) = faulty(2);
     let stop = AtomicBool::new(false);
     let worst = std::thread::scope(|scope| {
@@ -141,7 +143,7 @@ fn flush_returns_within_a_second_while_small_drops_outrun_the_cleaner() {
     });
     pool.flush();
     assert!(
-        worst < Duration::from_secs(1),
+        worst < Duration::from_secs(3),
         "a flush waited {worst:?} behind the cleaner's backlog"
     );
     assert_eq!(pool.stats().in_cleaner, 0);

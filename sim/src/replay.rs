@@ -1,0 +1,752 @@
+//! Replaying a pinpool trace ([`pinpool::trace`]) against the strategies:
+//! one thread per traced thread, each take and drop at its time in the
+//! trace (divided by a speed factor), copies issued where the trace says a
+//! copy was recorded.
+//!
+//! A buffer is named in a trace by its address, which pool reuse repeats:
+//! a drop belongs to the last take of the same address before it, in time
+//! order (a stable sort of the records by time). A replayed drop of a
+//! buffer another thread takes waits for that take, so a thread running
+//! late holds up only the drops of its own buffers.
+//!
+//! What a replay cannot know it takes from the trace as follows: the bytes
+//! written are the drop's dirty prefix (at most the size asked), written
+//! right after the take; a drop's copy is issued by the dropping thread on
+//! its own stream, of the whole dirty prefix, where the trace says a copy
+//! was recorded, or for every drop with a dirty prefix in a trace of a
+//! pool on a backend without a GPU (which records no copies: the
+//! simulator's host stand-in copies every drop); a buffer never dropped is
+//! held to the end of the replay; a drop with no take before it (its take
+//! was among the records lost) is left out and counted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaContext;
+use pinpool::trace::{Record, Trace};
+
+use crate::demand::Demand;
+use crate::gpu::Sink;
+use crate::run::{measure, InUse, RunResult, Tally};
+use crate::strategy::{Kind, Settings, Staged, Strategy};
+
+/// The most threads a replay runs.
+pub const MAX_THREADS: usize = 4096;
+
+/// One take or drop of a replayed thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A take.
+    Take {
+        /// When, nanoseconds after the trace's first take or drop.
+        at_ns: u64,
+        /// The buffer (an index among the trace's takes).
+        id: usize,
+        /// The device, on this machine.
+        device: usize,
+        /// Bytes asked (at least 1).
+        size: usize,
+        /// Bytes written after the take: its drop's dirty prefix, at most
+        /// `size`; 0 for a buffer never dropped.
+        written: usize,
+        /// Whether the take lies after the first quarter of the trace's
+        /// time (its steady part).
+        steady: bool,
+    },
+    /// A drop.
+    Drop {
+        /// When, nanoseconds after the trace's first take or drop.
+        at_ns: u64,
+        /// The buffer.
+        id: usize,
+        /// Whether to copy the dirty prefix before the drop: the trace
+        /// says a copy was recorded, or its pool had no GPU and the
+        /// prefix is not empty.
+        copy: bool,
+    },
+}
+
+impl Event {
+    /// When, nanoseconds after the trace's first take or drop.
+    pub fn at_ns(&self) -> u64 {
+        match *self {
+            Event::Take { at_ns, .. } | Event::Drop { at_ns, .. } => at_ns,
+        }
+    }
+}
+
+/// A buffer of the trace: who took it, what it asked, and whether anyone
+/// dropped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// The taking thread (an index into [`Replay::threads`]).
+    pub taker: usize,
+    /// Bytes asked.
+    pub size: usize,
+    /// Bytes written.
+    pub written: usize,
+    /// The take's place in the trace's time order.
+    pub from: u64,
+    /// The drop's place in the time order, `None` if it was never dropped.
+    pub to: Option<u64>,
+}
+
+/// A trace made ready to replay.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    /// Each replayed thread's events, in time order.
+    pub threads: Vec<Vec<Event>>,
+    /// The device each thread's copies go to (its first buffer's).
+    pub thread_devices: Vec<usize>,
+    /// Every buffer taken, by id.
+    pub buffers: Vec<Taken>,
+    /// Devices the replay uses.
+    pub devices: usize,
+    /// Devices the traced pool had.
+    pub traced_devices: usize,
+    /// Nanoseconds from the first take or drop to the last.
+    pub span_ns: u64,
+    /// Records the traced pool lost (its threads' buffers were full).
+    pub lost: u64,
+    /// Drops with no take before them, left out.
+    pub unmatched_drops: u64,
+    /// Whether the trace ends with its end record (the pool closed).
+    pub complete: bool,
+    /// pinpool's settings in the trace, as `PINPOOL_CONF` pairs, without
+    /// the backend and the devices (the replay's own).
+    pub conf: String,
+}
+
+impl Replay {
+    /// Makes `trace` ready to replay on `present` devices (the GPUs of this
+    /// machine), or on as many devices as the trace used when `None` (the
+    /// host backend, whose devices are shards of memory). Also returns
+    /// warnings: records lost, devices mapped onto fewer, drops left out.
+    pub fn new(trace: &Trace, present: Option<usize>) -> Result<(Self, Vec<String>), String> {
+        let mut warnings = Vec::new();
+        let mut records: Vec<&Record> = trace
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Take { .. } | Record::Drop { .. }))
+            .collect();
+        records.sort_by_key(|r| r.time_ns());
+        let traced_devices = trace
+            .header
+            .get("devices")
+            .and_then(|d| d.parse::<usize>().ok())
+            .unwrap_or(1)
+            .max(
+                records
+                    .iter()
+                    .map(|r| match r {
+                        Record::Take { device, .. } | Record::Drop { device, .. } => {
+                            usize::from(*device) + 1
+                        }
+                        _ => 1,
+                    })
+                    .max()
+                    .unwrap_or(1),
+            );
+        let devices = match present {
+            Some(present) if present < traced_devices => {
+                warnings.push(format!(
+                    "the trace's pool had {traced_devices} device(s) and this machine has \
+                     {present}: device d replays on device d mod {present}"
+                ));
+                present.max(1)
+            }
+            _ => traced_devices,
+        };
+        // A pool without a GPU records no copies: copy every dirty prefix.
+        let copies_unrecorded = trace.header.get("backend") != Some("cuda");
+        let first = records.first().map_or(0, |r| r.time_ns());
+        let span_ns = records.last().map_or(0, |r| r.time_ns()) - first;
+        let steady_from = span_ns / 4;
+        let mut thread_index: HashMap<u64, usize> = HashMap::new();
+        let mut threads: Vec<Vec<Event>> = Vec::new();
+        let mut thread_devices: Vec<Option<usize>> = Vec::new();
+        let mut buffers: Vec<Taken> = Vec::new();
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        let mut unmatched_drops = 0;
+        for (seq, record) in records.iter().enumerate() {
+            let (at_ns, thread) = (record.time_ns() - first, thread_of(record));
+            let next = thread_index.len();
+            let t = *thread_index.entry(thread).or_insert(next);
+            if t == threads.len() {
+                if t == MAX_THREADS {
+                    return Err(format!(
+                        "the trace has more than {MAX_THREADS} taking or dropping threads"
+                    ));
+                }
+                threads.push(Vec::new());
+                thread_devices.push(None);
+            }
+            match **record {
+                Record::Take {
+                    id, asked, device, ..
+                } => {
+                    let size = usize::try_from(asked)
+                        .ok()
+                        .filter(|&s| s <= pinpool::MAX_CLASS_SIZE)
+                        .ok_or_else(|| {
+                            format!(
+                                "a take at {} ns asks {asked} bytes, more than the largest \
+                                 size class ({} bytes)",
+                                record.time_ns(),
+                                pinpool::MAX_CLASS_SIZE
+                            )
+                        })?
+                        .max(1);
+                    let device = usize::from(device) % devices;
+                    thread_devices[t].get_or_insert(device);
+                    let index = buffers.len();
+                    // A take of an address still open means the drop that
+                    // closed it was lost: the old buffer stays held.
+                    open.insert(id, index);
+                    buffers.push(Taken {
+                        taker: t,
+                        size,
+                        written: 0,
+                        from: seq as u64,
+                        to: None,
+                    });
+                    threads[t].push(Event::Take {
+                        at_ns,
+                        id: index,
+                        device,
+                        size,
+                        written: 0,
+                        steady: at_ns >= steady_from,
+                    });
+                }
+                Record::Drop {
+                    id,
+                    dirty,
+                    copy_recorded,
+                    device,
+                    ..
+                } => {
+                    let Some(index) = open.remove(&id) else {
+                        unmatched_drops += 1;
+                        continue;
+                    };
+                    let buffer = &mut buffers[index];
+                    buffer.written = usize::try_from(dirty)
+                        .unwrap_or(usize::MAX)
+                        .min(buffer.size);
+                    buffer.to = Some(seq as u64);
+                    thread_devices[t].get_or_insert(usize::from(device) % devices);
+                    threads[t].push(Event::Drop {
+                        at_ns,
+                        id: index,
+                        copy: copy_recorded || (copies_unrecorded && buffer.written > 0),
+                    });
+                }
+                _ => unreachable!("only takes and drops are kept"),
+            }
+        }
+        // The bytes written are known at the drop; the take writes them.
+        for events in &mut threads {
+            for event in events {
+                if let Event::Take { id, written, .. } = event {
+                    *written = buffers[*id].written;
+                }
+            }
+        }
+        let (lost, complete) = match trace.records.last() {
+            Some(Record::End { lost, .. }) => (*lost, true),
+            _ => (
+                trace
+                    .records
+                    .iter()
+                    .map(|r| match r {
+                        Record::Lost { records, .. } => *records,
+                        _ => 0,
+                    })
+                    .sum(),
+                false,
+            ),
+        };
+        if lost > 0 {
+            warnings.push(format!(
+                "the traced pool lost {lost} record(s) (a thread's buffer was full): the \
+                 replay lacks those takes and drops"
+            ));
+        }
+        if !complete {
+            warnings.push(
+                "the trace has no end record (its pool never closed, or the file was cut): \
+                 replaying what it has"
+                    .to_string(),
+            );
+        }
+        if unmatched_drops > 0 {
+            warnings.push(format!(
+                "{unmatched_drops} drop(s) have no take before them and are left out"
+            ));
+        }
+        let conf = trace
+            .header
+            .conf()
+            .split(',')
+            .filter(|pair| {
+                let key = pair.split('=').next().unwrap_or("");
+                !pair.is_empty() && key != "backend" && key != "devices"
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok((
+            Self {
+                threads,
+                thread_devices: thread_devices.into_iter().map(|d| d.unwrap_or(0)).collect(),
+                buffers,
+                devices,
+                traced_devices,
+                span_ns,
+                lost,
+                unmatched_drops,
+                complete,
+                conf,
+            },
+            warnings,
+        ))
+    }
+
+    /// Takes in all.
+    pub fn takes(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// Buffers never dropped.
+    pub fn never_dropped(&self) -> usize {
+        self.buffers.iter().filter(|b| b.to.is_none()).count()
+    }
+
+    /// The most bytes asked and not yet dropped at once, in the trace's
+    /// order: what the replay's own peak in-use figure should come to.
+    pub fn peak_in_use_bytes(&self) -> u64 {
+        let mut changes: Vec<(u64, i64)> = Vec::with_capacity(2 * self.buffers.len());
+        for b in &self.buffers {
+            changes.push((b.from, b.size as i64));
+            if let Some(to) = b.to {
+                changes.push((to, -(b.size as i64)));
+            }
+        }
+        changes.sort_unstable();
+        let (mut now, mut peak) = (0i64, 0i64);
+        for (_, change) in changes {
+            now += change;
+            peak = peak.max(now);
+        }
+        peak as u64
+    }
+
+    /// The largest copy thread `thread` issues.
+    fn largest_copy(&self, thread: usize) -> usize {
+        self.threads[thread]
+            .iter()
+            .filter_map(|e| match *e {
+                Event::Drop { id, copy: true, .. } => Some(self.buffers[id].written),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The thread that wrote `record`.
+fn thread_of(record: &Record) -> u64 {
+    match *record {
+        Record::Take { thread, .. } | Record::Drop { thread, .. } => thread,
+        _ => 0,
+    }
+}
+
+impl Demand for Replay {
+    fn devices(&self) -> usize {
+        self.devices
+    }
+
+    fn provers(&self) -> usize {
+        self.threads.len()
+    }
+
+    fn device_of(&self, prover: usize) -> usize {
+        self.thread_devices[prover]
+    }
+
+    fn peak_holdings(
+        &self,
+        prover: usize,
+        length: &dyn Fn(usize) -> usize,
+    ) -> HashMap<usize, usize> {
+        // Each buffer is held by its taker from its take to its drop.
+        let mut changes: Vec<(u64, bool, usize)> = Vec::new();
+        for b in self.buffers.iter().filter(|b| b.taker == prover) {
+            changes.push((b.from, true, length(b.size)));
+            if let Some(to) = b.to {
+                changes.push((to, false, length(b.size)));
+            }
+        }
+        changes.sort_unstable_by_key(|c| c.0);
+        let (mut held, mut peak) = (HashMap::new(), HashMap::new());
+        for (_, take, len) in changes {
+            let now: &mut usize = held.entry(len).or_default();
+            if take {
+                *now += 1;
+                let most: &mut usize = peak.entry(len).or_default();
+                *most = (*most).max(*now);
+            } else {
+                *now -= 1;
+            }
+        }
+        peak
+    }
+}
+
+/// A buffer passed from its taker to its dropper.
+#[derive(Default)]
+struct Slot<'a> {
+    buf: Mutex<Option<Staged<'a>>>,
+    filled: Condvar,
+}
+
+impl<'a> Slot<'a> {
+    fn put(&self, buf: Staged<'a>) {
+        *self.buf.lock().expect("a replay slot") = Some(buf);
+        self.filled.notify_all();
+    }
+
+    /// The buffer, once its taker has put it here.
+    fn wait(&self) -> Staged<'a> {
+        let mut slot = self.buf.lock().expect("a replay slot");
+        loop {
+            if let Some(buf) = slot.take() {
+                return buf;
+            }
+            slot = self.filled.wait(slot).expect("a replay slot");
+        }
+    }
+
+    fn try_take(&self) -> Option<Staged<'a>> {
+        self.buf.lock().expect("a replay slot").take()
+    }
+}
+
+/// Replays `replay` through a new strategy of `kind` with pinpool's
+/// `settings`, on `gpu` if given, at `speed` times the trace's pace.
+pub fn run(
+    kind: Kind,
+    replay: &Replay,
+    settings: &Settings,
+    gpu: Option<&[Arc<CudaContext>]>,
+    speed: f64,
+) -> RunResult {
+    run_strategy(
+        Strategy::new(kind, replay, settings, gpu),
+        replay,
+        gpu,
+        speed,
+    )
+}
+
+/// Replays `replay` through `strategy` (built for it, on `gpu` if given)
+/// at `speed` times the trace's pace, then shuts the strategy down.
+pub fn run_strategy(
+    strategy: Strategy,
+    replay: &Replay,
+    gpu: Option<&[Arc<CudaContext>]>,
+    speed: f64,
+) -> RunResult {
+    measure(strategy, None, |strategy, in_use| {
+        let slots: Vec<Slot<'_>> = (0..replay.buffers.len()).map(|_| Slot::default()).collect();
+        let ready = Barrier::new(replay.threads.len());
+        let start = OnceLock::new();
+        let mut tally = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..replay.threads.len())
+                .map(|t| {
+                    let (slots, ready, start) = (&slots, &ready, &start);
+                    scope.spawn(move || {
+                        replay_thread(strategy, replay, t, slots, ready, start, gpu, speed, in_use)
+                    })
+                })
+                .collect();
+            let mut tally = Tally::default();
+            for thread in threads {
+                tally.merge(thread.join().expect("a replay thread panicked"));
+            }
+            tally
+        });
+        // Buffers never dropped in the trace are given back at its end.
+        for (slot, taken) in slots.iter().zip(&replay.buffers) {
+            if let Some(buf) = slot.try_take() {
+                buf.give_back(taken.taker, taken.written, None);
+                in_use.given_back(taken.size as u64);
+            }
+        }
+        // Every copy is done (each thread synchronized its sink).
+        for thread in 0..replay.threads.len() {
+            strategy.finish(thread);
+        }
+        if tally.started.is_none() {
+            tally.started = Some(Instant::now());
+        }
+        tally
+    })
+}
+
+/// Waits until `due`; returns how late it is then.
+fn wait_until(due: Instant) -> Duration {
+    let now = Instant::now();
+    if let Some(ahead) = due.checked_duration_since(now) {
+        // A sleep overshoots by tens of microseconds: sleep short of the
+        // time, then yield until it.
+        if ahead > Duration::from_micros(200) {
+            std::thread::sleep(ahead - Duration::from_micros(100));
+        }
+        while Instant::now() < due {
+            std::thread::yield_now();
+        }
+    }
+    Instant::now().saturating_duration_since(due)
+}
+
+/// One replayed thread: its events in order, at their times.
+#[allow(clippy::too_many_arguments)]
+fn replay_thread<'a>(
+    strategy: &'a Strategy,
+    replay: &Replay,
+    thread: usize,
+    slots: &[Slot<'a>],
+    ready: &Barrier,
+    start: &OnceLock<Instant>,
+    gpu: Option<&[Arc<CudaContext>]>,
+    speed: f64,
+    in_use: &InUse,
+) -> Tally {
+    let device = replay.thread_devices[thread];
+    let mut sink = Sink::new(gpu.map(|g| &g[device]), replay.largest_copy(thread));
+    ready.wait();
+    let start = *start.get_or_init(Instant::now);
+    let mut tally = Tally {
+        started: Some(start),
+        ..Tally::default()
+    };
+    for event in &replay.threads[thread] {
+        let due = start + Duration::from_secs_f64(event.at_ns() as f64 / 1e9 / speed);
+        tally.late_ns.push(wait_until(due).as_nanos() as u64);
+        match *event {
+            Event::Take {
+                id,
+                device,
+                size,
+                written,
+                steady,
+                ..
+            } => {
+                let started = Instant::now();
+                let mut buf = strategy.take(thread, device, size);
+                tally.take_ns.push(started.elapsed().as_nanos() as u64);
+                in_use.taken(size as u64);
+                tally.take(&mut buf, size, steady);
+                buf.bytes()[..written].fill(0x5A);
+                slots[id].put(buf);
+            }
+            Event::Drop { id, copy, .. } => {
+                let buf = slots[id].wait();
+                let taken = replay.buffers[id];
+                let took = buf.give_back(taken.taker, taken.written, copy.then_some(&mut sink));
+                tally.drop_ns.push(took.as_nanos() as u64);
+                in_use.given_back(taken.size as u64);
+                if copy {
+                    tally.staged += taken.written as u64;
+                }
+            }
+        }
+    }
+    sink.synchronize();
+    tally
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinpool::trace::{Header, Source};
+
+    fn take(time_ns: u64, thread: u64, device: u16, id: u64, asked: u64) -> Record {
+        Record::Take {
+            time_ns,
+            thread,
+            device,
+            id,
+            asked,
+            len: asked,
+            source: Source::Miss,
+        }
+    }
+
+    fn drop_(time_ns: u64, thread: u64, taker: u64, id: u64, dirty: u64) -> Record {
+        Record::Drop {
+            time_ns,
+            thread,
+            taker,
+            device: 0,
+            id,
+            dirty,
+            copy_recorded: false,
+            pinned: false,
+            remote: thread != taker,
+        }
+    }
+
+    fn trace(records: Vec<Record>) -> Trace {
+        Trace {
+            header: Header {
+                entries: vec![
+                    ("backend".into(), "host".into()),
+                    ("setting.backend".into(), "host".into()),
+                    ("setting.devices".into(), "1".into()),
+                    ("setting.max_pooled_bytes".into(), "1048576".into()),
+                ],
+            },
+            records,
+        }
+    }
+
+    /// Thread 7 takes a buffer that thread 9 drops, then the same address
+    /// again (the pool reused it), which it drops itself; thread 9 takes
+    /// one it never drops; one drop has no take. The records are out of
+    /// time order, as batches of the background thread can leave them.
+    fn crossing() -> Trace {
+        trace(vec![
+            take(20, 7, 0, 0x1000, 300),
+            drop_(10, 9, 7, 0x1000, 100),
+            take(0, 7, 0, 0x1000, 200),
+            take(5, 9, 0, 0x2000, 50),
+            drop_(30, 7, 7, 0x1000, 400),
+            drop_(40, 9, 9, 0x3000, 1),
+        ])
+    }
+
+    #[test]
+    fn drops_pair_with_the_last_take_of_their_address_on_the_dropping_thread() {
+        let (replay, warnings) = Replay::new(&crossing(), None).unwrap();
+        assert_eq!(replay.threads.len(), 2);
+        assert_eq!(replay.takes(), 3);
+        assert_eq!(replay.never_dropped(), 1);
+        assert_eq!(replay.unmatched_drops, 1);
+        assert_eq!(replay.span_ns, 40);
+        assert!(warnings.iter().any(|w| w.contains("no take before them")));
+        assert!(warnings.iter().any(|w| w.contains("no end record")));
+        // Thread 7 (the first seen): its take at 0, its take at 20 of the
+        // reused address, the drop at 30; the bytes written are the
+        // drop's dirty prefix, at most the size asked.
+        assert_eq!(
+            replay.threads[0],
+            vec![
+                Event::Take {
+                    at_ns: 0,
+                    id: 0,
+                    device: 0,
+                    size: 200,
+                    written: 100,
+                    steady: false
+                },
+                Event::Take {
+                    at_ns: 20,
+                    id: 2,
+                    device: 0,
+                    size: 300,
+                    written: 300,
+                    steady: true
+                },
+                Event::Drop {
+                    at_ns: 30,
+                    id: 2,
+                    copy: true
+                },
+            ]
+        );
+        // Thread 9 drops thread 7's first buffer.
+        assert_eq!(
+            replay.threads[1],
+            vec![
+                Event::Take {
+                    at_ns: 5,
+                    id: 1,
+                    device: 0,
+                    size: 50,
+                    written: 0,
+                    steady: false
+                },
+                Event::Drop {
+                    at_ns: 10,
+                    id: 0,
+                    copy: true
+                },
+            ]
+        );
+        assert_eq!(replay.buffers[0].taker, 0);
+        // Thread 7 holds one buffer at a time, thread 9 its one for ever.
+        let same = |size: usize| size;
+        assert_eq!(
+            replay.peak_holdings(0, &same),
+            HashMap::from([(200, 1), (300, 1)])
+        );
+        assert_eq!(replay.peak_holdings(1, &same), HashMap::from([(50, 1)]));
+        assert_eq!(replay.peak_in_use_bytes(), 300 + 50);
+        assert_eq!(replay.conf, "max_pooled_bytes=1048576");
+    }
+
+    #[test]
+    fn a_cross_thread_replay_runs_every_take_and_drop() {
+        let (replay, _) = Replay::new(&crossing(), None).unwrap();
+        let settings = Settings {
+            cleaner_threads: 1,
+            max_pooled_bytes: 1 << 20,
+            size_classes: pinpool::SizeClasses::Fine,
+            conf: replay.conf.clone(),
+            trace: None,
+        };
+        for kind in [
+            Kind::Pinpool,
+            Kind::Ideal,
+            Kind::Limit,
+            Kind::Seed,
+            Kind::Pageable,
+        ] {
+            let result = run(kind, &replay, &settings, None, 1.0);
+            assert_eq!(result.bytes_requested, 550, "{kind:?}");
+            // At least the trace's peak; more when the drop on the other
+            // thread runs late against the take that follows it.
+            assert!((350..=550).contains(&result.peak_in_use_bytes), "{kind:?}");
+            // Copies of the dirty prefixes on the host: 100 and 300 bytes.
+            let staged = (result.staged_gb_per_s * result.wall_s * 1e9).round();
+            assert_eq!(staged, 400.0, "{kind:?}");
+            assert!(result.segments_per_s.is_none());
+        }
+    }
+
+    #[test]
+    fn devices_beyond_this_machines_replay_on_those_it_has() {
+        let (replay, warnings) = Replay::new(
+            &trace(vec![take(0, 1, 3, 0x1000, 10), drop_(1, 1, 1, 0x1000, 0)]),
+            Some(2),
+        )
+        .unwrap();
+        assert_eq!((replay.devices, replay.traced_devices), (2, 4));
+        assert!(matches!(
+            replay.threads[0][0],
+            Event::Take { device: 1, .. }
+        ));
+        assert!(warnings.iter().any(|w| w.contains("mod 2")), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_take_larger_than_the_largest_class_is_an_error() {
+        let huge = pinpool::MAX_CLASS_SIZE as u64 + 1;
+        let e = Replay::new(&trace(vec![take(0, 1, 0, 0x1000, huge)]), None).unwrap_err();
+        assert!(e.contains("largest size class"), "{e}");
+    }
+}
