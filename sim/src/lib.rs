@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod ideal;
 pub mod limit;
 pub mod machine;
+pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod run;

@@ -123,9 +123,14 @@ struct SimArgs {
     #[arg(long)]
     json: bool,
     /// Write a trace of pinpool's run to PATH (with --repeat above 1, run
-    /// N after the first to PATH.N), for `replay` and `trace-dump`.
+    /// N after the first to PATH.N), for `replay` and `trace-dump`; without
+    /// it, `PINPOOL_TRACE` names the path, if set.
     #[arg(long, value_name = "PATH")]
     trace: Option<std::path::PathBuf>,
+    /// Draw pinned and in-use bytes over time, and the misses, per
+    /// strategy (its first run), to an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Parser)]
@@ -157,6 +162,10 @@ struct ReplayArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Draw pinned and in-use bytes over time, and the misses, per
+    /// strategy (its first run), to an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// How pinpool rounds requested sizes (`--size-classes`).
@@ -280,7 +289,18 @@ fn trace_dump(path: &std::path::Path) {
     out.flush().unwrap_or_else(closed);
 }
 
-fn sim(args: SimArgs) {
+fn sim(mut args: SimArgs) {
+    if args.trace.is_none() {
+        args.trace = std::env::var_os("PINPOOL_TRACE")
+            .filter(|path| !path.is_empty())
+            .map(Into::into);
+        if args.trace.is_some() && !args.strategies.contains(&Kind::Pinpool) {
+            usage_error(
+                "PINPOOL_TRACE records pinpool's runs, and --strategies leaves pinpool out",
+            );
+        }
+    }
+    check_plot("sim", args.plot.as_deref());
     let gpu = if args.host {
         None
     } else {
@@ -371,6 +391,40 @@ fn sim(args: SimArgs) {
         print_table(&reports, "each prover's segments");
         print_legend(&reports, &backend);
     }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "pinpool-sim sim: {} device(s) x {} prover(s), {} segments, scale {}, seed {}, pinpool cap {}",
+            args.devices,
+            args.provers_per_device,
+            args.segments,
+            args.scale,
+            args.seed,
+            human_bytes(settings.max_pooled_bytes as u64)
+        );
+        plot(path, &title, &reports);
+    }
+}
+
+/// Fails early (exit status 1) when the `--plot` file cannot be written.
+fn check_plot(subcommand: &str, path: Option<&std::path::Path>) {
+    if let Some(path) = path {
+        if let Err(e) = std::fs::File::create(path) {
+            eprintln!("pinpool-sim {subcommand}: --plot {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Draws the first run of each report to `path`.
+fn plot(path: &std::path::Path, title: &str, reports: &[Report]) {
+    let runs: Vec<_> = reports
+        .iter()
+        .map(|r| (r.strategy.name(), &r.runs[0].series))
+        .collect();
+    if let Err(e) = pinpool_sim::plot::draw(path, title, &runs) {
+        eprintln!("pinpool-sim: --plot {e}");
+        std::process::exit(1);
+    }
 }
 
 /// `replay`: the trace against each strategy, with its settings for
@@ -380,6 +434,7 @@ fn replay(args: ReplayArgs) {
         eprintln!("pinpool-sim replay: {}: {message}", args.trace.display());
         std::process::exit(1)
     };
+    check_plot("replay", args.plot.as_deref());
     let trace = pinpool::trace::Trace::read(&args.trace).unwrap_or_else(|e| fail(e.to_string()));
     let gpu = if args.host {
         None
@@ -459,6 +514,14 @@ fn replay(args: ReplayArgs) {
     } else {
         print_table(&reports, "the trace's time");
         print_legend(&reports, &backend);
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "pinpool-sim replay {} at speed {}",
+            args.trace.display(),
+            args.speed
+        );
+        plot(path, &title, &reports);
     }
 }
 

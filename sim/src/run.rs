@@ -67,6 +67,21 @@ pub struct RunResult {
     /// In a replay, how late the takes and drops ran against the trace's
     /// times (scaled by `--speed`), 99th percentile, milliseconds.
     pub late_p99_ms: Option<f64>,
+    /// Pinned and in-use bytes over the run, and its misses (for
+    /// `--plot`; not in the JSON).
+    #[serde(skip)]
+    pub series: Series,
+}
+
+/// What a run held over time.
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    /// Samples every 2 ms: seconds since the run began, bytes pinned,
+    /// bytes in use (asked of takes and not yet given back).
+    pub samples: Vec<(f64, u64, u64)>,
+    /// Each take the strategy did not serve from its pool: seconds since
+    /// the run began, bytes asked.
+    pub misses: Vec<(f64, u64)>,
 }
 
 /// What the takers of a run counted, merged over them.
@@ -86,6 +101,8 @@ pub(crate) struct Tally {
     pub(crate) hit_bytes: [u64; 2],
     pub(crate) requested: u64,
     pub(crate) staged: u64,
+    /// When each miss happened, and its bytes asked.
+    pub(crate) misses: Vec<(Instant, u64)>,
 }
 
 impl Tally {
@@ -101,6 +118,8 @@ impl Tally {
         if buf.hit() {
             self.hits[phase] += 1;
             self.hit_bytes[phase] += len;
+        } else {
+            self.misses.push((Instant::now(), size as u64));
         }
     }
 
@@ -112,6 +131,7 @@ impl Tally {
         self.take_ns.extend(other.take_ns);
         self.drop_ns.extend(other.drop_ns);
         self.late_ns.extend(other.late_ns);
+        self.misses.extend(other.misses);
         for i in 0..2 {
             self.takes[i] += other.takes[i];
             self.hits[i] += other.hits[i];
@@ -217,20 +237,38 @@ pub(crate) fn measure(
     // same for every strategy, ready) until the strategy has flushed,
     // before the sampler below wakes up to see `done` (a sleep of up to
     // 2 ms, and longer on a loaded machine).
-    let (wall, mut tally) = std::thread::scope(|scope| {
-        scope.spawn(|| {
+    let (wall, mut tally, samples) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut samples = Vec::new();
             while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(strategy.pinned_bytes(), Ordering::Relaxed);
+                let pinned = strategy.pinned_bytes();
+                peak.fetch_max(pinned, Ordering::Relaxed);
+                samples.push((Instant::now(), pinned, in_use.now.load(Ordering::Relaxed)));
                 std::thread::sleep(Duration::from_millis(2));
             }
+            samples
         });
         let tally = drive(&strategy, &in_use);
         strategy.flush();
         let started = tally.started.expect("a run has takers");
         let wall = started.elapsed().as_secs_f64();
         done.store(true, Ordering::Relaxed);
-        (wall, tally)
+        let samples = sampler.join().expect("the sampler thread panicked");
+        (wall, tally, samples)
     });
+    let started = tally.started.expect("a run has takers");
+    let since = |at: Instant| at.saturating_duration_since(started).as_secs_f64();
+    let series = Series {
+        samples: samples
+            .into_iter()
+            .map(|(at, pinned, in_use)| (since(at), pinned, in_use))
+            .collect(),
+        misses: tally
+            .misses
+            .iter()
+            .map(|&(at, bytes)| (since(at), bytes))
+            .collect(),
+    };
     let (ready_p50_ms, ready_p99_ms, bytes_zeroed) = match &strategy {
         Strategy::Pinpool(pool) => {
             let s = pool.stats();
@@ -286,6 +324,7 @@ pub(crate) fn measure(
         class_overhead: ratio(handed_out, tally.requested),
         bytes_zeroed,
         late_p99_ms: (!tally.late_ns.is_empty()).then(|| quantile(&mut tally.late_ns, 0.99) / 1e6),
+        series,
     }
 }
 

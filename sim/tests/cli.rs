@@ -432,3 +432,60 @@ fn sim_traces_pinpool_and_replay_runs_the_trace_against_each_strategy() {
     }
     refused(&[&["--trace", path_text, "--strategies", "pageable"]]);
 }
+
+/// The polylines of `svg` drawn in `color` (`#RRGGBB`), as point counts.
+fn polylines(svg: &roxmltree::Document<'_>, color: &str) -> Vec<usize> {
+    svg.descendants()
+        .filter(|n| n.has_tag_name("polyline") && n.attribute("stroke") == Some(color))
+        .map(|n| {
+            n.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+        })
+        .collect()
+}
+
+#[test]
+fn plots_are_svg_with_pinned_and_in_use_over_time_for_each_strategy() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("pinpool-sim-plot-{}.svg", std::process::id()));
+    let mut args = TINY.to_vec();
+    args.extend(["--strategies", "pinpool,pageable"]);
+    args.extend(["--plot", path.to_str().unwrap()]);
+    let out = sim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let svg = roxmltree::Document::parse(&text).expect("valid XML");
+    assert!(svg.root_element().has_tag_name("svg"));
+    let texts: Vec<String> = svg
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_string())
+        .collect();
+    for label in ["pinpool", "pageable", "pinned", "in use", "seconds", "GiB"] {
+        assert!(texts.iter().any(|t| t == label), "{label}: {texts:?}");
+    }
+    // Pageable misses every take: 2 provers x 2 segments x 18 buffers.
+    assert!(texts.iter().any(|t| t == "misses (72)"), "{texts:?}");
+    // Per panel, each series a line over the run (and its legend's mark).
+    for color in ["#C82828", "#1E5AC8"] {
+        let lines: Vec<_> = polylines(&svg, color)
+            .into_iter()
+            .filter(|&n| n > 2)
+            .collect();
+        assert_eq!(lines.len(), 2, "{color}: {lines:?}");
+    }
+
+    // A file that cannot be written fails before the run, with its path.
+    let out = sim(&[TINY, &["--plot", "/nonexistent-dir/x.svg"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("/nonexistent-dir/x.svg"), "{stderr}");
+}

@@ -1,0 +1,101 @@
+//! `--plot`: pinned and in-use bytes over time, per strategy, as SVG.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::run::Series;
+
+/// Bytes in a GiB.
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Pixels per strategy's panel.
+const PANEL: (u32, u32) = (1000, 240);
+
+/// Draws to `path`, under `title`, one panel per strategy (`runs`: its
+/// name and what one run held): pinned bytes and in-use bytes over time,
+/// each miss a cross at the bytes it asked for, all panels on one time
+/// axis and one byte scale.
+pub fn draw(path: &Path, title: &str, runs: &[(&str, &Series)]) -> Result<(), String> {
+    draw_svg(path, title, runs).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn draw_svg(
+    path: &Path,
+    title: &str,
+    runs: &[(&str, &Series)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let end = runs
+        .iter()
+        .flat_map(|(_, s)| {
+            s.samples
+                .iter()
+                .map(|p| p.0)
+                .chain(s.misses.iter().map(|m| m.0))
+        })
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let top = runs
+        .iter()
+        .flat_map(|(_, s)| {
+            s.samples
+                .iter()
+                .flat_map(|p| [p.1, p.2])
+                .chain(s.misses.iter().map(|m| m.1))
+        })
+        .max()
+        .unwrap_or(0) as f64
+        / GIB;
+    let top = (top * 1.1).max(1.0 / 1024.0);
+    let height = PANEL.1 * runs.len().max(1) as u32 + 40;
+    let root = SVGBackend::new(path, (PANEL.0, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 18))?;
+    let panels = root.split_evenly((runs.len().max(1), 1));
+    for (area, (name, series)) in panels.iter().zip(runs) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(*name, ("sans-serif", 16))
+            .margin(8)
+            .x_label_area_size(32)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..end, 0.0..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc("GiB")
+            .draw()?;
+        let pinned = RGBColor(200, 40, 40);
+        let in_use = RGBColor(30, 90, 200);
+        chart
+            .draw_series(LineSeries::new(
+                series.samples.iter().map(|p| (p.0, p.1 as f64 / GIB)),
+                pinned.stroke_width(2),
+            ))?
+            .label("pinned")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], pinned));
+        chart
+            .draw_series(LineSeries::new(
+                series.samples.iter().map(|p| (p.0, p.2 as f64 / GIB)),
+                in_use.stroke_width(2),
+            ))?
+            .label("in use")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], in_use));
+        chart
+            .draw_series(
+                series
+                    .misses
+                    .iter()
+                    .map(|m| Cross::new((m.0, m.1 as f64 / GIB), 3, BLACK)),
+            )?
+            .label(format!("misses ({})", series.misses.len()))
+            .legend(|(x, y)| Cross::new((x + 10, y), 3, BLACK));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
