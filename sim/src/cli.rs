@@ -80,6 +80,18 @@ pub fn parse_speed(text: &str) -> Result<f64, String> {
     Ok(speed)
 }
 
+/// `--target`: a percentage above 0 and at most 100, returned as a
+/// fraction.
+pub fn parse_target(text: &str) -> Result<f64, String> {
+    let percent = parse_finite(text.trim().strip_suffix('%').unwrap_or(text))?;
+    if percent <= 0.0 || percent > 100.0 {
+        return Err(format!(
+            "the target must be above 0% and at most 100%, got {percent}"
+        ));
+    }
+    Ok(percent / 100.0)
+}
+
 /// `--cap-factor`: a finite factor above 0.
 pub fn parse_cap_factor(text: &str) -> Result<f64, String> {
     let factor = parse_finite(text)?;

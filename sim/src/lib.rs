@@ -14,4 +14,5 @@ pub mod report;
 pub mod run;
 pub mod seed;
 pub mod strategy;
+pub mod suggest;
 pub mod workload;

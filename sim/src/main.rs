@@ -45,6 +45,11 @@ enum Command {
     /// `PoolBuilder::trace` or `sim --trace`) against each strategy: one
     /// thread per traced thread, each take and drop at its time.
     Replay(ReplayArgs),
+    /// Replay a pinpool trace through pinpool under caps from half its
+    /// peak in-use bytes up, for each layout (size classes, regions), and
+    /// print the smallest settings that reach the target of steady byte
+    /// hits: the `PINPOOL_CONF` line to use.
+    Suggest(SuggestArgs),
     /// Print a pinpool trace (written through `PINPOOL_TRACE` or
     /// `PoolBuilder::trace`) as text: the header's lines, then one line
     /// per record.
@@ -168,6 +173,30 @@ struct ReplayArgs {
     plot: Option<std::path::PathBuf>,
 }
 
+#[derive(Parser)]
+struct SuggestArgs {
+    /// The trace file.
+    trace: std::path::PathBuf,
+    /// Steady byte hits to reach, percent (above 0, at most 100).
+    #[arg(long, value_name = "PERCENT", default_value = "99.9", value_parser = cli::parse_target)]
+    target: f64,
+    /// Replays the trace this many times faster than it was recorded;
+    /// above 0.
+    #[arg(long, value_name = "F", default_value_t = 1.0, value_parser = cli::parse_speed)]
+    speed: f64,
+    /// pinpool settings, as `key=value` pairs in the format of
+    /// `PINPOOL_CONF`, applied over those the trace records and under
+    /// those each step sets (the cap, the size classes, regions).
+    #[arg(long, value_name = "PAIRS", default_value = "", value_parser = cli::parse_conf)]
+    pinpool_conf: String,
+    /// Run on the host backend even when a GPU is present.
+    #[arg(long)]
+    host: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
 /// How pinpool rounds requested sizes (`--size-classes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Classes {
@@ -252,6 +281,7 @@ fn main() {
             }
             replay(args)
         }
+        Command::Suggest(args) => suggest(args),
         Command::TraceDump { trace } => trace_dump(&trace),
     }
 }
@@ -430,45 +460,14 @@ fn plot(path: &std::path::Path, title: &str, reports: &[Report]) {
 /// `replay`: the trace against each strategy, with its settings for
 /// pinpool (under `--pinpool-conf`'s).
 fn replay(args: ReplayArgs) {
-    let fail = |message: String| -> ! {
-        eprintln!("pinpool-sim replay: {}: {message}", args.trace.display());
-        std::process::exit(1)
-    };
     check_plot("replay", args.plot.as_deref());
-    let trace = pinpool::trace::Trace::read(&args.trace).unwrap_or_else(|e| fail(e.to_string()));
-    let gpu = if args.host {
-        None
-    } else {
-        pinpool_sim::gpu::detect()
-    };
-    let (replay, warnings) =
-        Replay::new(&trace, gpu.as_ref().map(Vec::len)).unwrap_or_else(|e| fail(e));
-    for warning in &warnings {
-        eprintln!("warning: {warning}");
-    }
-    if replay.takes() == 0 {
-        fail("the trace has no takes to replay".to_string());
-    }
-    // The trace's settings, then the command line's.
-    let conf = [replay.conf.as_str(), args.pinpool_conf.as_str()]
-        .iter()
-        .filter(|c| !c.is_empty())
-        .copied()
-        .collect::<Vec<_>>()
-        .join(",");
-    if let Err(e) = cli::parse_conf(&conf) {
-        fail(format!(
-            "its pinpool settings `{conf}` do not build a pool here: {e}"
-        ));
-    }
-    let defaults = pinpool::Config::default();
-    let settings = Settings {
-        cleaner_threads: defaults.cleaner_threads,
-        max_pooled_bytes: defaults.max_pooled_bytes,
-        size_classes: defaults.size_classes,
-        conf,
-        trace: None,
-    };
+    let Loaded {
+        trace,
+        gpu,
+        replay,
+        warnings,
+        settings,
+    } = load("replay", &args.trace, args.host, &args.pinpool_conf);
     let strategies = fit_prepared(
         "replay",
         usable("replay", &args.strategies, args.host, gpu.is_some()),
@@ -523,6 +522,193 @@ fn replay(args: ReplayArgs) {
         );
         plot(path, &title, &reports);
     }
+}
+
+/// A trace ready to replay.
+struct Loaded {
+    trace: pinpool::trace::Trace,
+    gpu: Option<Vec<Arc<CudaContext>>>,
+    replay: Replay,
+    warnings: Vec<String>,
+    /// pinpool's settings: the trace's, then `--pinpool-conf`'s.
+    settings: Settings,
+}
+
+/// Reads the trace at `path` for `subcommand` and makes it ready to
+/// replay on this machine's GPUs (none with `host`), with pinpool's
+/// settings from the trace under `conf`; prints the warnings; exits with
+/// status 1 and the path on a bad trace.
+fn load(subcommand: &str, path: &std::path::Path, host: bool, conf: &str) -> Loaded {
+    let fail = |message: String| -> ! {
+        eprintln!("pinpool-sim {subcommand}: {}: {message}", path.display());
+        std::process::exit(1)
+    };
+    let trace = pinpool::trace::Trace::read(path).unwrap_or_else(|e| fail(e.to_string()));
+    let gpu = if host {
+        None
+    } else {
+        pinpool_sim::gpu::detect()
+    };
+    let (replay, warnings) =
+        Replay::new(&trace, gpu.as_ref().map(Vec::len)).unwrap_or_else(|e| fail(e));
+    for warning in &warnings {
+        eprintln!("warning: {warning}");
+    }
+    if replay.takes() == 0 {
+        fail("the trace has no takes to replay".to_string());
+    }
+    let conf = join_conf(&[&replay.conf, conf]);
+    if let Err(e) = cli::parse_conf(&conf) {
+        fail(format!(
+            "its pinpool settings `{conf}` do not build a pool here: {e}"
+        ));
+    }
+    let defaults = pinpool::Config::default();
+    let settings = Settings {
+        cleaner_threads: defaults.cleaner_threads,
+        max_pooled_bytes: defaults.max_pooled_bytes,
+        size_classes: defaults.size_classes,
+        conf,
+        trace: None,
+    };
+    Loaded {
+        trace,
+        gpu,
+        replay,
+        warnings,
+        settings,
+    }
+}
+
+/// `PINPOOL_CONF` pair lists joined, later ones overriding.
+fn join_conf(confs: &[&str]) -> String {
+    confs
+        .iter()
+        .filter(|c| !c.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `suggest`: the sweep of [`pinpool_sim::suggest`], as a table or JSON.
+fn suggest(args: SuggestArgs) {
+    let Loaded {
+        gpu,
+        replay,
+        warnings,
+        settings,
+        ..
+    } = load("suggest", &args.trace, args.host, &args.pinpool_conf);
+    let peak_in_use = replay.peak_in_use_bytes();
+    if !args.json {
+        println!(
+            "trace: {}, {} thread(s), {} takes over {:.2} s, peak in use {}",
+            args.trace.display(),
+            replay.threads.len(),
+            replay.takes(),
+            replay.span_ns as f64 / 1e9,
+            human_bytes(peak_in_use)
+        );
+        println!(
+            "target: {}% steady byte hits (after the first quarter of the trace's time); speed {}; backend {}",
+            args.target * 100.0,
+            args.speed,
+            if gpu.is_some() { "cuda" } else { "host" }
+        );
+        println!(
+            "\n{:<6} {:<8} {:>11} {:>8} {:>13} {:>13} {:>12} {:>8} {:>6}",
+            "sizes",
+            "regions",
+            "cap",
+            "x in use",
+            "steady bytes",
+            "steady count",
+            "peak pinned",
+            "pinned/",
+            "regs"
+        );
+    }
+    let (steps, best) = pinpool_sim::suggest::sweep(peak_in_use, args.target, |step| {
+        let settings = Settings {
+            conf: join_conf(&[&settings.conf, step]),
+            ..settings.clone()
+        };
+        let result = pinpool_sim::replay::run(
+            Kind::Pinpool,
+            &replay,
+            &settings,
+            gpu.as_deref(),
+            args.speed,
+        );
+        if !args.json {
+            let cap: u64 = step_value(step, "max_pooled_bytes").parse().unwrap_or(0);
+            println!(
+                "{:<6} {:<8} {:>11} {:>8.2} {:>12.3}% {:>12.3}% {:>12} {:>8.3} {:>6}{}",
+                step_value(step, "size_classes"),
+                step_value(step, "regions"),
+                human_bytes(cap),
+                cap as f64 / peak_in_use.max(1) as f64,
+                result.steady_hit_rate_bytes * 100.0,
+                result.steady_hit_rate * 100.0,
+                human_bytes(result.peak_pinned_bytes),
+                result.pinned_per_in_use,
+                result.registrations,
+                if result.steady_hit_rate_bytes >= args.target {
+                    "  reached"
+                } else {
+                    ""
+                }
+            );
+        }
+        result
+    });
+    let suggestion = best.map(|i| &steps[i]);
+    if !args.json && gpu.is_none() {
+        println!("(host backend: nothing is page-locked, so peak pinned reads 0 and the smallest cap wins)");
+    }
+    if args.json {
+        let out = serde_json::json!({
+            "trace": args.trace,
+            "peak_in_use_bytes": peak_in_use,
+            "target": args.target,
+            "speed": args.speed,
+            "base_conf": settings.conf,
+            "warnings": warnings,
+            "steps": steps,
+            "suggestion": suggestion,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
+        return;
+    }
+    println!();
+    match suggestion {
+        Some(step) => println!(
+            "suggested: PINPOOL_CONF={} (steady byte hits {:.3}%, peak pinned {})",
+            step.conf,
+            step.steady_hit_rate_bytes * 100.0,
+            human_bytes(step.peak_pinned_bytes)
+        ),
+        None => {
+            let closest = steps
+                .iter()
+                .max_by(|a, b| a.steady_hit_rate_bytes.total_cmp(&b.steady_hit_rate_bytes))
+                .expect("the sweep has steps");
+            println!(
+                "no setting tried reached {}% steady byte hits; the closest: PINPOOL_CONF={} ({:.3}%)",
+                args.target * 100.0,
+                closest.conf,
+                closest.steady_hit_rate_bytes * 100.0
+            );
+        }
+    }
+}
+
+/// The value of `key` in the pairs `conf`.
+fn step_value<'a>(conf: &'a str, key: &str) -> &'a str {
+    conf.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map_or("", |(_, v)| v)
 }
 
 fn print_replay_header(

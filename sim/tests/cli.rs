@@ -489,3 +489,75 @@ fn plots_are_svg_with_pinned_and_in_use_over_time_for_each_strategy() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("/nonexistent-dir/x.svg"), "{stderr}");
 }
+
+#[test]
+fn suggest_finds_the_smallest_cap_that_keeps_a_buffer_reused() {
+    // One thread takes and drops the same 64 KiB buffer, 5 ms apart
+    // (time for the cleaner): the takes after the first hit under a cap
+    // of at least 64 KiB, none under less.
+    let path =
+        std::env::temp_dir().join(format!("pinpool-sim-suggest-{}.trace", std::process::id()));
+    let pool = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .trace(&path)
+        .build()
+        .unwrap();
+    for _ in 0..40 {
+        drop(pool.take(64 << 10));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(pool);
+    let suggest = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+            .arg("suggest")
+            .args(args)
+            .arg(&path)
+            .output()
+            .expect("run pinpool-sim")
+    };
+    let out = suggest(&["--host", "--json", "--target", "90"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["peak_in_use_bytes"], 64 << 10);
+    let suggestion = &json["suggestion"];
+    assert_eq!(suggestion["cap_factor"], 1.0, "{json:#}");
+    assert_eq!(suggestion["max_pooled_bytes"], 64 << 10);
+    let conf = suggestion["conf"].as_str().unwrap();
+    assert!(
+        conf.starts_with(&format!("max_pooled_bytes={},", 64 << 10)),
+        "{conf}"
+    );
+    assert!(suggestion["steady_hit_rate_bytes"].as_f64().unwrap() >= 0.9);
+    // No cap under the buffer's length pools it, and each layout stops at
+    // its first cap that reaches the target.
+    let steps = json["steps"].as_array().unwrap();
+    for step in steps {
+        if step["max_pooled_bytes"].as_u64().unwrap() < 64 << 10 {
+            assert_eq!(step["steady_hit_rate_bytes"], 0.0, "{step:#}");
+        }
+    }
+    for layout in steps.chunk_by(|a, b| a["layout"] == b["layout"]) {
+        let reached: Vec<bool> = layout
+            .iter()
+            .map(|s| s["reached"].as_bool().unwrap())
+            .collect();
+        assert!(!reached[..reached.len() - 1].contains(&true), "{layout:#?}");
+    }
+
+    // The table says what to set.
+    let out = suggest(&["--host", "--target", "90%"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "suggested: PINPOOL_CONF=max_pooled_bytes={},",
+            64 << 10
+        )),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&path);
+    for bad in ["0", "101", "x", "-5%"] {
+        let out = suggest(&["--target", bad]);
+        assert_eq!(out.status.code(), Some(2), "--target {bad}");
+    }
+}
