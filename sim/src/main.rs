@@ -189,6 +189,10 @@ struct SuggestArgs {
     /// those each step sets (the cap, the size classes, regions).
     #[arg(long, value_name = "PAIRS", default_value = "", value_parser = cli::parse_conf)]
     pinpool_conf: String,
+    /// Layouts to sweep, in order: size classes (fine, pow2) and regions
+    /// (off, on).
+    #[arg(long, value_delimiter = ',', default_value = "fine-off,fine-on,pow2-off,pow2-on", value_parser = pinpool_sim::suggest::Layout::parse)]
+    layouts: Vec<pinpool_sim::suggest::Layout>,
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
     host: bool,
@@ -628,40 +632,41 @@ fn suggest(args: SuggestArgs) {
             "regs"
         );
     }
-    let (steps, best) = pinpool_sim::suggest::sweep(peak_in_use, args.target, |step| {
-        let settings = Settings {
-            conf: join_conf(&[&settings.conf, step]),
-            ..settings.clone()
-        };
-        let result = pinpool_sim::replay::run(
-            Kind::Pinpool,
-            &replay,
-            &settings,
-            gpu.as_deref(),
-            args.speed,
-        );
-        if !args.json {
-            let cap: u64 = step_value(step, "max_pooled_bytes").parse().unwrap_or(0);
-            println!(
-                "{:<6} {:<8} {:>11} {:>8.2} {:>12.3}% {:>12.3}% {:>12} {:>8.3} {:>6}{}",
-                step_value(step, "size_classes"),
-                step_value(step, "regions"),
-                human_bytes(cap),
-                cap as f64 / peak_in_use.max(1) as f64,
-                result.steady_hit_rate_bytes * 100.0,
-                result.steady_hit_rate * 100.0,
-                human_bytes(result.peak_pinned_bytes),
-                result.pinned_per_in_use,
-                result.registrations,
-                if result.steady_hit_rate_bytes >= args.target {
-                    "  reached"
-                } else {
-                    ""
-                }
+    let (steps, best) =
+        pinpool_sim::suggest::sweep(peak_in_use, args.target, &args.layouts, |step| {
+            let settings = Settings {
+                conf: join_conf(&[&settings.conf, step]),
+                ..settings.clone()
+            };
+            let result = pinpool_sim::replay::run(
+                Kind::Pinpool,
+                &replay,
+                &settings,
+                gpu.as_deref(),
+                args.speed,
             );
-        }
-        result
-    });
+            if !args.json {
+                let cap: u64 = step_value(step, "max_pooled_bytes").parse().unwrap_or(0);
+                println!(
+                    "{:<6} {:<8} {:>11} {:>8.2} {:>12.3}% {:>12.3}% {:>12} {:>8.3} {:>6}{}",
+                    step_value(step, "size_classes"),
+                    step_value(step, "regions"),
+                    human_bytes(cap),
+                    cap as f64 / peak_in_use.max(1) as f64,
+                    result.steady_hit_rate_bytes * 100.0,
+                    result.steady_hit_rate * 100.0,
+                    human_bytes(result.peak_pinned_bytes),
+                    result.pinned_per_in_use,
+                    result.registrations,
+                    if result.steady_hit_rate_bytes >= args.target {
+                        "  reached"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            result
+        });
     let suggestion = best.map(|i| &steps[i]);
     if !args.json && gpu.is_none() {
         println!("(host backend: nothing is page-locked, so peak pinned reads 0 and the smallest cap wins)");

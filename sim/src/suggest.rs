@@ -22,7 +22,29 @@ pub struct Layout {
     pub regions: bool,
 }
 
-/// The layouts tried, in order.
+impl Layout {
+    /// The layout named `text`: `fine-off`, `fine-on`, `pow2-off` or
+    /// `pow2-on` (size classes, then regions).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        LAYOUTS
+            .into_iter()
+            .find(|l| l.name() == text.trim())
+            .ok_or_else(|| {
+                format!("`{text}` is not a layout: fine-off, fine-on, pow2-off or pow2-on")
+            })
+    }
+
+    /// Its name: the size classes, then regions on or off.
+    pub fn name(self) -> String {
+        format!(
+            "{}-{}",
+            self.size_classes,
+            if self.regions { "on" } else { "off" }
+        )
+    }
+}
+
+/// Every layout, in the order tried.
 pub const LAYOUTS: [Layout; 4] = [
     Layout {
         size_classes: "fine",
@@ -76,19 +98,20 @@ pub fn conf(layout: Layout, cap: usize) -> String {
     )
 }
 
-/// Sweeps the caps of every layout for a trace whose peak in-use bytes
-/// are `peak_in_use`: `replay` runs the trace with the `PINPOOL_CONF`
-/// pairs it is given. A step reaches the target when its steady byte hits
+/// Sweeps the caps of each of `layouts` for a trace whose peak in-use
+/// bytes are `peak_in_use`: `replay` runs the trace with the
+/// `PINPOOL_CONF` pairs it is given. A step reaches the target when its steady byte hits
 /// are at least `target` (a fraction). Returns every step, in order, and
 /// the index of the suggestion among them, if any step reached the target.
 pub fn sweep(
     peak_in_use: u64,
     target: f64,
+    layouts: &[Layout],
     mut replay: impl FnMut(&str) -> RunResult,
 ) -> (Vec<Step>, Option<usize>) {
     let page = 4096.0;
     let mut steps = Vec::new();
-    for layout in LAYOUTS {
+    for &layout in layouts {
         for factor in CAP_FACTORS {
             let cap = (factor * peak_in_use as f64).max(page) as usize;
             let conf = conf(layout, cap);
@@ -174,7 +197,7 @@ mod tests {
         // Fine classes reach the target at 1.25x the peak in use, pow2
         // at 2x; regions pin 10% less at the same cap.
         let peak = 1 << 30;
-        let (steps, best) = sweep(peak, 0.999, |conf| {
+        let (steps, best) = sweep(peak, 0.999, &LAYOUTS, |conf| {
             let factor = cap_of(conf) as f64 / peak as f64;
             let need = if conf.contains("fine") { 1.25 } else { 2.0 };
             let pinned = (peak as f64 * factor.max(1.0)) as u64;
@@ -208,7 +231,7 @@ mod tests {
 
     #[test]
     fn without_pinned_figures_the_smallest_cap_wins_and_a_missed_target_suggests_nothing() {
-        let (steps, best) = sweep(1 << 20, 0.999, |conf| {
+        let (steps, best) = sweep(1 << 20, 0.999, &LAYOUTS, |conf| {
             let hits = if conf.contains("pow2") && cap_of(conf) >= 1 << 20 {
                 1.0
             } else {
@@ -219,8 +242,15 @@ mod tests {
         assert_eq!(steps[best.unwrap()].layout.size_classes, "pow2");
         assert_eq!(steps[best.unwrap()].cap_factor, 1.0);
 
-        let (steps, best) = sweep(1 << 20, 0.999, |_| result(0.99, 0));
+        let (steps, best) = sweep(1 << 20, 0.999, &LAYOUTS, |_| result(0.99, 0));
         assert_eq!(steps.len(), LAYOUTS.len() * CAP_FACTORS.len());
         assert_eq!(best, None);
+
+        // Only the layouts asked for.
+        let (steps, _) = sweep(1 << 20, 0.999, &LAYOUTS[1..2], |_| result(1.0, 0));
+        assert_eq!(steps.len(), 1);
+        assert_eq!(steps[0].layout.name(), "fine-on");
+        assert_eq!(Layout::parse("pow2-off"), Ok(LAYOUTS[2]));
+        assert!(Layout::parse("fine").is_err());
     }
 }
