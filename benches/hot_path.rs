@@ -333,12 +333,42 @@ fn trace_cost(c: &mut Criterion) {
     group.finish();
 }
 
+/// What a trace's clock costs per read: the time-stamp counter (the
+/// trace's clock where it is invariant), `Instant::now` (the monotonic
+/// clock through the vDSO) and the coarse monotonic clock (the kernel's
+/// tick, a few milliseconds).
+fn clocks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hot_path/clock");
+    #[cfg(target_arch = "x86_64")]
+    group.bench_function("tsc", |b| {
+        b.iter(|| {
+            // SAFETY: `rdtsc` exists on every x86-64 CPU and has no
+            // preconditions.
+            unsafe { core::arch::x86_64::_rdtsc() }
+        })
+    });
+    group.bench_function("instant", |b| b.iter(Instant::now));
+    group.bench_function("coarse", |b| {
+        b.iter(|| {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid timespec to write.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+            black_box(ts.tv_nsec)
+        })
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     take_drop,
     latency,
     cross_thread,
     tracing_cost,
-    trace_cost
+    trace_cost,
+    clocks
 );
 criterion_main!(benches);
