@@ -335,6 +335,14 @@ fn sim(mut args: SimArgs) {
         }
     }
     check_plot("sim", args.plot.as_deref());
+    if let Some(path) = &args.trace {
+        // Fails early, with the path, rather than when pinpool's run
+        // builds its pool.
+        if let Err(e) = std::fs::File::create(path) {
+            eprintln!("pinpool-sim sim: --trace {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
     let gpu = if args.host {
         None
     } else {
@@ -471,7 +479,13 @@ fn replay(args: ReplayArgs) {
         replay,
         warnings,
         settings,
-    } = load("replay", &args.trace, args.host, &args.pinpool_conf);
+    } = load(
+        "replay",
+        &args.trace,
+        args.host,
+        args.speed,
+        &args.pinpool_conf,
+    );
     let strategies = fit_prepared(
         "replay",
         usable("replay", &args.strategies, args.host, gpu.is_some()),
@@ -538,28 +552,50 @@ struct Loaded {
     settings: Settings,
 }
 
+/// The longest a replay may take, seconds (a year): a trace whose times
+/// run longer at the speed asked is refused.
+const MAX_REPLAY_S: f64 = 365.0 * 86400.0;
+
 /// Reads the trace at `path` for `subcommand` and makes it ready to
-/// replay on this machine's GPUs (none with `host`), with pinpool's
-/// settings from the trace under `conf`; prints the warnings; exits with
-/// status 1 and the path on a bad trace.
-fn load(subcommand: &str, path: &std::path::Path, host: bool, conf: &str) -> Loaded {
+/// replay on this machine's GPUs (none with `host`) at `speed`, with
+/// pinpool's settings from the trace under `conf`; prints the warnings;
+/// exits with status 1 and the path on a bad trace, or one that would
+/// replay for longer than [`MAX_REPLAY_S`].
+fn load(subcommand: &str, path: &std::path::Path, host: bool, speed: f64, conf: &str) -> Loaded {
     let fail = |message: String| -> ! {
         eprintln!("pinpool-sim {subcommand}: {}: {message}", path.display());
         std::process::exit(1)
     };
-    let trace = pinpool::trace::Trace::read(path).unwrap_or_else(|e| fail(e.to_string()));
+    // A trace cut short (its pool never closed, or the process died)
+    // replays as far as it is good.
+    let (trace, cut) =
+        pinpool::trace::Trace::read_partial(path).unwrap_or_else(|e| fail(e.to_string()));
     let gpu = if host {
         None
     } else {
         pinpool_sim::gpu::detect()
     };
-    let (replay, warnings) =
+    let (replay, mut warnings) =
         Replay::new(&trace, gpu.as_ref().map(Vec::len)).unwrap_or_else(|e| fail(e));
+    if let Some(e) = cut {
+        warnings.insert(
+            0,
+            format!("{}: {e}: replaying the records before it", path.display()),
+        );
+    }
     for warning in &warnings {
         eprintln!("warning: {warning}");
     }
     if replay.takes() == 0 {
         fail("the trace has no takes to replay".to_string());
+    }
+    let span = replay.span_ns as f64 / 1e9 / speed;
+    if span > MAX_REPLAY_S {
+        fail(format!(
+            "its takes and drops span {:.0} s, {span:.3e} s at speed {speed}: more than a \
+             replay may take ({MAX_REPLAY_S:.0} s)",
+            replay.span_ns as f64 / 1e9
+        ));
     }
     let conf = join_conf(&[&replay.conf, conf]);
     if let Err(e) = cli::parse_conf(&conf) {
@@ -602,7 +638,13 @@ fn suggest(args: SuggestArgs) {
         warnings,
         settings,
         ..
-    } = load("suggest", &args.trace, args.host, &args.pinpool_conf);
+    } = load(
+        "suggest",
+        &args.trace,
+        args.host,
+        args.speed,
+        &args.pinpool_conf,
+    );
     let peak_in_use = replay.peak_in_use_bytes();
     if !args.json {
         println!(

@@ -20,7 +20,8 @@
 //! was among the records lost) is left out and counted.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Barrier, Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
@@ -121,8 +122,9 @@ pub struct Replay {
 impl Replay {
     /// Makes `trace` ready to replay on `present` devices (the GPUs of this
     /// machine), or on as many devices as the trace used when `None` (the
-    /// host backend, whose devices are shards of memory). Also returns
-    /// warnings: records lost, devices mapped onto fewer, drops left out.
+    /// host backend, whose devices are shards of memory; at most
+    /// [`pinpool::MAX_DEVICES`]). Also returns warnings: records lost,
+    /// devices mapped onto fewer, drops left out.
     pub fn new(trace: &Trace, present: Option<usize>) -> Result<(Self, Vec<String>), String> {
         let mut warnings = Vec::new();
         let mut records: Vec<&Record> = trace
@@ -148,15 +150,17 @@ impl Replay {
                     .max()
                     .unwrap_or(1),
             );
-        let devices = match present {
-            Some(present) if present < traced_devices => {
-                warnings.push(format!(
-                    "the trace's pool had {traced_devices} device(s) and this machine has \
-                     {present}: device d replays on device d mod {present}"
-                ));
-                present.max(1)
-            }
-            _ => traced_devices,
+        // On the host backend the devices are shards of memory, as many as
+        // a pool can have.
+        let present = present.unwrap_or(pinpool::MAX_DEVICES).max(1);
+        let devices = if present < traced_devices {
+            warnings.push(format!(
+                "the trace names {traced_devices} device(s) and {present} can replay here: \
+                 device d replays on device d mod {present}"
+            ));
+            present
+        } else {
+            traced_devices
         };
         // A pool without a GPU records no copies: copy every dirty prefix.
         let copies_unrecorded = trace.header.get("backend") != Some("cuda");
@@ -405,6 +409,11 @@ impl Demand for Replay {
     }
 }
 
+/// A take whose size is this panics in a test build, to show that a
+/// replay thread's panic fails the replay.
+#[cfg(test)]
+const PANIC_SIZE: usize = 7_777_777;
+
 /// A buffer passed from its taker to its dropper.
 #[derive(Default)]
 struct Slot<'a> {
@@ -414,23 +423,49 @@ struct Slot<'a> {
 
 impl<'a> Slot<'a> {
     fn put(&self, buf: Staged<'a>) {
-        *self.buf.lock().expect("a replay slot") = Some(buf);
+        *lock(&self.buf) = Some(buf);
         self.filled.notify_all();
     }
 
-    /// The buffer, once its taker has put it here.
-    fn wait(&self) -> Staged<'a> {
-        let mut slot = self.buf.lock().expect("a replay slot");
+    /// The buffer, once its taker has put it here; a panic if another
+    /// replay thread has failed (`failed`) first.
+    fn wait(&self, failed: &AtomicBool) -> Staged<'a> {
+        let mut slot = lock(&self.buf);
         loop {
             if let Some(buf) = slot.take() {
                 return buf;
             }
-            slot = self.filled.wait(slot).expect("a replay slot");
+            // Relaxed: a failure seen one wait late is seen at the next.
+            if failed.load(Ordering::Relaxed) {
+                panic!("another replay thread failed");
+            }
+            slot = self
+                .filled
+                .wait_timeout(slot, Duration::from_millis(50))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
     fn try_take(&self) -> Option<Staged<'a>> {
-        self.buf.lock().expect("a replay slot").take()
+        lock(&self.buf).take()
+    }
+}
+
+/// `m` locked, poisoned or not: a slot holds only an `Option`.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Marks the replay failed if its thread unwinds, so that the threads
+/// waiting for its buffers stop waiting.
+struct FailOnUnwind<'a>(&'a AtomicBool);
+
+impl Drop for FailOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -463,12 +498,16 @@ pub fn run_strategy(
         let slots: Vec<Slot<'_>> = (0..replay.buffers.len()).map(|_| Slot::default()).collect();
         let ready = Barrier::new(replay.threads.len());
         let start = OnceLock::new();
+        let failed = AtomicBool::new(false);
         let mut tally = std::thread::scope(|scope| {
             let threads: Vec<_> = (0..replay.threads.len())
                 .map(|t| {
-                    let (slots, ready, start) = (&slots, &ready, &start);
+                    let (slots, ready, start, failed) = (&slots, &ready, &start, &failed);
                     scope.spawn(move || {
-                        replay_thread(strategy, replay, t, slots, ready, start, gpu, speed, in_use)
+                        let _fail = FailOnUnwind(failed);
+                        replay_thread(
+                            strategy, replay, t, slots, ready, start, gpu, speed, in_use, failed,
+                        )
                     })
                 })
                 .collect();
@@ -524,6 +563,7 @@ fn replay_thread<'a>(
     gpu: Option<&[Arc<CudaContext>]>,
     speed: f64,
     in_use: &InUse,
+    failed: &AtomicBool,
 ) -> Tally {
     let device = replay.thread_devices[thread];
     let mut sink = Sink::new(gpu.map(|g| &g[device]), replay.largest_copy(thread));
@@ -534,7 +574,12 @@ fn replay_thread<'a>(
         ..Tally::default()
     };
     for event in &replay.threads[thread] {
-        let due = start + Duration::from_secs_f64(event.at_ns() as f64 / 1e9 / speed);
+        // A time no `Instant` can hold (a speed near 0, a time near the
+        // end of a u64) is due at once.
+        let due = Duration::try_from_secs_f64(event.at_ns() as f64 / 1e9 / speed)
+            .ok()
+            .and_then(|after| start.checked_add(after))
+            .unwrap_or(start);
         tally.late_ns.push(wait_until(due).as_nanos() as u64);
         match *event {
             Event::Take {
@@ -545,6 +590,8 @@ fn replay_thread<'a>(
                 steady,
                 ..
             } => {
+                #[cfg(test)]
+                assert_ne!(size, PANIC_SIZE, "a take of the size that panics");
                 let started = Instant::now();
                 let mut buf = strategy.take(thread, device, size);
                 tally.take_ns.push(started.elapsed().as_nanos() as u64);
@@ -554,7 +601,7 @@ fn replay_thread<'a>(
                 slots[id].put(buf);
             }
             Event::Drop { id, copy, .. } => {
-                let buf = slots[id].wait();
+                let buf = slots[id].wait(failed);
                 let taken = replay.buffers[id];
                 let took = buf.give_back(taken.taker, taken.written, copy.then_some(&mut sink));
                 tally.drop_ns.push(took.as_nanos() as u64);
@@ -748,5 +795,112 @@ mod tests {
         let huge = pinpool::MAX_CLASS_SIZE as u64 + 1;
         let e = Replay::new(&trace(vec![take(0, 1, 0, 0x1000, huge)]), None).unwrap_err();
         assert!(e.contains("largest size class"), "{e}");
+    }
+
+    /// Runs `f` on a thread: whether it panicked, if it ended within
+    /// `secs`.
+    fn ends_within(secs: u64, f: impl FnOnce() + Send + 'static) -> Option<bool> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err();
+            let _ = tx.send(panicked);
+        });
+        rx.recv_timeout(Duration::from_secs(secs)).ok()
+    }
+
+    fn settings(replay: &Replay) -> Settings {
+        Settings {
+            cleaner_threads: 1,
+            max_pooled_bytes: 1 << 20,
+            size_classes: pinpool::SizeClasses::Fine,
+            conf: replay.conf.clone(),
+            trace: None,
+        }
+    }
+
+    /// A speed near 0 puts every time beyond what an `Instant` holds: the
+    /// replay runs them at once rather than panicking.
+    #[test]
+    fn a_tiny_speed_ends_the_replay() {
+        let (replay, _) = Replay::new(&crossing(), None).unwrap();
+        let settings = settings(&replay);
+        let ended = ends_within(20, move || {
+            let result = run(Kind::Pageable, &replay, &settings, None, 1e-300);
+            assert_eq!(result.bytes_requested, 550);
+        });
+        assert_eq!(ended, Some(false), "the replay did not end cleanly");
+    }
+
+    /// A time beyond what a `Duration` holds (the last record's) replays
+    /// at once too.
+    #[test]
+    fn a_time_beyond_a_duration_replays_at_once() {
+        let (replay, _) = Replay::new(
+            &trace(vec![
+                take(0, 1, 0, 0x1000, 10),
+                take(1, 2, 0, 0x2000, 10),
+                drop_(u64::MAX, 2, 1, 0x1000, 1),
+            ]),
+            None,
+        )
+        .unwrap();
+        let settings = settings(&replay);
+        let ended = ends_within(20, move || {
+            let result = run(Kind::Pageable, &replay, &settings, None, 1e-9);
+            assert_eq!(result.bytes_requested, 20);
+        });
+        assert_eq!(ended, Some(false), "the replay did not end cleanly");
+    }
+
+    /// A replay thread that panics (here a take of [`PANIC_SIZE`] bytes)
+    /// fails the replay, the panic reaching the caller, instead of leaving
+    /// the thread that drops its buffer waiting for ever (and the sampler
+    /// running).
+    #[test]
+    fn a_panicking_replay_thread_fails_the_replay() {
+        let (replay, _) = Replay::new(
+            &trace(vec![
+                take(0, 1, 0, 0x1000, PANIC_SIZE as u64),
+                drop_(1_000_000, 2, 1, 0x1000, 1),
+                take(2_000_000, 2, 0, 0x2000, 10),
+            ]),
+            None,
+        )
+        .unwrap();
+        let settings = settings(&replay);
+        let ended = ends_within(20, move || {
+            run(Kind::Pageable, &replay, &settings, None, 1.0);
+        });
+        assert_eq!(ended, Some(true), "the replay did not fail");
+    }
+
+    /// A trace naming a device far above what a pool serves replays on
+    /// the host on the devices a pool can have, with a warning.
+    #[test]
+    fn a_device_far_above_replays_on_the_devices_that_exist() {
+        let (replay, warnings) = Replay::new(
+            &trace(vec![take(0, 1, 300, 0x1000, 10), drop_(1, 1, 1, 0x1000, 0)]),
+            None,
+        )
+        .unwrap();
+        let settings = settings(&replay);
+        let built = crate::strategy::pinpool(&replay, &settings, None);
+        assert!(
+            built.is_ok(),
+            "devices {} (warnings {warnings:?}): {}",
+            replay.devices,
+            built.unwrap_err()
+        );
+        assert_eq!(replay.devices, pinpool::MAX_DEVICES);
+        let device = 300 % pinpool::MAX_DEVICES;
+        assert!(
+            matches!(replay.threads[0][0], Event::Take { device: d, .. } if d == device),
+            "{:?}",
+            replay.threads[0][0]
+        );
+        assert!(
+            warnings.iter().any(|w| w.contains("301 device(s)")),
+            "{warnings:?}"
+        );
     }
 }

@@ -220,6 +220,15 @@ pub fn run_strategy(
     })
 }
 
+/// Sets its flag when dropped, unwinding or not.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Measures a run of `strategy`: `drive` runs the takers, counting into
 /// the in-use bytes it is given, and returns their merged tally; then the
 /// strategy flushes and shuts down. `segments` are the run's, if it has
@@ -248,7 +257,11 @@ pub(crate) fn measure(
             }
             samples
         });
-        let tally = drive(&strategy, &in_use);
+        let tally = {
+            // The sampler stops even when the takers panic.
+            let _stop = StopOnDrop(&done);
+            drive(&strategy, &in_use)
+        };
         strategy.flush();
         let started = tally.started.expect("a run has takers");
         let wall = started.elapsed().as_secs_f64();

@@ -415,14 +415,31 @@ fn sim_traces_pinpool_and_replay_runs_the_trace_against_each_strategy() {
     );
     assert!(!text.lines().any(|l| l.starts_with("segments/s")), "{text}");
 
-    // A cut file: exit status 1, the offset, no panic.
+    // A cut file replays the records before the cut, with a warning that
+    // names the offset; a bad header is an error (status 1), no panic.
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+    let out = replay(&[
+        path.as_os_str(),
+        "--host".as_ref(),
+        "--strategies".as_ref(),
+        "pageable".as_ref(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("bad trace at byte"), "{stderr}");
+    assert!(
+        stderr.contains("replaying the records before it"),
+        "{stderr}"
+    );
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    std::fs::write(&path, &bad).unwrap();
     let out = replay(&[path.as_os_str(), "--host".as_ref()]);
     let _ = std::fs::remove_file(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("bad trace at byte"), "{stderr}");
+    assert!(stderr.contains("bad trace at byte 0"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // Bad speeds are usage errors; so is a trace of no pinpool run.
@@ -431,6 +448,35 @@ fn sim_traces_pinpool_and_replay_runs_the_trace_against_each_strategy() {
         assert_eq!(out.status.code(), Some(2), "--speed {bad}");
     }
     refused(&[&["--trace", path_text, "--strategies", "pageable"]]);
+
+    // A trace path that cannot be written fails before the run.
+    let out = sim(&[TINY, &["--trace", "/nonexistent-dir/x.trace"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("/nonexistent-dir/x.trace"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Times that would take centuries to replay are refused.
+    use pinpool::trace::{Header, Record, Source, Trace};
+    let take = |time_ns, id| Record::Take {
+        time_ns,
+        thread: 1,
+        device: 0,
+        id,
+        asked: 10,
+        len: 10,
+        source: Source::Miss,
+    };
+    let long = Trace {
+        header: Header::default(),
+        records: vec![take(0, 1), take(u64::MAX / 2, 2)],
+    };
+    std::fs::write(&path, long.to_bytes()).unwrap();
+    let out = replay(&[path.as_os_str(), "--host".as_ref()]);
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("more than a replay may take"), "{stderr}");
 }
 
 /// The polylines of `svg` drawn in `color` (`#RRGGBB`), as point counts.

@@ -833,6 +833,60 @@ impl Trace {
         })
     }
 
+    /// Reads the trace at `path` as far as it is good: its header (an
+    /// error if that is bad), every record up to the first bad one, and
+    /// the error that stopped the reading, if any: a trace whose pool never
+    /// closed (no end record) or a file cut short still gives the records
+    /// before the cut.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let path = std::env::temp_dir().join(format!("pinpool-doc-partial-{}.trace", std::process::id()));
+    /// let pool = pinpool::Pool::builder()
+    ///     .backend(pinpool::BackendKind::Host)
+    ///     .trace(&path)
+    ///     .build()?;
+    /// drop(pool.take(4096));
+    /// drop(pool);
+    /// let whole = std::fs::read(&path)?;
+    /// std::fs::write(&path, &whole[..whole.len() - 48])?; // the end record cut off
+    /// let (trace, error) = pinpool::trace::Trace::read_partial(&path)?;
+    /// assert!(error.is_some());
+    /// assert!(trace.records.iter().any(|r| matches!(r, pinpool::trace::Record::Take { .. })));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn read_partial(path: impl AsRef<Path>) -> Result<(Self, Option<ParseError>), ParseError> {
+        let file = std::fs::File::open(path.as_ref()).map_err(|e| io_error(0, e))?;
+        Self::from_reader_partial(std::io::BufReader::new(file))
+    }
+
+    /// As [`Trace::read_partial`], from `input`.
+    pub fn from_reader_partial(input: impl Read) -> Result<(Self, Option<ParseError>), ParseError> {
+        let mut reader = Reader::new(input)?;
+        let mut records = Vec::new();
+        let mut error = None;
+        for record in &mut reader {
+            match record {
+                Ok(record) => records.push(record),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        Ok((
+            Self {
+                header: reader.header,
+                records,
+            },
+            error,
+        ))
+    }
+
     /// The trace's bytes (the header, the records as they are): what the
     /// pool would have written.
     pub fn to_bytes(&self) -> Vec<u8> {
