@@ -124,8 +124,7 @@ impl Config {
             ("size_classes", self.size_classes.to_string()),
             (
                 "idle_trim",
-                self.idle_trim
-                    .map_or("off".to_string(), |d| format!("{}ms", d.as_millis())),
+                self.idle_trim.map_or("off".to_string(), duration),
             ),
             ("provision", switch(self.provision)),
             ("regions", switch(self.regions)),
@@ -502,7 +501,7 @@ impl PoolBuilder {
     /// | `max_pinned_bytes` | a size, or `unlimited` |
     /// | `thread_cache_bytes` | a size |
     /// | `size_classes` | `fine`, `pow2` |
-    /// | `idle_trim` | a positive duration, or `off` |
+    /// | `idle_trim` | a positive duration with its unit (`ns`, `us`, `ms`, `s`, `m`), or `off` |
     /// | `provision` | `on`, `off` |
     /// | `regions` | `on`, `off` |
     /// | `borrow` | a percent, 0 to 100 (`50` or `50%`) |
@@ -729,16 +728,37 @@ fn parse_size(value: &str) -> Result<usize, String> {
 }
 
 /// A duration with a `ms`, `s` or `m` suffix.
+/// `d` as a conf value that parses back to it: whole milliseconds where it
+/// is some, else nanoseconds.
+fn duration(d: Duration) -> String {
+    if d.subsec_nanos() % 1_000_000 == 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}ns", d.as_nanos())
+    }
+}
+
 fn parse_duration(value: &str) -> Result<Duration, String> {
     let v = value.trim();
-    let (digits, unit) = if let Some(d) = v.strip_suffix("ms") {
+    // Whole nanoseconds, exactly (what a trace's header writes for a
+    // duration that is no whole number of milliseconds).
+    if let Some(d) = v.strip_suffix("ns") {
+        return d
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_nanos)
+            .map_err(|_| format!("`{value}` is not a whole number of nanoseconds"));
+    }
+    let (digits, unit) = if let Some(d) = v.strip_suffix("us") {
+        (d, 1e-6)
+    } else if let Some(d) = v.strip_suffix("ms") {
         (d, 1e-3)
     } else if let Some(d) = v.strip_suffix('s') {
         (d, 1.0)
     } else if let Some(d) = v.strip_suffix('m') {
         (d, 60.0)
     } else {
-        return Err(format!("`{value}` needs a unit: ms, s or m"));
+        return Err(format!("`{value}` needs a unit: ns, us, ms, s or m"));
     };
     let n: f64 = digits
         .trim()
@@ -761,6 +781,19 @@ mod tests {
         assert!(parse_size("x").is_err());
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(
+            parse_duration("1500001ns"),
+            Ok(Duration::from_nanos(1_500_001))
+        );
+        assert_eq!(parse_duration("2.5us"), Ok(Duration::from_nanos(2_500)));
+        assert!(parse_duration("1.5ns").is_err());
+        for d in [
+            Duration::from_micros(500),
+            Duration::from_millis(30_000),
+            Duration::from_nanos(7),
+        ] {
+            assert_eq!(parse_duration(&duration(d)), Ok(d));
+        }
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_in("0", 1, 8).is_err());
