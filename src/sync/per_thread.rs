@@ -65,6 +65,9 @@ mod imp {
         token: Cell<u64>,
         /// This thread's slot index, valid while the token is neither.
         index: Cell<usize>,
+        /// The token this thread was given (0 before), kept through its
+        /// teardown: the name a trace gives its records.
+        name: Cell<u64>,
         /// The `id` of the map last looked up (0: none), and this thread's
         /// value there.
         map: Cell<u64>,
@@ -77,6 +80,7 @@ mod imp {
             Local {
                 token: Cell::new(NONE),
                 index: Cell::new(0),
+                name: Cell::new(0),
                 map: Cell::new(0),
                 value: Cell::new(ptr::null()),
             }
@@ -158,12 +162,35 @@ mod imp {
         // when the thread goes.
         GUARD.with(|_| ());
         // Relaxed: only uniqueness matters.
-        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        let token = match LOCAL.with(|l| l.name.get()) {
+            0 => NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+            named => named,
+        };
         LOCAL.with(|l| {
             l.index.set(index);
             l.token.set(token);
+            l.name.set(token);
         });
         index
+    }
+
+    /// The calling thread's name: the token it was given, through its
+    /// teardown too (when its token reads `DEAD`); a thread that had none
+    /// is given one now (a number no other thread had, without a slot).
+    #[inline]
+    pub(crate) fn current_name() -> u64 {
+        match LOCAL.with(|l| l.name.get()) {
+            0 => name_now(),
+            name => name,
+        }
+    }
+
+    #[cold]
+    fn name_now() -> u64 {
+        // Relaxed: only uniqueness matters.
+        let name = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        LOCAL.with(|l| l.name.set(name));
+        name
     }
 
     /// Bucket `b` holds slots `2^b - 1 ..= 2^(b+1) - 2`.
@@ -380,6 +407,12 @@ mod imp {
         TOKEN.with(Cell::get)
     }
 
+    /// As the normal build's (models never trace): the token while the
+    /// thread has one.
+    pub(crate) fn current_name() -> u64 {
+        TOKEN.with(Cell::get)
+    }
+
     /// As the normal build's.
     fn current_index() -> Option<usize> {
         match current_token() {
@@ -503,7 +536,7 @@ mod imp {
 
 #[cfg(pinpool_loom)]
 pub(crate) use imp::end_thread;
-pub(crate) use imp::{current_token, PerThread};
+pub(crate) use imp::{current_name, current_token, PerThread};
 
 /// No thread has this token (a cache nobody has owned yet).
 pub(crate) const NOBODY: u64 = u64::MAX - 1;

@@ -382,7 +382,7 @@ impl ThreadCache {
     ) {
         ring.push(
             trace_head(TAKE, source.code(), block.device() as u16),
-            per_thread::current_token(),
+            per_thread::current_name(),
             block.as_ptr() as u64,
             asked as u64,
             len as u64,
@@ -400,16 +400,19 @@ impl ThreadCache {
         };
         let fences = block.fences_mut();
         let copied = !fences.is_empty();
-        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
-        let flags = flag(copied, DROP_COPY)
-            | flag(block.is_pinned(), DROP_PINNED)
-            | flag(!owned, DROP_REMOTE);
         // Relaxed: a name for the record; a stale owner names the
         // previous one.
         let taker = self.owner.token.load(Ordering::Relaxed);
+        // The thread's name, not its token, which reads `DEAD` once its
+        // teardown has passed the guard (a buffer a thread-local holds).
+        let thread = per_thread::current_name();
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        let flags = flag(copied, DROP_COPY)
+            | flag(block.is_pinned(), DROP_PINNED)
+            | flag(taker != thread, DROP_REMOTE);
         ring.push(
             trace_head(DROP, flags, block.device() as u16),
-            per_thread::current_token(),
+            thread,
             block.as_ptr() as u64,
             block.dirty() as u64,
             taker,
