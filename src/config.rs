@@ -441,8 +441,13 @@ impl PoolBuilder {
     /// Writes a trace of the pool's takes, drops and own events to `path`
     /// (see [`trace`](crate::trace) for what it holds and its format); the
     /// file is created (or truncated) by [`build`](Self::build), which fails
-    /// with [`Error::Trace`] naming the path if it cannot be. Each thread
-    /// that takes from a traced pool keeps a 384 KiB buffer of records.
+    /// with [`Error::Trace`] naming the path if it cannot be, or if another
+    /// pool of this process is writing it (a `PINPOOL_TRACE` path read by
+    /// [`from_env`](Self::from_env) goes to the first free `PATH.2`,
+    /// `PATH.3`, ... instead, with a warning). The trace is finished when
+    /// the pool closes, or when the process exits for a pool that never
+    /// does (the global pool). Each thread that takes from a traced pool
+    /// keeps a 384 KiB buffer of records.
     ///
     /// # Examples
     ///

@@ -239,25 +239,30 @@ impl Pool {
         }
         let trace = match &config.trace {
             None => None,
-            Some(path) => match Tracer::start(path, trace_header(&config, &*backend)) {
-                Ok(tracer) => Some(tracer),
-                Err(source) if trace_lenient => {
-                    tracing::warn!(path = %path.display(), error = %source,
+            Some(path) => {
+                match Tracer::start(path, trace_header(&config, &*backend), trace_lenient) {
+                    Ok((tracer, path)) => {
+                        config.trace = Some(path);
+                        Some(tracer)
+                    }
+                    Err(source) if trace_lenient => {
+                        tracing::warn!(path = %path.display(), error = %source,
                         "pinpool: cannot write the trace file; running untraced");
-                    eprintln!(
-                        "pinpool: cannot write the trace file {}: {source}; running untraced",
-                        path.display()
-                    );
-                    config.trace = None;
-                    None
+                        eprintln!(
+                            "pinpool: cannot write the trace file {}: {source}; running untraced",
+                            path.display()
+                        );
+                        config.trace = None;
+                        None
+                    }
+                    Err(source) => {
+                        return Err(Error::Trace {
+                            path: path.clone(),
+                            source,
+                        })
+                    }
                 }
-                Err(source) => {
-                    return Err(Error::Trace {
-                        path: path.clone(),
-                        source,
-                    })
-                }
-            },
+            }
         };
         let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();

@@ -9,9 +9,12 @@
 //! monotonic clock otherwise); a background thread of the pool moves them
 //! to the file every few milliseconds. A full buffer drops records and
 //! counts them (a [`Record::Lost`]): tracing never blocks a take or a drop.
-//! When the pool closes (its last handle is dropped), the buffers taken and
-//! never dropped are written as [`Record::Outstanding`], then a
-//! [`Record::End`].
+//! When the pool closes (its last handle is dropped), or when the process
+//! exits for a pool that never closes (the global pool), the buffers taken
+//! and never dropped are written as [`Record::Outstanding`], then a
+//! [`Record::End`]. Two pools of one process never write one file: a
+//! strict build fails, and a path from `PINPOOL_TRACE` goes to the first
+//! free `PATH.2`, `PATH.3`, ... with a warning.
 //!
 //! [`PoolBuilder::trace`]: crate::PoolBuilder::trace
 //! [`PoolBuilder::from_env`]: crate::PoolBuilder::from_env

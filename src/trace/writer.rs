@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,49 @@ use super::ring::{Ring, SHARED_RECORDS, THREAD_RECORDS};
 
 /// How often the background thread empties the rings.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
+
+/// The trace files this process's pools are writing, by [`file_key`]
+/// (none for a path that names no regular file, such as `/dev/null`,
+/// which any number of pools may write), and their tracers, for
+/// [`finish_all`] at exit.
+static OPEN: Mutex<Vec<(Option<PathBuf>, Weak<Tracer>)>> = Mutex::new(Vec::new());
+
+/// Registers [`finish_all`] with `atexit` once.
+static AT_EXIT: Once = Once::new();
+
+/// Most numbered paths a lenient start tries (`PATH.2` and on).
+const MAX_SUFFIX: usize = 1000;
+
+/// What names the file `path` among the process's trace files: its
+/// directory made absolute and its name; `None` for a path to something
+/// that exists and is no regular file (any number of pools may write it).
+fn file_key(path: &Path) -> Option<PathBuf> {
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return None;
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    Some(match path.file_name() {
+        Some(name) => dir.join(name),
+        None => dir,
+    })
+}
+
+/// Finishes every trace still open: at process exit, for pools that never
+/// close (the global pool, a leaked one), so that their files end with
+/// their outstanding buffers and an end record.
+extern "C" fn finish_all() {
+    let open: Vec<Arc<Tracer>> = lock(&OPEN)
+        .iter()
+        .filter_map(|(_, tracer)| tracer.upgrade())
+        .collect();
+    for tracer in open {
+        tracer.finish();
+    }
+}
 
 /// A trace being written; see the module docs.
 #[derive(Debug)]
@@ -55,11 +98,54 @@ struct FileState {
 
 impl Tracer {
     /// Creates the file at `path`, writes `header` (to which the clock is
-    /// added) and starts the background thread.
-    pub(crate) fn start(path: &Path, mut header: Header) -> std::io::Result<Arc<Self>> {
+    /// added) and starts the background thread; returns the tracer and the
+    /// path it writes. A file another pool of this process is writing is
+    /// an error (`AlreadyExists`), or when `lenient`, the first of
+    /// `PATH.2`, `PATH.3`, ... that none is writing, with a warning.
+    pub(crate) fn start(
+        path: &Path,
+        mut header: Header,
+        lenient: bool,
+    ) -> std::io::Result<(Arc<Self>, PathBuf)> {
+        // Held until the file is registered: two pools starting at once
+        // cannot both take one path.
+        let mut open = lock(&OPEN);
+        open.retain(|(_, tracer)| tracer.strong_count() > 0);
+        let taken = |key: &Option<PathBuf>| key.is_some() && open.iter().any(|(k, _)| k == key);
+        let mut path = path.to_path_buf();
+        let mut key = file_key(&path);
+        if taken(&key) {
+            if !lenient {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "another pool of this process is writing a trace to this file",
+                ));
+            }
+            let free = (2..=MAX_SUFFIX).find_map(|n| {
+                let mut name = path.clone().into_os_string();
+                name.push(format!(".{n}"));
+                let candidate = PathBuf::from(name);
+                let candidate_key = file_key(&candidate);
+                (!taken(&candidate_key)).then_some((candidate, candidate_key))
+            });
+            let Some((free, free_key)) = free else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "other pools of this process are writing traces to this file and its numbered siblings",
+                ));
+            };
+            tracing::warn!(path = %path.display(), instead = %free.display(),
+                "pinpool: another pool of this process is writing this trace file");
+            eprintln!(
+                "pinpool: another pool of this process is writing the trace {}; this one writes {}",
+                path.display(),
+                free.display()
+            );
+            (path, key) = (free, free_key);
+        }
         let clock = Clock::choose();
         header.entries.push(("clock".into(), clock.name().into()));
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
         out.write_all(&format::preamble(&header))?;
         out.flush()?;
         let tracer = Arc::new(Self {
@@ -68,7 +154,7 @@ impl Tracer {
             rings: Mutex::new(Vec::new()),
             file: Mutex::new(FileState {
                 out,
-                path: path.to_path_buf(),
+                path: path.clone(),
                 tick0: clock.ticks(),
                 instant0: Instant::now(),
                 records: 0,
@@ -93,7 +179,16 @@ impl Tracer {
                 }
             })?;
         *lock(&tracer.thread) = Some(handle);
-        Ok(tracer)
+        open.push((key, Arc::downgrade(&tracer)));
+        drop(open);
+        AT_EXIT.call_once(|| {
+            // SAFETY: `finish_all` is an `extern "C" fn()` that never
+            // unwinds out (it only locks and writes), as `atexit` needs.
+            // A failed registration leaves traces unfinished at exit, as
+            // before.
+            let _ = unsafe { libc::atexit(finish_all) };
+        });
+        Ok((tracer, path))
     }
 
     /// A ring for a new thread cache.
@@ -224,6 +319,9 @@ impl Tracer {
             }
         }
         file.finished = true;
+        drop(file);
+        // The file is whole: another pool may write it now.
+        lock(&OPEN).retain(|(_, t)| !std::ptr::eq(t.as_ptr(), self));
     }
 }
 

@@ -441,3 +441,166 @@ fn random_corruption_is_an_error_or_a_trace_never_a_panic() {
         }
     }
 }
+
+/// The global pool never closes: its trace is finished when the process
+/// exits (the buffers still held as outstanding, then the end record), so
+/// `PINPOOL_TRACE=... my-prover` leaves a whole trace.
+#[test]
+fn a_global_pool_trace_is_finished_when_the_process_exits() {
+    const TEST: &str = "a_global_pool_trace_is_finished_when_the_process_exits";
+    let path = std::env::temp_dir().join(format!("pinpool-global-{}.trace", std::process::id()));
+    let env = [
+        ("PINPOOL_TRACE", path.to_str().unwrap()),
+        ("PINPOOL_CONF", "backend=host"),
+    ];
+    if in_child(module_path!(), TEST, &env).is_some() {
+        let trace = Trace::read(&path);
+        let _ = std::fs::remove_file(&path);
+        let trace = trace.expect("a whole trace");
+        assert_eq!(takes(&trace).len(), 11);
+        let outstanding = trace
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Outstanding { .. }))
+            .count();
+        assert_eq!(outstanding, 1);
+        return;
+    }
+    for _ in 0..10 {
+        drop(pinpool::take(4096));
+    }
+    // Held when the process exits.
+    std::mem::forget(pinpool::take(8192));
+}
+
+/// Two pools built from the environment in one process (the global pool
+/// and one of the program's own, say) write two files, the second's named
+/// with a suffix and a warning; a strict pool asked for a file another
+/// pool of the process writes fails with its path.
+#[test]
+fn pools_of_one_process_never_write_one_file() {
+    const TEST: &str = "pools_of_one_process_never_write_one_file";
+    let path = std::env::temp_dir().join(format!("pinpool-two-{}.trace", std::process::id()));
+    let second = PathBuf::from(format!("{}.2", path.display()));
+    let env = [("PINPOOL_TRACE", path.to_str().unwrap())];
+    if let Some(out) = in_child(module_path!(), TEST, &env) {
+        let (a, b) = (Trace::read(&path), Trace::read(&second));
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&second);
+        let (a, b) = (a.expect("the first pool's trace"), b.expect("the second's"));
+        assert_eq!(takes(&a).len(), 2);
+        // The strict pool that wrote it again after the second closed.
+        assert_eq!(takes(&b).len(), 0);
+        assert!(out.contains(&second.display().to_string()), "{out}");
+        return;
+    }
+    // The child's path is the parent's, which names the parent's process.
+    let path = PathBuf::from(std::env::var_os("PINPOOL_TRACE").unwrap());
+    let second = PathBuf::from(format!("{}.2", path.display()));
+    let env_pool = || {
+        Pool::builder()
+            .backend(BackendKind::Host)
+            .from_env()
+            .build()
+            .unwrap()
+    };
+    let a = env_pool();
+    drop(a.take(4096));
+    let b = env_pool();
+    assert_eq!(b.config().trace.as_deref(), Some(second.as_path()));
+    drop(b.take(4096));
+    drop(a.take(8192));
+    let strict = Pool::builder()
+        .backend(BackendKind::Host)
+        .trace(&path)
+        .build();
+    match strict {
+        Err(Error::Trace { path: p, source }) => {
+            assert_eq!(p, path);
+            assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(b);
+    assert_eq!(takes(&Trace::read(&second).unwrap()).len(), 1);
+    drop(a);
+    // Once a pool has closed its file, another may write it.
+    let again = Pool::builder()
+        .backend(BackendKind::Host)
+        .trace(&second)
+        .build();
+    assert!(again.is_ok());
+}
+
+/// A thread that drops a buffer while its thread-locals are torn down
+/// (a thread-local holding it) records the drop under its own thread, not
+/// as another thread's drop.
+#[test]
+fn a_drop_in_thread_teardown_names_its_thread() {
+    use std::cell::RefCell;
+    thread_local! {
+        static HOLD: RefCell<Option<pinpool::PinnedBuffer>> = const { RefCell::new(None) };
+    }
+    let path = TempPath::new("teardown");
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        // Registered before the pool's per-thread guard, so destroyed
+        // after it.
+        HOLD.with(|h| h.borrow_mut().take());
+        let buf = p.take(4096);
+        HOLD.with(|h| *h.borrow_mut() = Some(buf));
+    })
+    .join()
+    .unwrap();
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let take_thread = match takes(&trace)[..] {
+        [Record::Take { thread, .. }] => thread,
+        ref other => panic!("{other:?}"),
+    };
+    let drop_ = trace
+        .records
+        .iter()
+        .find(|r| matches!(r, Record::Drop { .. }))
+        .copied()
+        .expect("the drop in teardown is recorded");
+    assert!(
+        matches!(drop_, Record::Drop { thread, taker, remote: false, .. }
+            if thread == take_thread && taker == take_thread),
+        "taken by thread {take_thread}, dropped by it: {drop_:?}"
+    );
+}
+
+/// The header's settings build a pool with the same settings, durations
+/// that are no whole number of milliseconds included.
+#[test]
+fn the_headers_settings_rebuild_the_same_pool() {
+    use std::time::Duration;
+    for trim in [
+        Duration::from_micros(500),
+        Duration::from_nanos(1_500_001),
+        Duration::from_secs(10 * 365 * 86400),
+    ] {
+        let path = TempPath::new("trim");
+        let pool = Pool::builder()
+            .backend(BackendKind::Host)
+            .idle_trim(trim)
+            .trace(&path.0)
+            .build()
+            .unwrap();
+        let want = pool.config().clone();
+        drop(pool);
+        let conf = Trace::read(&path.0).unwrap().header.conf();
+        let again = Pool::builder()
+            .try_conf(&conf)
+            .and_then(|b| b.build())
+            .unwrap_or_else(|e| panic!("{trim:?}: `{conf}`: {e}"));
+        assert_eq!(again.config().idle_trim, want.idle_trim, "`{conf}`");
+    }
+}
