@@ -82,6 +82,9 @@ struct FileState {
     /// The clock and `Instant` when the trace began.
     tick0: u64,
     instant0: Instant,
+    /// Nanoseconds per tick, fixed at the first drain (see
+    /// [`FileState::to_ns`]).
+    ns_per_tick: Option<f64>,
     /// Records written.
     records: u64,
     /// Records lost.
@@ -157,6 +160,10 @@ impl Tracer {
                 path: path.clone(),
                 tick0: clock.ticks(),
                 instant0: Instant::now(),
+                ns_per_tick: match clock {
+                    Clock::Monotonic => Some(1.0),
+                    Clock::Tsc => None,
+                },
                 records: 0,
                 lost: 0,
                 live: HashMap::new(),
@@ -233,16 +240,9 @@ impl Tracer {
                 batch.push([u64::from(LOST), now_ticks, thread, 0, lost, 0]);
             }
         }
-        // Ticks to nanoseconds since the trace began, against the
-        // `Instant` now (the counter's rate is constant).
-        let elapsed_ticks = now_ticks.saturating_sub(file.tick0);
-        let ns_per_tick = match self.clock {
-            Clock::Monotonic => 1.0,
-            Clock::Tsc if elapsed_ticks > 0 => now as f64 / elapsed_ticks as f64,
-            Clock::Tsc => 0.0,
-        };
+        let rate = file.rate(now_ticks, now);
         for words in &mut batch {
-            words[1] = (words[1].saturating_sub(file.tick0) as f64 * ns_per_tick) as u64;
+            words[1] = file.to_ns(words[1], rate);
         }
         batch.sort_by_key(|w| w[1]);
         for words in &batch {
@@ -286,7 +286,9 @@ impl Tracer {
             return;
         }
         self.drain_locked(&mut file);
-        let now = file.instant0.elapsed().as_nanos() as u64;
+        // The drain above fixed the rate.
+        let rate = file.rate(0, 0);
+        let now = file.to_ns(self.clock.ticks(), rate);
         let mut live: Vec<[u64; 6]> = file
             .live
             .values()
@@ -326,6 +328,29 @@ impl Tracer {
 }
 
 impl FileState {
+    /// Nanoseconds per tick of the trace's clock. The rate is measured
+    /// once, at the first call (the first drain), from the clock's ticks
+    /// now (`now_ticks`) against the nanoseconds since the trace began
+    /// (`now_ns`), and kept: one rate for the whole trace keeps every
+    /// thread's records in their order (a rate measured again at each
+    /// drain jitters, and would put a later record of one drain before an
+    /// earlier one of the next).
+    fn rate(&mut self, now_ticks: u64, now_ns: u64) -> f64 {
+        let tick0 = self.tick0;
+        *self
+            .ns_per_tick
+            .get_or_insert_with(|| match now_ticks.saturating_sub(tick0) {
+                0 => 1.0,
+                elapsed => now_ns as f64 / elapsed as f64,
+            })
+    }
+
+    /// `ticks` of the trace's clock as nanoseconds since the trace began,
+    /// at `rate` ([`FileState::rate`]).
+    fn to_ns(&self, ticks: u64, rate: f64) -> u64 {
+        (ticks.saturating_sub(self.tick0) as f64 * rate) as u64
+    }
+
     fn write(&mut self, words: [u64; 6]) {
         if self.failed {
             return;
@@ -349,4 +374,44 @@ impl FileState {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two drains whose measured rates differ (the clock and `Instant`
+    /// are read a little apart): records converted at the second keep
+    /// their order against those of the first.
+    #[test]
+    fn one_rate_keeps_the_order_of_records_across_drains() {
+        let path = std::env::temp_dir().join(format!("pinpool-rate-{}.trace", std::process::id()));
+        let mut file = FileState {
+            out: BufWriter::new(File::create(&path).unwrap()),
+            path: path.clone(),
+            tick0: 1000,
+            instant0: Instant::now(),
+            ns_per_tick: None,
+            records: 0,
+            lost: 0,
+            live: HashMap::new(),
+            failed: false,
+            finished: false,
+            batch: Vec::new(),
+        };
+        // The first drain: 2000 ticks in 1000 ns.
+        let rate = file.rate(3000, 1000);
+        let late_in_first = file.to_ns(2999, rate);
+        // The second measures 4000 ticks in 1900 ns; a record written just
+        // after the first drain's last one.
+        let rate = file.rate(5000, 1900);
+        let early_in_second = file.to_ns(3000, rate);
+        assert!(
+            early_in_second > late_in_first,
+            "{late_in_first} {early_in_second}"
+        );
+        let rate = file.rate(9000, 99);
+        assert_eq!(file.to_ns(5000, rate), 2000);
+        let _ = std::fs::remove_file(&path);
+    }
 }
