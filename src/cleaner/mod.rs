@@ -815,7 +815,10 @@ impl Cleaner {
                 return false;
             }
             let started = Instant::now();
+            // The region's address, for the trace.
+            let mut at = std::ptr::null_mut();
             let mut register = |ptr: *mut u8, len: usize| {
+                at = ptr;
                 // SAFETY: a fresh mapping of `len` bytes, which stays mapped
                 // until the region is unregistered in `release_region`.
                 unsafe { env.backend.register(device, ptr, len) }
@@ -826,21 +829,14 @@ impl Cleaner {
                     counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes = len, ?took, "pinpool: registered a region");
-                    trace_registration(
-                        env,
-                        device,
-                        std::ptr::null_mut(),
-                        len,
-                        took,
-                        trace::REGISTER_REGION,
-                    );
+                    trace_registration(env, device, at, len, took, trace::REGISTER_REGION);
                     return true;
                 }
                 Err(e) => {
                     trace_registration(
                         env,
                         device,
-                        std::ptr::null_mut(),
+                        at,
                         len,
                         started.elapsed(),
                         trace::REGISTER_REGION | trace::REGISTER_FAILED,

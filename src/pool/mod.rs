@@ -691,11 +691,6 @@ impl Pool {
     }
 }
 
-/// The device whose context a region is registered or unregistered in:
-/// the calling thread's current device if the pool serves it, else device
-/// 0. Registrations are portable, so any of the pool's contexts will do,
-/// and a region may be given back under another current device than it
-/// was registered under.
 /// A trace's header: the crate, the machine, the backend and the settings.
 fn trace_header(config: &Config, backend: &dyn Backend) -> crate::trace::Header {
     let one_line = |v: String| v.replace(['\n', '\r'], " ");
@@ -725,6 +720,11 @@ fn trace_header(config: &Config, backend: &dyn Backend) -> crate::trace::Header 
     crate::trace::Header { entries }
 }
 
+/// The device whose context a region is registered or unregistered in:
+/// the calling thread's current device if the pool serves it, else device
+/// 0. Registrations are portable, so any of the pool's contexts will do,
+/// and a region may be given back under another current device than it
+/// was registered under.
 fn region_device(backend: &dyn Backend) -> usize {
     let device = backend.current_device();
     if device < backend.device_count() {

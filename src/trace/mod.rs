@@ -28,7 +28,7 @@
 //! | 0 | 8 | the magic `PINPOOLT` |
 //! | 8 | 4 | the version, 1 |
 //! | 12 | 4 | the header's length `n`, at most 1 MiB |
-//! | 16 | `n` | the header: UTF-8 lines `key=value` (the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `clock`, `devices`, `backend`, `started_unix_ms`) |
+//! | 16 | `n` | the header: UTF-8 lines `key=value` (the crate's version as `pinpool`, the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `clock`, `devices`, `backend`, `started_unix_ms`) |
 //! | 16 + `n` | 48 each | records |
 //!
 //! A record is six 64-bit words:
