@@ -12,10 +12,34 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Pixels per strategy's panel.
 const PANEL: (u32, u32) = (1000, 240);
 
+/// Most points a line is drawn with: more samples than this are merged
+/// into as many buckets of time, each keeping its largest value (so that
+/// no peak is lost), which keeps the file small.
+const MAX_POINTS: usize = 1000;
+
+/// `samples` (time, value) in at most [`MAX_POINTS`] points: each the
+/// largest value of its bucket of time, at the bucket's first time.
+fn thin(samples: impl Iterator<Item = (f64, f64)>, end: f64) -> Vec<(f64, f64)> {
+    let width = end / MAX_POINTS as f64;
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    let mut bucket = None;
+    for (t, v) in samples {
+        let b = (t / width) as usize;
+        match points.last_mut() {
+            Some(last) if bucket == Some(b) => last.1 = last.1.max(v),
+            _ => {
+                points.push((t, v));
+                bucket = Some(b);
+            }
+        }
+    }
+    points
+}
+
 /// Draws to `path`, under `title`, one panel per strategy (`runs`: its
 /// name and what one run held): pinned bytes and in-use bytes over time,
 /// each miss a cross at the bytes it asked for, all panels on one time
-/// axis and one byte scale.
+/// axis and one byte scale; a line has at most [`MAX_POINTS`] points.
 pub fn draw(path: &Path, title: &str, runs: &[(&str, &Series)]) -> Result<(), String> {
     draw_svg(path, title, runs).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -68,14 +92,14 @@ fn draw_svg(
         let in_use = RGBColor(30, 90, 200);
         chart
             .draw_series(LineSeries::new(
-                series.samples.iter().map(|p| (p.0, p.1 as f64 / GIB)),
+                thin(series.samples.iter().map(|p| (p.0, p.1 as f64 / GIB)), end),
                 pinned.stroke_width(2),
             ))?
             .label("pinned")
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], pinned));
         chart
             .draw_series(LineSeries::new(
-                series.samples.iter().map(|p| (p.0, p.2 as f64 / GIB)),
+                thin(series.samples.iter().map(|p| (p.0, p.2 as f64 / GIB)), end),
                 in_use.stroke_width(2),
             ))?
             .label("in use")
@@ -98,4 +122,19 @@ fn draw_svg(
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinning_keeps_each_buckets_peak() {
+        let samples = (0..10_000).map(|i| (i as f64 / 1000.0, if i == 4321 { 9.0 } else { 1.0 }));
+        let points = thin(samples, 10.0);
+        assert!(points.len() <= MAX_POINTS, "{}", points.len());
+        assert!(points.iter().any(|p| p.1 == 9.0));
+        assert!(points.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(thin([(0.5, 2.0)].into_iter(), 10.0), [(0.5, 2.0)]);
+    }
 }
