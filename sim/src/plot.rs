@@ -17,10 +17,14 @@ const PANEL: (u32, u32) = (1000, 240);
 /// no peak is lost), which keeps the file small.
 const MAX_POINTS: usize = 1000;
 
-/// `samples` (time, value) in at most [`MAX_POINTS`] points: each the
-/// largest value of its bucket of time, at the bucket's first time.
-fn thin(samples: impl Iterator<Item = (f64, f64)>, end: f64) -> Vec<(f64, f64)> {
-    let width = end / MAX_POINTS as f64;
+/// Most misses marked in a panel: more are merged as the samples are
+/// ([`thin`]), each mark the largest miss of its bucket of time.
+const MAX_MARKS: usize = 250;
+
+/// `samples` (time, value) in at most `most` points: each the largest
+/// value of its bucket of time, at the bucket's first time.
+fn thin(samples: impl Iterator<Item = (f64, f64)>, end: f64, most: usize) -> Vec<(f64, f64)> {
+    let width = end / most as f64;
     let mut points: Vec<(f64, f64)> = Vec::new();
     let mut bucket = None;
     for (t, v) in samples {
@@ -39,7 +43,9 @@ fn thin(samples: impl Iterator<Item = (f64, f64)>, end: f64) -> Vec<(f64, f64)> 
 /// Draws to `path`, under `title`, one panel per strategy (`runs`: its
 /// name and what one run held): pinned bytes and in-use bytes over time,
 /// each miss a cross at the bytes it asked for, all panels on one time
-/// axis and one byte scale; a line has at most [`MAX_POINTS`] points.
+/// axis and one byte scale; a line has at most [`MAX_POINTS`] points, a
+/// panel at most [`MAX_MARKS`] marks of misses (its legend counts them
+/// all).
 pub fn draw(path: &Path, title: &str, runs: &[(&str, &Series)]) -> Result<(), String> {
     draw_svg(path, title, runs).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -85,6 +91,7 @@ fn draw_svg(
             .build_cartesian_2d(0.0..end, 0.0..top)?;
         chart
             .configure_mesh()
+            .disable_x_mesh()
             .x_desc("seconds")
             .y_desc("GiB")
             .draw()?;
@@ -92,24 +99,35 @@ fn draw_svg(
         let in_use = RGBColor(30, 90, 200);
         chart
             .draw_series(LineSeries::new(
-                thin(series.samples.iter().map(|p| (p.0, p.1 as f64 / GIB)), end),
+                thin(
+                    series.samples.iter().map(|p| (p.0, p.1 as f64 / GIB)),
+                    end,
+                    MAX_POINTS,
+                ),
                 pinned.stroke_width(2),
             ))?
             .label("pinned")
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], pinned));
         chart
             .draw_series(LineSeries::new(
-                thin(series.samples.iter().map(|p| (p.0, p.2 as f64 / GIB)), end),
+                thin(
+                    series.samples.iter().map(|p| (p.0, p.2 as f64 / GIB)),
+                    end,
+                    MAX_POINTS,
+                ),
                 in_use.stroke_width(2),
             ))?
             .label("in use")
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], in_use));
         chart
             .draw_series(
-                series
-                    .misses
-                    .iter()
-                    .map(|m| Cross::new((m.0, m.1 as f64 / GIB), 3, BLACK)),
+                thin(
+                    series.misses.iter().map(|m| (m.0, m.1 as f64 / GIB)),
+                    end,
+                    MAX_MARKS,
+                )
+                .into_iter()
+                .map(|m| Cross::new(m, 3, BLACK)),
             )?
             .label(format!("misses ({})", series.misses.len()))
             .legend(|(x, y)| Cross::new((x + 10, y), 3, BLACK));
@@ -131,10 +149,10 @@ mod tests {
     #[test]
     fn thinning_keeps_each_buckets_peak() {
         let samples = (0..10_000).map(|i| (i as f64 / 1000.0, if i == 4321 { 9.0 } else { 1.0 }));
-        let points = thin(samples, 10.0);
+        let points = thin(samples, 10.0, MAX_POINTS);
         assert!(points.len() <= MAX_POINTS, "{}", points.len());
         assert!(points.iter().any(|p| p.1 == 9.0));
         assert!(points.windows(2).all(|w| w[0].0 < w[1].0));
-        assert_eq!(thin([(0.5, 2.0)].into_iter(), 10.0), [(0.5, 2.0)]);
+        assert_eq!(thin([(0.5, 2.0)].into_iter(), 10.0, 5), [(0.5, 2.0)]);
     }
 }
