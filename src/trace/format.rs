@@ -350,6 +350,19 @@ impl Record {
 
     /// The record of six words, or what is wrong with them.
     pub(crate) fn from_words(w: [u64; 6]) -> Result<Self, String> {
+        let record = Self::decode(w)?;
+        // A word or field the record's kind does not use is zero: every
+        // record reads back into the bytes it was read from.
+        if record.to_words() != w {
+            return Err(format!(
+                "a field a record of kind {} does not use is not zero",
+                w[0] as u8
+            ));
+        }
+        Ok(record)
+    }
+
+    fn decode(w: [u64; 6]) -> Result<Self, String> {
         let kind = w[0] as u8;
         let flags = (w[0] >> 8) as u8;
         let device = (w[0] >> 16) as u16;
@@ -584,14 +597,16 @@ impl Header {
     fn parse(text: &str, offset: u64) -> Result<Self, ParseError> {
         let mut entries = Vec::new();
         let mut at = offset;
+        // Every line is `key=value` and ends with a newline (as a pool
+        // writes them), so a header reads back into its own bytes.
         for line in text.split_inclusive('\n') {
-            let body = line.strip_suffix('\n').unwrap_or(line);
-            if !body.is_empty() {
-                let (k, v) = body.split_once('=').ok_or_else(|| {
-                    ParseError::new(at, format!("header line `{body}` is not key=value"))
-                })?;
-                entries.push((k.to_string(), v.to_string()));
-            }
+            let body = line.strip_suffix('\n').ok_or_else(|| {
+                ParseError::new(at, "the header's last line does not end with a newline")
+            })?;
+            let (k, v) = body.split_once('=').ok_or_else(|| {
+                ParseError::new(at, format!("header line `{body}` is not key=value"))
+            })?;
+            entries.push((k.to_string(), v.to_string()));
             at += line.len() as u64;
         }
         Ok(Self { entries })

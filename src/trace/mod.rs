@@ -28,7 +28,7 @@
 //! | 0 | 8 | the magic `PINPOOLT` |
 //! | 8 | 4 | the version, 1 |
 //! | 12 | 4 | the header's length `n`, at most 1 MiB |
-//! | 16 | `n` | the header: UTF-8 lines `key=value` (the crate's version as `pinpool`, the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `clock`, `devices`, `backend`, `started_unix_ms`) |
+//! | 16 | `n` | the header: UTF-8 lines `key=value`, each ending with a newline (the crate's version as `pinpool`, the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `clock`, `devices`, `backend`, `started_unix_ms`) |
 //! | 16 + `n` | 48 each | records |
 //!
 //! A record is six 64-bit words:
@@ -40,6 +40,10 @@
 //! | 2 | the thread (a number no other thread of the process had) |
 //! | 3 | the buffer: its address |
 //! | 4, 5 | `a`, `b`: by kind, below |
+//!
+//! A word or field a record's kind does not use (the thread of a
+//! registration, the device of an eviction) is zero; a reader refuses a
+//! record where it is not.
 //!
 //! | kind | record | flags | `a` | `b` |
 //! | --- | --- | --- | --- | --- |

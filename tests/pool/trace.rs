@@ -604,3 +604,45 @@ fn the_headers_settings_rebuild_the_same_pool() {
         assert_eq!(again.config().idle_trim, want.idle_trim, "`{conf}`");
     }
 }
+
+/// A record with a word its kind does not use set (the thread of a
+/// registration) is refused, at its offset: every record the reader
+/// accepts writes back into the bytes it was read from.
+#[test]
+fn a_record_with_an_unused_word_set_is_refused() {
+    let trace = Trace {
+        header: pinpool::trace::Header::default(),
+        records: vec![Record::End {
+            time_ns: 1,
+            records: 0,
+            lost: 0,
+        }],
+    };
+    let mut bytes = trace.to_bytes();
+    let at = bytes.len() - 48;
+    // Word 2 (the thread) of the end record.
+    bytes[at + 16] = 1;
+    let e = Trace::from_reader(&bytes[..]).unwrap_err();
+    assert_eq!(e.offset, at as u64, "{e}");
+    assert!(e.to_string().contains("does not use"), "{e}");
+}
+
+/// A header whose last line lacks its newline, or with an empty line, is
+/// refused at that line: a header the reader accepts reads back into its
+/// own bytes.
+#[test]
+fn a_header_that_would_not_read_back_into_its_bytes_is_refused() {
+    let header = |text: &str| {
+        let mut bytes = pinpool::trace::MAGIC.to_vec();
+        bytes.extend_from_slice(&pinpool::trace::VERSION.to_le_bytes());
+        bytes.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(text.as_bytes());
+        Trace::from_reader(&bytes[..])
+    };
+    assert!(header("a=1\nb=2\n").is_err(), "no end record");
+    let e = header("a=1\nb=2").unwrap_err();
+    assert_eq!(e.offset, 16 + 4, "{e}");
+    assert!(e.to_string().contains("newline"), "{e}");
+    let e = header("a=1\n\nb=2\n").unwrap_err();
+    assert_eq!(e.offset, 16 + 4, "{e}");
+}
