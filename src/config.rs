@@ -447,7 +447,7 @@ impl PoolBuilder {
     /// `PATH.3`, ... instead, with a warning). The trace is finished when
     /// the pool closes, or when the process exits for a pool that never
     /// does (the global pool). Each thread that takes from a traced pool
-    /// keeps a 384 KiB buffer of records.
+    /// keeps a 256 KiB buffer of records.
     ///
     /// # Examples
     ///
@@ -736,7 +736,7 @@ fn parse_size(value: &str) -> Result<usize, String> {
 /// `d` as a conf value that parses back to it: whole milliseconds where it
 /// is some, else nanoseconds.
 fn duration(d: Duration) -> String {
-    if d.subsec_nanos() % 1_000_000 == 0 {
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
         format!("{}ms", d.as_millis())
     } else {
         format!("{}ns", d.as_nanos())

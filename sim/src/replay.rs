@@ -4,8 +4,12 @@
 //! copy was recorded.
 //!
 //! A buffer is named in a trace by its address, which pool reuse repeats:
-//! a drop belongs to the last take of the same address before it, in time
-//! order (a stable sort of the records by time). A replayed drop of a
+//! a drop belongs to the earliest take of the same address still open
+//! before it, in time order (a stable sort of the records by time). The
+//! trace's clock ticks every millisecond, and records of one tick keep the
+//! order of the threads' buffers they came from, so a drop can sort before
+//! its own take when two threads wrote them in one tick: such a drop is
+//! moved to just after the take. A replayed drop of a
 //! buffer another thread takes waits for that take, so a thread running
 //! late holds up only the drops of its own buffers.
 //!
@@ -19,7 +23,7 @@
 //! held to the end of the replay; a drop with no take before it (its take
 //! was among the records lost) is left out and counted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -171,7 +175,8 @@ impl Replay {
         let mut threads: Vec<Vec<Event>> = Vec::new();
         let mut thread_devices: Vec<Option<usize>> = Vec::new();
         let mut buffers: Vec<Taken> = Vec::new();
-        let mut open: HashMap<u64, usize> = HashMap::new();
+        let records = drops_after_their_takes(&records);
+        let mut open: HashMap<u64, VecDeque<usize>> = HashMap::new();
         let mut unmatched_drops = 0;
         for (seq, record) in records.iter().enumerate() {
             let (at_ns, thread) = (record.time_ns() - first, thread_of(record));
@@ -205,9 +210,10 @@ impl Replay {
                     let device = usize::from(device) % devices;
                     thread_devices[t].get_or_insert(device);
                     let index = buffers.len();
-                    // A take of an address still open means the drop that
-                    // closed it was lost: the old buffer stays held.
-                    open.insert(id, index);
+                    // Another take of an address still open is one whose
+                    // drop sorted after it (within a tick of the clock) or
+                    // was lost: the earliest open take is dropped first.
+                    open.entry(id).or_default().push_back(index);
                     buffers.push(Taken {
                         taker: t,
                         size,
@@ -231,7 +237,7 @@ impl Replay {
                     device,
                     ..
                 } => {
-                    let Some(index) = open.remove(&id) else {
+                    let Some(index) = open.get_mut(&id).and_then(VecDeque::pop_front) else {
                         unmatched_drops += 1;
                         continue;
                     };
@@ -357,6 +363,44 @@ impl Replay {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// `records` (sorted by time) with each drop that sorts before its take
+/// (both in one tick of the trace's clock, written by two threads: records
+/// of one tick keep the order of the rings they came from) moved to just
+/// after that take. A drop with no take of its address open and none in
+/// its tick stays where it is (and is counted as unmatched).
+fn drops_after_their_takes<'a>(records: &[&'a Record]) -> Vec<&'a Record> {
+    let mut fixed = Vec::with_capacity(records.len());
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    // Drops waiting for a take of their address in the current tick.
+    let mut waiting: HashMap<u64, VecDeque<&'a Record>> = HashMap::new();
+    let mut tick = None;
+    for &record in records {
+        if tick != Some(record.time_ns()) {
+            fixed.extend(waiting.drain().flat_map(|(_, drops)| drops));
+            tick = Some(record.time_ns());
+        }
+        match *record {
+            Record::Take { id, .. } => {
+                fixed.push(record);
+                match waiting.get_mut(&id).and_then(VecDeque::pop_front) {
+                    Some(drop) => fixed.push(drop),
+                    None => *open.entry(id).or_default() += 1,
+                }
+            }
+            Record::Drop { id, .. } => match open.get_mut(&id).filter(|n| **n > 0) {
+                Some(n) => {
+                    *n -= 1;
+                    fixed.push(record);
+                }
+                None => waiting.entry(id).or_default().push_back(record),
+            },
+            _ => fixed.push(record),
+        }
+    }
+    fixed.extend(waiting.drain().flat_map(|(_, drops)| drops));
+    fixed
 }
 
 /// The thread that wrote `record`.
@@ -677,7 +721,7 @@ mod tests {
     }
 
     #[test]
-    fn drops_pair_with_the_last_take_of_their_address_on_the_dropping_thread() {
+    fn drops_pair_with_the_open_take_of_their_address_on_the_dropping_thread() {
         let (replay, warnings) = Replay::new(&crossing(), None).unwrap();
         assert_eq!(replay.threads.len(), 2);
         assert_eq!(replay.takes(), 3);
@@ -744,6 +788,35 @@ mod tests {
         assert_eq!(replay.peak_holdings(1, &same), HashMap::from([(50, 1)]));
         assert_eq!(replay.peak_in_use_bytes(), 300 + 50);
         assert_eq!(replay.conf, "max_pooled_bytes=1048576");
+    }
+
+    /// In one tick of the clock, thread 2's ring (read first) holds its
+    /// drops of a buffer thread 1 takes twice in that tick, passing it to
+    /// thread 2 each time: the drops sort before their takes, and still
+    /// pair with them.
+    #[test]
+    fn drops_that_sort_before_their_takes_in_one_tick_pair_with_them() {
+        let (replay, warnings) = Replay::new(
+            &trace(vec![
+                drop_(5, 2, 1, 0x1000, 7),
+                drop_(5, 2, 1, 0x1000, 8),
+                take(5, 1, 0, 0x1000, 100),
+                take(5, 1, 0, 0x1000, 100),
+                take(9, 1, 0, 0x1000, 100),
+                drop_(9, 1, 1, 0x1000, 9),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(replay.unmatched_drops, 0, "{warnings:?}");
+        assert_eq!(replay.never_dropped(), 0);
+        assert_eq!(
+            replay.buffers.iter().map(|b| b.written).collect::<Vec<_>>(),
+            [7, 8, 9]
+        );
+        // Every drop follows its take in the replay's order.
+        assert!(replay.buffers.iter().all(|b| b.to.unwrap() > b.from));
+        assert_eq!(replay.peak_in_use_bytes(), 100);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! [`PoolBuilder::from_env`]) records every take and drop, and its own
 //! events (registrations, evictions, trims, flushes), into a file. Each
 //! thread writes its records into a buffer of its own (no lock, no system
-//! call; the time is the CPU's time-stamp counter where it is invariant, a
-//! monotonic clock otherwise); a background thread of the pool moves them
+//! call; the time is a clock of the trace's that a thread of its advances
+//! every millisecond, so times are whole milliseconds, and records of one
+//! thread keep the order they were written in); a background thread of the pool moves them
 //! to the file every few milliseconds. A full buffer drops records and
 //! counts them (a [`Record::Lost`]): tracing never blocks a take or a drop.
 //! When the pool closes (its last handle is dropped), or when the process
@@ -36,7 +37,7 @@
 //! | word | what |
 //! | --- | --- |
 //! | 0 | byte 0: the kind; byte 1: flags; bytes 2-3: the device; bytes 4-7: zero |
-//! | 1 | the time, nanoseconds since the trace began |
+//! | 1 | the time, nanoseconds since the trace began (whole milliseconds: the header's `clock` is `tick-1ms`) |
 //! | 2 | the thread (a number no other thread of the process had) |
 //! | 3 | the buffer: its address |
 //! | 4, 5 | `a`, `b`: by kind, below |
@@ -59,8 +60,11 @@
 //!
 //! Records are in time order within each batch the background thread
 //! writes, not across batches: sort by time for a total order (a stable
-//! sort keeps each thread's order). A buffer is named by its address, so a
-//! drop belongs to the last take of the same address before it.
+//! sort keeps each thread's order). Records of one millisecond keep the
+//! order of the threads' buffers they came from, not the order they
+//! happened in across threads. A buffer is named by its address, so a drop
+//! belongs to the earliest take of the same address still open, which may
+//! sort after it within one millisecond when two threads wrote them.
 //!
 //! # Examples
 //!

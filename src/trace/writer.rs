@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::clock::Clock;
+use super::clock::{Clock, TICK};
 use super::format::{self, Header, Record, DROP, END, LOST, OUTSTANDING, TAKE};
 use super::ring::{Ring, SHARED_RECORDS, THREAD_RECORDS};
 
@@ -64,14 +64,15 @@ extern "C" fn finish_all() {
 /// A trace being written; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Tracer {
-    clock: Clock,
+    clock: Arc<Clock>,
     /// The orphan cache's takes and drops and the pool's own events.
     shared: Arc<Ring>,
     /// Every thread cache's ring.
     rings: Mutex<Vec<Arc<Ring>>>,
     file: Mutex<FileState>,
     stop: AtomicBool,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The background thread, then the clock's.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// What the background thread keeps between drains.
@@ -79,12 +80,6 @@ pub(crate) struct Tracer {
 struct FileState {
     out: BufWriter<File>,
     path: PathBuf,
-    /// The clock and `Instant` when the trace began.
-    tick0: u64,
-    instant0: Instant,
-    /// Nanoseconds per tick, fixed at the first drain (see
-    /// [`FileState::to_ns`]).
-    ns_per_tick: Option<f64>,
     /// Records written.
     records: u64,
     /// Records lost.
@@ -146,24 +141,20 @@ impl Tracer {
             );
             (path, key) = (free, free_key);
         }
-        let clock = Clock::choose();
-        header.entries.push(("clock".into(), clock.name().into()));
+        let clock = Arc::new(Clock::new());
+        header
+            .entries
+            .push(("clock".into(), format!("tick-{}ms", TICK.as_millis())));
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
         out.write_all(&format::preamble(&header))?;
         out.flush()?;
         let tracer = Arc::new(Self {
+            shared: Arc::new(Ring::new(SHARED_RECORDS, Arc::clone(&clock), true)),
             clock,
-            shared: Arc::new(Ring::new(SHARED_RECORDS, clock, true)),
             rings: Mutex::new(Vec::new()),
             file: Mutex::new(FileState {
                 out,
                 path: path.clone(),
-                tick0: clock.ticks(),
-                instant0: Instant::now(),
-                ns_per_tick: match clock {
-                    Clock::Monotonic => Some(1.0),
-                    Clock::Tsc => None,
-                },
                 records: 0,
                 lost: 0,
                 live: HashMap::new(),
@@ -172,10 +163,10 @@ impl Tracer {
                 batch: Vec::new(),
             }),
             stop: AtomicBool::new(false),
-            thread: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
         });
         let background = Arc::clone(&tracer);
-        let handle = std::thread::Builder::new()
+        let drainer = std::thread::Builder::new()
             .name("pinpool-trace".into())
             .spawn(move || {
                 // Relaxed: the flag only ends the loop; `finish` drains
@@ -185,7 +176,24 @@ impl Tracer {
                     background.drain();
                 }
             })?;
-        *lock(&tracer.thread) = Some(handle);
+        lock(&tracer.threads).push(drainer);
+        let ticking = Arc::clone(&tracer);
+        let ticker = std::thread::Builder::new()
+            .name("pinpool-trace-clock".into())
+            .spawn(move || {
+                // Relaxed: as above.
+                while !ticking.stop.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(TICK);
+                    ticking.clock.advance();
+                }
+            });
+        match ticker {
+            Ok(ticker) => lock(&tracer.threads).push(ticker),
+            Err(e) => {
+                tracer.stop_threads();
+                return Err(e);
+            }
+        }
         open.push((key, Arc::downgrade(&tracer)));
         drop(open);
         AT_EXIT.call_once(|| {
@@ -200,7 +208,7 @@ impl Tracer {
 
     /// A ring for a new thread cache.
     pub(crate) fn ring(&self) -> Arc<Ring> {
-        let ring = Arc::new(Ring::new(THREAD_RECORDS, self.clock, false));
+        let ring = Arc::new(Ring::new(THREAD_RECORDS, Arc::clone(&self.clock), false));
         lock(&self.rings).push(Arc::clone(&ring));
         ring
     }
@@ -217,6 +225,16 @@ impl Tracer {
             .push(format::head(kind, flags, device as u16), 0, id, a, b);
     }
 
+    /// Stops the background thread and the clock's, and waits for them.
+    fn stop_threads(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for handle in threads {
+            handle.thread().unpark();
+            let _ = handle.join();
+        }
+    }
+
     /// Writes what the rings hold to the file.
     fn drain(&self) {
         let mut file = lock(&self.file);
@@ -227,8 +245,7 @@ impl Tracer {
     }
 
     fn drain_locked(&self, file: &mut FileState) {
-        let now_ticks = self.clock.ticks();
-        let now = file.instant0.elapsed().as_nanos() as u64;
+        let now_ticks = self.clock.now();
         let mut batch = std::mem::take(&mut file.batch);
         let rings: Vec<Arc<Ring>> = lock(&self.rings).clone();
         for ring in std::iter::once(&self.shared).chain(rings.iter()) {
@@ -240,9 +257,8 @@ impl Tracer {
                 batch.push([u64::from(LOST), now_ticks, thread, 0, lost, 0]);
             }
         }
-        let rate = file.rate(now_ticks, now);
         for words in &mut batch {
-            words[1] = file.to_ns(words[1], rate);
+            words[1] = Clock::to_ns(words[1]);
         }
         batch.sort_by_key(|w| w[1]);
         for words in &batch {
@@ -276,19 +292,13 @@ impl Tracer {
     /// still hold, the buffers never dropped, the end record. Later calls
     /// do nothing; records pushed after it are not written.
     pub(crate) fn finish(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(handle) = lock(&self.thread).take() {
-            handle.thread().unpark();
-            let _ = handle.join();
-        }
+        self.stop_threads();
         let mut file = lock(&self.file);
         if file.finished {
             return;
         }
         self.drain_locked(&mut file);
-        // The drain above fixed the rate.
-        let rate = file.rate(0, 0);
-        let now = file.to_ns(self.clock.ticks(), rate);
+        let now = Clock::to_ns(self.clock.elapsed());
         let mut live: Vec<[u64; 6]> = file
             .live
             .values()
@@ -328,29 +338,6 @@ impl Tracer {
 }
 
 impl FileState {
-    /// Nanoseconds per tick of the trace's clock. The rate is measured
-    /// once, at the first call (the first drain), from the clock's ticks
-    /// now (`now_ticks`) against the nanoseconds since the trace began
-    /// (`now_ns`), and kept: one rate for the whole trace keeps every
-    /// thread's records in their order (a rate measured again at each
-    /// drain jitters, and would put a later record of one drain before an
-    /// earlier one of the next).
-    fn rate(&mut self, now_ticks: u64, now_ns: u64) -> f64 {
-        let tick0 = self.tick0;
-        *self
-            .ns_per_tick
-            .get_or_insert_with(|| match now_ticks.saturating_sub(tick0) {
-                0 => 1.0,
-                elapsed => now_ns as f64 / elapsed as f64,
-            })
-    }
-
-    /// `ticks` of the trace's clock as nanoseconds since the trace began,
-    /// at `rate` ([`FileState::rate`]).
-    fn to_ns(&self, ticks: u64, rate: f64) -> u64 {
-        (ticks.saturating_sub(self.tick0) as f64 * rate) as u64
-    }
-
     fn write(&mut self, words: [u64; 6]) {
         if self.failed {
             return;
@@ -374,44 +361,4 @@ impl FileState {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Two drains whose measured rates differ (the clock and `Instant`
-    /// are read a little apart): records converted at the second keep
-    /// their order against those of the first.
-    #[test]
-    fn one_rate_keeps_the_order_of_records_across_drains() {
-        let path = std::env::temp_dir().join(format!("pinpool-rate-{}.trace", std::process::id()));
-        let mut file = FileState {
-            out: BufWriter::new(File::create(&path).unwrap()),
-            path: path.clone(),
-            tick0: 1000,
-            instant0: Instant::now(),
-            ns_per_tick: None,
-            records: 0,
-            lost: 0,
-            live: HashMap::new(),
-            failed: false,
-            finished: false,
-            batch: Vec::new(),
-        };
-        // The first drain: 2000 ticks in 1000 ns.
-        let rate = file.rate(3000, 1000);
-        let late_in_first = file.to_ns(2999, rate);
-        // The second measures 4000 ticks in 1900 ns; a record written just
-        // after the first drain's last one.
-        let rate = file.rate(5000, 1900);
-        let early_in_second = file.to_ns(3000, rate);
-        assert!(
-            early_in_second > late_in_first,
-            "{late_in_first} {early_in_second}"
-        );
-        let rate = file.rate(9000, 99);
-        assert_eq!(file.to_ns(5000, rate), 2000);
-        let _ = std::fs::remove_file(&path);
-    }
 }
