@@ -175,10 +175,10 @@ impl Replay {
         let mut threads: Vec<Vec<Event>> = Vec::new();
         let mut thread_devices: Vec<Option<usize>> = Vec::new();
         let mut buffers: Vec<Taken> = Vec::new();
-        let records = drops_after_their_takes(&records);
-        let mut open: HashMap<u64, VecDeque<usize>> = HashMap::new();
-        let mut unmatched_drops = 0;
-        for (seq, record) in records.iter().enumerate() {
+        let (ops, unmatched_drops) = pair(&records);
+        // Each take's buffer, by the take's place in `ops`.
+        let mut buffer_of: Vec<usize> = vec![usize::MAX; ops.len()];
+        for (seq, &(record, paired)) in ops.iter().enumerate() {
             let (at_ns, thread) = (record.time_ns() - first, thread_of(record));
             let next = thread_index.len();
             let t = *thread_index.entry(thread).or_insert(next);
@@ -191,10 +191,8 @@ impl Replay {
                 threads.push(Vec::new());
                 thread_devices.push(None);
             }
-            match **record {
-                Record::Take {
-                    id, asked, device, ..
-                } => {
+            match *record {
+                Record::Take { asked, device, .. } => {
                     let size = usize::try_from(asked)
                         .ok()
                         .filter(|&s| s <= pinpool::MAX_CLASS_SIZE)
@@ -210,10 +208,7 @@ impl Replay {
                     let device = usize::from(device) % devices;
                     thread_devices[t].get_or_insert(device);
                     let index = buffers.len();
-                    // Another take of an address still open is one whose
-                    // drop sorted after it (within a tick of the clock) or
-                    // was lost: the earliest open take is dropped first.
-                    open.entry(id).or_default().push_back(index);
+                    buffer_of[seq] = index;
                     buffers.push(Taken {
                         taker: t,
                         size,
@@ -231,16 +226,12 @@ impl Replay {
                     });
                 }
                 Record::Drop {
-                    id,
                     dirty,
                     copy_recorded,
                     device,
                     ..
                 } => {
-                    let Some(index) = open.get_mut(&id).and_then(VecDeque::pop_front) else {
-                        unmatched_drops += 1;
-                        continue;
-                    };
+                    let index = buffer_of[paired.expect("`pair` keeps paired drops only")];
                     let buffer = &mut buffers[index];
                     buffer.written = usize::try_from(dirty)
                         .unwrap_or(usize::MAX)
@@ -365,42 +356,121 @@ impl Replay {
     }
 }
 
-/// `records` (sorted by time) with each drop that sorts before its take
-/// (both in one tick of the trace's clock, written by two threads: records
-/// of one tick keep the order of the rings they came from) moved to just
-/// after that take. A drop with no take of its address open and none in
-/// its tick stays where it is (and is counted as unmatched).
-fn drops_after_their_takes<'a>(records: &[&'a Record]) -> Vec<&'a Record> {
-    let mut fixed = Vec::with_capacity(records.len());
-    let mut open: HashMap<u64, usize> = HashMap::new();
-    // Drops waiting for a take of their address in the current tick.
-    let mut waiting: HashMap<u64, VecDeque<&'a Record>> = HashMap::new();
-    let mut tick = None;
-    for &record in records {
-        if tick != Some(record.time_ns()) {
-            fixed.extend(waiting.drain().flat_map(|(_, drops)| drops));
-            tick = Some(record.time_ns());
+/// The takes and drops of `records` (sorted by time) in an order that
+/// keeps each thread's own order and puts every drop after its take, each
+/// drop with the place of its take in that order; and how many drops have
+/// no take (theirs was lost), left out.
+///
+/// The trace's clock ticks once a millisecond, and the records of one tick
+/// keep the order of the threads' buffers they came from, not the order
+/// they happened in across threads: a drop may sort before the take it
+/// belongs to when two threads wrote them in one tick. So within a tick
+/// the threads' records are merged: at each step the earliest record (in
+/// the file) that can come next does: a thread's drop of a buffer it took
+/// itself once that take is open, else a drop of another thread's buffer
+/// (the drop names its taker) once a take of the address by that taker is
+/// open, else a take (so that a buffer is given back before it is taken
+/// again, as a pool hands out one buffer once at a time). A drop that
+/// can never come next (its taker's take is not open) pairs with the
+/// earliest open take of its address, or with none.
+fn pair<'a>(records: &[&'a Record]) -> (Vec<(&'a Record, Option<usize>)>, u64) {
+    /// A take not yet dropped: its place in the order, its thread.
+    struct Open {
+        op: usize,
+        thread: u64,
+    }
+    let mut ops: Vec<(&Record, Option<usize>)> = Vec::with_capacity(records.len());
+    let mut open: HashMap<u64, Vec<Open>> = HashMap::new();
+    let mut unmatched = 0;
+    let mut start = 0;
+    while start < records.len() {
+        let time = records[start].time_ns();
+        let end = start
+            + records[start..]
+                .iter()
+                .take_while(|r| r.time_ns() == time)
+                .count();
+        // Each thread's records of the tick, in file order (with their
+        // places in the file).
+        let mut chains: Vec<(u64, VecDeque<(usize, &Record)>)> = Vec::new();
+        for (at, &record) in records[start..end].iter().enumerate() {
+            let thread = thread_of(record);
+            match chains.iter_mut().find(|(t, _)| *t == thread) {
+                Some((_, chain)) => chain.push_back((at, record)),
+                None => chains.push((thread, VecDeque::from([(at, record)]))),
+            }
         }
-        match *record {
-            Record::Take { id, .. } => {
-                fixed.push(record);
-                match waiting.get_mut(&id).and_then(VecDeque::pop_front) {
-                    Some(drop) => fixed.push(drop),
-                    None => *open.entry(id).or_default() += 1,
+        loop {
+            // The next record: the earliest ready head, drops of one's own
+            // buffers first, then drops of others', then takes (a buffer
+            // given back before it is taken again); if none is ready, the
+            // earliest head.
+            let mut ready: Option<(u8, usize, usize)> = None;
+            let mut earliest: Option<(usize, usize)> = None;
+            for (c, (thread, chain)) in chains.iter().enumerate() {
+                let Some(&(at, record)) = chain.front() else {
+                    continue;
+                };
+                if earliest.is_none_or(|(e, _)| at < e) {
+                    earliest = Some((at, c));
+                }
+                let class = match *record {
+                    Record::Drop { id, taker, .. } => {
+                        let by = |t: u64| {
+                            open.get(&id)
+                                .is_some_and(|v| v.iter().any(|o| o.thread == t))
+                        };
+                        if taker == *thread {
+                            by(taker).then_some(0)
+                        } else {
+                            by(taker).then_some(1)
+                        }
+                    }
+                    _ => Some(2),
+                };
+                if let Some(class) = class {
+                    if ready.is_none_or(|(rc, ra, _)| (class, at) < (rc, ra)) {
+                        ready = Some((class, at, c));
+                    }
                 }
             }
-            Record::Drop { id, .. } => match open.get_mut(&id).filter(|n| **n > 0) {
-                Some(n) => {
-                    *n -= 1;
-                    fixed.push(record);
+            let c = match (ready, earliest) {
+                (Some((_, _, c)), _) | (None, Some((_, c))) => c,
+                (None, None) => break,
+            };
+            let (thread, chain) = &mut chains[c];
+            let (_, record) = chain.pop_front().expect("a head was chosen");
+            match *record {
+                Record::Take { id, .. } => {
+                    open.entry(id).or_default().push(Open {
+                        op: ops.len(),
+                        thread: *thread,
+                    });
+                    ops.push((record, None));
                 }
-                None => waiting.entry(id).or_default().push_back(record),
-            },
-            _ => fixed.push(record),
+                Record::Drop { id, taker, .. } => {
+                    let takes = open.entry(id).or_default();
+                    // One's own buffer: the latest take of it by this
+                    // thread; another's: the earliest by its taker.
+                    let by_taker = if taker == *thread {
+                        takes.iter().rposition(|o| o.thread == taker)
+                    } else {
+                        takes.iter().position(|o| o.thread == taker)
+                    };
+                    match by_taker.or((!takes.is_empty()).then_some(0)) {
+                        Some(i) => {
+                            let take = takes.remove(i);
+                            ops.push((record, Some(take.op)));
+                        }
+                        None => unmatched += 1,
+                    }
+                }
+                _ => {}
+            }
         }
+        start = end;
     }
-    fixed.extend(waiting.drain().flat_map(|(_, drops)| drops));
-    fixed
+    (ops, unmatched)
 }
 
 /// The thread that wrote `record`.
@@ -975,5 +1045,126 @@ mod tests {
             warnings.iter().any(|w| w.contains("301 device(s)")),
             "{warnings:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod ties {
+    use super::*;
+    use pinpool::trace::{Header, Source};
+
+    const MS: u64 = 1_000_000;
+
+    fn take(time_ns: u64, thread: u64, id: u64, asked: u64) -> Record {
+        Record::Take {
+            time_ns,
+            thread,
+            device: 0,
+            id,
+            asked,
+            len: asked,
+            source: Source::Miss,
+        }
+    }
+
+    fn drop_(time_ns: u64, thread: u64, taker: u64, id: u64, dirty: u64) -> Record {
+        Record::Drop {
+            time_ns,
+            thread,
+            taker,
+            device: 0,
+            id,
+            dirty,
+            copy_recorded: false,
+            pinned: false,
+            remote: thread != taker,
+        }
+    }
+
+    fn trace(records: Vec<Record>) -> Trace {
+        Trace {
+            header: Header {
+                entries: vec![("backend".into(), "host".into())],
+            },
+            records,
+        }
+    }
+
+    /// In tick 5, thread 1 takes A and hands it to thread 2, which drops
+    /// it and then takes B. Thread 2's ring is read first: its drop of A
+    /// and take of B sort before thread 1's take of A. Thread 2's replayed
+    /// events must stay in its own order (drop A, then take B), and the
+    /// peak in use is one buffer.
+    #[test]
+    fn a_drop_sorted_before_its_take_keeps_its_threads_order() {
+        let (replay, _) = Replay::new(
+            &trace(vec![
+                drop_(5 * MS, 2, 1, 0xA, 10),
+                take(5 * MS, 2, 0xB, 100),
+                take(5 * MS, 1, 0xA, 100),
+            ]),
+            None,
+        )
+        .unwrap();
+        let t2 = replay.buffers[replay
+            .buffers
+            .iter()
+            .position(|b| b.size == 100 && b.written == 0)
+            .unwrap()]
+        .taker;
+        let kinds: Vec<&str> = replay.threads[t2]
+            .iter()
+            .map(|e| match e {
+                Event::Take { .. } => "take",
+                Event::Drop { .. } => "drop",
+            })
+            .collect();
+        assert_eq!(kinds, ["drop", "take"], "thread 2's own order");
+        assert_eq!(replay.peak_in_use_bytes(), 100);
+    }
+
+    /// Thread 1 takes A in tick 4, drops it itself in tick 5 (10 bytes
+    /// written), takes A again (the pool reused it) and hands it to thread
+    /// 2, which drops it (22 bytes written), all in tick 5; thread 2's ring
+    /// is read first. No record is lost: the first buffer was dropped by
+    /// thread 1 with 10 bytes, the second by thread 2 with 22.
+    #[test]
+    fn a_threads_drop_of_its_own_buffer_pairs_with_its_own_take() {
+        let (replay, warnings) = Replay::new(
+            &trace(vec![
+                take(4 * MS, 1, 0xA, 100),
+                drop_(5 * MS, 2, 1, 0xA, 22),
+                drop_(5 * MS, 1, 1, 0xA, 10),
+                take(5 * MS, 1, 0xA, 100),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(replay.unmatched_drops, 0, "{warnings:?}");
+        assert_eq!(
+            replay.buffers.iter().map(|b| b.written).collect::<Vec<_>>(),
+            [10, 22]
+        );
+    }
+
+    /// Drops with no take (theirs were lost) in one tick, then takes: the
+    /// plan (threads, buffers, events) is the same however often it is
+    /// made.
+    #[test]
+    fn the_plan_is_the_same_every_time() {
+        let t = trace(vec![
+            drop_(5 * MS, 7, 7, 0xA, 1),
+            drop_(5 * MS, 8, 8, 0xB, 1),
+            drop_(5 * MS, 9, 9, 0xC, 1),
+            take(6 * MS, 7, 0xD, 10),
+            take(6 * MS, 8, 0xE, 20),
+            take(6 * MS, 9, 0xF, 30),
+        ]);
+        let first = Replay::new(&t, None).unwrap().0;
+        for _ in 0..50 {
+            let again = Replay::new(&t, None).unwrap().0;
+            assert_eq!(again.buffers, first.buffers, "takers differ between runs");
+            assert_eq!(again.threads, first.threads);
+        }
     }
 }

@@ -256,4 +256,135 @@ mod tests {
         );
         assert!(seen.iter().all(|w| w[4] == w[3] * 3), "torn record");
     }
+
+    // ===== review tests =====
+
+    /// A marker in the ring's last slot, the record after it in slot 0.
+    #[test]
+    fn a_marker_in_the_last_slot_before_the_wrap() {
+        let ring = Ring::new(4, Arc::new(Clock::new()), false);
+        let mut out = Vec::new();
+        ring.push(1, 5, 0, 0, 0); // marker 0, record 1
+        ring.push(1, 5, 1, 0, 0); // 2
+        assert_eq!(ring.drain(&mut out), 0);
+        ring.push(1, 6, 2, 0, 0); // marker 3, record 4 (slot 0)
+        ring.push(1, 6, 3, 0, 0); // 5 (slot 1)
+        ring.push(1, 6, 4, 0, 0); // 6 (slot 2)
+        ring.push(1, 6, 5, 0, 0); // full: lost
+        assert_eq!(ring.drain(&mut out), 1);
+        let named: Vec<(u64, u64)> = out.iter().map(|w| (w[3], w[2])).collect();
+        assert_eq!(named, [(0, 5), (1, 5), (2, 6), (3, 6), (4, 6)]);
+    }
+
+    /// One slot free and a marker needed: the record is lost (counted
+    /// once), and the thread's next record still gets its marker.
+    #[test]
+    fn a_full_ring_exactly_when_a_marker_is_needed() {
+        let ring = Ring::new(4, Arc::new(Clock::new()), true);
+        let mut out = Vec::new();
+        ring.push(1, 5, 0, 0, 0); // marker, record
+        ring.push(1, 5, 1, 0, 0);
+        // One slot free: thread 6 needs two.
+        ring.push(1, 6, 2, 0, 0);
+        // Thread 5 needs one: fits.
+        ring.push(1, 5, 3, 0, 0);
+        assert_eq!(ring.drain(&mut out), 1);
+        ring.push(1, 6, 4, 0, 0);
+        ring.push(1, 5, 5, 0, 0);
+        assert_eq!(ring.drain(&mut out), 0);
+        let named: Vec<(u64, u64)> = out.iter().map(|w| (w[3], w[2])).collect();
+        assert_eq!(named, [(0, 5), (1, 5), (3, 5), (4, 6), (5, 5)]);
+    }
+
+    /// Random pushes by threads 0 (events), 1, 2, 3 and drains, on rings
+    /// of several sizes: every record drained names its writer, keeps its
+    /// order, and drained + lost = pushed.
+    #[test]
+    fn random_writers_and_drains_against_a_model() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for cap in [2usize, 4, 8, 16] {
+            for _round in 0..200 {
+                let clock = Arc::new(Clock::new());
+                let ring = Ring::new(cap, Arc::clone(&clock), true);
+                let (mut pushed, mut lost, mut out) = (0u64, 0u64, Vec::new());
+                for _ in 0..200 {
+                    let r = rand();
+                    if r % 5 == 0 {
+                        lost += ring.drain(&mut out);
+                    } else {
+                        if r % 7 == 0 {
+                            clock.set(clock.now() + (r >> 40) % 3);
+                        }
+                        let thread = (r >> 8) % 4;
+                        ring.push(1, thread, pushed, thread, clock.now());
+                        pushed += 1;
+                    }
+                }
+                lost += ring.drain(&mut out);
+                assert_eq!(out.len() as u64 + lost, pushed, "cap {cap}");
+                assert!(out.iter().all(|w| w[2] == w[4]), "misnamed: {out:?}");
+                assert!(out.iter().all(|w| w[1] == w[5]), "tick wrong: {out:?}");
+                assert!(out.windows(2).all(|w| w[0][3] < w[1][3]));
+            }
+        }
+    }
+
+    /// Three writers of the shared ring (one of them the events' thread
+    /// 0) and the reader at once.
+    #[test]
+    fn shared_ring_writers_and_reader_at_once() {
+        let clock = Arc::new(Clock::new());
+        let ring = Arc::new(Ring::new(64, Arc::clone(&clock), true));
+        const N: u64 = 30_000;
+        let writers: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (ring, clock) = (ring.clone(), clock.clone());
+                std::thread::spawn(move || {
+                    for i in 0..N {
+                        if i % 500 == 0 {
+                            clock.advance();
+                        }
+                        ring.push(1, t, i, t, 0);
+                    }
+                })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let mut lost = 0;
+        while !writers.iter().all(|w| w.is_finished()) {
+            lost += ring.drain(&mut seen);
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        lost += ring.drain(&mut seen);
+        assert_eq!(seen.len() as u64 + lost, 3 * N);
+        assert!(seen.iter().all(|w| w[2] == w[4]), "misnamed record");
+        for t in 0..3 {
+            let mine: Vec<&[u64; 6]> = seen.iter().filter(|w| w[2] == t).collect();
+            assert!(mine.windows(2).all(|w| w[0][3] < w[1][3]), "order of {t}");
+            assert!(mine.windows(2).all(|w| w[0][1] <= w[1][1]), "time of {t}");
+        }
+    }
+
+    /// The clock at 2^32 - 1 when pushed, the reader's at 2^32 + 5.
+    #[test]
+    fn ticks_across_the_32_bit_boundary() {
+        let clock = Arc::new(Clock::new());
+        let ring = Ring::new(16, Arc::clone(&clock), false);
+        for t in [(1u64 << 32) - 1, 1 << 32, (1 << 32) + 1] {
+            clock.set(t);
+            ring.push(1, 1, t, 0, 0);
+        }
+        clock.set((1 << 32) + 5);
+        let mut out = Vec::new();
+        ring.drain(&mut out);
+        assert!(out.iter().all(|w| w[1] == w[3]), "{out:?}");
+    }
 }

@@ -197,10 +197,12 @@ impl Tracer {
         open.push((key, Arc::downgrade(&tracer)));
         drop(open);
         AT_EXIT.call_once(|| {
-            // SAFETY: `finish_all` is an `extern "C" fn()` that never
-            // unwinds out (it only locks and writes), as `atexit` needs.
-            // A failed registration leaves traces unfinished at exit, as
-            // before.
+            // SAFETY: `finish_all` is an `extern "C" fn()`, as `atexit`
+            // takes: it locks, writes and reports failures on standard
+            // error, and a panic there (standard error closed) aborts the
+            // process rather than unwinding into the caller of the exit
+            // handlers. A failed registration leaves traces unfinished at
+            // exit.
             let _ = unsafe { libc::atexit(finish_all) };
         });
         Ok((tracer, path))
@@ -248,7 +250,11 @@ impl Tracer {
         let now_ticks = self.clock.now();
         let mut batch = std::mem::take(&mut file.batch);
         let rings: Vec<Arc<Ring>> = lock(&self.rings).clone();
-        for ring in std::iter::once(&self.shared).chain(rings.iter()) {
+        // The threads' own rings first, the shared ring last: records of
+        // one tick keep this order (the sort below is stable), so a drop a
+        // thread makes through the shared ring during its teardown follows
+        // its own earlier records of the tick drained with it.
+        for ring in rings.iter().chain(std::iter::once(&self.shared)) {
             let from = batch.len();
             let lost = ring.drain(&mut batch);
             if lost > 0 {

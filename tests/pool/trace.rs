@@ -646,3 +646,113 @@ fn a_header_that_would_not_read_back_into_its_bytes_is_refused() {
     let e = header("a=1\n\nb=2\n").unwrap_err();
     assert_eq!(e.offset, 16 + 4, "{e}");
 }
+
+// ===== review tests =====
+
+/// Threads that take a buffer and drop it while their thread-locals are
+/// torn down (the drop goes through the orphan cache's shared ring, the
+/// take through the thread's own ring, usually in one millisecond): each
+/// thread's take comes before its drop in the file, and after a stable
+/// sort by time.
+#[test]
+fn a_teardown_drop_follows_its_take_in_the_file() {
+    use std::cell::RefCell;
+    thread_local! {
+        static HOLD: RefCell<Option<pinpool::PinnedBuffer>> = const { RefCell::new(None) };
+    }
+    let path = TempPath::new("review-teardown-order");
+    let pool = traced(&path);
+    for _ in 0..20 {
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            HOLD.with(|h| h.borrow_mut().take());
+            let buf = p.take(4096);
+            HOLD.with(|h| *h.borrow_mut() = Some(buf));
+        })
+        .join()
+        .unwrap();
+    }
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let mut sorted: Vec<Record> = trace.records.clone();
+    sorted.sort_by_key(|r| r.time_ns());
+    for (what, records) in [("file", &trace.records), ("sorted", &sorted)] {
+        let mut bad = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            if let Record::Drop { thread, id, .. } = *r {
+                let take_after = records[i..].iter().any(|t| {
+                    matches!(*t, Record::Take { thread: tt, id: ti, .. } if tt == thread && ti == id)
+                });
+                let take_before = records[..i].iter().any(|t| {
+                    matches!(*t, Record::Take { thread: tt, id: ti, .. } if tt == thread && ti == id)
+                });
+                if take_after && !take_before {
+                    bad.push(*r);
+                }
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "{what}: {} drops before their own thread's take: {:?}",
+            bad.len(),
+            bad.first()
+        );
+    }
+}
+
+/// A thread's cache inherited by a later thread: the later thread's
+/// records name it, not the first.
+#[test]
+fn an_inherited_cache_names_its_new_thread() {
+    let path = TempPath::new("review-inherit");
+    let pool = traced(&path);
+    for _ in 0..4 {
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            drop(p.take(4096));
+            drop(p.take(8192));
+        })
+        .join()
+        .unwrap();
+    }
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let t = takes(&trace);
+    let d = drops(&trace);
+    assert_eq!(t.len(), 8);
+    assert_eq!(d.len(), 8);
+    let threads: std::collections::BTreeSet<u64> = t
+        .iter()
+        .map(|r| match r {
+            Record::Take { thread, .. } => *thread,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(threads.len(), 4, "{t:?}");
+    for r in &d {
+        assert!(
+            matches!(r, Record::Drop { thread, taker, remote: false, .. } if thread == taker && threads.contains(thread)),
+            "{r:?}"
+        );
+    }
+    // Each thread's records in the file: take, drop, take, drop.
+    for th in threads {
+        let mine: Vec<&Record> = trace
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Take { thread, .. } | Record::Drop { thread, .. } if *thread == th))
+            .collect();
+        assert!(
+            matches!(
+                mine[..],
+                [
+                    Record::Take { .. },
+                    Record::Drop { .. },
+                    Record::Take { .. },
+                    Record::Drop { .. }
+                ]
+            ),
+            "{mine:?}"
+        );
+    }
+}
