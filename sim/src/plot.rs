@@ -15,11 +15,11 @@ const PANEL: (u32, u32) = (1000, 240);
 /// Most points a line is drawn with: more samples than this are merged
 /// into as many buckets of time, each keeping its largest value (so that
 /// no peak is lost), which keeps the file small.
-const MAX_POINTS: usize = 1000;
+pub const MAX_POINTS: usize = 1000;
 
 /// Most misses marked in a panel: more are merged as the samples are
-/// ([`thin`]), each mark the largest miss of its bucket of time.
-const MAX_MARKS: usize = 250;
+/// (bucketed by time), each mark the largest miss of its bucket of time.
+pub const MAX_MARKS: usize = 250;
 
 /// `samples` (time, value) in at most `most` points: each the largest
 /// value of its bucket of time, at the bucket's first time.
