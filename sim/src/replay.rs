@@ -1046,49 +1046,8 @@ mod tests {
             "{warnings:?}"
         );
     }
-}
-
-#[cfg(test)]
-mod ties {
-    use super::*;
-    use pinpool::trace::{Header, Source};
 
     const MS: u64 = 1_000_000;
-
-    fn take(time_ns: u64, thread: u64, id: u64, asked: u64) -> Record {
-        Record::Take {
-            time_ns,
-            thread,
-            device: 0,
-            id,
-            asked,
-            len: asked,
-            source: Source::Miss,
-        }
-    }
-
-    fn drop_(time_ns: u64, thread: u64, taker: u64, id: u64, dirty: u64) -> Record {
-        Record::Drop {
-            time_ns,
-            thread,
-            taker,
-            device: 0,
-            id,
-            dirty,
-            copy_recorded: false,
-            pinned: false,
-            remote: thread != taker,
-        }
-    }
-
-    fn trace(records: Vec<Record>) -> Trace {
-        Trace {
-            header: Header {
-                entries: vec![("backend".into(), "host".into())],
-            },
-            records,
-        }
-    }
 
     /// In tick 5, thread 1 takes A and hands it to thread 2, which drops
     /// it and then takes B. Thread 2's ring is read first: its drop of A
@@ -1100,8 +1059,8 @@ mod ties {
         let (replay, _) = Replay::new(
             &trace(vec![
                 drop_(5 * MS, 2, 1, 0xA, 10),
-                take(5 * MS, 2, 0xB, 100),
-                take(5 * MS, 1, 0xA, 100),
+                take(5 * MS, 2, 0, 0xB, 100),
+                take(5 * MS, 1, 0, 0xA, 100),
             ]),
             None,
         )
@@ -1132,10 +1091,10 @@ mod ties {
     fn a_threads_drop_of_its_own_buffer_pairs_with_its_own_take() {
         let (replay, warnings) = Replay::new(
             &trace(vec![
-                take(4 * MS, 1, 0xA, 100),
+                take(4 * MS, 1, 0, 0xA, 100),
                 drop_(5 * MS, 2, 1, 0xA, 22),
                 drop_(5 * MS, 1, 1, 0xA, 10),
-                take(5 * MS, 1, 0xA, 100),
+                take(5 * MS, 1, 0, 0xA, 100),
             ]),
             None,
         )
@@ -1156,9 +1115,9 @@ mod ties {
             drop_(5 * MS, 7, 7, 0xA, 1),
             drop_(5 * MS, 8, 8, 0xB, 1),
             drop_(5 * MS, 9, 9, 0xC, 1),
-            take(6 * MS, 7, 0xD, 10),
-            take(6 * MS, 8, 0xE, 20),
-            take(6 * MS, 9, 0xF, 30),
+            take(6 * MS, 7, 0, 0xD, 10),
+            take(6 * MS, 8, 0, 0xE, 20),
+            take(6 * MS, 9, 0, 0xF, 30),
         ]);
         let first = Replay::new(&t, None).unwrap().0;
         for _ in 0..50 {

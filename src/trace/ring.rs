@@ -257,8 +257,6 @@ mod tests {
         assert!(seen.iter().all(|w| w[4] == w[3] * 3), "torn record");
     }
 
-    // ===== review tests =====
-
     /// A marker in the ring's last slot, the record after it in slot 0.
     #[test]
     fn a_marker_in_the_last_slot_before_the_wrap() {

@@ -532,49 +532,57 @@ fn pools_of_one_process_never_write_one_file() {
     assert!(again.is_ok());
 }
 
-/// A thread that drops a buffer while its thread-locals are torn down
-/// (a thread-local holding it) records the drop under its own thread, not
-/// as another thread's drop.
+/// Threads that drop a buffer while their thread-locals are torn down
+/// (a thread-local holding it; the drop goes through the orphan cache's
+/// shared ring, the take through the thread's own ring, usually in one
+/// millisecond): each drop is recorded under its own thread, not as
+/// another thread's, and comes after its take in the file and after a
+/// stable sort by time.
 #[test]
-fn a_drop_in_thread_teardown_names_its_thread() {
+fn a_drop_in_thread_teardown_names_its_thread_and_follows_its_take() {
     use std::cell::RefCell;
     thread_local! {
         static HOLD: RefCell<Option<pinpool::PinnedBuffer>> = const { RefCell::new(None) };
     }
     let path = TempPath::new("teardown");
-    let pool = Pool::builder()
-        .backend(BackendKind::Host)
-        .cleaner_threads(1)
-        .trace(&path.0)
-        .build()
+    let pool = traced(&path);
+    for _ in 0..20 {
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            // Registered before the pool's per-thread guard, so destroyed
+            // after it.
+            HOLD.with(|h| h.borrow_mut().take());
+            let buf = p.take(4096);
+            HOLD.with(|h| *h.borrow_mut() = Some(buf));
+        })
+        .join()
         .unwrap();
-    let p = pool.clone();
-    std::thread::spawn(move || {
-        // Registered before the pool's per-thread guard, so destroyed
-        // after it.
-        HOLD.with(|h| h.borrow_mut().take());
-        let buf = p.take(4096);
-        HOLD.with(|h| *h.borrow_mut() = Some(buf));
-    })
-    .join()
-    .unwrap();
+    }
     drop(pool);
     let trace = Trace::read(&path.0).unwrap();
-    let take_thread = match takes(&trace)[..] {
-        [Record::Take { thread, .. }] => thread,
-        ref other => panic!("{other:?}"),
-    };
-    let drop_ = trace
-        .records
-        .iter()
-        .find(|r| matches!(r, Record::Drop { .. }))
-        .copied()
-        .expect("the drop in teardown is recorded");
-    assert!(
-        matches!(drop_, Record::Drop { thread, taker, remote: false, .. }
-            if thread == take_thread && taker == take_thread),
-        "taken by thread {take_thread}, dropped by it: {drop_:?}"
-    );
+    assert_eq!(takes(&trace).len(), 20);
+    assert_eq!(drops(&trace).len(), 20);
+    let mut sorted = trace.records.clone();
+    sorted.sort_by_key(|r| r.time_ns());
+    for (what, records) in [("file", &trace.records), ("sorted", &sorted)] {
+        for (i, r) in records.iter().enumerate() {
+            let Record::Drop {
+                thread,
+                taker,
+                id,
+                remote,
+                ..
+            } = *r
+            else {
+                continue;
+            };
+            assert!(thread == taker && !remote, "{what}: {r:?}");
+            let taken_before = records[..i].iter().any(
+                |t| matches!(*t, Record::Take { thread: by, id: of, .. } if by == thread && of == id),
+            );
+            assert!(taken_before, "{what}: a drop before its own take: {r:?}");
+        }
+    }
 }
 
 /// The header's settings build a pool with the same settings, durations
@@ -647,64 +655,11 @@ fn a_header_that_would_not_read_back_into_its_bytes_is_refused() {
     assert_eq!(e.offset, 16 + 4, "{e}");
 }
 
-// ===== review tests =====
-
-/// Threads that take a buffer and drop it while their thread-locals are
-/// torn down (the drop goes through the orphan cache's shared ring, the
-/// take through the thread's own ring, usually in one millisecond): each
-/// thread's take comes before its drop in the file, and after a stable
-/// sort by time.
-#[test]
-fn a_teardown_drop_follows_its_take_in_the_file() {
-    use std::cell::RefCell;
-    thread_local! {
-        static HOLD: RefCell<Option<pinpool::PinnedBuffer>> = const { RefCell::new(None) };
-    }
-    let path = TempPath::new("review-teardown-order");
-    let pool = traced(&path);
-    for _ in 0..20 {
-        let p = pool.clone();
-        std::thread::spawn(move || {
-            HOLD.with(|h| h.borrow_mut().take());
-            let buf = p.take(4096);
-            HOLD.with(|h| *h.borrow_mut() = Some(buf));
-        })
-        .join()
-        .unwrap();
-    }
-    drop(pool);
-    let trace = Trace::read(&path.0).unwrap();
-    let mut sorted: Vec<Record> = trace.records.clone();
-    sorted.sort_by_key(|r| r.time_ns());
-    for (what, records) in [("file", &trace.records), ("sorted", &sorted)] {
-        let mut bad = Vec::new();
-        for (i, r) in records.iter().enumerate() {
-            if let Record::Drop { thread, id, .. } = *r {
-                let take_after = records[i..].iter().any(|t| {
-                    matches!(*t, Record::Take { thread: tt, id: ti, .. } if tt == thread && ti == id)
-                });
-                let take_before = records[..i].iter().any(|t| {
-                    matches!(*t, Record::Take { thread: tt, id: ti, .. } if tt == thread && ti == id)
-                });
-                if take_after && !take_before {
-                    bad.push(*r);
-                }
-            }
-        }
-        assert!(
-            bad.is_empty(),
-            "{what}: {} drops before their own thread's take: {:?}",
-            bad.len(),
-            bad.first()
-        );
-    }
-}
-
 /// A thread's cache inherited by a later thread: the later thread's
 /// records name it, not the first.
 #[test]
 fn an_inherited_cache_names_its_new_thread() {
-    let path = TempPath::new("review-inherit");
+    let path = TempPath::new("inherit");
     let pool = traced(&path);
     for _ in 0..4 {
         let p = pool.clone();
