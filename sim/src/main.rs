@@ -410,8 +410,8 @@ fn sim(mut args: SimArgs) {
         }
         result
     });
-    if args.json {
-        let out = serde_json::json!({
+    let out = args.json.then(|| {
+        serde_json::json!({
             "workload": workload,
             "settings": {
                 "cleaner_threads": settings.cleaner_threads,
@@ -427,12 +427,9 @@ fn sim(mut args: SimArgs) {
             "machine": machine,
             "backend": backend,
             "results": reports,
-        });
-        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
-    } else {
-        print_table(&reports, "each prover's segments");
-        print_legend(&reports, &backend);
-    }
+        })
+    });
+    print_reports(out, &reports, &backend, "each prover's segments");
     if let Some(path) = &args.plot {
         let title = format!(
             "pinpool-sim sim: {} device(s) x {} prover(s), {} segments, scale {}, seed {}, pinpool cap {}",
@@ -444,6 +441,24 @@ fn sim(mut args: SimArgs) {
             human_bytes(settings.max_pooled_bytes as u64)
         );
         plot(path, &title, &reports);
+    }
+}
+
+/// The JSON `out` of a run if there is one, else the table of `reports`
+/// (`steady` says what the steady figures come after the first quarter
+/// of) and the legend.
+fn print_reports(
+    out: Option<serde_json::Value>,
+    reports: &[Report],
+    backend: &Backend,
+    steady: &str,
+) {
+    match out {
+        Some(out) => println!("{}", serde_json::to_string_pretty(&out).expect("serialize")),
+        None => {
+            print_table(reports, steady);
+            print_legend(reports, backend);
+        }
     }
 }
 
@@ -500,8 +515,8 @@ fn replay(args: ReplayArgs) {
     let reports = run_all(&strategies, args.repeat, |kind, _| {
         pinpool_sim::replay::run(kind, &replay, &settings, gpu.as_deref(), args.speed)
     });
-    if args.json {
-        let out = serde_json::json!({
+    let out = args.json.then(|| {
+        serde_json::json!({
             "trace": {
                 "path": args.trace,
                 "header": trace.header.entries.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
@@ -526,12 +541,9 @@ fn replay(args: ReplayArgs) {
             "machine": machine,
             "backend": backend,
             "results": reports,
-        });
-        println!("{}", serde_json::to_string_pretty(&out).expect("serialize"));
-    } else {
-        print_table(&reports, "the trace's time");
-        print_legend(&reports, &backend);
-    }
+        })
+    });
+    print_reports(out, &reports, &backend, "the trace's time");
     if let Some(path) = &args.plot {
         let title = format!(
             "pinpool-sim replay {} at speed {}",
