@@ -62,13 +62,12 @@
 //! writes, not across batches: sort by time for a total order (a stable
 //! sort keeps each thread's order). Records of one millisecond keep the
 //! order of the threads' buffers they came from (the pool's shared buffer
-//! last), not the order they happened in across threads. One exception to
-//! a thread's own order: a drop a thread makes while it is torn down goes
-//! through the shared buffer, and can come before that thread's records of
-//! the same millisecond when the background thread read the two buffers on
-//! either side of them. A buffer is named by its address, so a drop
-//! belongs to the earliest take of the same address still open, which may
-//! sort after it within one millisecond when two threads wrote them.
+//! last), not the order they happened in across threads. Each thread's
+//! records keep its order, a drop it makes while it is torn down (which
+//! goes through the shared buffer) included. A buffer is named by its
+//! address, so a drop belongs to the earliest take of the same address
+//! still open, which may sort after it within one millisecond when two
+//! threads wrote them.
 //!
 //! # Examples
 //!

@@ -135,14 +135,25 @@ impl Ring {
         }
     }
 
+    /// How many records have been written: a bound for [`Ring::drain_to`].
+    /// Acquire: pairs with `push`'s Release, so the slots below it are
+    /// written, and so is everything the producers did before them (their
+    /// records in other rings included).
+    pub(crate) fn published(&self) -> usize {
+        self.producer.head.load(Ordering::Acquire)
+    }
+
     /// Moves the records written since the last call into `out`, in the
     /// file's words (the time in ticks of the clock, the thread filled
     /// in), and returns how many records were lost since then. Only the
     /// background thread calls it.
     pub(crate) fn drain(&self, out: &mut Vec<[u64; 6]>) -> u64 {
-        // Acquire: pairs with `push`'s Release; the slots up to `head` are
-        // written.
-        let head = self.producer.head.load(Ordering::Acquire);
+        self.drain_to(out, self.published())
+    }
+
+    /// [`Ring::drain`], of the records below `head` only, a value
+    /// [`Ring::published`] returned since the last drain.
+    pub(crate) fn drain_to(&self, out: &mut Vec<[u64; 6]>, head: usize) -> u64 {
         // Read after `head`'s Acquire, so no record up to `head` has a
         // later tick (the producers read the clock before their Release,
         // and one atomic's values are seen in one order).

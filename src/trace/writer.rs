@@ -249,14 +249,25 @@ impl Tracer {
     fn drain_locked(&self, file: &mut FileState) {
         let now_ticks = self.clock.now();
         let mut batch = std::mem::take(&mut file.batch);
+        // The shared ring's records are bounded first, then the threads'
+        // own rings drained, then the shared ring up to that bound: a
+        // record in the shared ring is drained no earlier than its
+        // writer's earlier records in its own ring (the bound's Acquire
+        // makes them, and their ring, visible), and within a batch after
+        // them (the sort below is stable), so a drop a thread makes
+        // through the shared ring during its teardown follows its take.
+        let shared_head = self.shared.published();
         let rings: Vec<Arc<Ring>> = lock(&self.rings).clone();
-        // The threads' own rings first, the shared ring last: records of
-        // one tick keep this order (the sort below is stable), so a drop a
-        // thread makes through the shared ring during its teardown follows
-        // its own earlier records of the tick drained with it.
-        for ring in rings.iter().chain(std::iter::once(&self.shared)) {
+        for (ring, head) in rings
+            .iter()
+            .map(|r| (r, None))
+            .chain(std::iter::once((&self.shared, Some(shared_head))))
+        {
             let from = batch.len();
-            let lost = ring.drain(&mut batch);
+            let lost = match head {
+                Some(head) => ring.drain_to(&mut batch, head),
+                None => ring.drain(&mut batch),
+            };
             if lost > 0 {
                 let thread = batch[from..].last().map_or(0, |w| w[2]);
                 file.lost += lost;
@@ -367,4 +378,61 @@ impl FileState {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Record, Trace};
+
+    /// One thread takes through its own ring and drops through the shared
+    /// ring (as a thread being torn down does) while the background
+    /// thread drains: in the file, every drop follows its take, whichever
+    /// ring the drain read first.
+    #[test]
+    fn a_drop_through_the_shared_ring_never_precedes_its_take() {
+        let path =
+            std::env::temp_dir().join(format!("pinpool-writer-order-{}.trace", std::process::id()));
+        let (tracer, path) = Tracer::start(&path, Header { entries: vec![] }, false).unwrap();
+        let own = tracer.ring();
+        let shared = tracer.shared_ring();
+        const N: u64 = 200_000;
+        let writer = std::thread::spawn(move || {
+            for id in 1..=N {
+                own.push(format::head(TAKE, 0, 0), 7, id, 4096, 4096);
+                shared.push(format::head(DROP, 0, 0), 7, id, 0, 7);
+                if id % 256 == 0 {
+                    // Let the drain catch up: nothing is lost.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+        while !writer.is_finished() {
+            tracer.drain();
+        }
+        writer.join().unwrap();
+        tracer.finish();
+        let trace = Trace::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(trace.records.last(), Some(Record::End { lost: 0, .. })),
+            "records were lost: {:?}",
+            trace.records.last()
+        );
+        let mut taken = std::collections::HashSet::new();
+        let mut drops = 0;
+        for r in &trace.records {
+            match *r {
+                Record::Take { id, .. } => {
+                    taken.insert(id);
+                }
+                Record::Drop { id, .. } => {
+                    assert!(taken.contains(&id), "a drop before its take: {r:?}");
+                    drops += 1;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(drops, N);
+    }
 }
