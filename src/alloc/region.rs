@@ -308,7 +308,8 @@ pub(crate) struct Regions {
     list: Mutex<Vec<NonNull<Region>>>,
     totals: Arc<Totals>,
     /// Held by the one cleaner worker growing the regions, so that workers
-    /// short of memory at once register one region, not one each.
+    /// short of memory at once register one region, not one each (the
+    /// others do not wait for it: see [`try_growing`](Self::try_growing)).
     growth: Mutex<()>,
     node: Option<u32>,
 }
@@ -342,6 +343,16 @@ impl Regions {
     /// The right to grow the regions: one grower at a time.
     pub(crate) fn growing(&self) -> MutexGuard<'_, ()> {
         self.growth.lock()
+    }
+
+    /// The right to grow the regions if no other grower holds it: `None`
+    /// while one does (a growth maps, pre-faults and registers, for
+    /// milliseconds; a cleaner worker that waited for it would stop
+    /// recycling meanwhile). A miss noted while it runs is not lost: the
+    /// grower took the misses noted before its growth, and later ones make
+    /// the regions fall short again (see [`take_shortfall`](Self::take_shortfall)).
+    pub(crate) fn try_growing(&self) -> Option<MutexGuard<'_, ()>> {
+        self.growth.try_lock()
     }
 
     /// The length of the next region, for `want` bytes: at least

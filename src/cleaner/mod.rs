@@ -729,17 +729,28 @@ impl Cleaner {
     /// carves. Only memory `reserve` asked for grows the regions by its own
     /// size when none is free; any other replacement is `None` then (its
     /// class may hold idle buffers already, and the demand decides growth).
+    ///
+    /// While another worker grows the set, only memory `reserve` asked for
+    /// waits for it; any other replacement carves from what is free without
+    /// growing (the running growth, or the next, meets its demand), so that
+    /// this worker goes on recycling.
     fn carve_for(&self, env: Env<'_>, like: &Block) -> Option<Block> {
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;
         let footprint = like.footprint();
         let regions = env.places.shards[device].regions(footprint);
-        let _growing = regions.growing();
-        let shortfall = regions.take_shortfall();
-        // Within the budget, even for memory `reserve` asked for: only its
-        // own bytes may pass it (below).
-        if shortfall > 0 && !Self::grow(env, device, regions, shortfall, footprint, false) {
-            regions.unmet();
+        let growing = if like.is_reserved() {
+            Some(regions.growing())
+        } else {
+            regions.try_growing()
+        };
+        if growing.is_some() {
+            let shortfall = regions.take_shortfall();
+            // Within the budget, even for memory `reserve` asked for: only
+            // its own bytes may pass it (below).
+            if shortfall > 0 && !Self::grow(env, device, regions, shortfall, footprint, false) {
+                regions.unmet();
+            }
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
             return None;
@@ -778,19 +789,27 @@ impl Cleaner {
             // registration of their own.
             let large = shard.large_regions();
             let (len, smallest) = (regions.next_len(want.max(least)), regions.fit_len(least));
-            let _growing = large.growing();
             // The region asked for, or one just large enough, from what the
             // large regions have free; else they grow (down to what the
-            // budget allows) and it is carved from there.
+            // budget allows) and it is carved from there. While another
+            // worker grows them, only memory `reserve` asked for waits.
             let carve = || {
                 [len, smallest]
                     .into_iter()
                     .find_map(|n| large.carve(n).map(|at| (at, n)))
             };
             let carved = carve().or_else(|| {
-                Self::grow(env, device, large, len, smallest, reserved)
-                    .then(carve)
-                    .flatten()
+                let _growing = if reserved {
+                    Some(large.growing())
+                } else {
+                    large.try_growing()
+                }?;
+                // Freed meanwhile, or grown by the worker that held it.
+                carve().or_else(|| {
+                    Self::grow(env, device, large, len, smallest, reserved)
+                        .then(carve)
+                        .flatten()
+                })
             });
             let Some((at, len)) = carved else {
                 return false;

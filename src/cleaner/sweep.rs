@@ -152,7 +152,12 @@ impl Cleaner {
         for (device, shard) in env.places.shards.iter().enumerate() {
             for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
                 // Again under the lock: another worker may have grown them.
-                let _growing = regions.growing();
+                // One that is growing them now keeps the lock for
+                // milliseconds: this worker leaves the set to it (the next
+                // tick looks again) and goes on recycling.
+                let Some(_growing) = regions.try_growing() else {
+                    continue;
+                };
                 // Relaxed: see `Intake::misses_out`; a stale 0 holds a
                 // growth for misses back until they return (`carve_for`).
                 let ahead = self.intake.misses_out(device, shard.set_footprint(regions)) == 0;

@@ -427,7 +427,8 @@ fn a_take_carving_while_misses_are_out_counts_them_as_demand() {
 
 /// A miss noted while the regions grow for an earlier one (its
 /// registration still running) is demand the growth did not size for:
-/// the regions grow for it too once it comes back.
+/// the regions grow for it too, by the next growth after that one (a
+/// worker that meets the running growth does not wait for it).
 #[test]
 fn a_miss_during_a_growth_still_makes_the_regions_grow() {
     let (pool, faults) = carving();
@@ -444,6 +445,14 @@ fn a_miss_during_a_growth_still_makes_the_regions_grow() {
     let b = pool.take(3 << 20);
     assert!(!b.was_pooled(), "no region is listed yet");
     faults.release();
+    let grown = eventually(Duration::from_secs(10), || {
+        pool.stats().region_bytes >= (1 << 20) + (3 << 20)
+    });
+    assert!(
+        grown,
+        "the regions did not grow for the second miss: {:#?}",
+        pool.stats()
+    );
     met_again(&pool, (a, b));
 }
 
@@ -788,6 +797,42 @@ fn a_shortfall_the_budget_forbids_is_not_retried_every_tick() {
         s.registrations_skipped - before <= 2,
         "{} registrations skipped in 500 ms by an idle pool: {s:#?}",
         s.registrations_skipped - before
+    );
+    pool.shutdown();
+}
+
+/// While one cleaner worker waits in a region's registration, the other
+/// keeps recycling: misses coming back meanwhile do not wait for that
+/// growth (it takes their demand), so a dirty pinned buffer dropped then
+/// is ready again before the registration ends.
+#[test]
+fn recycling_goes_on_while_a_region_registers() {
+    let (pool, faults) = carving();
+    drop(pool.take(1 << 20));
+    pool.flush();
+    let mut carved = pool.take(1 << 20);
+    assert!(carved.is_pinned(), "not carved from the first region");
+    faults.hold_register();
+    let calls = faults.register_calls();
+    // Demand past the region, held: the provisioning tick grows the
+    // regions for it and blocks in the registration.
+    let misses: Vec<_> = (0..4).map(|_| pool.take(4 << 20)).collect();
+    assert!(misses.iter().all(|m| !m.was_pooled()));
+    let growing = eventually(Duration::from_secs(10), || faults.register_calls() > calls);
+    // The misses come back while it registers; time for the other worker
+    // to take them up.
+    drop(misses);
+    std::thread::sleep(Duration::from_millis(50));
+    let recycled = pool.stats().recycled;
+    carved.fill(1);
+    drop(carved);
+    let ready = eventually(Duration::from_secs(3), || pool.stats().recycled > recycled);
+    faults.release();
+    assert!(growing, "no growth for the misses");
+    assert!(
+        ready,
+        "a dropped buffer waited for a registration: {:#?}",
+        pool.stats()
     );
     pool.shutdown();
 }
