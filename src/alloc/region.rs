@@ -16,10 +16,11 @@
 //! carved from the large set's, so they cost no registration of their own
 //! and go back to their parent when freed. Each set grows by demand: the
 //! most bytes its takes held at once, misses included, as the provisioning
-//! tick counts them and each miss adds to them (see
-//! [`Regions::note_in_use`]); the cleaner grows a set by what it falls
-//! short of that peak plus an eighth, ahead of misses once the demand
-//! comes near what it holds.
+//! tick counts them and as each miss counts them at its take (see
+//! [`Regions::note_in_use`] and [`Regions::note_miss`]); the cleaner grows
+//! a set by what it falls short of that peak plus an eighth, ahead of
+//! misses once the demand comes near what it holds, once the demand has
+//! stopped rising (see [`GROWTH_SETTLE`]).
 //!
 //! A set lists the regions that takes may carve from; the
 //! list's lock is held across a carve, so a region is unlisted (to be
@@ -37,14 +38,23 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::sync::track::Track;
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::tune::{Tune, Tuning};
 
 use super::mmap::{huge_page_size, map, map_huge};
+
+/// How long a set's demand must have stopped rising before a grower that
+/// can wait sizes a growth for it: the provisioning sweep, and a returning
+/// miss whose set has other misses still out (the last of them grows the
+/// set). A burst of takes that misses its way up then costs one
+/// registration, sized for the whole burst, not one per step. A miss that
+/// comes back with no other miss of its set out grows the set at once, so
+/// that the same takes after a `flush` are met.
+pub(crate) const GROWTH_SETTLE: Duration = Duration::from_millis(2);
 
 /// One registration that blocks are carved from; see the module docs.
 #[derive(Debug)]
@@ -281,6 +291,9 @@ pub(crate) struct Carved {
 /// demand, which the next miss corrects.
 #[derive(Debug, Default)]
 struct Totals {
+    /// When `peak` last rose: nanoseconds since the process's first
+    /// reading (see `since_epoch`), 0 before it ever did.
+    peak_rose: AtomicU64,
     /// Bytes of the listed regions.
     bytes: AtomicUsize,
     /// Bytes carved from them and not given back.
@@ -351,31 +364,50 @@ impl Regions {
     /// recycling meanwhile). A miss noted while it runs is not lost: the
     /// grower took the misses noted before its growth, and later ones make
     /// the regions fall short again (see [`take_shortfall`](Self::take_shortfall)).
+    /// A returned miss that finds it held is parked until it is not (see
+    /// `Cleaner::carve_for`).
     pub(crate) fn try_growing(&self) -> Option<MutexGuard<'_, ()>> {
         self.growth.try_lock()
     }
 
-    /// The length of the next region, for `want` bytes: at least
+    /// Whether a grower holds [`growing`](Self::growing) now (it may let go
+    /// at once: a hint for whoever waits for it without blocking).
+    pub(crate) fn growth_running(&self) -> bool {
+        self.growth.try_lock().is_none()
+    }
+
+    /// The length of the next region, for `want` bytes (headroom included)
+    /// of which at least `least` (a buffer that must fit whole): at least
     /// [`REGION_MIN`](Tuning::REGION_MIN), at most
-    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `want` alone is more, in
-    /// huge pages once it is one or more.
-    pub(crate) fn next_len(&self, want: usize) -> usize {
-        self.fit_len(want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want)))
+    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `want` alone is more,
+    /// rounded *down* to whole huge pages once it is one or more (so the
+    /// rounding eats into the headroom rather than add to it), and never
+    /// less than `least` rounded up.
+    pub(crate) fn next_len(&self, want: usize, least: usize) -> usize {
+        let huge = huge_page_size();
+        let want = want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want));
+        let len = if want >= huge {
+            want / huge * huge
+        } else {
+            self.fit_len(want)
+        };
+        len.max(self.fit_len(least))
     }
 
     /// Notes a take that found no memory (a pool miss), or one that carved
-    /// while misses were out, with `missed` bytes of misses out now (a
-    /// miss's own included): the demand the regions should have met is
-    /// what the takes held of them at the last provisioning tick (see
-    /// [`note_in_use`](Self::note_in_use)) plus the misses.
+    /// while misses were out, with `demand` bytes of this set's buffers
+    /// held now, the take's own included (counted as the provisioning tick
+    /// counts them, at the take: see `provision::demand_now`): the demand
+    /// the regions should have met. Counted at the take, not at the last
+    /// tick, so that a burst of takes held for less than a tick still
+    /// counts whole.
     ///
     /// `len` is the footprint the take found no free extent for (0 for a
     /// take that carved): the next growth makes room for it in one extent,
     /// even if the regions hold enough bytes in smaller ones.
-    pub(crate) fn note_miss(&self, missed: usize, len: usize) {
+    pub(crate) fn note_miss(&self, demand: usize, len: usize) {
         // Relaxed: see `Totals`.
-        let held = self.totals.held.load(Ordering::Relaxed);
-        self.totals.peak.fetch_max(held + missed, Ordering::Relaxed);
+        self.raise_peak(demand);
         self.totals.largest_miss.fetch_max(len, Ordering::Relaxed);
         self.totals.missed.store(true, Ordering::Relaxed);
     }
@@ -394,10 +426,31 @@ impl Regions {
         self.totals
             .held
             .store(in_use.saturating_sub(missed), Ordering::Relaxed);
-        self.totals.peak.fetch_max(in_use, Ordering::Relaxed);
+        self.raise_peak(in_use);
         if in_use + in_use / 8 > bytes {
             self.totals.missed.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Raises the most wanted at once to `demand`, noting when it rose.
+    fn raise_peak(&self, demand: usize) {
+        // Relaxed: see `Totals`.
+        if self.totals.peak.fetch_max(demand, Ordering::Relaxed) < demand {
+            self.totals
+                .peak_rose
+                .store(since_epoch(), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the most wanted at once rose within the last `settle`: its
+    /// demand is still arriving (a burst of takes under way), and a growth
+    /// sized now would soon be followed by another. Growers that can wait
+    /// for the burst to end do (see [`GROWTH_SETTLE`]).
+    pub(crate) fn rising(&self, settle: Duration) -> bool {
+        // Relaxed: see `Totals`; a stale time delays a growth by one
+        // settling time at most, or lets one run a little early.
+        let rose = self.totals.peak_rose.load(Ordering::Relaxed);
+        rose != 0 && since_epoch().saturating_sub(rose) < settle.as_nanos() as u64
     }
 
     /// Bytes of the listed regions.
@@ -438,9 +491,11 @@ impl Regions {
         // A miss for want of one extent large enough, not of bytes: the
         // growth is at least a region that holds it (the bytes free in
         // smaller extents cannot serve it, however many they are).
+        // In whole huge pages, so that [`next_len`](Self::next_len), which
+        // rounds down, keeps it.
         let len = self.totals.largest_miss.swap(0, Ordering::Relaxed);
-        if len > short && len > self.figures().largest_free {
-            return len;
+        if len > self.figures().largest_free {
+            return short.max(self.fit_len(len));
         }
         short
     }
@@ -805,4 +860,10 @@ mod tests {
         let last = last.expect("the last block hands the region over");
         assert!(last.free().is_none());
     }
+}
+
+/// Nanoseconds since the first call in this process, plus one (so never 0).
+fn since_epoch() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }

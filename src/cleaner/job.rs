@@ -29,6 +29,10 @@ pub(crate) struct Returned {
     /// Goes to its device's shard, not back to its home cache (whose owner
     /// went idle).
     pub(crate) to_shard: bool,
+    /// Parked until another worker's growth of its set of regions ends: a
+    /// miss whose replacement comes from what that growth lists (see
+    /// `Cleaner::carve_for`).
+    pub(crate) growth: bool,
 }
 
 // SAFETY: a returned buffer owns its block; `home` and `counters` point
@@ -45,6 +49,7 @@ impl Returned {
             release: false,
             quiet: false,
             to_shard: false,
+            growth: false,
         }
     }
 

@@ -50,7 +50,7 @@ mod sweep;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Regions};
+use crate::alloc::{clean_range, Block, Regions, GROWTH_SETTLE};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -467,6 +467,14 @@ impl Cleaner {
         for round in 0..2 {
             let mut syncs_wanted: Vec<(usize, u64)> = Vec::new();
             let done = self.parking.poll(|returned| {
+                if returned.growth {
+                    // Waiting for a growth of its set, not for copies.
+                    let block = returned.block();
+                    let shard = &env.places.shards[block.device()];
+                    let running = shard.regions(block.footprint()).growth_running()
+                        || shard.large_regions().growth_running();
+                    return (!running).then_some(Ok(()));
+                }
                 let block = returned.block_mut();
                 if block.fences_mut().is_empty() && block.is_pinned() {
                     let (device, note) = (block.device(), block.meta_mut().sync_gen);
@@ -604,15 +612,26 @@ impl Cleaner {
     fn finish(&self, env: Env<'_>, mut returned: Returned) {
         let counters = env.counters();
         let pins = self.intake.pins;
+        returned.growth = false;
         let block = returned.block_mut();
         block.meta_mut().dirty = 0;
         if self.replaces(block) {
             // A pageable buffer (a miss, or memory to pin ahead of demand):
             // a block of its class carved from a region takes its place,
             // and its own memory goes back to the OS.
-            let Some(mut carved) = self.carve_for(env, block) else {
-                self.release_returned(env, returned);
-                return;
+            let mut carved = match self.carve_for(env, block) {
+                Replacement::Carved(carved) => carved,
+                Replacement::None => {
+                    self.release_returned(env, returned);
+                    return;
+                }
+                Replacement::AfterGrowth => {
+                    // Parked, so that a flush waits for it, and re-polled
+                    // by idle workers once the growth has ended.
+                    returned.growth = true;
+                    self.parking.park(returned);
+                    return;
+                }
             };
             block.hand_over(&mut carved);
             let mut old = returned.replace_block(carved);
@@ -731,18 +750,35 @@ impl Cleaner {
     /// class may hold idle buffers already, and the demand decides growth).
     ///
     /// While another worker grows the set, only memory `reserve` asked for
-    /// waits for it; any other replacement carves from what is free without
-    /// growing (the running growth, or the next, meets its demand), so that
-    /// this worker goes on recycling.
-    fn carve_for(&self, env: Env<'_>, like: &Block) -> Option<Block> {
+    /// waits for it here; any other returned miss is parked until that
+    /// growth ends ([`Replacement::AfterGrowth`]), so that this worker goes
+    /// on recycling and a flush still finds the demand met once it
+    /// returns.
+    fn carve_for(&self, env: Env<'_>, like: &Block) -> Replacement {
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;
         let footprint = like.footprint();
-        let regions = env.places.shards[device].regions(footprint);
+        let shard = &env.places.shards[device];
+        let regions = shard.regions(footprint);
+        // Misses of the set still out while its demand is still rising (a
+        // burst of takes under way): the last of them to come back grows
+        // the set for the whole burst (see `Regions::rising`), one
+        // registration rather than one per step of the burst.
+        let pace = !like.is_reserved()
+            && self.intake.misses_out(device, footprint) > 0
+            && regions.rising(GROWTH_SETTLE);
         let growing = if like.is_reserved() {
             Some(regions.growing())
+        } else if pace {
+            None
         } else {
-            regions.try_growing()
+            // The small set grows from the large one's space: either
+            // growth running holds this one up.
+            let small = std::ptr::eq(regions, shard.small_regions());
+            match regions.try_growing() {
+                Some(guard) if !(small && shard.large_regions().growth_running()) => Some(guard),
+                _ => return Replacement::AfterGrowth,
+            }
         };
         if growing.is_some() {
             let shortfall = regions.take_shortfall();
@@ -753,23 +789,25 @@ impl Cleaner {
             }
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
-            return None;
+            return Replacement::None;
         }
         if let Some(at) = regions.carve(footprint) {
-            return Some(Block::carved(classes, class, device, at));
+            return Replacement::Carved(Block::carved(classes, class, device, at));
         }
         // Memory `reserve` asked for is pinned whatever the demand; any
         // other replacement only comes from what the demand grew (its
         // class may well hold idle buffers already).
         if like.is_reserved() && Self::grow(env, device, regions, footprint, footprint, true) {
-            let at = regions.carve(footprint)?;
-            return Some(Block::carved(classes, class, device, at));
+            if let Some(at) = regions.carve(footprint) {
+                return Replacement::Carved(Block::carved(classes, class, device, at));
+            }
         }
-        None
+        Replacement::None
     }
 
-    /// Registers a region of `device` of at least `want` bytes (see
-    /// [`Regions::next_len`]); within the pinned budget unless `reserved`
+    /// Registers a region of `device` for `want` bytes, headroom included
+    /// (see [`Regions::next_len`]: rounded down to whole huge pages, never
+    /// below `least`); within the pinned budget unless `reserved`
     /// (memory `reserve` asked for), retrying smaller, down to `least`
     /// bytes, if the budget or the registration fails. Whether one was
     /// registered.
@@ -788,7 +826,7 @@ impl Cleaner {
             // Small buffers' regions are carved from the large ones: no
             // registration of their own.
             let large = shard.large_regions();
-            let (len, smallest) = (regions.next_len(want.max(least)), regions.fit_len(least));
+            let (len, smallest) = (regions.next_len(want, least), regions.fit_len(least));
             // The region asked for, or one just large enough, from what the
             // large regions have free; else they grow (down to what the
             // budget allows) and it is carved from there. While another
@@ -806,9 +844,14 @@ impl Cleaner {
                 }?;
                 // Freed meanwhile, or grown by the worker that held it.
                 carve().or_else(|| {
-                    Self::grow(env, device, large, len, smallest, reserved)
-                        .then(carve)
-                        .flatten()
+                    // One registration for both sets: the large set's own
+                    // shortfall grows with the sub-region.
+                    let own = large.take_shortfall();
+                    let grown = Self::grow(env, device, large, len + own, smallest, reserved);
+                    if !grown && own > 0 {
+                        large.unmet();
+                    }
+                    grown.then(carve).flatten()
                 })
             });
             let Some((at, len)) = carved else {
@@ -819,7 +862,7 @@ impl Cleaner {
         }
         let counters = env.counters();
         let footprint = least;
-        let mut len = regions.next_len(want.max(least));
+        let mut len = regions.next_len(want, least);
         loop {
             if !reserved && !counters.fits_pinned(len as u64) {
                 if len > regions.fit_len(footprint) {
@@ -902,4 +945,15 @@ fn trace_registration(
             took.as_nanos() as u64,
         );
     }
+}
+
+/// What replaces a returned pageable buffer (see `Cleaner::carve_for`).
+enum Replacement {
+    /// A block carved from a region.
+    Carved(Block),
+    /// Nothing: the buffer is freed, and the next take of its size carves.
+    None,
+    /// Another worker is growing its set of regions: the buffer waits,
+    /// parked, until that growth ends, then is replaced again.
+    AfterGrowth,
 }

@@ -4,6 +4,7 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
 
 use crate::admission::Places;
+use crate::alloc::GROWTH_SETTLE;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
@@ -158,6 +159,11 @@ impl Cleaner {
                 let Some(_growing) = regions.try_growing() else {
                     continue;
                 };
+                // Demand still rising (a burst of takes under way): grown
+                // once it settles, for the whole burst.
+                if regions.rising(GROWTH_SETTLE) {
+                    continue;
+                }
                 // Relaxed: see `Intake::misses_out`; a stale 0 holds a
                 // growth for misses back until they return (`carve_for`).
                 let ahead = self.intake.misses_out(device, shard.set_footprint(regions)) == 0;

@@ -178,7 +178,10 @@ impl Shared {
             let footprint = block.footprint();
             let regions = this.shards[device].regions(footprint);
             let out = this.caches.intake.note_miss(device, footprint);
-            regions.note_miss(out, footprint);
+            regions.note_miss(
+                crate::provision::demand_now(this.places(), device, footprint),
+                footprint,
+            );
             set = Some((regions, out));
         }
         // What the regions held when the take found nothing: their figures
@@ -226,13 +229,12 @@ impl Shared {
             // noted the demand itself.)
             if missed > 0 {
                 // Misses of the set are still out: the regions hold less
-                // than is wanted now, this take included, and must grow by
-                // the difference once the misses come back (else the same
-                // demand misses again, the space grown for the misses
-                // having gone to this take). The last tick's count of what
-                // takes hold may predate this take: it counts with the
-                // misses.
-                regions.note_miss(missed + footprint, 0);
+                // than is wanted now, this take included (not counted
+                // yet), and must grow by the difference once the misses
+                // come back (else the same demand misses again, the space
+                // grown for the misses having gone to this take).
+                let demand = crate::provision::demand_now(self.places(), device, footprint);
+                regions.note_miss(demand + footprint, 0);
             }
             let block = Block::carved(classes, class, device, at);
             // Not from the pooled buffers' estimate: free extents are not
