@@ -93,6 +93,9 @@ pub(crate) struct Meta {
     /// For a pinned buffer dropped without events: the device synchronizes
     /// started before the drop (see `cleaner::device_sync`).
     pub(crate) sync_gen: u64,
+    /// While the buffer is out of a pool that traces: the name of the
+    /// thread that took it (see `trace`), which its drop record names.
+    pub(crate) taker: u64,
     /// When a buffer on its way to the cleaner was dropped.
     pub(crate) dropped_at: Option<Instant>,
     /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
@@ -196,6 +199,7 @@ impl Meta {
             fences: Mutex::new(Fences::default()),
             ticket: None,
             sync_gen: 0,
+            taker: 0,
             dropped_at: None,
             reserved: false,
             ready_since: None,

@@ -52,20 +52,20 @@ impl Shared {
                 .map(|b| (b, Source::Deferred)),
             None => None,
         };
-        if let Some((block, source)) = block {
+        if let Some((mut block, source)) = block {
             // The cache's own lists hold blocks of their slot's class only.
             let len = block.len();
             if let Some(ring) = cache.ring() {
-                cache.trace_take(ring, &block, min_size, len, source);
+                cache.trace_take(ring, &mut block, min_size, len, source);
             }
             return Ok(PinnedBuffer::new(block, cache, true, len));
         }
-        let (block, source) = Self::take_slow(this, cache, owned, device, class)?;
+        let (mut block, source) = Self::take_slow(this, cache, owned, device, class)?;
         // A borrowed block is longer than the class asked for: the buffer
         // shows the class's length.
         let len = this.classes().size(class);
         if let Some(ring) = cache.ring() {
-            cache.trace_take(ring, &block, min_size, len, source);
+            cache.trace_take(ring, &mut block, min_size, len, source);
         }
         Ok(PinnedBuffer::new(block, cache, source.is_hit(), len))
     }

@@ -370,19 +370,22 @@ impl ThreadCache {
     }
 
     /// Records a take through this cache (the caller owns it, or it is the
-    /// orphan cache, whose ring is shared).
+    /// orphan cache, whose ring is shared), and the taking thread's name in
+    /// `block`, for its drop's record.
     #[inline]
     pub(crate) fn trace_take(
         &self,
         ring: &Ring,
-        block: &Block,
+        block: &mut Block,
         asked: usize,
         len: usize,
         source: Source,
     ) {
+        let thread = per_thread::current_name();
+        block.meta_mut().taker = thread;
         ring.push(
             trace_head(TAKE, source.code(), block.device() as u16),
-            per_thread::current_name(),
+            thread,
             block.as_ptr() as u64,
             asked as u64,
             len as u64,
@@ -400,9 +403,9 @@ impl ThreadCache {
         };
         let fences = block.fences_mut();
         let copied = !fences.is_empty();
-        // Relaxed: a name for the record; a stale owner names the
-        // previous one.
-        let taker = self.owner.token.load(Ordering::Relaxed);
+        // Named at the take (not this cache's owner now, who may have
+        // inherited the cache since).
+        let taker = block.meta_mut().taker;
         // The thread's name, not its token, which reads `DEAD` once its
         // teardown has passed the guard (a buffer a thread-local holds).
         let thread = per_thread::current_name();

@@ -130,8 +130,7 @@ pub enum Record {
         time_ns: u64,
         /// The dropping thread.
         thread: u64,
-        /// The thread whose take the buffer came from (0 if none owned
-        /// the taker's cache).
+        /// The thread that took the buffer.
         taker: u64,
         /// The device.
         device: u16,

@@ -256,6 +256,9 @@ impl Tracer {
         // makes them, and their ring, visible), and within a batch after
         // them (the sort below is stable), so a drop a thread makes
         // through the shared ring during its teardown follows its take.
+        // (The other way round is not kept across batches, and need not
+        // be: once a thread's teardown has passed its guard, and it
+        // writes the shared ring, it never writes its own again.)
         let shared_head = self.shared.published();
         let rings: Vec<Arc<Ring>> = lock(&self.rings).clone();
         for (ring, head) in rings

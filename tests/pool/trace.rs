@@ -711,3 +711,98 @@ fn an_inherited_cache_names_its_new_thread() {
         );
     }
 }
+
+/// A thread's buffer dropped in its teardown after its cache passed to a
+/// new thread: the drop names the thread that took it as its taker (not
+/// the cache's new owner), and is not remote.
+#[test]
+fn a_teardown_drop_after_the_cache_passed_on_names_its_taker() {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+    struct Hold(Option<(pinpool::PinnedBuffer, mpsc::Sender<()>, mpsc::Receiver<()>)>);
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            if let Some((buf, past_guard, go)) = self.0.take() {
+                past_guard.send(()).unwrap();
+                go.recv().unwrap();
+                drop(buf);
+            }
+        }
+    }
+    thread_local! {
+        static HOLD: RefCell<Hold> = const { RefCell::new(Hold(None)) };
+    }
+    let path = TempPath::new("inherit-taker");
+    let pool = traced(&path);
+    let (past_tx, past_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    let p = pool.clone();
+    let first = std::thread::spawn(move || {
+        HOLD.with(|h| drop(h.borrow_mut().0.take()));
+        let buf = p.take(4096);
+        HOLD.with(|h| h.borrow_mut().0 = Some((buf, past_tx, go_rx)));
+    });
+    past_rx.recv().unwrap();
+    let p = pool.clone();
+    std::thread::spawn(move || drop(p.take(8192)))
+        .join()
+        .unwrap();
+    go_tx.send(()).unwrap();
+    first.join().unwrap();
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let t = takes(&trace);
+    let d = drops(&trace);
+    let name = |r: &Record| match *r {
+        Record::Take { thread, asked, .. } => (thread, asked),
+        _ => unreachable!(),
+    };
+    let first_name = t.iter().map(name).find(|&(_, a)| a == 4096).unwrap().0;
+    let second_name = t.iter().map(name).find(|&(_, a)| a == 8192).unwrap().0;
+    let teardown_drop = d
+        .iter()
+        .find(|r| matches!(r, Record::Drop { thread, .. } if *thread == first_name))
+        .unwrap();
+    assert!(
+        matches!(teardown_drop, Record::Drop { taker, remote: false, .. } if *taker == first_name),
+        "first {first_name}, second {second_name}: {teardown_drop:?}"
+    );
+}
+
+/// A take and drop made in a thread's teardown (through the orphan cache,
+/// which no thread owns): the drop names that thread as its taker, and is
+/// not remote.
+#[test]
+fn a_take_and_drop_in_teardown_name_one_thread() {
+    use std::cell::RefCell;
+    struct Hold(Option<Pool>);
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            if let Some(pool) = self.0.take() {
+                drop(pool.take(4096));
+            }
+        }
+    }
+    thread_local! {
+        static HOLD: RefCell<Hold> = const { RefCell::new(Hold(None)) };
+    }
+    let path = TempPath::new("orphan-taker");
+    let pool = traced(&path);
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        HOLD.with(|h| drop(h.borrow_mut().0.take()));
+        drop(p.take(8192));
+        HOLD.with(|h| h.borrow_mut().0 = Some(p));
+    })
+    .join()
+    .unwrap();
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let d = drops(&trace);
+    assert_eq!(d.len(), 2);
+    assert!(
+        matches!(d[1], Record::Drop { thread, taker, remote: false, .. } if taker == thread),
+        "{:?}",
+        d[1]
+    );
+}
