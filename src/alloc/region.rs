@@ -49,12 +49,27 @@ use super::mmap::{huge_page_size, map, map_huge};
 
 /// How long a set's demand must have stopped rising before a grower that
 /// can wait sizes a growth for it: the provisioning sweep, and a returning
-/// miss whose set has other misses still out (the last of them grows the
-/// set). A burst of takes that misses its way up then costs one
-/// registration, sized for the whole burst, not one per step. A miss that
-/// comes back with no other miss of its set out grows the set at once, so
-/// that the same takes after a `flush` are met.
+/// miss with other returned misses queued behind it (the last of them
+/// grows the set). A burst of takes that misses its way up then costs one
+/// registration, sized for the whole burst, not one per step. The last
+/// returned miss of a burst grows the set at once, so that the same takes
+/// after a `flush` are met.
 pub(crate) const GROWTH_SETTLE: Duration = Duration::from_millis(2);
+
+/// The longest a run of rises holds growth back (see [`Regions::rising`]):
+/// a demand that ramps up for longer grows as it ramps.
+pub(crate) const GROWTH_SETTLE_MAX: Duration = Duration::from_millis(20);
+
+/// What a set of regions falls short of (see
+/// [`Regions::take_shortfall`]): `want` bytes to grow by, headroom
+/// included, of which `need` at the least (what the demand itself passes
+/// them by, or a buffer that must fit in one extent): a growth may round
+/// into the headroom, never below `need`. Both 0 when nothing is short.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Shortfall {
+    pub(crate) want: usize,
+    pub(crate) need: usize,
+}
 
 /// One registration that blocks are carved from; see the module docs.
 #[derive(Debug)]
@@ -294,6 +309,9 @@ struct Totals {
     /// When `peak` last rose: nanoseconds since the process's first
     /// reading (see `since_epoch`), 0 before it ever did.
     peak_rose: AtomicU64,
+    /// When the run of rises that `peak_rose` ends began: the first rise
+    /// after a settling time without any (same clock).
+    rising_since: AtomicU64,
     /// Bytes of the listed regions.
     bytes: AtomicUsize,
     /// Bytes carved from them and not given back.
@@ -436,21 +454,29 @@ impl Regions {
     fn raise_peak(&self, demand: usize) {
         // Relaxed: see `Totals`.
         if self.totals.peak.fetch_max(demand, Ordering::Relaxed) < demand {
-            self.totals
-                .peak_rose
-                .store(since_epoch(), Ordering::Relaxed);
+            let now = since_epoch();
+            let last = self.totals.peak_rose.swap(now, Ordering::Relaxed);
+            if now.saturating_sub(last) >= GROWTH_SETTLE.as_nanos() as u64 {
+                self.totals.rising_since.store(now, Ordering::Relaxed);
+            }
         }
     }
 
-    /// Whether the most wanted at once rose within the last `settle`: its
-    /// demand is still arriving (a burst of takes under way), and a growth
-    /// sized now would soon be followed by another. Growers that can wait
-    /// for the burst to end do (see [`GROWTH_SETTLE`]).
-    pub(crate) fn rising(&self, settle: Duration) -> bool {
+    /// Whether the most wanted at once rose within the last
+    /// [`GROWTH_SETTLE`], in a run of rises that began less than
+    /// [`GROWTH_SETTLE_MAX`] ago: its demand is still arriving (a burst of
+    /// takes under way), and a growth sized now would soon be followed by
+    /// another. Growers that can wait for the burst to end do; a demand
+    /// that keeps rising for longer grows as it rises.
+    pub(crate) fn rising(&self) -> bool {
         // Relaxed: see `Totals`; a stale time delays a growth by one
         // settling time at most, or lets one run a little early.
         let rose = self.totals.peak_rose.load(Ordering::Relaxed);
-        rose != 0 && since_epoch().saturating_sub(rose) < settle.as_nanos() as u64
+        let since = self.totals.rising_since.load(Ordering::Relaxed);
+        let now = since_epoch();
+        rose != 0
+            && now.saturating_sub(rose) < GROWTH_SETTLE.as_nanos() as u64
+            && now.saturating_sub(since) < GROWTH_SETTLE_MAX.as_nanos() as u64
     }
 
     /// Bytes of the listed regions.
@@ -472,7 +498,7 @@ impl Regions {
             return 0;
         }
         let len = self.totals.largest_miss.load(Ordering::Relaxed);
-        self.short_of_peak().max(len)
+        self.short_of_peak().want.max(len)
     }
 
     /// As [`shortfall`](Self::shortfall), for the grower (who holds
@@ -480,22 +506,21 @@ impl Regions {
     /// by what it grows, and one noted from now on makes the regions fall
     /// short again, even while this growth runs. A grower that fails gives
     /// them back with [`unmet`](Self::unmet).
-    pub(crate) fn take_shortfall(&self) -> usize {
+    pub(crate) fn take_shortfall(&self) -> Shortfall {
         // Relaxed: see `Totals`. A note racing the swap either sets the
         // flag again, or is taken with it, its peak possibly read stale:
         // a growth a little short, which the next miss corrects.
         if !self.totals.missed.swap(false, Ordering::Relaxed) {
-            return 0;
+            return Shortfall::default();
         }
-        let short = self.short_of_peak();
+        let mut short = self.short_of_peak();
         // A miss for want of one extent large enough, not of bytes: the
         // growth is at least a region that holds it (the bytes free in
         // smaller extents cannot serve it, however many they are).
-        // In whole huge pages, so that [`next_len`](Self::next_len), which
-        // rounds down, keeps it.
         let len = self.totals.largest_miss.swap(0, Ordering::Relaxed);
         if len > self.figures().largest_free {
-            return short.max(self.fit_len(len));
+            short.want = short.want.max(len);
+            short.need = short.need.max(len);
         }
         short
     }
@@ -510,13 +535,16 @@ impl Regions {
     /// an eighth of what they hold once they fall short at all, so that a
     /// demand creeping up registers a few growing regions, not one small
     /// one per step.
-    fn short_of_peak(&self) -> usize {
+    fn short_of_peak(&self) -> Shortfall {
         // Relaxed: see `Totals`.
         let peak = self.totals.peak.load(Ordering::Relaxed);
         let bytes = self.totals.bytes.load(Ordering::Relaxed);
         match (peak + peak / 8).saturating_sub(bytes) {
-            0 => 0,
-            short => short.max(bytes / 8),
+            0 => Shortfall::default(),
+            short => Shortfall {
+                want: short.max(bytes / 8),
+                need: peak.saturating_sub(bytes),
+            },
         }
     }
 

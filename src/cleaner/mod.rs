@@ -50,7 +50,7 @@ mod sweep;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Regions, GROWTH_SETTLE};
+use crate::alloc::{clean_range, Block, Regions, Shortfall};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -760,13 +760,16 @@ impl Cleaner {
         let footprint = like.footprint();
         let shard = &env.places.shards[device];
         let regions = shard.regions(footprint);
-        // Misses of the set still out while its demand is still rising (a
-        // burst of takes under way): the last of them to come back grows
-        // the set for the whole burst (see `Regions::rising`), one
-        // registration rather than one per step of the burst.
+        // Other returned misses queued behind this one while the set's
+        // demand is still rising (a burst of takes under way): the last of
+        // them grows the set for the whole burst (see `Regions::rising`),
+        // one registration rather than one per step of the burst, and a
+        // flush after their drops still waits for that growth. Relaxed: a
+        // count of other queued jobs; a stale one grows a step early, or
+        // leaves the growth to the next miss back or the sweep.
         let pace = !like.is_reserved()
-            && self.intake.misses_out(device, footprint) > 0
-            && regions.rising(GROWTH_SETTLE);
+            && self.intake.register_queued.load(Ordering::Relaxed) > 0
+            && regions.rising();
         let growing = if like.is_reserved() {
             Some(regions.growing())
         } else if pace {
@@ -781,10 +784,19 @@ impl Cleaner {
             }
         };
         if growing.is_some() {
-            let shortfall = regions.take_shortfall();
+            let short = regions.take_shortfall();
             // Within the budget, even for memory `reserve` asked for: only
             // its own bytes may pass it (below).
-            if shortfall > 0 && !Self::grow(env, device, regions, shortfall, footprint, false) {
+            if short.want > 0
+                && !Self::grow(
+                    env,
+                    device,
+                    regions,
+                    short.want,
+                    short.need.max(footprint),
+                    false,
+                )
+            {
                 regions.unmet();
             }
         }
@@ -845,12 +857,22 @@ impl Cleaner {
                 // Freed meanwhile, or grown by the worker that held it.
                 carve().or_else(|| {
                     // One registration for both sets: the large set's own
-                    // shortfall grows with the sub-region.
-                    let own = large.take_shortfall();
-                    let grown = Self::grow(env, device, large, len + own, smallest, reserved);
-                    if !grown && own > 0 {
+                    // shortfall grows with the sub-region, all of what it
+                    // needs kept past the sub-region (not for memory
+                    // `reserve` asked for, whose growth may pass the
+                    // pinned budget by its own bytes only). If that
+                    // registration fails, the sub-region's alone.
+                    let own = if reserved {
+                        Shortfall::default()
+                    } else {
+                        large.take_shortfall()
+                    };
+                    let both = own.want > 0
+                        && Self::grow(env, device, large, len + own.want, len + own.need, false);
+                    if own.want > 0 && !both {
                         large.unmet();
                     }
+                    let grown = both || Self::grow(env, device, large, len, smallest, reserved);
                     grown.then(carve).flatten()
                 })
             });

@@ -4,7 +4,6 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
 
 use crate::admission::Places;
-use crate::alloc::GROWTH_SETTLE;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
@@ -161,7 +160,7 @@ impl Cleaner {
                 };
                 // Demand still rising (a burst of takes under way): grown
                 // once it settles, for the whole burst.
-                if regions.rising(GROWTH_SETTLE) {
+                if regions.rising() {
                     continue;
                 }
                 // Relaxed: see `Intake::misses_out`; a stale 0 holds a
@@ -171,9 +170,10 @@ impl Cleaner {
                 if ahead && regions.shortfall() > left {
                     continue;
                 }
-                let shortfall = regions.take_shortfall();
-                if shortfall > 0 && Self::grow(env, device, regions, shortfall, shortfall, false) {
-                    room = Some(left.saturating_sub(shortfall));
+                let short = regions.take_shortfall();
+                let least = short.need.max(shard.set_footprint(regions));
+                if short.want > 0 && Self::grow(env, device, regions, short.want, least, false) {
+                    room = Some(left.saturating_sub(short.want));
                 }
             }
         }

@@ -866,3 +866,356 @@ fn a_miss_back_during_a_growth_is_met_after_a_flush() {
     drop((a, again));
     pool.shutdown();
 }
+
+/// A mebibyte, for the growth tests below.
+const MIB_: usize = 1 << 20;
+
+/// Five 1 MiB misses at once (a demand of 5 MiB, 5.625 MiB with its
+/// headroom): the growth rounds down to whole huge pages only into the
+/// headroom, never below the demand, so the same five takes after a flush
+/// are met.
+#[test]
+fn rounding_down_never_cuts_below_the_demand() {
+    let (pool, faults) = carving();
+    let held: Vec<_> = (0..5).map(|_| pool.take(MIB_)).collect();
+    assert!(held.iter().all(|b| !b.was_pooled()));
+    drop(held);
+    pool.flush();
+    let grown = pool.stats().region_bytes;
+    let again: Vec<_> = (0..5).map(|_| pool.take(MIB_)).collect();
+    let missed = again.iter().filter(|b| !b.was_pooled()).count();
+    assert!(
+        missed == 0 && grown >= 5 * MIB_,
+        "{missed} of 5 takes missed after a flush; regions grown to {} KiB for a 5 MiB demand \
+         ({} registrations)",
+        grown >> 10,
+        faults.registered()
+    );
+    drop(again);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// A working set that ramps up steadily (one more 256 KiB buffer held
+/// every ~1 ms, for ~400 ms): its peak rises more often than every
+/// `GROWTH_SETTLE`, and no miss comes back, yet the regions grow while the
+/// ramp lasts (a run of rises holds growth back for a bounded time only).
+#[test]
+fn a_steady_ramp_still_makes_the_regions_grow() {
+    let (pool, _faults) = carving();
+    let mut held = Vec::new();
+    let mut regions_at = None;
+    for i in 0..400 {
+        held.push(pool.take(256 << 10));
+        if regions_at.is_none() && pool.stats().regions > 0 {
+            regions_at = Some(i);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let hits = held.iter().filter(|b| b.was_pooled()).count();
+    let s = pool.stats();
+    drop(held);
+    pool.shutdown();
+    assert!(
+        hits > 100,
+        "{hits} of 400 takes hit over a ~400 ms ramp; first region at take {regions_at:?}; \
+         regions {} ({} KiB)",
+        s.regions,
+        s.region_bytes >> 10
+    );
+}
+
+/// A small buffer `reserve` asks for, whose sub-region needs the large set
+/// to grow, while the large set falls short by a 64 MiB miss the budget
+/// forbids: the reserved growth passes the budget by its own bytes only,
+/// never by the large set's shortfall.
+#[test]
+fn a_small_reserved_buffer_does_not_carry_the_large_sets_shortfall_past_the_budget() {
+    let budget = 16 * MIB_;
+    let (pool, _faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
+    let miss = pool.take(64 * MIB_);
+    assert!(!miss.was_pooled());
+    // At once: the sweep leaves the large set's shortfall alone while its
+    // demand is rising (`GROWTH_SETTLE`), so the reserve's growth takes it.
+    pool.reserve(0, &[(64 << 10, 1)]).unwrap();
+    pool.flush();
+    let s = pool.stats();
+    drop(miss);
+    pool.shutdown();
+    assert!(
+        s.peak_pinned_bytes <= budget as u64,
+        "{} MiB pinned at the peak under a {} MiB budget: {s:#?}",
+        s.peak_pinned_bytes >> 20,
+        budget >> 20
+    );
+}
+
+/// A miss parked for another worker's growth, then the pool shut down
+/// while that growth is still held: shutdown waits, and once released
+/// every registration is undone, and nothing stays pinned.
+#[test]
+fn shutdown_with_a_miss_parked_for_a_growth() {
+    let (pool, faults) = carving();
+    let a = pool.take(MIB_);
+    faults.hold_register();
+    assert!(eventually(Duration::from_secs(10), || faults
+        .register_calls()
+        > 0));
+    let b = pool.take(3 * MIB_);
+    assert!(!b.was_pooled());
+    std::thread::sleep(Duration::from_millis(10));
+    drop(b);
+    std::thread::sleep(Duration::from_millis(50));
+    let pool2 = pool.clone();
+    let shut = std::thread::spawn(move || pool2.shutdown());
+    std::thread::sleep(Duration::from_millis(100));
+    faults.release();
+    shut.join().unwrap();
+    drop(a);
+    pool.flush();
+    pool.shutdown();
+    let s = pool.stats();
+    assert_eq!(faults.registered(), faults.unregistered(), "{s:#?}");
+    assert_eq!(s.pinned_bytes, 0, "{s:#?}");
+    assert_eq!(s.regions, 0, "{s:#?}");
+}
+
+/// The same, with the last handle dropped (close) after the growth ends,
+/// parked buffer handed to the reaper or finished inline.
+#[test]
+fn clear_and_flush_with_a_miss_parked_for_a_growth() {
+    let (pool, faults) = carving();
+    let a = pool.take(MIB_);
+    faults.hold_register();
+    assert!(eventually(Duration::from_secs(10), || faults
+        .register_calls()
+        > 0));
+    let b = pool.take(3 * MIB_);
+    std::thread::sleep(Duration::from_millis(10));
+    drop(b);
+    std::thread::sleep(Duration::from_millis(50));
+    // clear concurrently with the parked buffer and the held growth: no
+    // deadlock.
+    let p = pool.clone();
+    let clearing = std::thread::spawn(move || {
+        for _ in 0..20 {
+            p.clear();
+        }
+    });
+    let p = pool.clone();
+    let flushing = std::thread::spawn(move || p.flush());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(clearing.is_finished(), "clear blocked on a held growth");
+    assert!(
+        !flushing.is_finished(),
+        "a flush returned before the parked miss was done"
+    );
+    faults.release();
+    clearing.join().unwrap();
+    flushing.join().unwrap();
+    let again = pool.take(3 * MIB_);
+    assert!(again.was_pooled(), "{:#?}", pool.stats());
+    drop((a, again));
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// The running growth fails (every call of it) while a miss is parked for
+/// it: the parked miss, re-polled, grows the regions for both.
+#[test]
+fn a_failed_growth_with_a_miss_parked() {
+    let (pool, faults) = carving();
+    let a = pool.take(MIB_);
+    faults.fail_register(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    faults.hold_register();
+    assert!(eventually(Duration::from_secs(10), || faults
+        .register_calls()
+        > 0));
+    let b = pool.take(3 * MIB_);
+    std::thread::sleep(Duration::from_millis(10));
+    drop(b);
+    std::thread::sleep(Duration::from_millis(50));
+    faults.release();
+    pool.flush();
+    let calls = faults.register_calls();
+    let again = pool.take(3 * MIB_);
+    assert!(
+        again.was_pooled() || calls <= 8,
+        "after {calls} registration calls: {:#?}",
+        pool.stats()
+    );
+    drop((a, again));
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// A small miss back grows the large set for its sub-region, taking the
+/// large set's own shortfall (a 1 MiB miss still out) into the same
+/// registration: what the large set needs stays free past the sub-region,
+/// so the large take after a flush is met. (On fresh pools, several
+/// times: a provisioning tick between the two flushes can re-note the
+/// large set's demand and hide the loss.)
+#[test]
+fn a_sub_regions_growth_does_not_swallow_the_large_sets_shortfall() {
+    let mut failures = Vec::new();
+    for attempt in 0..6 {
+        let (pool, _faults) = carving();
+        let large = pool.take(MIB_);
+        let small = pool.take(64 << 10);
+        assert!(!large.was_pooled() && !small.was_pooled());
+        drop(small);
+        pool.flush();
+        drop(large);
+        pool.flush();
+        let again = pool.take(MIB_);
+        if !again.was_pooled() {
+            let s = pool.stats();
+            failures.push(format!(
+                "attempt {attempt}: the 1 MiB take missed after a flush; {} regions, {} KiB, \
+                 {} KiB free",
+                s.regions,
+                s.region_bytes >> 10,
+                s.free_extent_bytes >> 10
+            ));
+        }
+        drop(again);
+        pool.shutdown();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A long-lived miss held while a burst of the same set misses and comes
+/// back: the burst's last miss back grows the set for it (the held miss
+/// does not hold that growth back), so the same burst after a flush is
+/// met.
+#[test]
+fn a_miss_held_elsewhere_does_not_defeat_flush_then_take() {
+    let (pool, _faults) = carving();
+    let long_lived = pool.take(8 * MIB_);
+    assert!(!long_lived.was_pooled());
+    // Let the regions grow for it (settled, tick).
+    assert!(eventually(Duration::from_secs(10), || pool
+        .stats()
+        .region_bytes
+        >= 9 * MIB_));
+    let grown = pool.stats().region_bytes;
+    // A burst past what is free, dropped at once.
+    let n = grown / MIB_ + 2;
+    let burst: Vec<_> = (0..n).map(|_| pool.take(MIB_)).collect();
+    let missed = burst.iter().filter(|b| !b.was_pooled()).count();
+    assert!(missed > 0);
+    drop(burst);
+    pool.flush();
+    let again: Vec<_> = (0..n).map(|_| pool.take(MIB_)).collect();
+    let missed_again = again.iter().filter(|b| !b.was_pooled()).count();
+    let s = pool.stats();
+    drop(again);
+    drop(long_lived);
+    pool.shutdown();
+    assert_eq!(
+        missed_again,
+        0,
+        "{missed_again} of {n} missed again after a flush ({missed} the first time); \
+         regions {} KiB",
+        s.region_bytes >> 10
+    );
+}
+
+/// Small and large misses and reserves on many threads while
+/// registrations are held: no deadlock between the two sets' growth
+/// locks, and everything is released once the registrations are.
+#[test]
+fn small_and_large_growth_do_not_deadlock() {
+    let (pool, faults) = carving();
+    faults.hold_register();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let size = if (i + t) % 2 == 0 { 64 << 10 } else { 2 * MIB_ };
+                    let b = pool.take(size);
+                    if i % 10 == t {
+                        let _ = pool.reserve(0, &[(size, 1)]);
+                    }
+                    drop(b);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    faults.release();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let p = pool.clone();
+    let flushed = std::thread::spawn(move || p.flush());
+    assert!(
+        eventually(Duration::from_secs(20), || flushed.is_finished()),
+        "flush hung: {:#?}",
+        pool.stats()
+    );
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// The last handle dropped (close) while a miss is parked for a held
+/// growth: the close waits for the grower, the parked miss is finished
+/// or handed to the reaper, and every registration is undone.
+#[test]
+fn close_with_a_miss_parked_for_a_growth() {
+    let (pool, faults) = carving();
+    let a = pool.take(MIB_);
+    faults.hold_register();
+    assert!(eventually(Duration::from_secs(10), || faults
+        .register_calls()
+        > 0));
+    let b = pool.take(3 * MIB_);
+    let c = pool.take(100 << 10);
+    std::thread::sleep(Duration::from_millis(10));
+    drop((b, c));
+    std::thread::sleep(Duration::from_millis(50));
+    drop(a);
+    let closing = std::thread::spawn(move || drop(pool));
+    std::thread::sleep(Duration::from_millis(50));
+    faults.release();
+    closing.join().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || faults.registered()
+            == faults.unregistered()),
+        "{} registered, {} unregistered",
+        faults.registered(),
+        faults.unregistered()
+    );
+}
+
+/// Every registration fails while misses are parked for the (failing)
+/// growth: flush still returns, and nothing stays registered.
+#[test]
+fn parked_misses_with_every_registration_failing() {
+    let (pool, faults) = carving();
+    faults.fail_register(&(1..=200).collect::<Vec<_>>());
+    let a = pool.take(MIB_);
+    faults.hold_register();
+    assert!(eventually(Duration::from_secs(10), || faults
+        .register_calls()
+        > 0));
+    let small: Vec<_> = (0..4).map(|_| pool.take(100 << 10)).collect();
+    let large: Vec<_> = (0..4).map(|_| pool.take(2 * MIB_)).collect();
+    std::thread::sleep(Duration::from_millis(10));
+    drop((small, large));
+    std::thread::sleep(Duration::from_millis(30));
+    let p = pool.clone();
+    let flushing = std::thread::spawn(move || p.flush());
+    std::thread::sleep(Duration::from_millis(30));
+    faults.release();
+    assert!(
+        eventually(Duration::from_secs(10), || flushing.is_finished()),
+        "flush hung: {:#?}",
+        pool.stats()
+    );
+    drop(a);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+    assert_eq!(pool.stats().pinned_bytes, 0);
+}
