@@ -19,8 +19,8 @@
 //! tick counts them and as each miss counts them at its take (see
 //! [`Regions::note_in_use`] and [`Regions::note_miss`]); the cleaner grows
 //! a set by what it falls short of that peak plus an eighth, ahead of
-//! misses once the demand comes near what it holds, once the demand has
-//! stopped rising (see [`GROWTH_SETTLE`]).
+//! misses once the demand comes near what it holds (the provisioning
+//! sweep once the demand has stopped rising: see [`GROWTH_SETTLE`]).
 //!
 //! A set lists the regions that takes may carve from; the
 //! list's lock is held across a carve, so a region is unlisted (to be
@@ -47,13 +47,11 @@ use crate::tune::{Tune, Tuning};
 
 use super::mmap::{huge_page_size, map, map_huge};
 
-/// How long a set's demand must have stopped rising before a grower that
-/// can wait sizes a growth for it: the provisioning sweep, and a returning
-/// miss with other returned misses queued behind it (the last of them
-/// grows the set). A burst of takes that misses its way up then costs one
-/// registration, sized for the whole burst, not one per step. The last
-/// returned miss of a burst grows the set at once, so that the same takes
-/// after a `flush` are met.
+/// How long a set's demand must have stopped rising before the
+/// provisioning sweep sizes a growth for it: a burst of takes that misses
+/// its way up then costs one registration, sized for the whole burst, not
+/// one per step. A returning miss grows its set at once (so that the same
+/// takes after a `flush` are met).
 pub(crate) const GROWTH_SETTLE: Duration = Duration::from_millis(2);
 
 /// The longest a run of rises holds growth back (see [`Regions::rising`]):
@@ -394,22 +392,14 @@ impl Regions {
         self.growth.try_lock().is_none()
     }
 
-    /// The length of the next region, for `want` bytes (headroom included)
-    /// of which at least `least` (a buffer that must fit whole): at least
+    /// The length of the next region, for `want` bytes of which at least
+    /// `least` (a buffer that must fit whole): at least
     /// [`REGION_MIN`](Tuning::REGION_MIN), at most
-    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `want` alone is more,
-    /// rounded *down* to whole huge pages once it is one or more (so the
-    /// rounding eats into the headroom rather than add to it), and never
-    /// less than `least` rounded up.
+    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `want` alone is more, in
+    /// huge pages once it is one or more, and never less than `least`.
     pub(crate) fn next_len(&self, want: usize, least: usize) -> usize {
-        let huge = huge_page_size();
-        let want = want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want));
-        let len = if want >= huge {
-            want / huge * huge
-        } else {
-            self.fit_len(want)
-        };
-        len.max(self.fit_len(least))
+        let want = want.max(least);
+        self.fit_len(want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want)))
     }
 
     /// Notes a take that found no memory (a pool miss), or one that carved
@@ -466,8 +456,8 @@ impl Regions {
     /// [`GROWTH_SETTLE`], in a run of rises that began less than
     /// [`GROWTH_SETTLE_MAX`] ago: its demand is still arriving (a burst of
     /// takes under way), and a growth sized now would soon be followed by
-    /// another. Growers that can wait for the burst to end do; a demand
-    /// that keeps rising for longer grows as it rises.
+    /// another. The sweep waits for the burst to end; a demand that keeps
+    /// rising for longer grows as it rises.
     pub(crate) fn rising(&self) -> bool {
         // Relaxed: see `Totals`; a stale time delays a growth by one
         // settling time at most, or lets one run a little early.

@@ -760,20 +760,8 @@ impl Cleaner {
         let footprint = like.footprint();
         let shard = &env.places.shards[device];
         let regions = shard.regions(footprint);
-        // Other returned misses queued behind this one while the set's
-        // demand is still rising (a burst of takes under way): the last of
-        // them grows the set for the whole burst (see `Regions::rising`),
-        // one registration rather than one per step of the burst, and a
-        // flush after their drops still waits for that growth. Relaxed: a
-        // count of other queued jobs; a stale one grows a step early, or
-        // leaves the growth to the next miss back or the sweep.
-        let pace = !like.is_reserved()
-            && self.intake.register_queued.load(Ordering::Relaxed) > 0
-            && regions.rising();
         let growing = if like.is_reserved() {
             Some(regions.growing())
-        } else if pace {
-            None
         } else {
             // The small set grows from the large one's space: either
             // growth running holds this one up.
@@ -787,16 +775,7 @@ impl Cleaner {
             let short = regions.take_shortfall();
             // Within the budget, even for memory `reserve` asked for: only
             // its own bytes may pass it (below).
-            if short.want > 0
-                && !Self::grow(
-                    env,
-                    device,
-                    regions,
-                    short.want,
-                    short.need.max(footprint),
-                    false,
-                )
-            {
+            if short.want > 0 && !Self::grow(env, device, regions, short.want, footprint, false) {
                 regions.unmet();
             }
         }
@@ -817,9 +796,8 @@ impl Cleaner {
         Replacement::None
     }
 
-    /// Registers a region of `device` for `want` bytes, headroom included
-    /// (see [`Regions::next_len`]: rounded down to whole huge pages, never
-    /// below `least`); within the pinned budget unless `reserved`
+    /// Registers a region of `device` of at least `want` bytes (see
+    /// [`Regions::next_len`]); within the pinned budget unless `reserved`
     /// (memory `reserve` asked for), retrying smaller, down to `least`
     /// bytes, if the budget or the registration fails. Whether one was
     /// registered.

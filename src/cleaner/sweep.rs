@@ -171,8 +171,8 @@ impl Cleaner {
                     continue;
                 }
                 let short = regions.take_shortfall();
-                let least = short.need.max(shard.set_footprint(regions));
-                if short.want > 0 && Self::grow(env, device, regions, short.want, least, false) {
+                if short.want > 0 && Self::grow(env, device, regions, short.want, short.want, false)
+                {
                     room = Some(left.saturating_sub(short.want));
                 }
             }
