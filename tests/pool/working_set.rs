@@ -124,10 +124,10 @@ fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) ->
 }
 
 #[test]
-#[ignore = "FAILS in most runs: steady byte hits reach 98% in every configuration, but peak pinned \
-            stays 1.1-1.5x the bytes held at once (4 threads of buffers up to 1 MiB worst) and \
-            registrations 3-7 per 64 MiB in one configuration or another (see the figures it \
-            prints)"]
+#[ignore = "FAILS in most runs: peak pinned stays 1.1-1.7x the bytes held at once (4 threads of \
+            buffers up to 1 MiB worst), steady byte hits fall below 98% in about one run of six \
+            per configuration, registrations pass 4 per 64 MiB in one configuration or another \
+            (see the figures it prints)"]
 fn pinned_memory_follows_the_working_set() {
     let mut failures = Vec::new();
     for (threads, hi, seed) in [
