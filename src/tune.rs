@@ -83,6 +83,11 @@ pub(crate) trait Tuning {
 
     /// See [`SWEEP_MIN`](Self::SWEEP_MIN).
     const SWEEP_MAX: Duration;
+    /// How long a set of regions' demand must have stopped rising before
+    /// the provisioning sweep grows it (see `Regions::rising`).
+    const GROWTH_SETTLE: Duration;
+    /// The longest a run of rises holds the sweep's growth back.
+    const GROWTH_SETTLE_MAX: Duration;
 
     /// How long `flush` waits between checks when nothing has woken it
     /// (completions by owners do not notify).
@@ -161,6 +166,8 @@ impl Tuning for Production {
     const SWEEPS: bool = true;
     const SWEEP_MIN: Duration = Duration::from_millis(1);
     const SWEEP_MAX: Duration = Duration::from_millis(100);
+    const GROWTH_SETTLE: Duration = Duration::from_millis(2);
+    const GROWTH_SETTLE_MAX: Duration = Duration::from_millis(20);
     const FLUSH_POLL: Duration = Duration::from_millis(1);
     const REGISTER_BACKLOG: usize = 64;
     const RECYCLE_BACKLOG: usize = 4096;
@@ -186,6 +193,10 @@ impl Tuning for Small {
     const SWEEPS: bool = false;
     const SWEEP_MIN: Duration = Production::SWEEP_MIN;
     const SWEEP_MAX: Duration = Production::SWEEP_MAX;
+    // No waiting on time under the models: what the clock says must not
+    // change which interleavings a model explores.
+    const GROWTH_SETTLE: Duration = Duration::ZERO;
+    const GROWTH_SETTLE_MAX: Duration = Duration::ZERO;
     const FLUSH_POLL: Duration = Production::FLUSH_POLL;
     const REGISTER_BACKLOG: usize = Production::REGISTER_BACKLOG;
     const RECYCLE_BACKLOG: usize = Production::RECYCLE_BACKLOG;

@@ -20,7 +20,8 @@
 //! [`Regions::note_in_use`] and [`Regions::note_miss`]); the cleaner grows
 //! a set by what it falls short of that peak plus an eighth, ahead of
 //! misses once the demand comes near what it holds (the provisioning
-//! sweep once the demand has stopped rising: see [`GROWTH_SETTLE`]).
+//! sweep once the demand has stopped rising: see
+//! [`GROWTH_SETTLE`](Tuning::GROWTH_SETTLE)).
 //!
 //! A set lists the regions that takes may carve from; the
 //! list's lock is held across a carve, so a region is unlisted (to be
@@ -38,7 +39,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::Error;
 use crate::sync::track::Track;
@@ -46,17 +47,6 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Or
 use crate::tune::{Tune, Tuning};
 
 use super::mmap::{huge_page_size, map, map_huge};
-
-/// How long a set's demand must have stopped rising before the
-/// provisioning sweep sizes a growth for it: a burst of takes that misses
-/// its way up then costs one registration, sized for the whole burst, not
-/// one per step. A returning miss grows its set at once (so that the same
-/// takes after a `flush` are met).
-pub(crate) const GROWTH_SETTLE: Duration = Duration::from_millis(2);
-
-/// The longest a run of rises holds growth back (see [`Regions::rising`]):
-/// a demand that ramps up for longer grows as it ramps.
-pub(crate) const GROWTH_SETTLE_MAX: Duration = Duration::from_millis(20);
 
 /// What a set of regions falls short of (see
 /// [`Regions::take_shortfall`]): `want` bytes to grow by, headroom
@@ -446,18 +436,19 @@ impl Regions {
         if self.totals.peak.fetch_max(demand, Ordering::Relaxed) < demand {
             let now = since_epoch();
             let last = self.totals.peak_rose.swap(now, Ordering::Relaxed);
-            if now.saturating_sub(last) >= GROWTH_SETTLE.as_nanos() as u64 {
+            if now.saturating_sub(last) >= Tune::GROWTH_SETTLE.as_nanos() as u64 {
                 self.totals.rising_since.store(now, Ordering::Relaxed);
             }
         }
     }
 
     /// Whether the most wanted at once rose within the last
-    /// [`GROWTH_SETTLE`], in a run of rises that began less than
-    /// [`GROWTH_SETTLE_MAX`] ago: its demand is still arriving (a burst of
-    /// takes under way), and a growth sized now would soon be followed by
-    /// another. The sweep waits for the burst to end; a demand that keeps
-    /// rising for longer grows as it rises.
+    /// [`GROWTH_SETTLE`](Tuning::GROWTH_SETTLE), in a run of rises that
+    /// began less than [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX)
+    /// ago: its demand is still arriving (a burst of takes under way), and
+    /// a growth sized now would soon be followed by another. The sweep
+    /// waits for the burst to end; a demand that keeps rising for longer
+    /// grows as it rises.
     pub(crate) fn rising(&self) -> bool {
         // Relaxed: see `Totals`; a stale time delays a growth by one
         // settling time at most, or lets one run a little early.
@@ -465,8 +456,8 @@ impl Regions {
         let since = self.totals.rising_since.load(Ordering::Relaxed);
         let now = since_epoch();
         rose != 0
-            && now.saturating_sub(rose) < GROWTH_SETTLE.as_nanos() as u64
-            && now.saturating_sub(since) < GROWTH_SETTLE_MAX.as_nanos() as u64
+            && now.saturating_sub(rose) < Tune::GROWTH_SETTLE.as_nanos() as u64
+            && now.saturating_sub(since) < Tune::GROWTH_SETTLE_MAX.as_nanos() as u64
     }
 
     /// Bytes of the listed regions.
