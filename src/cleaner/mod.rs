@@ -760,24 +760,22 @@ impl Cleaner {
         let footprint = like.footprint();
         let shard = &env.places.shards[device];
         let regions = shard.regions(footprint);
-        let growing = if like.is_reserved() {
-            Some(regions.growing())
+        let _growing = if like.is_reserved() {
+            regions.growing()
         } else {
             // The small set grows from the large one's space: either
             // growth running holds this one up.
             let small = std::ptr::eq(regions, shard.small_regions());
             match regions.try_growing() {
-                Some(guard) if !(small && shard.large_regions().growth_running()) => Some(guard),
+                Some(guard) if !(small && shard.large_regions().growth_running()) => guard,
                 _ => return Replacement::AfterGrowth,
             }
         };
-        if growing.is_some() {
-            let short = regions.take_shortfall();
-            // Within the budget, even for memory `reserve` asked for: only
-            // its own bytes may pass it (below).
-            if short.want > 0 && !Self::grow(env, device, regions, short.want, footprint, false) {
-                regions.unmet();
-            }
+        let short = regions.take_shortfall();
+        // Within the budget, even for memory `reserve` asked for: only its
+        // own bytes may pass it (below).
+        if short.want > 0 && !Self::grow(env, device, regions, short.want, footprint, false) {
+            regions.unmet();
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
             return Replacement::None;
