@@ -51,8 +51,9 @@ use super::mmap::{huge_page_size, map, map_huge};
 /// What a set of regions falls short of (see
 /// [`Regions::take_shortfall`]): `want` bytes to grow by, headroom
 /// included, of which `need` at the least (what the demand itself passes
-/// them by, or a buffer that must fit in one extent): a growth may round
-/// into the headroom, never below `need`. Both 0 when nothing is short.
+/// them by, or a buffer that must fit in one extent): a growth that folds
+/// this shortfall into another keeps `need` of it. Both 0 when nothing is
+/// short.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Shortfall {
     pub(crate) want: usize,
