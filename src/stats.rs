@@ -216,8 +216,9 @@ pub struct Stats {
     /// provisioning, which may run after a flush returns), and not yet made
     /// ready or released.
     pub in_cleaner: usize,
-    /// Buffers made ready again (by the cleaner, or by a taker cleaning a
-    /// small dirty buffer of its own instead of missing).
+    /// Buffers made ready by the cleaner (dropped ones again, and those
+    /// pinned ahead of demand by `reserve` or provisioning), or by a taker
+    /// cleaning a small dirty buffer of its own instead of missing.
     pub recycled: u64,
     /// Of `recycled`, the buffers takers cleaned themselves (their
     /// drop-to-ready latency is not in the percentiles below).
