@@ -58,6 +58,13 @@ impl Shard {
         &self.regions[0]
     }
 
+    /// Whether the set `regions` carves from is being grown now: for the
+    /// small set, a growth of the large set running (its sub-regions are
+    /// carved from the large set's space); never for the large set.
+    pub(crate) fn parent_growing(&self, regions: &Regions) -> bool {
+        std::ptr::eq(regions, self.small_regions()) && self.large_regions().growth_running()
+    }
+
     /// The regions large buffers are carved from, each one registration.
     pub(crate) fn large_regions(&self) -> &Regions {
         &self.regions[1]

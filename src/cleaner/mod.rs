@@ -471,8 +471,8 @@ impl Cleaner {
                     // Waiting for a growth of its set, not for copies.
                     let block = returned.block();
                     let shard = &env.places.shards[block.device()];
-                    let running = shard.regions(block.footprint()).growth_running()
-                        || shard.large_regions().growth_running();
+                    let regions = shard.regions(block.footprint());
+                    let running = regions.growth_running() || shard.parent_growing(regions);
                     return (!running).then_some(Ok(()));
                 }
                 let block = returned.block_mut();
@@ -621,7 +621,7 @@ impl Cleaner {
             // and its own memory goes back to the OS.
             let mut carved = match self.carve_for(env, block) {
                 Replacement::Carved(carved) => carved,
-                Replacement::None => {
+                Replacement::Freed => {
                     self.release_returned(env, returned);
                     return;
                 }
@@ -763,11 +763,8 @@ impl Cleaner {
         let _growing = if like.is_reserved() {
             regions.growing()
         } else {
-            // The small set grows from the large one's space: either
-            // growth running holds this one up.
-            let small = std::ptr::eq(regions, shard.small_regions());
             match regions.try_growing() {
-                Some(guard) if !(small && shard.large_regions().growth_running()) => guard,
+                Some(guard) if !shard.parent_growing(regions) => guard,
                 _ => return Replacement::AfterGrowth,
             }
         };
@@ -778,7 +775,7 @@ impl Cleaner {
             regions.unmet();
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
-            return Replacement::None;
+            return Replacement::Freed;
         }
         if let Some(at) = regions.carve(footprint) {
             return Replacement::Carved(Block::carved(classes, class, device, at));
@@ -791,7 +788,7 @@ impl Cleaner {
                 return Replacement::Carved(Block::carved(classes, class, device, at));
             }
         }
-        Replacement::None
+        Replacement::Freed
     }
 
     /// Registers a region of `device` of at least `want` bytes (see
@@ -950,7 +947,7 @@ enum Replacement {
     /// A block carved from a region.
     Carved(Block),
     /// Nothing: the buffer is freed, and the next take of its size carves.
-    None,
+    Freed,
     /// Another worker is growing its set of regions: the buffer waits,
     /// parked, until that growth ends, then is replaced again.
     AfterGrowth,

@@ -1224,23 +1224,21 @@ fn parked_misses_with_every_registration_failing() {
     assert_eq!(pool.stats().pinned_bytes, 0);
 }
 
-/// A burst whose demand (16 MiB) passes the pinned budget (8 MiB): the
-/// regions still grow within the budget (a growth the budget refuses is
-/// retried smaller, down to the buffer), so that later takes of the same
-/// size are met.
-#[test]
-fn a_demand_past_the_budget_still_grows_within_it() {
-    let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(8 * MIB_));
-    let burst: Vec<_> = (0..16).map(|_| pool.take(MIB_)).collect();
+/// A burst of `n` takes of `size` bytes, whose demand passes the pinned
+/// `budget`, held, dropped and flushed; then one take of `size` at a time:
+/// the regions still grow within the budget (a growth the budget refuses
+/// is retried smaller, down to the buffer), so that such a take is met.
+fn a_burst_past_the_budget_is_met_within_it(size: usize, n: usize, budget: usize) {
+    let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
+    let burst: Vec<_> = (0..n).map(|_| pool.take(size)).collect();
     // The first misses; later ones may carve from a region the cleaner
     // grew for it meanwhile.
     assert!(!burst[0].was_pooled());
     std::thread::sleep(Duration::from_millis(50));
     drop(burst);
     pool.flush();
-    // Far smaller demand from now on: one 1 MiB buffer at a time.
     let met = eventually(Duration::from_secs(3), || {
-        let b = pool.take(MIB_);
+        let b = pool.take(size);
         let hit = b.was_pooled();
         drop(b);
         pool.flush();
@@ -1250,12 +1248,18 @@ fn a_demand_past_the_budget_still_grows_within_it() {
     pool.shutdown();
     assert!(
         met,
-        "a lone 1 MiB take never met under an 8 MiB budget after a 16 MiB burst: \
+        "a lone {size}-byte take never met under a {budget}-byte budget after {n} of them: \
          {} registrations, {} skipped, pinned {} bytes",
         faults.registered(),
         s.registrations_skipped,
         s.pinned_bytes
     );
+}
+
+/// 16 MiB of 1 MiB takes under an 8 MiB budget.
+#[test]
+fn a_demand_past_the_budget_still_grows_within_it() {
+    a_burst_past_the_budget_is_met_within_it(MIB_, 16, 8 * MIB_);
 }
 
 /// A burst of misses on device 0, dropped, then `other` (more work for
@@ -1393,30 +1397,8 @@ fn a_folded_growth_past_the_budget_falls_back_to_the_sub_region() {
     );
 }
 
-/// 2 MiB of 64 KiB takes under a 1 MiB budget: the small set still grows
-/// within the budget, and later takes are met.
+/// 2 MiB of 64 KiB takes under a 1 MiB budget: the small set's growth.
 #[test]
 fn a_small_demand_past_the_budget_still_grows_within_it() {
-    let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(MIB_));
-    let burst: Vec<_> = (0..32).map(|_| pool.take(64 << 10)).collect();
-    std::thread::sleep(Duration::from_millis(50));
-    drop(burst);
-    pool.flush();
-    let met = eventually(Duration::from_secs(3), || {
-        let b = pool.take(64 << 10);
-        let hit = b.was_pooled();
-        drop(b);
-        pool.flush();
-        hit
-    });
-    let s = pool.stats();
-    pool.shutdown();
-    assert!(
-        met,
-        "a lone 64 KiB take never met under a 1 MiB budget after a 2 MiB burst: \
-         {} registrations, {} skipped, pinned {} bytes",
-        faults.registered(),
-        s.registrations_skipped,
-        s.pinned_bytes
-    );
+    a_burst_past_the_budget_is_met_within_it(64 << 10, 32, MIB_);
 }
