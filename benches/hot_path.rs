@@ -291,8 +291,8 @@ fn tracing_cost(c: &mut Criterion) {
 
 /// What writing a trace adds to the single-thread loop: an untraced pool
 /// against one tracing to `/dev/null`, side by side. The loop runs in
-/// bursts of 2,048 take + drop pairs (4,096 records, half a thread's trace
-/// buffer) with an untimed 8 ms pause after each, in which the trace's
+/// bursts of 2,048 take + drop pairs (4,096 records, a quarter of a thread's
+/// trace buffer) with an untimed 8 ms pause after each, in which the trace's
 /// background thread empties the buffer: so every record is written, and
 /// the figure is the cost of writing them (a loop faster than the
 /// background thread drains would mostly count records as lost, which

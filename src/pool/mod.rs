@@ -237,10 +237,12 @@ impl Pool {
         if devices > crate::backend::MAX_DEVICES {
             return Err(crate::backend::too_many_devices(devices));
         }
+        let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let trace = match &config.trace {
             None => None,
             Some(path) => {
-                match Tracer::start(path, trace_header(&config, &*backend), trace_lenient) {
+                let sizes = classes.all().map(|c| classes.size(c) as u64).collect();
+                match Tracer::start(path, trace_header(&config, &*backend), sizes, trace_lenient) {
                     Ok((tracer, path)) => {
                         config.trace = Some(path);
                         Some(tracer)
@@ -264,7 +266,6 @@ impl Pool {
                 }
             }
         };
-        let classes = Classes::new(config.size_classes, crate::size_class::page_size());
         let count = classes.count();
         let pins = backend.pins();
         // Only pinned memory is worth placing; other backends (the host

@@ -56,7 +56,8 @@ impl Shared {
             // The cache's own lists hold blocks of their slot's class only.
             let len = block.len();
             if let Some(ring) = cache.ring() {
-                cache.trace_take(ring, &mut block, min_size, len, source);
+                let named = (len == caches.classes.size(class)).then(|| class.index());
+                cache.trace_take(ring, &mut block, min_size, len, named, source);
             }
             return Ok(PinnedBuffer::new(block, cache, true, len));
         }
@@ -65,7 +66,7 @@ impl Shared {
         // shows the class's length.
         let len = this.classes().size(class);
         if let Some(ring) = cache.ring() {
-            cache.trace_take(ring, &mut block, min_size, len, source);
+            cache.trace_take(ring, &mut block, min_size, len, Some(class.index()), source);
         }
         Ok(PinnedBuffer::new(block, cache, source.is_hit(), len))
     }

@@ -17,7 +17,7 @@ use crate::sync::per_thread::{self};
 use crate::sync::{
     barrier, fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, UnsafeCell,
 };
-use crate::trace::ring::Ring;
+use crate::trace::ring::{compact_drop, compact_take, Ring};
 use crate::trace::{trace_head, Source, DROP, DROP_COPY, DROP_PINNED, DROP_REMOTE, TAKE};
 use crate::tune::{Tune, Tuning};
 
@@ -371,7 +371,9 @@ impl ThreadCache {
 
     /// Records a take through this cache (the caller owns it, or it is the
     /// orphan cache, whose ring is shared), and the taking thread's name in
-    /// `block`, for its drop's record.
+    /// `block`, for its drop's record. `class`: the index of the class
+    /// whose length the take handed out, if it handed out its class's
+    /// length (a compact record names it).
     #[inline]
     pub(crate) fn trace_take(
         &self,
@@ -379,17 +381,23 @@ impl ThreadCache {
         block: &mut Block,
         asked: usize,
         len: usize,
+        class: Option<usize>,
         source: Source,
     ) {
         let thread = per_thread::current_name();
         block.meta_mut().taker = thread;
-        ring.push(
-            trace_head(TAKE, source.code(), block.device() as u16),
-            thread,
-            block.as_ptr() as u64,
-            asked as u64,
-            len as u64,
-        );
+        let (id, device) = (block.as_ptr() as u64, block.device());
+        let compact = class.and_then(|c| compact_take(source.code(), device, c, id, asked as u64));
+        match compact {
+            Some(words) => ring.push_compact(thread, words),
+            None => ring.push(
+                trace_head(TAKE, source.code(), device as u16),
+                thread,
+                id,
+                asked as u64,
+                len as u64,
+            ),
+        }
     }
 
     /// Records the drop of `block`, taken through this cache (`owned`:
@@ -410,16 +418,26 @@ impl ThreadCache {
         // teardown has passed the guard (a buffer a thread-local holds).
         let thread = per_thread::current_name();
         let flag = |on: bool, bit: u8| if on { bit } else { 0 };
-        let flags = flag(copied, DROP_COPY)
-            | flag(block.is_pinned(), DROP_PINNED)
-            | flag(taker != thread, DROP_REMOTE);
-        ring.push(
-            trace_head(DROP, flags, block.device() as u16),
-            thread,
-            block.as_ptr() as u64,
-            block.dirty() as u64,
-            taker,
-        );
+        let flags = flag(copied, DROP_COPY) | flag(block.is_pinned(), DROP_PINNED);
+        let (id, device, dirty) = (block.as_ptr() as u64, block.device(), block.dirty() as u64);
+        // A compact drop names the writing thread as the taker.
+        let compact = (taker == thread)
+            .then(|| compact_drop(flags, device, id, dirty))
+            .flatten();
+        match compact {
+            Some(words) => ring.push_compact(thread, words),
+            None => ring.push(
+                trace_head(
+                    DROP,
+                    flags | flag(taker != thread, DROP_REMOTE),
+                    device as u16,
+                ),
+                thread,
+                id,
+                dirty,
+                taker,
+            ),
+        }
     }
 
     fn give_back_remote(&self, mut block: Block, keep: bool) {

@@ -4,13 +4,35 @@
 //! ring that several threads write under a lock (the orphan cache's takes,
 //! the cleaner's events). A full ring drops the record and counts it.
 //!
-//! A record in a ring is four words, 32 bytes (two to a cache line): the
-//! file's first word with the clock's tick in its upper half (the low 32
-//! bits of it: the reader, which drains every few milliseconds, restores
-//! the rest), then the buffer and the kind's `a` and `b`. The thread is
-//! not in the record: a ring records which thread wrote its next records
-//! with a marker, written only when the writing thread changes (a cache
-//! inherited by another thread, the shared ring's writers taking turns).
+//! The ring is made of 16-byte slots (four to a cache line). A record takes
+//! one or two:
+//!
+//! - **Full** (two slots): the file's first word with the clock's tick in
+//!   its upper half (the low 32 bits of it: the reader, which drains every
+//!   few milliseconds, restores the rest), the buffer, then the kind's `a`
+//!   and `b`.
+//! - **Compact** (one slot), for a take or a drop whose values fit, which
+//!   is nearly every one: a take of less than 1 TiB handed out its class's
+//!   length, a drop of less than 1 TiB written by the thread that took it,
+//!   on one of the first 32 devices, of a buffer aligned to 256 bytes
+//!   below 2^48. Word 0: bits 0-7 the kind with [`COMPACT`] set, 8-10 the
+//!   flags (the take's source; the drop's copy and pinned bits), 11-15 the
+//!   device, 16-23 the take's class (its index in the pool's table, which
+//!   gives the length handed out), 24-47 the tick's low 24 bits, 48-63 the
+//!   value's (the bytes asked, or written) upper 16 of 40 bits. Word 1:
+//!   bits 0-23 the value's lower 24 bits, 24-63 the buffer's address
+//!   shifted right by 8. A compact drop's taker is the thread that wrote
+//!   it.
+//!
+//! A take and its drop in compact slots fill half a cache line, which is
+//! what tracing costs a take + drop pair most: a line of the ring written
+//! is a line the background thread has read since (or one out of the
+//! writer's caches after a pause), fetched back.
+//!
+//! The thread is not in the record: a ring records which thread wrote its
+//! next records with a marker (one slot), written only when the writing
+//! thread changes (a cache inherited by another thread, the shared ring's
+//! writers taking turns).
 //!
 //! The ring uses `std`'s atomics, not the crate's `sync` layer: tracing is
 //! never enabled under the loom models.
@@ -21,22 +43,113 @@ use std::sync::{Arc, Mutex};
 use crossbeam_utils::CachePadded;
 
 use super::clock::Clock;
+use super::format::{head as file_head, DROP, TAKE};
 
-/// Records one thread's ring holds: at 32 bytes each, 256 KiB; the
+/// Slots one thread's ring holds: at 16 bytes each, 256 KiB; the
 /// background thread empties it every few milliseconds.
-pub(crate) const THREAD_RECORDS: usize = 8192;
+pub(crate) const THREAD_SLOTS: usize = 16384;
 
-/// Records the shared ring holds.
-pub(crate) const SHARED_RECORDS: usize = 1 << 16;
+/// Slots the shared ring holds.
+pub(crate) const SHARED_SLOTS: usize = 1 << 17;
 
 /// The kind of a ring's thread marker (never written to a file: the
 /// kinds of the file's records are below 16).
 const THREAD: u64 = 0xff;
 
+/// Set in the kind of a compact record.
+const COMPACT: u64 = 0x40;
+
+/// The low 24 bits.
+const LOW24: u64 = (1 << 24) - 1;
+
+/// The largest value (bytes asked, or written) a compact record holds.
+const COMPACT_VALUE: u64 = 1 << 40;
+
+/// How many slots ahead of the one it writes a producer asks for the
+/// cache line it will write (see [`prefetch_for_write`]).
+const AHEAD: usize = 32;
+
+/// One slot.
+type Slot = [AtomicU64; 2];
+
+/// A take's compact record (its tick left to [`Ring::push_compact`]), or
+/// `None` when a value does not fit: `source`'s code, the buffer's
+/// `device`, its `class`'s index in the pool's table (whose length the
+/// take handed out), its address `id`, the bytes `asked`.
+#[inline]
+pub(crate) fn compact_take(
+    source: u8,
+    device: usize,
+    class: usize,
+    id: u64,
+    asked: u64,
+) -> Option<[u64; 2]> {
+    compact(TAKE, source, device, class, id, asked)
+}
+
+/// A drop's compact record, or `None` when a value does not fit: its
+/// `flags` (copy and pinned only: the taker is the writing thread), the
+/// buffer's `device`, its address `id`, the bytes written.
+#[inline]
+pub(crate) fn compact_drop(flags: u8, device: usize, id: u64, dirty: u64) -> Option<[u64; 2]> {
+    compact(DROP, flags, device, 0, id, dirty)
+}
+
+#[inline]
+fn compact(
+    kind: u8,
+    flags: u8,
+    device: usize,
+    class: usize,
+    id: u64,
+    value: u64,
+) -> Option<[u64; 2]> {
+    let fits = flags < 8
+        && device < 32
+        && class < 256
+        && value < COMPACT_VALUE
+        && id & 0xff == 0
+        && id < 1 << 48;
+    fits.then(|| {
+        [
+            u64::from(kind)
+                | COMPACT
+                | u64::from(flags) << 8
+                | (device as u64) << 11
+                | (class as u64) << 16
+                | (value >> 24) << 48,
+            (value & LOW24) | (id >> 8) << 24,
+        ]
+    })
+}
+
+/// The latest tick up to `now` whose low `bits` bits are `low`.
+#[inline]
+fn restore(now: u64, low: u64, bits: u32) -> u64 {
+    let mask = (1u64 << bits) - 1;
+    now - (now.wrapping_sub(low) & mask)
+}
+
+/// Asks for the cache line at `p` in a state to be written, so that the
+/// store there later does not wait for it (the ring's lines are written
+/// once per pass, long after the background thread read them).
+#[inline(always)]
+fn prefetch_for_write(p: *const Slot) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetchw` is a hint: it reads nothing into a register,
+    // writes no memory and cannot fault, whatever the address (processors
+    // without it execute it as a no-op). `p` points into the ring's slots.
+    unsafe {
+        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// The producer's side.
 #[derive(Debug)]
 struct Producer {
-    /// Records written (the next slot is `head % capacity`).
+    /// Slots written (the next is `head % capacity`).
     head: AtomicUsize,
     /// The producer's last view of `tail` (only the producer reads and
     /// writes it).
@@ -51,11 +164,13 @@ struct Producer {
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    slots: Box<[[AtomicU64; 4]]>,
+    slots: Box<[Slot]>,
     mask: usize,
     clock: Arc<Clock>,
+    /// The length of each class of the pool, by index (for compact takes).
+    sizes: Arc<[u64]>,
     producer: CachePadded<Producer>,
-    /// Records read by the background thread.
+    /// Slots read by the background thread.
     tail: CachePadded<AtomicUsize>,
     /// The thread the reader's last marker named (only the reader reads
     /// and writes it).
@@ -67,14 +182,16 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    /// A ring of `capacity` records (a power of two), stamped by `clock`;
+    /// A ring of `capacity` slots (a power of two, at least 4), stamped by
+    /// `clock`, for a pool whose classes have the lengths `sizes`;
     /// `shared`: several threads may write.
-    pub(crate) fn new(capacity: usize, clock: Arc<Clock>, shared: bool) -> Self {
-        assert!(capacity.is_power_of_two() && capacity >= 2);
+    pub(crate) fn new(capacity: usize, clock: Arc<Clock>, sizes: Arc<[u64]>, shared: bool) -> Self {
+        assert!(capacity.is_power_of_two() && capacity >= 4);
         Self {
             slots: (0..capacity).map(|_| Default::default()).collect(),
             mask: capacity - 1,
             clock,
+            sizes,
             producer: CachePadded::new(Producer {
                 head: AtomicUsize::new(0),
                 tail_seen: AtomicUsize::new(0),
@@ -90,10 +207,24 @@ impl Ring {
 
     /// Records `head` (the file's first word: kind, flags, device),
     /// written by `thread` (its name), with the buffer `id` and `a`, `b`,
-    /// stamped with the clock now. The caller is this ring's one producer
-    /// (a per-thread ring's thread cache owner), or the ring is shared.
+    /// stamped with the clock now, in two slots. The caller is this ring's
+    /// one producer (a per-thread ring's thread cache owner), or the ring
+    /// is shared.
     #[inline]
     pub(crate) fn push(&self, head: u64, thread: u64, id: u64, a: u64, b: u64) {
+        self.append(thread, |tick| [[head | tick << 32, id], [a, b]]);
+    }
+
+    /// Records `words` ([`compact_take`], [`compact_drop`]), written by
+    /// `thread`, stamped with the clock now, in one slot; the caller as
+    /// for [`Ring::push`].
+    #[inline]
+    pub(crate) fn push_compact(&self, thread: u64, words: [u64; 2]) {
+        self.append(thread, |tick| [[words[0] | (tick & LOW24) << 24, words[1]]]);
+    }
+
+    #[inline(always)]
+    fn append<const N: usize>(&self, thread: u64, record: impl FnOnce(u64) -> [[u64; 2]; N]) {
         let _guard = self
             .lock
             .as_ref()
@@ -102,7 +233,7 @@ impl Ring {
         // Relaxed: only the producer (or the lock's holder) writes these.
         let mut at = p.head.load(Ordering::Relaxed);
         let named = p.thread.load(Ordering::Relaxed) == thread;
-        let needed = if named { 1 } else { 2 };
+        let needed = if named { N } else { N + 1 };
         if at.wrapping_sub(p.tail_seen.load(Ordering::Relaxed)) + needed > self.mask + 1 {
             // Acquire: pairs with the reader's Release of `tail` after it
             // read the slots it frees, so these writes cannot overtake its
@@ -115,28 +246,32 @@ impl Ring {
                 return;
             }
         }
-        let tick = self.clock.now() << 32;
+        let tick = self.clock.now();
         if !named {
-            self.write(at, [THREAD | tick, thread, 0, 0]);
+            self.write(at, [THREAD, thread]);
             at = at.wrapping_add(1);
             p.thread.store(thread, Ordering::Relaxed);
         }
-        self.write(at, [head | tick, id, a, b]);
+        for words in record(tick) {
+            self.write(at, words);
+            at = at.wrapping_add(1);
+        }
+        prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]);
         // Release: publishes the slots' words to the reader's Acquire load
         // of `head`.
-        p.head.store(at.wrapping_add(1), Ordering::Release);
+        p.head.store(at, Ordering::Release);
     }
 
-    #[inline]
-    fn write(&self, at: usize, words: [u64; 4]) {
+    #[inline(always)]
+    fn write(&self, at: usize, words: [u64; 2]) {
         for (cell, word) in self.slots[at & self.mask].iter().zip(words) {
-            // Relaxed: published by the Release of `head` in `push`.
+            // Relaxed: published by the Release of `head` in `append`.
             cell.store(word, Ordering::Relaxed);
         }
     }
 
-    /// How many records have been written: a bound for [`Ring::drain_to`].
-    /// Acquire: pairs with `push`'s Release, so the slots below it are
+    /// How many slots have been written: a bound for [`Ring::drain_to`].
+    /// Acquire: pairs with `append`'s Release, so the slots below it are
     /// written, and so is everything the producers did before them (their
     /// records in other rings included).
     pub(crate) fn published(&self) -> usize {
@@ -151,7 +286,7 @@ impl Ring {
         self.drain_to(out, self.published())
     }
 
-    /// [`Ring::drain`], of the records below `head` only, a value
+    /// [`Ring::drain`], of the slots below `head` only, a value
     /// [`Ring::published`] returned since the last drain.
     pub(crate) fn drain_to(&self, out: &mut Vec<[u64; 6]>, head: usize) -> u64 {
         // Read after `head`'s Acquire, so no record up to `head` has a
@@ -162,19 +297,41 @@ impl Ring {
         let tail = self.tail.load(Ordering::Relaxed);
         let mut thread = self.reader_thread.load(Ordering::Relaxed);
         let mut at = tail;
-        while at != head {
+        let read = |at: usize| -> [u64; 2] {
             let slot = &self.slots[at & self.mask];
-            let w: [u64; 4] = std::array::from_fn(|i| slot[i].load(Ordering::Relaxed));
+            // Relaxed: below `head`, published by its Acquire.
+            [
+                slot[0].load(Ordering::Relaxed),
+                slot[1].load(Ordering::Relaxed),
+            ]
+        };
+        // A record never straddles `head`: `append` publishes whole ones.
+        while at != head {
+            let [w0, w1] = read(at);
             at = at.wrapping_add(1);
-            // The tick's low 32 bits: the latest tick up to `now` with
-            // them.
-            let low = (w[0] >> 32) as u32;
-            let tick = now - u64::from((now as u32).wrapping_sub(low));
-            if w[0] & 0xff == THREAD {
-                thread = w[1];
+            let kind = w0 & 0xff;
+            if kind == THREAD {
+                thread = w1;
                 continue;
             }
-            out.push([w[0] & 0xffff_ffff, tick, thread, w[1], w[2], w[3]]);
+            if kind & COMPACT != 0 {
+                let kind = (kind & !COMPACT) as u8;
+                let tick = restore(now, (w0 >> 24) & LOW24, 24);
+                let value = (w0 >> 48) << 24 | (w1 & LOW24);
+                let head = file_head(kind, (w0 >> 8) as u8 & 7, (w0 >> 11) as u16 & 31);
+                let b = if kind == TAKE {
+                    let class = (w0 >> 16) as usize & 0xff;
+                    self.sizes.get(class).copied().unwrap_or(0)
+                } else {
+                    thread
+                };
+                out.push([head, tick, thread, (w1 >> 24) << 8, value, b]);
+                continue;
+            }
+            let [a, b] = read(at);
+            at = at.wrapping_add(1);
+            let tick = restore(now, w0 >> 32, 32);
+            out.push([w0 & 0xffff_ffff, tick, thread, w1, a, b]);
         }
         self.reader_thread.store(thread, Ordering::Relaxed);
         // Release: the producer's Acquire of `tail` sees these reads done
@@ -191,10 +348,16 @@ impl Ring {
 mod tests {
     use super::*;
 
+    const SIZES: [u64; 4] = [100, 101, 102, 103];
+
+    fn ring(capacity: usize, clock: Arc<Clock>, shared: bool) -> Ring {
+        Ring::new(capacity, clock, Arc::from(SIZES), shared)
+    }
+
     #[test]
     fn a_full_ring_counts_what_it_drops_and_keeps_order() {
-        let ring = Ring::new(4, Arc::new(Clock::new()), false);
-        // The first record takes a marker's slot too: 3 records fit.
+        // A marker and three full records fill seven of eight slots.
+        let ring = ring(8, Arc::new(Clock::new()), false);
         for i in 0..6 {
             ring.push(1, 7, i, 0, 0);
         }
@@ -211,36 +374,71 @@ mod tests {
 
     #[test]
     fn records_name_the_thread_that_wrote_them() {
-        let ring = Ring::new(16, Arc::new(Clock::new()), true);
+        let ring = ring(32, Arc::new(Clock::new()), true);
         ring.push(1, 5, 10, 0, 0);
         ring.push(1, 5, 11, 0, 0);
         ring.push(2, 6, 12, 0, 0);
         let mut out = Vec::new();
         ring.drain(&mut out);
         ring.push(2, 6, 13, 0, 0);
-        ring.push(1, 5, 14, 0, 0);
+        ring.push_compact(5, compact_take(0, 0, 0, 14 << 8, 1).unwrap());
         ring.drain(&mut out);
         let named: Vec<(u64, u64)> = out.iter().map(|w| (w[3], w[2])).collect();
-        assert_eq!(named, [(10, 5), (11, 5), (12, 6), (13, 6), (14, 5)]);
+        assert_eq!(named, [(10, 5), (11, 5), (12, 6), (13, 6), (14 << 8, 5)]);
     }
+
+    /// Compact records hold the largest values that fit, come back as the
+    /// file's words, and values that do not fit get no compact record.
+    #[test]
+    fn compact_records_round_trip_at_their_limits() {
+        let clock = Arc::new(Clock::new());
+        let ring = ring(16, Arc::clone(&clock), false);
+        let id = (1u64 << 48) - 256;
+        let most = COMPACT_VALUE - 1;
+        clock.set(77);
+        ring.push_compact(9, compact_take(6, 31, 3, id, most).unwrap());
+        ring.push_compact(9, compact_drop(DROP_BOTH, 31, id, most).unwrap());
+        ring.push_compact(9, compact_take(0, 0, 0, 256, 0).unwrap());
+        let mut out = Vec::new();
+        ring.drain(&mut out);
+        assert_eq!(
+            out,
+            [
+                [file_head(TAKE, 6, 31), 77, 9, id, most, 103],
+                [file_head(DROP, DROP_BOTH, 31), 77, 9, id, most, 9],
+                [file_head(TAKE, 0, 0), 77, 9, 256, 0, 100],
+            ]
+        );
+        assert_eq!(compact_take(0, 0, 0, 256, COMPACT_VALUE), None);
+        assert_eq!(compact_take(0, 32, 0, 256, 1), None);
+        assert_eq!(compact_take(0, 0, 256, 256, 1), None);
+        assert_eq!(compact_take(8, 0, 0, 256, 1), None);
+        assert_eq!(compact_take(0, 0, 0, 257, 1), None);
+        assert_eq!(compact_take(0, 0, 0, 1 << 48, 1), None);
+        assert_eq!(compact_drop(0, 0, 4096, COMPACT_VALUE), None);
+    }
+
+    const DROP_BOTH: u8 = super::super::format::DROP_COPY | super::super::format::DROP_PINNED;
 
     #[test]
     fn ticks_past_32_bits_are_restored() {
         let clock = Arc::new(Clock::new());
-        let ring = Ring::new(16, Arc::clone(&clock), false);
+        let ring = ring(16, Arc::clone(&clock), false);
         let past = (5u64 << 32) + 7;
         clock.set(past);
         ring.push(1, 1, 1, 0, 0);
+        ring.push_compact(1, compact_take(0, 0, 0, 256, 0).unwrap());
         clock.set(past + 3);
         let mut out = Vec::new();
         ring.drain(&mut out);
         assert_eq!(out[0][1], past);
+        assert_eq!(out[1][1], past);
     }
 
     #[test]
     fn one_writer_and_the_reader_at_once_lose_nothing_they_count() {
         let clock = Arc::new(Clock::new());
-        let ring = Arc::new(Ring::new(64, Arc::clone(&clock), false));
+        let ring = Arc::new(ring(128, Arc::clone(&clock), false));
         let writer = {
             let (ring, clock) = (ring.clone(), clock.clone());
             std::thread::spawn(move || {
@@ -248,7 +446,11 @@ mod tests {
                     if i % 1000 == 0 {
                         clock.advance();
                     }
-                    ring.push(1, 1, i, i * 3, 0);
+                    if i % 3 == 0 {
+                        ring.push(1, 1, i, i * 3, 0);
+                    } else {
+                        ring.push_compact(1, compact_take(0, 1, 2, i << 8, i * 3).unwrap());
+                    }
                 }
             })
         };
@@ -260,54 +462,76 @@ mod tests {
         writer.join().unwrap();
         lost += ring.drain(&mut seen);
         assert_eq!(seen.len() as u64 + lost, 100_000);
-        assert!(seen.windows(2).all(|w| w[0][3] < w[1][3]));
+        let index = |w: &[u64; 6]| if w[5] == 0 { w[3] } else { w[3] >> 8 };
+        assert!(seen.windows(2).all(|w| index(&w[0]) < index(&w[1])));
         assert!(
             seen.windows(2).all(|w| w[0][1] <= w[1][1]),
             "time went back"
         );
-        assert!(seen.iter().all(|w| w[4] == w[3] * 3), "torn record");
+        assert!(seen.iter().all(|w| w[4] == index(w) * 3), "torn record");
     }
 
-    /// A marker in the ring's last slot, the record after it in slot 0.
+    /// A marker in the ring's last slot, and a full record across the
+    /// wrap (its second slot in slot 0).
     #[test]
-    fn a_marker_in_the_last_slot_before_the_wrap() {
-        let ring = Ring::new(4, Arc::new(Clock::new()), false);
+    fn a_marker_or_a_record_across_the_wrap() {
+        let ring = ring(8, Arc::new(Clock::new()), false);
         let mut out = Vec::new();
-        ring.push(1, 5, 0, 0, 0); // marker 0, record 1
-        ring.push(1, 5, 1, 0, 0); // 2
+        ring.push(1, 5, 0, 0, 0); // marker 0, record 1-2
+        ring.push(1, 5, 1, 0, 0); // 3-4
+        ring.push(1, 5, 2, 0, 0); // 5-6
         assert_eq!(ring.drain(&mut out), 0);
-        ring.push(1, 6, 2, 0, 0); // marker 3, record 4 (slot 0)
-        ring.push(1, 6, 3, 0, 0); // 5 (slot 1)
-        ring.push(1, 6, 4, 0, 0); // 6 (slot 2)
-        ring.push(1, 6, 5, 0, 0); // full: lost
+        ring.push(1, 6, 3, 0, 0); // marker 7, record 8-9 (slots 0-1)
+        ring.push_compact(6, compact_take(0, 0, 0, 4 << 8, 0).unwrap()); // 10
+        ring.push(1, 6, 5, 0, 0); // 11-12
+        assert_eq!(ring.drain(&mut out), 0);
+        ring.push(1, 6, 6, 0, 0); // 13-14
+        ring.push(1, 6, 7, 0, 0); // 15-16 (slots 7, 0)
+        ring.push(1, 6, 8, 0, 0); // 17-18
+        ring.push(1, 6, 9, 0, 0); // 19-20
+        ring.push(1, 6, 10, 0, 0); // full: lost
         assert_eq!(ring.drain(&mut out), 1);
         let named: Vec<(u64, u64)> = out.iter().map(|w| (w[3], w[2])).collect();
-        assert_eq!(named, [(0, 5), (1, 5), (2, 6), (3, 6), (4, 6)]);
+        assert_eq!(
+            named,
+            [
+                (0, 5),
+                (1, 5),
+                (2, 5),
+                (3, 6),
+                (4 << 8, 6),
+                (5, 6),
+                (6, 6),
+                (7, 6),
+                (8, 6),
+                (9, 6)
+            ]
+        );
     }
 
     /// One slot free and a marker needed: the record is lost (counted
     /// once), and the thread's next record still gets its marker.
     #[test]
     fn a_full_ring_exactly_when_a_marker_is_needed() {
-        let ring = Ring::new(4, Arc::new(Clock::new()), true);
+        let ring = ring(4, Arc::new(Clock::new()), true);
         let mut out = Vec::new();
-        ring.push(1, 5, 0, 0, 0); // marker, record
-        ring.push(1, 5, 1, 0, 0);
-        // One slot free: thread 6 needs two.
-        ring.push(1, 6, 2, 0, 0);
+        ring.push(1, 5, 0, 0, 0); // marker, record: three slots
+                                  // One slot free: thread 6 needs two for a compact record.
+        ring.push_compact(6, compact_take(0, 0, 0, 256, 0).unwrap());
         // Thread 5 needs one: fits.
-        ring.push(1, 5, 3, 0, 0);
+        ring.push_compact(5, compact_take(0, 0, 0, 512, 0).unwrap());
         assert_eq!(ring.drain(&mut out), 1);
-        ring.push(1, 6, 4, 0, 0);
-        ring.push(1, 5, 5, 0, 0);
+        ring.push_compact(6, compact_take(0, 0, 0, 768, 0).unwrap());
+        ring.push_compact(5, compact_take(0, 0, 0, 1024, 0).unwrap());
         assert_eq!(ring.drain(&mut out), 0);
         let named: Vec<(u64, u64)> = out.iter().map(|w| (w[3], w[2])).collect();
-        assert_eq!(named, [(0, 5), (1, 5), (3, 5), (4, 6), (5, 5)]);
+        assert_eq!(named, [(0, 5), (512, 5), (768, 6), (1024, 5)]);
     }
 
-    /// Random pushes by threads 0 (events), 1, 2, 3 and drains, on rings
-    /// of several sizes: every record drained names its writer, keeps its
-    /// order, and drained + lost = pushed.
+    /// Random pushes, full and compact, by threads 0 (events), 1, 2, 3
+    /// and drains, on rings of several sizes: every record drained names
+    /// its writer, keeps its order and its tick, and drained + lost =
+    /// pushed.
     #[test]
     fn random_writers_and_drains_against_a_model() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -317,10 +541,10 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        for cap in [2usize, 4, 8, 16] {
+        for cap in [4usize, 8, 16, 32] {
             for _round in 0..200 {
                 let clock = Arc::new(Clock::new());
-                let ring = Ring::new(cap, Arc::clone(&clock), true);
+                let ring = ring(cap, Arc::clone(&clock), true);
                 let (mut pushed, mut lost, mut out) = (0u64, 0u64, Vec::new());
                 for _ in 0..200 {
                     let r = rand();
@@ -331,15 +555,32 @@ mod tests {
                             clock.set(clock.now() + (r >> 40) % 3);
                         }
                         let thread = (r >> 8) % 4;
-                        ring.push(1, thread, pushed, thread, clock.now());
+                        if r >> 20 & 1 == 0 {
+                            ring.push(3, thread, pushed, thread, clock.now());
+                        } else {
+                            let words =
+                                compact_take(0, 0, thread as usize, pushed << 8, clock.now());
+                            ring.push_compact(thread, words.unwrap());
+                        }
                         pushed += 1;
                     }
                 }
                 lost += ring.drain(&mut out);
                 assert_eq!(out.len() as u64 + lost, pushed, "cap {cap}");
-                assert!(out.iter().all(|w| w[2] == w[4]), "misnamed: {out:?}");
-                assert!(out.iter().all(|w| w[1] == w[5]), "tick wrong: {out:?}");
-                assert!(out.windows(2).all(|w| w[0][3] < w[1][3]));
+                for w in &out {
+                    if w[0] == 3 {
+                        assert_eq!((w[2], w[1]), (w[4], w[5]), "full record wrong: {w:?}");
+                    } else {
+                        assert_eq!(w[0], file_head(TAKE, 0, 0), "{w:?}");
+                        assert_eq!(
+                            (w[5], w[1]),
+                            (SIZES[w[2] as usize], w[4]),
+                            "compact wrong: {w:?}"
+                        );
+                    }
+                }
+                let index = |w: &[u64; 6]| if w[0] == 3 { w[3] } else { w[3] >> 8 };
+                assert!(out.windows(2).all(|w| index(&w[0]) < index(&w[1])));
             }
         }
     }
@@ -349,7 +590,7 @@ mod tests {
     #[test]
     fn shared_ring_writers_and_reader_at_once() {
         let clock = Arc::new(Clock::new());
-        let ring = Arc::new(Ring::new(64, Arc::clone(&clock), true));
+        let ring = Arc::new(ring(128, Arc::clone(&clock), true));
         const N: u64 = 30_000;
         let writers: Vec<_> = (0..3u64)
             .map(|t| {
@@ -382,18 +623,26 @@ mod tests {
         }
     }
 
-    /// The clock at 2^32 - 1 when pushed, the reader's at 2^32 + 5.
+    /// The clock just below and past 2^32 and 2^24 (a compact record's
+    /// tick) when pushed, the reader's a little later.
     #[test]
-    fn ticks_across_the_32_bit_boundary() {
-        let clock = Arc::new(Clock::new());
-        let ring = Ring::new(16, Arc::clone(&clock), false);
-        for t in [(1u64 << 32) - 1, 1 << 32, (1 << 32) + 1] {
-            clock.set(t);
-            ring.push(1, 1, t, 0, 0);
+    fn ticks_across_the_32_and_24_bit_boundaries() {
+        for bits in [24u32, 32] {
+            let clock = Arc::new(Clock::new());
+            let ring = ring(16, Arc::clone(&clock), false);
+            for t in [(1u64 << bits) - 1, 1 << bits, (1 << bits) + 1] {
+                clock.set(t);
+                ring.push(3, 1, t, 0, 0);
+                ring.push_compact(1, compact_take(0, 0, 0, t << 8, 0).unwrap());
+            }
+            clock.set((1 << bits) + 5);
+            let mut out = Vec::new();
+            ring.drain(&mut out);
+            let ids: Vec<u64> = out
+                .iter()
+                .map(|w| if w[0] == 3 { w[3] } else { w[3] >> 8 })
+                .collect();
+            assert!(out.iter().zip(&ids).all(|(w, id)| w[1] == *id), "{out:?}");
         }
-        clock.set((1 << 32) + 5);
-        let mut out = Vec::new();
-        ring.drain(&mut out);
-        assert!(out.iter().all(|w| w[1] == w[3]), "{out:?}");
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::clock::{Clock, TICK};
 use super::format::{self, Header, Record, DROP, END, LOST, OUTSTANDING, TAKE};
-use super::ring::{Ring, SHARED_RECORDS, THREAD_RECORDS};
+use super::ring::{Ring, SHARED_SLOTS, THREAD_SLOTS};
 
 /// How often the background thread empties the rings.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
@@ -65,6 +65,9 @@ extern "C" fn finish_all() {
 #[derive(Debug)]
 pub(crate) struct Tracer {
     clock: Arc<Clock>,
+    /// The pool's class lengths, by index (the rings' compact takes name
+    /// a class).
+    sizes: Arc<[u64]>,
     /// The orphan cache's takes and drops and the pool's own events.
     shared: Arc<Ring>,
     /// Every thread cache's ring.
@@ -96,13 +99,14 @@ struct FileState {
 
 impl Tracer {
     /// Creates the file at `path`, writes `header` (to which the clock is
-    /// added) and starts the background thread; returns the tracer and the
-    /// path it writes. A file another pool of this process is writing is
+    /// added) and starts the background thread, for a pool whose classes
+    /// have the lengths `sizes`; returns the tracer and the path it writes. A file another pool of this process is writing is
     /// an error (`AlreadyExists`), or when `lenient`, the first of
     /// `PATH.2`, `PATH.3`, ... that none is writing, with a warning.
     pub(crate) fn start(
         path: &Path,
         mut header: Header,
+        sizes: Arc<[u64]>,
         lenient: bool,
     ) -> std::io::Result<(Arc<Self>, PathBuf)> {
         // Held until the file is registered: two pools starting at once
@@ -149,8 +153,14 @@ impl Tracer {
         out.write_all(&format::preamble(&header))?;
         out.flush()?;
         let tracer = Arc::new(Self {
-            shared: Arc::new(Ring::new(SHARED_RECORDS, Arc::clone(&clock), true)),
+            shared: Arc::new(Ring::new(
+                SHARED_SLOTS,
+                Arc::clone(&clock),
+                Arc::clone(&sizes),
+                true,
+            )),
             clock,
+            sizes,
             rings: Mutex::new(Vec::new()),
             file: Mutex::new(FileState {
                 out,
@@ -210,7 +220,12 @@ impl Tracer {
 
     /// A ring for a new thread cache.
     pub(crate) fn ring(&self) -> Arc<Ring> {
-        let ring = Arc::new(Ring::new(THREAD_RECORDS, Arc::clone(&self.clock), false));
+        let ring = Arc::new(Ring::new(
+            THREAD_SLOTS,
+            Arc::clone(&self.clock),
+            Arc::clone(&self.sizes),
+            false,
+        ));
         lock(&self.rings).push(Arc::clone(&ring));
         ring
     }
@@ -396,7 +411,8 @@ mod tests {
     fn a_drop_through_the_shared_ring_never_precedes_its_take() {
         let path =
             std::env::temp_dir().join(format!("pinpool-writer-order-{}.trace", std::process::id()));
-        let (tracer, path) = Tracer::start(&path, Header { entries: vec![] }, false).unwrap();
+        let (tracer, path) =
+            Tracer::start(&path, Header { entries: vec![] }, Arc::from([]), false).unwrap();
         let own = tracer.ring();
         let shared = tracer.shared_ring();
         const N: u64 = 200_000;

@@ -806,3 +806,66 @@ fn a_take_and_drop_in_teardown_name_one_thread() {
         d[1]
     );
 }
+
+/// Takes and drops of every size from a byte to 64 MiB, on devices past
+/// the 32 a trace's short records name (64, the most a pool serves), read
+/// back as they were made: device, size asked, length handed out, bytes
+/// written and the two threads of each.
+#[test]
+fn every_device_and_size_reads_back_as_taken_and_dropped() {
+    let path = TempPath::new("devices");
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .devices(64)
+        .cleaner_threads(1)
+        .trace(&path.0)
+        .build()
+        .expect("a traced pool");
+    let mut made = Vec::new();
+    for (i, device) in [0usize, 1, 31, 32, 33, 63].into_iter().enumerate() {
+        for shift in [0u32, 8, 12, 13, 20, 26] {
+            let asked = (1usize << shift) + i;
+            let mut buf = pool.take_on(device, asked).unwrap();
+            let written = asked.min(100 + i);
+            buf[..written].fill(1);
+            buf.set_dirty_len(written);
+            made.push((device, asked, buf.len(), buf.as_ptr() as u64, written));
+            if shift == 20 {
+                std::thread::spawn(move || drop(buf)).join().unwrap();
+            } else {
+                drop(buf);
+            }
+        }
+    }
+    drop(pool);
+    let trace = Trace::read(&path.0).expect("the trace reads");
+    let (takes, drops) = (takes(&trace), drops(&trace));
+    assert_eq!((takes.len(), drops.len()), (made.len(), made.len()));
+    let me = match takes[0] {
+        Record::Take { thread, .. } => thread,
+        _ => unreachable!(),
+    };
+    for (n, &(device, asked, len, id, written)) in made.iter().enumerate() {
+        let want_take = |r: &Record| {
+            matches!(*r, Record::Take { device: d, asked: a, len: l, id: i, thread, .. }
+                if (d as usize, a as usize, l as usize, i, thread) == (device, asked, len, id, me))
+        };
+        assert!(
+            want_take(&takes[n]),
+            "take {n}: {:?}, made {:?}",
+            takes[n],
+            made[n]
+        );
+        let remote = asked >> 20 == 1;
+        let want_drop = |r: &Record| {
+            matches!(*r, Record::Drop { device: d, dirty, id: i, taker, thread, remote: far, .. }
+                if (d as usize, dirty as usize, i, taker, far, thread == me)
+                    == (device, written, id, me, remote, !remote))
+        };
+        assert!(
+            drops.iter().any(want_drop),
+            "no drop like {:?}: {drops:#?}",
+            made[n]
+        );
+    }
+}
