@@ -57,7 +57,7 @@ impl Shared {
             let len = block.len();
             if let Some(ring) = cache.ring() {
                 let named = (len == caches.classes.size(class)).then(|| class.index());
-                cache.trace_take(ring, &mut block, min_size, len, named, source);
+                cache.trace_take(ring, &mut block, true, min_size, len, named, source);
             }
             return Ok(PinnedBuffer::new(block, cache, true, len));
         }
@@ -66,7 +66,15 @@ impl Shared {
         // shows the class's length.
         let len = this.classes().size(class);
         if let Some(ring) = cache.ring() {
-            cache.trace_take(ring, &mut block, min_size, len, Some(class.index()), source);
+            cache.trace_take(
+                ring,
+                &mut block,
+                owned,
+                min_size,
+                len,
+                Some(class.index()),
+                source,
+            );
         }
         Ok(PinnedBuffer::new(block, cache, source.is_hit(), len))
     }

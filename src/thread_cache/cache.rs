@@ -330,8 +330,10 @@ impl ThreadCache {
         let caches = self.caches();
         let keep = self.deferrable(&mut block);
         let owned = self.is_owned_here();
-        if self.owner.ring.is_some() {
-            self.trace_drop(&mut block, owned);
+        if let Some(ring) = self.ring() {
+            if !(owned && self.trace_own_drop(ring, &mut block)) {
+                self.trace_drop(&mut block, owned);
+            }
         }
         if !owned {
             return self.give_back_remote(block, keep);
@@ -369,22 +371,24 @@ impl ThreadCache {
         self.owner.ring.as_deref()
     }
 
-    /// Records a take through this cache (the caller owns it, or it is the
-    /// orphan cache, whose ring is shared), and the taking thread's name in
-    /// `block`, for its drop's record. `class`: the index of the class
-    /// whose length the take handed out, if it handed out its class's
-    /// length (a compact record names it).
+    /// Records a take through this cache (`owned`: the caller owns it;
+    /// else it is the orphan cache, whose ring is shared), and the taking
+    /// thread's name in `block`, for its drop's record. `class`: the index
+    /// of the class whose length the take handed out, if it handed out its
+    /// class's length (a compact record names it).
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn trace_take(
         &self,
         ring: &Ring,
         block: &mut Block,
+        owned: bool,
         asked: usize,
         len: usize,
         class: Option<usize>,
         source: Source,
     ) {
-        let thread = per_thread::current_name();
+        let thread = self.thread_name(owned);
         block.meta_mut().taker = thread;
         let (id, device) = (block.as_ptr() as u64, block.device());
         let compact = class.and_then(|c| compact_take(source.code(), device, c, id, asked as u64));
@@ -400,8 +404,50 @@ impl ThreadCache {
         }
     }
 
+    /// The calling thread's name: the owner's token, which is its name,
+    /// when it owns this cache (`owned`), else read from its thread-local.
+    /// The name, not the token, because a thread's token reads `DEAD` once
+    /// its teardown has passed the guard (a buffer a thread-local holds).
+    #[inline]
+    fn thread_name(&self, owned: bool) -> u64 {
+        if owned {
+            // Relaxed: the owner wrote it before its first take.
+            self.owner.token.load(Ordering::Relaxed)
+        } else {
+            per_thread::current_name()
+        }
+    }
+
+    /// Records the drop of `block` by the owner of this cache, which took
+    /// it, in a compact record, if its values fit; returns whether it did
+    /// (else [`ThreadCache::trace_drop`] records it).
+    #[inline]
+    fn trace_own_drop(&self, ring: &Ring, block: &mut Block) -> bool {
+        let thread = self.thread_name(true);
+        if block.meta_mut().taker != thread {
+            return false;
+        }
+        let flags = Self::drop_flags(block);
+        let (id, device, dirty) = (block.as_ptr() as u64, block.device(), block.dirty() as u64);
+        match compact_drop(flags, device, id, dirty) {
+            Some(words) => {
+                ring.push_compact(thread, words);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A drop record's copy and pinned flags.
+    #[inline]
+    fn drop_flags(block: &mut Block) -> u8 {
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        flag(!block.fences_mut().is_empty(), DROP_COPY) | flag(block.is_pinned(), DROP_PINNED)
+    }
+
     /// Records the drop of `block`, taken through this cache (`owned`:
-    /// the dropping thread owns it), in the dropping thread's ring.
+    /// the dropping thread owns it), in the dropping thread's ring, in a
+    /// full record.
     #[cold]
     fn trace_drop(&self, block: &mut Block, owned: bool) {
         let caches = self.caches();
@@ -409,35 +455,18 @@ impl ThreadCache {
         let Some(ring) = ring_cache.ring() else {
             return;
         };
-        let fences = block.fences_mut();
-        let copied = !fences.is_empty();
         // Named at the take (not this cache's owner now, who may have
         // inherited the cache since).
         let taker = block.meta_mut().taker;
-        // The thread's name, not its token, which reads `DEAD` once its
-        // teardown has passed the guard (a buffer a thread-local holds).
-        let thread = per_thread::current_name();
-        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
-        let flags = flag(copied, DROP_COPY) | flag(block.is_pinned(), DROP_PINNED);
-        let (id, device, dirty) = (block.as_ptr() as u64, block.device(), block.dirty() as u64);
-        // A compact drop names the writing thread as the taker.
-        let compact = (taker == thread)
-            .then(|| compact_drop(flags, device, id, dirty))
-            .flatten();
-        match compact {
-            Some(words) => ring.push_compact(thread, words),
-            None => ring.push(
-                trace_head(
-                    DROP,
-                    flags | flag(taker != thread, DROP_REMOTE),
-                    device as u16,
-                ),
-                thread,
-                id,
-                dirty,
-                taker,
-            ),
-        }
+        let thread = self.thread_name(owned);
+        let flags = Self::drop_flags(block) | if taker != thread { DROP_REMOTE } else { 0 };
+        ring.push(
+            trace_head(DROP, flags, block.device() as u16),
+            thread,
+            block.as_ptr() as u64,
+            block.dirty() as u64,
+            taker,
+        );
     }
 
     fn give_back_remote(&self, mut block: Block, keep: bool) {
