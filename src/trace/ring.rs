@@ -22,12 +22,14 @@
 //!   value's (the bytes asked, or written) upper 16 of 40 bits. Word 1:
 //!   bits 0-23 the value's lower 24 bits, 24-63 the buffer's address
 //!   shifted right by 8. A compact drop's taker is the thread that wrote
-//!   it.
+//!   it. The reader restores the tick from the ring's previous record's
+//!   (which it has read), so a record 2^24 ticks (4.6 hours) or more after
+//!   the ring's previous one is written full instead; a full record's tick
+//!   is restored from the reader's clock, which is right for a record read
+//!   less than 2^32 ticks (49 days) after it was written.
 //!
-//! A take and its drop in compact slots fill half a cache line, which is
-//! what tracing costs a take + drop pair most: a line of the ring written
-//! is a line the background thread has read since (or one out of the
-//! writer's caches after a pause), fetched back.
+//! A take and its drop in compact slots take 32 bytes, half a cache line
+//! (slots are aligned to their size), against 64 for two full records.
 //!
 //! The thread is not in the record: a ring records which thread wrote its
 //! next records with a marker (one slot), written only when the writing
@@ -43,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam_utils::CachePadded;
 
 use super::clock::Clock;
-use super::format::{head as file_head, DROP, TAKE};
+use super::format::{head as file_head, DROP, DROP_COPY, DROP_PINNED, TAKE};
 
 /// Slots one thread's ring holds: at 16 bytes each, 256 KiB; the
 /// background thread empties it every few milliseconds.
@@ -69,8 +71,10 @@ const COMPACT_VALUE: u64 = 1 << 40;
 /// cache line it will write (see [`prefetch_for_write`]).
 const AHEAD: usize = 32;
 
-/// One slot.
-type Slot = [AtomicU64; 2];
+/// One slot: aligned to its size, so that four share a cache line.
+#[derive(Debug, Default)]
+#[repr(C, align(16))]
+struct Slot([AtomicU64; 2]);
 
 /// A take's compact record (its tick left to [`Ring::push_compact`]), or
 /// `None` when a value does not fit: `source`'s code, the buffer's
@@ -84,7 +88,10 @@ pub(crate) fn compact_take(
     id: u64,
     asked: u64,
 ) -> Option<[u64; 2]> {
-    compact(TAKE, source, device, class, id, asked)
+    // The sources' codes are 0-6.
+    (source < 7)
+        .then(|| compact(TAKE, source, device, class, id, asked))
+        .flatten()
 }
 
 /// A drop's compact record, or `None` when a value does not fit: its
@@ -92,7 +99,9 @@ pub(crate) fn compact_take(
 /// buffer's `device`, its address `id`, the bytes written.
 #[inline]
 pub(crate) fn compact_drop(flags: u8, device: usize, id: u64, dirty: u64) -> Option<[u64; 2]> {
-    compact(DROP, flags, device, 0, id, dirty)
+    (flags & !(DROP_COPY | DROP_PINNED) == 0)
+        .then(|| compact(DROP, flags, device, 0, id, dirty))
+        .flatten()
 }
 
 #[inline]
@@ -104,12 +113,8 @@ fn compact(
     id: u64,
     value: u64,
 ) -> Option<[u64; 2]> {
-    let fits = flags < 8
-        && device < 32
-        && class < 256
-        && value < COMPACT_VALUE
-        && id & 0xff == 0
-        && id < 1 << 48;
+    let fits =
+        device < 32 && class < 256 && value < COMPACT_VALUE && id & 0xff == 0 && id < 1 << 48;
     fits.then(|| {
         [
             u64::from(kind)
@@ -123,7 +128,9 @@ fn compact(
     })
 }
 
-/// The latest tick up to `now` whose low `bits` bits are `low`.
+/// The latest tick up to `now` whose low `bits` bits are `low` (a full
+/// record's tick, read less than 2^32 ticks, 49 days, after it was
+/// written).
 #[inline]
 fn restore(now: u64, low: u64, bits: u32) -> u64 {
     let mask = (1u64 << bits) - 1;
@@ -157,6 +164,10 @@ struct Producer {
     /// The thread the ring's last marker names (only the producer reads
     /// and writes it; 0 before the first, which no thread's name is).
     thread: AtomicU64,
+    /// The tick of the last record written (only the producer reads and
+    /// writes it; 0 before the first): a compact record's tick is written
+    /// as its distance from it, so it must be less than 2^24 ticks away.
+    last_tick: AtomicU64,
     /// Records dropped because the ring was full.
     lost: AtomicU64,
 }
@@ -175,6 +186,9 @@ pub(crate) struct Ring {
     /// The thread the reader's last marker named (only the reader reads
     /// and writes it).
     reader_thread: AtomicU64,
+    /// The tick of the last record read (only the reader reads and writes
+    /// it): the producer's `last_tick` as of the next record.
+    reader_tick: AtomicU64,
     /// Records lost that the background thread has reported.
     lost_reported: AtomicU64,
     /// For a shared ring: serialises the producers.
@@ -196,10 +210,12 @@ impl Ring {
                 head: AtomicUsize::new(0),
                 tail_seen: AtomicUsize::new(0),
                 thread: AtomicU64::new(0),
+                last_tick: AtomicU64::new(0),
                 lost: AtomicU64::new(0),
             }),
             tail: CachePadded::new(AtomicUsize::new(0)),
             reader_thread: AtomicU64::new(0),
+            reader_tick: AtomicU64::new(0),
             lost_reported: AtomicU64::new(0),
             lock: shared.then(|| Mutex::new(())),
         }
@@ -212,23 +228,60 @@ impl Ring {
     /// is shared.
     #[inline]
     pub(crate) fn push(&self, head: u64, thread: u64, id: u64, a: u64, b: u64) {
-        self.append(thread, |tick| [[head | tick << 32, id], [a, b]]);
+        let _guard = self.lock();
+        let tick = self.clock.now();
+        self.append(thread, tick, [[head | tick << 32, id], [a, b]]);
     }
 
     /// Records `words` ([`compact_take`], [`compact_drop`]), written by
-    /// `thread`, stamped with the clock now, in one slot; the caller as
-    /// for [`Ring::push`].
+    /// `thread`, stamped with the clock now, in one slot (in two, as
+    /// [`Ring::push`] writes them, if 2^24 ticks or more have passed since
+    /// the ring's last record); the caller as for [`Ring::push`].
     #[inline]
     pub(crate) fn push_compact(&self, thread: u64, words: [u64; 2]) {
-        self.append(thread, |tick| [[words[0] | (tick & LOW24) << 24, words[1]]]);
+        let _guard = self.lock();
+        let tick = self.clock.now();
+        // Relaxed: only the producer (or the lock's holder) writes it.
+        // A clock set back (only tests set it) writes a full record.
+        if tick.wrapping_sub(self.producer.last_tick.load(Ordering::Relaxed)) <= LOW24 {
+            self.append(thread, tick, [[words[0] | (tick & LOW24) << 24, words[1]]]);
+        } else {
+            let [head, id, a, b] = self.expand(words, thread);
+            self.append(thread, tick, [[head | tick << 32, id], [a, b]]);
+        }
     }
 
+    /// For a shared ring: its lock, held while a record is stamped and
+    /// written, so that the ring's ticks never go back.
     #[inline(always)]
-    fn append<const N: usize>(&self, thread: u64, record: impl FnOnce(u64) -> [[u64; 2]; N]) {
-        let _guard = self
-            .lock
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.lock
             .as_ref()
-            .map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
+            .map(|l| l.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A compact record's file words (kind, flags, device; the buffer,
+    /// `a`, `b`) with `thread` as the writer, its tick left out.
+    #[inline]
+    fn expand(&self, [w0, w1]: [u64; 2], thread: u64) -> [u64; 4] {
+        let kind = (w0 & 0xff & !COMPACT) as u8;
+        let value = (w0 >> 48) << 24 | (w1 & LOW24);
+        let head = file_head(kind, (w0 >> 8) as u8 & 7, (w0 >> 11) as u16 & 31);
+        let b = if kind == TAKE {
+            let class = (w0 >> 16) as usize & 0xff;
+            debug_assert!(class < self.sizes.len(), "class {class} of a compact take");
+            self.sizes.get(class).copied().unwrap_or(0)
+        } else {
+            thread
+        };
+        [head, (w1 >> 24) << 8, value, b]
+    }
+
+    /// Writes `record`'s slots, stamped `tick`, by `thread`, or counts
+    /// the record lost if they do not fit; under the caller's lock for a
+    /// shared ring.
+    #[inline(always)]
+    fn append<const N: usize>(&self, thread: u64, tick: u64, record: [[u64; 2]; N]) {
         let p = &self.producer;
         // Relaxed: only the producer (or the lock's holder) writes these.
         let mut at = p.head.load(Ordering::Relaxed);
@@ -246,16 +299,16 @@ impl Ring {
                 return;
             }
         }
-        let tick = self.clock.now();
         if !named {
             self.write(at, [THREAD, thread]);
             at = at.wrapping_add(1);
             p.thread.store(thread, Ordering::Relaxed);
         }
-        for words in record(tick) {
+        for words in record {
             self.write(at, words);
             at = at.wrapping_add(1);
         }
+        p.last_tick.store(tick, Ordering::Relaxed);
         prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]);
         // Release: publishes the slots' words to the reader's Acquire load
         // of `head`.
@@ -264,7 +317,7 @@ impl Ring {
 
     #[inline(always)]
     fn write(&self, at: usize, words: [u64; 2]) {
-        for (cell, word) in self.slots[at & self.mask].iter().zip(words) {
+        for (cell, word) in self.slots[at & self.mask].0.iter().zip(words) {
             // Relaxed: published by the Release of `head` in `append`.
             cell.store(word, Ordering::Relaxed);
         }
@@ -297,8 +350,9 @@ impl Ring {
         let tail = self.tail.load(Ordering::Relaxed);
         let mut thread = self.reader_thread.load(Ordering::Relaxed);
         let mut at = tail;
+        let mut last = self.reader_tick.load(Ordering::Relaxed);
         let read = |at: usize| -> [u64; 2] {
-            let slot = &self.slots[at & self.mask];
+            let slot = &self.slots[at & self.mask].0;
             // Relaxed: below `head`, published by its Acquire.
             [
                 slot[0].load(Ordering::Relaxed),
@@ -315,24 +369,18 @@ impl Ring {
                 continue;
             }
             if kind & COMPACT != 0 {
-                let kind = (kind & !COMPACT) as u8;
-                let tick = restore(now, (w0 >> 24) & LOW24, 24);
-                let value = (w0 >> 48) << 24 | (w1 & LOW24);
-                let head = file_head(kind, (w0 >> 8) as u8 & 7, (w0 >> 11) as u16 & 31);
-                let b = if kind == TAKE {
-                    let class = (w0 >> 16) as usize & 0xff;
-                    self.sizes.get(class).copied().unwrap_or(0)
-                } else {
-                    thread
-                };
-                out.push([head, tick, thread, (w1 >> 24) << 8, value, b]);
+                // Less than 2^24 ticks after the ring's last record.
+                last += ((w0 >> 24) & LOW24).wrapping_sub(last) & LOW24;
+                let [head, id, a, b] = self.expand([w0, w1], thread);
+                out.push([head, last, thread, id, a, b]);
                 continue;
             }
             let [a, b] = read(at);
             at = at.wrapping_add(1);
-            let tick = restore(now, w0 >> 32, 32);
-            out.push([w0 & 0xffff_ffff, tick, thread, w1, a, b]);
+            last = restore(now, w0 >> 32, 32);
+            out.push([w0 & 0xffff_ffff, last, thread, w1, a, b]);
         }
+        self.reader_tick.store(last, Ordering::Relaxed);
         self.reader_thread.store(thread, Ordering::Relaxed);
         // Release: the producer's Acquire of `tail` sees these reads done
         // before it reuses the slots.
@@ -644,5 +692,66 @@ mod tests {
                 .collect();
             assert!(out.iter().zip(&ids).all(|(w, id)| w[1] == *id), "{out:?}");
         }
+    }
+
+    /// The drain reaching the ring more than 2^24 ticks after its records
+    /// were written (a process stopped for hours, a trace on a pipe no one
+    /// reads): every record comes back at its own tick, the compact ones
+    /// too.
+    #[test]
+    fn a_drain_more_than_2_24_ticks_late_restores_every_tick() {
+        let clock = Arc::new(Clock::new());
+        let ring = ring(16, Arc::clone(&clock), false);
+        clock.set(1000);
+        ring.push(file_head(TAKE, 6, 0), 1, 1 << 8, 5000, 8192);
+        ring.push_compact(1, compact_take(0, 0, 0, 2 << 8, 64).unwrap());
+        ring.push(file_head(DROP, 0, 0), 1, 2 << 8, 1 << 40, 1);
+        ring.push_compact(1, compact_drop(0, 0, 1 << 8, 64).unwrap());
+        clock.set(1000 + (1 << 24) + 1);
+        let mut out = Vec::new();
+        ring.drain(&mut out);
+        let ticks: Vec<u64> = out.iter().map(|w| w[1]).collect();
+        assert_eq!(ticks, [1000; 4], "{out:?}");
+    }
+
+    /// A compact record 2^24 ticks or more after the ring's last record
+    /// is written whole, with its own tick and values; one just under
+    /// stays compact.
+    #[test]
+    fn a_record_long_after_the_last_keeps_its_tick() {
+        let clock = Arc::new(Clock::new());
+        let mut out = Vec::new();
+        for gap in [(1u64 << 24) - 1, 1 << 24, (1 << 24) + 1, 3 << 30] {
+            clock.set(7);
+            let first = ring(16, Arc::clone(&clock), false);
+            first.push_compact(2, compact_take(3, 5, 1, 256, 9).unwrap());
+            clock.set(7 + gap);
+            first.push_compact(2, compact_drop(DROP_BOTH, 5, 256, 8).unwrap());
+            first.push_compact(2, compact_take(3, 5, 2, 512, 9).unwrap());
+            out.clear();
+            first.drain(&mut out);
+            let late = 7 + gap;
+            assert_eq!(
+                out,
+                [
+                    [file_head(TAKE, 3, 5), 7, 2, 256, 9, 101],
+                    [file_head(DROP, DROP_BOTH, 5), late, 2, 256, 8, 2],
+                    [file_head(TAKE, 3, 5), late, 2, 512, 9, 102],
+                ],
+                "gap {gap}"
+            );
+        }
+    }
+
+    /// Flags no compact record holds: a code that is no source's, and a
+    /// drop by another thread than the taker's.
+    #[test]
+    fn flags_a_compact_record_cannot_hold_are_refused() {
+        assert_eq!(compact_take(7, 0, 0, 256, 1), None);
+        assert!(compact_take(6, 0, 0, 256, 1).is_some());
+        let remote = super::super::format::DROP_REMOTE;
+        assert_eq!(compact_drop(remote, 0, 256, 1), None);
+        assert_eq!(compact_drop(remote | DROP_BOTH, 0, 256, 1), None);
+        assert!(compact_drop(DROP_BOTH, 0, 256, 1).is_some());
     }
 }

@@ -100,9 +100,10 @@ struct FileState {
 impl Tracer {
     /// Creates the file at `path`, writes `header` (to which the clock is
     /// added) and starts the background thread, for a pool whose classes
-    /// have the lengths `sizes`; returns the tracer and the path it writes. A file another pool of this process is writing is
-    /// an error (`AlreadyExists`), or when `lenient`, the first of
-    /// `PATH.2`, `PATH.3`, ... that none is writing, with a warning.
+    /// have the lengths `sizes`; returns the tracer and the path it
+    /// writes. A file another pool of this process is writing is an error
+    /// (`AlreadyExists`), or when `lenient`, the first of `PATH.2`,
+    /// `PATH.3`, ... that none is writing, with a warning.
     pub(crate) fn start(
         path: &Path,
         mut header: Header,

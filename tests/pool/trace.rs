@@ -869,3 +869,132 @@ fn every_device_and_size_reads_back_as_taken_and_dropped() {
         );
     }
 }
+
+/// Sizes at and around every class's edges, from 0 bytes to 8 MiB.
+fn edge_sizes(classes: pinpool::SizeClasses) -> Vec<usize> {
+    let mut sizes = vec![
+        0usize, 1, 2, 3, 7, 8, 9, 127, 128, 129, 255, 256, 257, 511, 512, 513,
+    ];
+    for k in 10..=23u32 {
+        let p = 1usize << k;
+        sizes.extend([p - 1, p, p + 1]);
+        if matches!(classes, pinpool::SizeClasses::Fine) && k >= 12 {
+            for j in 1..8 {
+                let s = p + j * (p >> 3);
+                sizes.extend([s - 1, s, s + 1]);
+            }
+        }
+    }
+    sizes
+}
+
+/// Every class edge, both class tables, devices 0, 30, 31, 32, 33: each
+/// take (a miss, then the same size again from the thread's own cache),
+/// each drop and each buffer left out reads back exactly as made.
+#[test]
+fn every_class_edge_reads_back_exactly() {
+    for classes in [
+        pinpool::SizeClasses::Fine,
+        pinpool::SizeClasses::PowersOfTwo,
+    ] {
+        let path = TempPath::new("edges");
+        let pool = Pool::builder()
+            .backend(BackendKind::Host)
+            .devices(40)
+            .size_classes(classes)
+            .cleaner_threads(1)
+            .trace(&path.0)
+            .build()
+            .expect("a traced pool");
+        let (mut made_takes, mut made_drops, mut kept, mut kept_made) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (n, &asked) in edge_sizes(classes).iter().enumerate() {
+            let device = [0usize, 30, 31, 32, 33][n % 5];
+            for round in 0..3 {
+                let mut buf = pool.take_on(device, asked).unwrap();
+                let rec = (
+                    device as u16,
+                    asked as u64,
+                    buf.len() as u64,
+                    buf.as_ptr() as u64,
+                );
+                made_takes.push(rec);
+                if round == 2 && n % 4 == 0 {
+                    kept_made.push(rec);
+                    kept.push(buf);
+                    continue;
+                }
+                let written = match round {
+                    0 => buf.len(),
+                    1 => 0,
+                    _ => buf.len() / 3,
+                };
+                buf[..written].fill(7);
+                buf.set_dirty_len(written);
+                made_drops.push((device as u16, rec.3, written as u64));
+                drop(buf);
+            }
+        }
+        drop(pool);
+        let trace = Trace::read(&path.0).expect("the trace reads");
+        drop(kept);
+        assert!(
+            matches!(trace.records.last(), Some(Record::End { lost: 0, .. })),
+            "lost: {:?}",
+            trace.records.last()
+        );
+        let got_takes: Vec<_> = takes(&trace)
+            .iter()
+            .map(|r| match *r {
+                Record::Take {
+                    device,
+                    asked,
+                    len,
+                    id,
+                    ..
+                } => (device, asked, len, id),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(got_takes.len(), made_takes.len());
+        for (i, (g, m)) in got_takes.iter().zip(&made_takes).enumerate() {
+            assert_eq!(g, m, "{classes:?} take {i}");
+        }
+        let got_drops: Vec<_> = drops(&trace)
+            .iter()
+            .map(|r| match *r {
+                Record::Drop {
+                    device,
+                    id,
+                    dirty,
+                    thread,
+                    taker,
+                    remote,
+                    ..
+                } => {
+                    assert!(thread == taker && !remote, "{r:?}");
+                    (device, id, dirty)
+                }
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(got_drops, made_drops, "{classes:?}");
+        let mut out: Vec<_> = trace
+            .records
+            .iter()
+            .filter_map(|r| match *r {
+                Record::Outstanding {
+                    device,
+                    asked,
+                    len,
+                    id,
+                    ..
+                } => Some((device, asked, len, id)),
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        kept_made.sort();
+        assert_eq!(out, kept_made, "{classes:?}");
+    }
+}
