@@ -137,15 +137,40 @@ fn restore(now: u64, low: u64, bits: u32) -> u64 {
     now - (now.wrapping_sub(low) & mask)
 }
 
+/// Whether the processor has `prefetchw` (CPUID leaf 0x8000_0001, ECX bit
+/// 8: PRFCHW, AMD's 3DNowPrefetch), read once.
+fn has_prefetch_for_write() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            #[allow(unused_unsafe)]
+            // SAFETY: CPUID exists on every x86_64 processor, and the
+            // extended leaf is read only where leaf 0x8000_0000 says it
+            // exists.
+            let ecx = unsafe {
+                (__cpuid(0x8000_0000).eax >= 0x8000_0001).then(|| __cpuid(0x8000_0001).ecx)
+            };
+            ecx.is_some_and(|ecx| ecx >> 8 & 1 == 1)
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Asks for the cache line at `p` in a state to be written, so that the
 /// store there later does not wait for it (the ring's lines are written
-/// once per pass, long after the background thread read them).
+/// once per pass, long after the background thread read them). Only
+/// where [`has_prefetch_for_write`].
 #[inline(always)]
 fn prefetch_for_write(p: *const Slot) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `prefetchw` is a hint: it reads nothing into a register,
-    // writes no memory and cannot fault, whatever the address (processors
-    // without it execute it as a no-op). `p` points into the ring's slots.
+    // SAFETY: the caller checked that the processor has `prefetchw`. It
+    // is a hint: it writes no register and no memory, reads nothing the
+    // program sees, and does not fault whatever the address (a prefetch
+    // "does not affect program behavior", Intel's manual says); `p`
+    // points into the ring's slots besides.
     unsafe {
         std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
     }
@@ -193,6 +218,8 @@ pub(crate) struct Ring {
     lost_reported: AtomicU64,
     /// For a shared ring: serialises the producers.
     lock: Option<Mutex<()>>,
+    /// Whether to prefetch the lines ahead for writing.
+    prefetch: bool,
 }
 
 impl Ring {
@@ -218,6 +245,7 @@ impl Ring {
             reader_tick: AtomicU64::new(0),
             lost_reported: AtomicU64::new(0),
             lock: shared.then(|| Mutex::new(())),
+            prefetch: has_prefetch_for_write(),
         }
     }
 
@@ -309,7 +337,9 @@ impl Ring {
             at = at.wrapping_add(1);
         }
         p.last_tick.store(tick, Ordering::Relaxed);
-        prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]);
+        if self.prefetch {
+            prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]);
+        }
         // Release: publishes the slots' words to the reader's Acquire load
         // of `head`.
         p.head.store(at, Ordering::Release);
