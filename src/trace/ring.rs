@@ -24,12 +24,14 @@
 //!   shifted right by 8. A compact drop's taker is the thread that wrote
 //!   it. The reader restores the tick from the ring's previous record's
 //!   (which it has read), so a record 2^24 ticks (4.6 hours) or more after
-//!   the ring's previous one is written full instead; a full record's tick
+//!   the last one the ring holds (lost ones do not count) is written full
+//!   instead, as is one stamped by a clock set back; a full record's tick
 //!   is restored from the reader's clock, which is right for a record read
 //!   less than 2^32 ticks (49 days) after it was written.
 //!
-//! A take and its drop in compact slots take 32 bytes, half a cache line
-//! (slots are aligned to their size), against 64 for two full records.
+//! A take and its drop in compact slots take 32 bytes, half a cache line's
+//! worth (slots are aligned to their size, four to a line; two adjacent
+//! ones may lie in two lines), against 64 for two full records.
 //!
 //! The thread is not in the record: a ring records which thread wrote its
 //! next records with a marker (one slot), written only when the writing
@@ -134,7 +136,8 @@ fn compact(
 #[inline]
 fn restore(now: u64, low: u64, bits: u32) -> u64 {
     let mask = (1u64 << bits) - 1;
-    now - (now.wrapping_sub(low) & mask)
+    // Wrapping: only a clock set back (tests do) makes `now` less.
+    now.wrapping_sub(now.wrapping_sub(low) & mask)
 }
 
 /// Whether the processor has `prefetchw` (CPUID leaf 0x8000_0001, ECX bit
@@ -161,13 +164,16 @@ fn has_prefetch_for_write() -> bool {
 
 /// Asks for the cache line at `p` in a state to be written, so that the
 /// store there later does not wait for it (the ring's lines are written
-/// once per pass, long after the background thread read them). Only
-/// where [`has_prefetch_for_write`].
+/// once per pass, long after the background thread read them).
+///
+/// # Safety
+///
+/// The processor has `prefetchw` ([`has_prefetch_for_write`]).
 #[inline(always)]
-fn prefetch_for_write(p: *const Slot) {
+unsafe fn prefetch_for_write(p: *const Slot) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller checked that the processor has `prefetchw`. It
-    // is a hint: it writes no register and no memory, reads nothing the
+    // SAFETY: the processor has `prefetchw` (the caller's promise). It is
+    // a hint: it writes no register and no memory, reads nothing the
     // program sees, and does not fault whatever the address (a prefetch
     // "does not affect program behavior", Intel's manual says); `p`
     // points into the ring's slots besides.
@@ -189,9 +195,11 @@ struct Producer {
     /// The thread the ring's last marker names (only the producer reads
     /// and writes it; 0 before the first, which no thread's name is).
     thread: AtomicU64,
-    /// The tick of the last record written (only the producer reads and
-    /// writes it; 0 before the first): a compact record's tick is written
-    /// as its distance from it, so it must be less than 2^24 ticks away.
+    /// The tick of the last record written, not counting those lost (only
+    /// the producer reads and writes it; 0 before the first): a compact
+    /// record keeps its tick's low 24 bits, from which the reader, which
+    /// knows this tick, restores it, so it must be less than 2^24 ticks
+    /// after it.
     last_tick: AtomicU64,
     /// Records dropped because the ring was full.
     lost: AtomicU64,
@@ -264,7 +272,8 @@ impl Ring {
     /// Records `words` ([`compact_take`], [`compact_drop`]), written by
     /// `thread`, stamped with the clock now, in one slot (in two, as
     /// [`Ring::push`] writes them, if 2^24 ticks or more have passed since
-    /// the ring's last record); the caller as for [`Ring::push`].
+    /// the ring's last record written, or the clock went back); the caller
+    /// as for [`Ring::push`].
     #[inline]
     pub(crate) fn push_compact(&self, thread: u64, words: [u64; 2]) {
         let _guard = self.lock();
@@ -297,7 +306,6 @@ impl Ring {
         let head = file_head(kind, (w0 >> 8) as u8 & 7, (w0 >> 11) as u16 & 31);
         let b = if kind == TAKE {
             let class = (w0 >> 16) as usize & 0xff;
-            debug_assert!(class < self.sizes.len(), "class {class} of a compact take");
             self.sizes.get(class).copied().unwrap_or(0)
         } else {
             thread
@@ -338,7 +346,8 @@ impl Ring {
         }
         p.last_tick.store(tick, Ordering::Relaxed);
         if self.prefetch {
-            prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]);
+            // SAFETY: `prefetch` is `has_prefetch_for_write()`.
+            unsafe { prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]) };
         }
         // Release: publishes the slots' words to the reader's Acquire load
         // of `head`.
@@ -783,5 +792,126 @@ mod tests {
         assert_eq!(compact_drop(remote, 0, 256, 1), None);
         assert_eq!(compact_drop(remote | DROP_BOTH, 0, 256, 1), None);
         assert!(compact_drop(DROP_BOTH, 0, 256, 1).is_some());
+    }
+
+    /// A compact take of buffer `id << 8` with `value` asked.
+    fn ct(id: u64, value: u64) -> [u64; 2] {
+        compact_take(0, 0, 1, id << 8, value).unwrap()
+    }
+
+    /// A record lost to a full ring between a compact record and its
+    /// predecessor, with a gap of 2^24 and more after the last one written.
+    #[test]
+    fn a_record_lost_before_a_long_gap_leaves_the_last_tick_as_read() {
+        let clock = Arc::new(Clock::new());
+        let ring = ring(4, Arc::clone(&clock), false);
+        let mut out = Vec::new();
+        clock.set(100);
+        ring.push_compact(1, ct(0, 100)); // marker + 1 slot
+        ring.push_compact(1, ct(1, 100)); // 3 slots
+        ring.push_compact(1, ct(2, 100)); // 4 slots: full
+        clock.set(100 + (1 << 23));
+        ring.push_compact(1, ct(3, 0)); // lost
+        clock.set(100 + (1 << 24) + 7);
+        ring.push_compact(1, ct(4, 0)); // lost (needs 2, 0 free)
+        assert_eq!(ring.drain(&mut out), 2);
+        // last_tick is still 100: this must be full
+        ring.push_compact(1, ct(5, 100 + (1 << 24) + 7));
+        clock.set(100 + (1 << 24) + 9);
+        ring.push_compact(1, ct(6, 100 + (1 << 24) + 9));
+        ring.drain(&mut out);
+        clock.set(100 + 3 * (1 << 24) - 1);
+        ring.push_compact(1, ct(7, 100 + 3 * (1 << 24) - 1)); // full
+        ring.drain(&mut out);
+        for w in &out {
+            assert_eq!(w[1], w[4], "{w:?}");
+        }
+        assert_eq!(out.len(), 6);
+    }
+
+    /// Random gaps around multiples of 2^24, full and compact records,
+    /// the writer changing (a cache passed on), drains to random bounds
+    /// `published` gave, small rings: every tick comes back exact.
+    #[test]
+    fn random_gaps_writers_and_drain_bounds_keep_every_tick() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut rand = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let gaps = [
+            0u64,
+            1,
+            2,
+            (1 << 24) - 2,
+            (1 << 24) - 1,
+            1 << 24,
+            (1 << 24) + 1,
+            (1 << 25) - 1,
+            1 << 25,
+        ];
+        for cap in [4usize, 8, 16, 64] {
+            for round in 0..300 {
+                let clock = Arc::new(Clock::new());
+                let start = [0u64, (1 << 24) - 3, (1 << 32) - 5, rand() % (1 << 40)][round % 4];
+                clock.set(start);
+                let ring = ring(cap, Arc::clone(&clock), round % 2 == 0);
+                let (mut pushed, mut lost, mut out) = (0u64, 0u64, Vec::new());
+                let mut bounds: Vec<usize> = Vec::new();
+                let mut thread = 1u64;
+                let mut since_drain = 0;
+                for _ in 0..400 {
+                    let r = rand();
+                    if r % 6 == 0 || since_drain > 50 {
+                        since_drain = 0;
+                        if r % 12 == 0 && !bounds.is_empty() {
+                            let b = bounds[(r >> 32) as usize % bounds.len()];
+                            lost += ring.drain_to(&mut out, b);
+                        } else {
+                            lost += ring.drain(&mut out);
+                        }
+                        bounds.clear();
+                        continue;
+                    }
+                    since_drain += 1;
+                    let g = if r >> 10 & 1 == 0 {
+                        gaps[(r >> 12) as usize % gaps.len()]
+                    } else {
+                        (r >> 16) % 3
+                    };
+                    clock.set(clock.now() + g);
+                    if r >> 40 & 15 == 0 {
+                        thread += 1;
+                    }
+                    let t = clock.now();
+                    if r >> 20 & 3 == 0 {
+                        ring.push(3, thread, pushed, t, thread);
+                    } else {
+                        ring.push_compact(thread, compact_take(0, 0, 2, pushed << 8, t).unwrap());
+                    }
+                    pushed += 1;
+                    bounds.push(ring.published());
+                }
+                lost += ring.drain(&mut out);
+                assert_eq!(out.len() as u64 + lost, pushed, "cap {cap}");
+                for w in &out {
+                    assert_eq!(
+                        w[1], w[4],
+                        "tick wrong: cap {cap} round {round} start {start} {w:?}"
+                    );
+                }
+                let index = |w: &[u64; 6]| if w[0] == 3 { w[3] } else { w[3] >> 8 };
+                assert!(out.windows(2).all(|w| index(&w[0]) < index(&w[1])));
+                for w in &out {
+                    if w[0] == 3 {
+                        assert_eq!(w[2], w[5]);
+                    } else {
+                        assert_eq!(w[5], SIZES[2]);
+                    }
+                }
+            }
+        }
     }
 }
