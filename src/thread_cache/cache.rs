@@ -411,7 +411,8 @@ impl ThreadCache {
     #[inline]
     fn thread_name(&self, owned: bool) -> u64 {
         if owned {
-            // Relaxed: the owner wrote it before its first take.
+            // Relaxed: `owned` means this thread read its own token here
+            // (`is_owned_here`, `Caches::local`), which only it replaces.
             self.owner.token.load(Ordering::Relaxed)
         } else {
             per_thread::current_name()
