@@ -122,9 +122,10 @@ pub(crate) trait Tuning {
     /// workload of small buffers pins them a region at a time.
     const REGION_MIN: usize;
 
-    /// The largest region registered for several buffers (a buffer larger
-    /// than this gets a region of its own size). Well below the 512 GiB
-    /// that one registration may not reach on recent drivers.
+    /// The largest region the pool registers, regions folded into a growth
+    /// included (a buffer larger than this alone gets a region of its own
+    /// size): well below the 512 GiB that one registration may not reach
+    /// on recent drivers.
     const REGION_MAX: usize;
 
     /// Buffers of at least this footprint are carved from a device's large
@@ -174,7 +175,7 @@ impl Tuning for Production {
     const ZERO_BACKLOG: usize = 2 << 30;
     const ZERO_BACKLOG_MIN: usize = 64 << 20;
     const REGION_MIN: usize = 2 << 20;
-    const REGION_MAX: usize = 1 << 30;
+    const REGION_MAX: usize = 256 << 30;
     const LARGE_BUFFER: usize = 256 << 10;
 }
 
@@ -203,7 +204,8 @@ impl Tuning for Small {
     const ZERO_BACKLOG: usize = 64;
     const ZERO_BACKLOG_MIN: usize = 64;
     const REGION_MIN: usize = 8;
-    const REGION_MAX: usize = 64;
+    // No bound the models reach: a region is what its growth wants.
+    const REGION_MAX: usize = 1 << 30;
     // Above a page: the models' buffers (one page each) come from small
     // regions, themselves carved from large ones.
     const LARGE_BUFFER: usize = 2 << 12;
@@ -221,6 +223,7 @@ const fn check<T: Tuning>() {
     assert!(T::MAX_SHIFT < usize::BITS && T::STACK_FIRST_PAGE_SHIFT < 32);
     assert!(T::ZERO_BACKLOG_MIN <= T::ZERO_BACKLOG);
     assert!(T::SWEEP_MIN.as_nanos() <= T::SWEEP_MAX.as_nanos());
+    assert!(T::REGION_MIN <= T::REGION_MAX);
 }
 
 const _: () = check::<Production>();

@@ -80,6 +80,29 @@ pub(super) fn map(bytes: usize) -> Result<NonNull<u8>, Error> {
     Ok(NonNull::new(ptr.cast()).expect("mmap never returns null on success"))
 }
 
+/// Moves the pages of the mapping of `len` bytes at `from` to `to`, in
+/// place of what is mapped there, without copying or faulting them again
+/// (`mremap`); the range at `from` is unmapped. False if the kernel
+/// refused, and then nothing moved: `from` is still mapped.
+///
+/// # Safety
+/// `[from, from + len)` is a whole mapping (or part of one) that nobody
+/// reads or writes from now on, and `[to, to + len)` lies in a mapping the
+/// caller owns and nobody else uses.
+pub(super) unsafe fn move_pages(from: *mut u8, len: usize, to: *mut u8) -> bool {
+    // SAFETY: the caller's guarantee: both ranges are the caller's alone.
+    let moved = unsafe {
+        libc::mremap(
+            from.cast(),
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to.cast::<libc::c_void>(),
+        )
+    };
+    moved != libc::MAP_FAILED
+}
+
 /// Maps `bytes` aligned to the huge page and advises huge pages: over-maps
 /// by one huge page, then unmaps the unaligned head and tail.
 pub(super) fn map_huge(bytes: usize) -> Result<NonNull<u8>, Error> {

@@ -23,6 +23,11 @@
 //! sweep once the demand has stopped rising: see
 //! [`GROWTH_SETTLE`](Tuning::GROWTH_SETTLE)).
 //!
+//! A growth folds the set's wholly free regions into the region it
+//! registers, their pages moved rather than faulted again (see
+//! [`Regions::unlist_to_fold`] and [`Regions::grow`]), so a set keeps a
+//! few large regions whose extents can hold its largest buffers.
+//!
 //! A set lists the regions that takes may carve from; the
 //! list's lock is held across a carve, so a region is unlisted (to be
 //! unregistered and unmapped) only while no carve can pick it. A region is
@@ -46,7 +51,7 @@ use crate::sync::track::Track;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::tune::{Tune, Tuning};
 
-use super::mmap::{huge_page_size, map, map_huge};
+use super::mmap::{huge_page_size, map, map_huge, move_pages};
 
 /// What a set of regions falls short of (see
 /// [`Regions::take_shortfall`]): `want` bytes to grow by, headroom
@@ -273,6 +278,13 @@ impl Unlisted {
         None
     }
 
+    /// Forgets the region, whose pages were moved elsewhere (see
+    /// `move_into`): nothing is left mapped at its base.
+    fn forget_moved(self) {
+        // SAFETY: as in `free`; the mapping is gone already.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+
     /// Forgets the region: it stays mapped, and registered if it was.
     pub(crate) fn leak(self) {
         // SAFETY: as in `free`; the mapping is not touched.
@@ -386,11 +398,10 @@ impl Regions {
     /// The length of the next region, for `want` bytes of which at least
     /// `least` (a buffer that must fit whole): at least
     /// [`REGION_MIN`](Tuning::REGION_MIN), at most
-    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `want` alone is more, in
+    /// [`REGION_MAX`](Tuning::REGION_MAX) unless `least` alone is more, in
     /// huge pages once it is one or more, and never less than `least`.
     pub(crate) fn next_len(&self, want: usize, least: usize) -> usize {
-        let want = want.max(least);
-        self.fit_len(want.clamp(Tune::REGION_MIN, Tune::REGION_MAX.max(want)))
+        self.fit_len(want.clamp(Tune::REGION_MIN, Tune::REGION_MAX).max(least))
     }
 
     /// Notes a take that found no memory (a pool miss), or one that carved
@@ -594,29 +605,45 @@ impl Regions {
     }
 
     /// Maps a region of `len` bytes, registers it through `register` (if
-    /// given), and lists it, wholly free. On a registration failure the
-    /// mapping is freed and the error returned.
+    /// given), and lists it, wholly free. The pages of `fold` (wholly free
+    /// regions of this set, unlisted and unregistered: see
+    /// [`unlist_to_fold`](Self::unlist_to_fold)) are moved into it rather
+    /// than faulted in again, where the kernel allows (else they are
+    /// freed); the rest is pre-faulted. On a registration failure the
+    /// mapping, with the pages moved into it, is freed and the error
+    /// returned.
     pub(crate) fn grow(
         &self,
         len: usize,
+        fold: Vec<Unlisted>,
         register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>>,
     ) -> Result<(), Error> {
-        let ptr = if len >= huge_page_size() {
-            map_huge(len)?
+        let mapped = if len >= huge_page_size() {
+            map_huge(len)
         } else {
-            map(len)?
+            map(len)
+        };
+        let ptr = match mapped {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                fold.into_iter().for_each(free_folded);
+                return Err(e);
+            }
         };
         if let Some(node) = self.node {
             if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), len, node) {
                 tracing::debug!(node, %error, "pinpool: a region could not be bound to its NUMA node");
             }
         }
+        let moved = move_into(ptr.as_ptr(), len, fold);
         let registered = match register {
             Some(register) => {
-                prefault(ptr.as_ptr(), len);
+                // SAFETY: `moved <= len`: inside the mapping.
+                prefault(unsafe { ptr.as_ptr().add(moved) }, len - moved);
                 if let Err(e) = register(ptr.as_ptr(), len) {
-                    // SAFETY: the mapping was just made, unregistered, and
-                    // nothing was carved from it.
+                    // SAFETY: the mapping was just made (with the pages
+                    // moved into it, which nothing holds), unregistered,
+                    // and nothing was carved from it.
                     unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
                     return Err(e);
                 }
@@ -674,9 +701,80 @@ impl Regions {
     /// last block.
     pub(crate) fn unlist_idle(
         &self,
-        mut pick: impl FnMut(usize, std::time::Duration) -> bool,
+        pick: impl FnMut(usize, std::time::Duration) -> bool,
         all: bool,
     ) -> Vec<Unlisted> {
+        let (out, unlisted) = self.unlist(pick, all);
+        if unlisted {
+            // Demand from before counts no more once regions go: what is
+            // carved now is what the rest must hold, not the peak the
+            // unlisted ones met (else the next tick would grow them back).
+            self.reset_peak();
+        }
+        out
+    }
+
+    /// Unlists wholly free regions for the grower to fold into the region
+    /// of `len` bytes it registers next (see `Cleaner::grow`), so that a
+    /// set's memory gathers in a few large regions, whose free extents
+    /// can hold its largest buffers, instead of scattering over one region
+    /// per growth. Smallest first, each no larger than the new region has
+    /// grown so far (so that a large region is not registered again to add
+    /// a little to it: region sizes grow geometrically), within
+    /// [`REGION_MAX`](Tuning::REGION_MAX). The demand peak stays: the new
+    /// region holds these bytes again.
+    pub(crate) fn unlist_to_fold(&self, len: usize) -> Vec<Unlisted> {
+        let mut lens = Vec::new();
+        {
+            let list = self.list.lock();
+            for &region in list.iter() {
+                // SAFETY: listed regions are live.
+                let this = unsafe { region.as_ref() };
+                if this.state.lock().out == 0 {
+                    lens.push(this.len);
+                }
+            }
+        }
+        lens.sort_unstable();
+        let mut total = len;
+        let mut fold = Vec::new();
+        for l in lens {
+            if l > total || total + l > Tune::REGION_MAX {
+                break;
+            }
+            total += l;
+            fold.push(l);
+        }
+        // Unlisted by length: a region carved from since is not picked
+        // (only wholly free ones are offered), and another free one of the
+        // same length may go in its place.
+        let pick = |region_len: usize, _| match fold.iter().position(|&l| l == region_len) {
+            Some(i) => {
+                fold.swap_remove(i);
+                true
+            }
+            None => false,
+        };
+        self.unlist(pick, false).0
+    }
+
+    /// Unlists the regions nothing is carved from, the demand peak left as
+    /// it is: a small set's wholly free sub-regions, given back to their
+    /// parents before those are folded (see
+    /// [`unlist_to_fold`](Self::unlist_to_fold)), so that a sub-region
+    /// nothing uses does not keep its parent from folding.
+    pub(crate) fn unlist_free(&self) -> Vec<Unlisted> {
+        self.unlist(|_, _| true, false).0
+    }
+
+    /// [`unlist_idle`](Self::unlist_idle), the demand peak left as it is;
+    /// also whether any region was unlisted (those with blocks out are not
+    /// returned).
+    fn unlist(
+        &self,
+        mut pick: impl FnMut(usize, std::time::Duration) -> bool,
+        all: bool,
+    ) -> (Vec<Unlisted>, bool) {
         let now = Instant::now();
         let mut list = self.list.lock();
         let mut out = Vec::new();
@@ -707,13 +805,8 @@ impl Regions {
             }
             false
         });
-        if list.len() < before {
-            // Demand from before counts no more once regions go: what is
-            // carved now is what the rest must hold, not the peak the
-            // unlisted ones met (else the next tick would grow them back).
-            self.reset_peak();
-        }
-        out
+        let unlisted = list.len() < before;
+        (out, unlisted)
     }
 
     /// The listed regions' figures.
@@ -752,6 +845,43 @@ impl Drop for Regions {
             }
         }
     }
+}
+
+/// Moves the pages of the regions `fold` to the front of the fresh mapping
+/// of `len` bytes at `base`, largest first (so that those of whole huge
+/// pages stay aligned to them), and returns how many bytes from the front
+/// now hold moved pages, all-zero and resident. A region the kernel would
+/// not move is freed, and its place (and everything after it) is left to
+/// be faulted in.
+fn move_into(base: *mut u8, len: usize, mut fold: Vec<Unlisted>) -> usize {
+    fold.sort_unstable_by_key(|r| std::cmp::Reverse(r.len()));
+    let mut at = 0;
+    let mut moving = true;
+    for region in fold {
+        let (from, n) = (region.base(), region.len());
+        debug_assert!(!region.registered() && region.region().parent.is_none());
+        if moving && at + n <= len {
+            // SAFETY: the region is unlisted with nothing carved from it,
+            // unregistered, and its holder gives it up here: nobody uses
+            // its pages; `[base + at, base + at + n)` lies in the fresh
+            // mapping, which only this grower holds.
+            if unsafe { move_pages(from, n, base.wrapping_add(at)) } {
+                region.forget_moved();
+                at += n;
+                continue;
+            }
+            moving = false;
+        }
+        free_folded(region);
+    }
+    at
+}
+
+/// Frees a region unlisted to be folded that was not moved after all.
+fn free_folded(region: Unlisted) {
+    // A large set's region: it has no parent to come back.
+    let parent = region.free();
+    debug_assert!(parent.is_none());
 }
 
 /// Touches every page of the `len` bytes at `ptr` (writing a zero), so
@@ -819,7 +949,7 @@ mod tests {
     #[test]
     fn carving_takes_the_best_fit_and_giving_back_coalesces() {
         let regions = Regions::new(None);
-        regions.grow(16 * page(), None).unwrap();
+        regions.grow(16 * page(), Vec::new(), None).unwrap();
         let a = regions.carve(4 * page()).unwrap();
         let b = regions.carve(4 * page()).unwrap();
         let c = regions.carve(4 * page()).unwrap();
@@ -855,10 +985,49 @@ mod tests {
         assert_eq!(regions.figures().regions, 0);
     }
 
+    /// Pages of `[ptr, ptr + len)` resident in memory.
+    fn resident(ptr: *mut u8, len: usize) -> usize {
+        let mut vec = vec![0u8; len / page()];
+        // SAFETY: `vec` has one byte per page of the range, which is mapped.
+        let rc = unsafe { libc::mincore(ptr.cast(), len, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn a_growth_moves_the_pages_of_the_regions_it_folds() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut registered = |_: *mut u8, _: usize| Ok(());
+        regions
+            .grow(2 * huge, Vec::new(), Some(&mut registered))
+            .unwrap();
+        let fold = regions.unlist_to_fold(2 * huge);
+        assert_eq!(fold.len(), 1, "a wholly free region no larger is folded");
+        fold.iter().for_each(Unlisted::set_unregistered);
+        // Not registered, so not pre-faulted: what is resident was moved.
+        regions.grow(4 * huge, fold, None).unwrap();
+        let f = regions.figures();
+        assert_eq!((f.regions, f.bytes, f.free), (1, 4 * huge, 4 * huge));
+        let all = regions.carve(4 * huge).unwrap();
+        let base = all.ptr.as_ptr();
+        assert_eq!(resident(base, 2 * huge), 2 * huge / page());
+        // SAFETY: inside the carved block.
+        assert_eq!(resident(unsafe { base.add(2 * huge) }, 2 * huge), 0);
+        // SAFETY: the block is mapped and carved above, nobody else uses it.
+        let bytes = unsafe { std::slice::from_raw_parts(base, 4 * huge) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        // SAFETY: carved above, given back once, all-zero.
+        unsafe { Region::give_back(all.region, base, 4 * huge) };
+        for r in regions.unlist_idle(|_, _| true, false) {
+            assert!(r.free().is_none());
+        }
+    }
+
     #[test]
     fn a_region_unlisted_with_blocks_out_goes_with_its_last_block() {
         let regions = Regions::new(None);
-        regions.grow(2 * page(), None).unwrap();
+        regions.grow(2 * page(), Vec::new(), None).unwrap();
         let a = regions.carve(page()).unwrap();
         assert!(regions.unlist_idle(|_, _| true, true).is_empty());
         assert!(

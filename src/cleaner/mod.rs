@@ -858,10 +858,31 @@ impl Cleaner {
         let counters = env.counters();
         let footprint = least;
         let mut len = regions.next_len(want, least);
+        // The set's wholly free regions go into the new one, unregistered
+        // first (so the pinned bytes never hold both) and their pages
+        // moved into it: a set grown in steps keeps a few large regions,
+        // and a buffer as large as the set's largest still finds one
+        // extent that holds it. Past the budget, the fallback keeps them
+        // and the buffer (the budget counts them no more once
+        // unregistered, so that fits whenever the buffer alone did).
+        let mut floor = footprint;
+        let mut fold = Vec::new();
+        for sub in shard.small_regions().unlist_free() {
+            release::release_region(env.releaser(), device, sub);
+        }
+        for region in regions.unlist_to_fold(len) {
+            Counters::add(&counters.regions_released, 1);
+            if let Some(region) = release::unregister_region(env.releaser(), device, region) {
+                len += region.len();
+                floor += region.len();
+                fold.push(region);
+            }
+        }
+        let floor = regions.fit_len(floor);
         loop {
             if !reserved && !counters.fits_pinned(len as u64) {
-                if len > regions.fit_len(footprint) {
-                    len = regions.fit_len(footprint);
+                if len > floor {
+                    len = floor;
                     continue;
                 }
                 Counters::add(&counters.registrations_skipped, 1);
@@ -880,7 +901,7 @@ impl Cleaner {
                 // until the region is unregistered in `release_region`.
                 unsafe { env.backend.register(device, ptr, len) }
             };
-            match regions.grow(len, Some(&mut register)) {
+            match regions.grow(len, std::mem::take(&mut fold), Some(&mut register)) {
                 Ok(()) => {
                     let took = started.elapsed();
                     counters.registered(len as u64);

@@ -76,30 +76,43 @@ fn free(with: Releaser<'_>, mut block: Block) {
     }
 }
 
+/// Unregisters (if registered) a region that nothing is carved from any
+/// more, for its holder to free or to move into a new region; leaks it,
+/// and returns `None`, if the unregistration fails.
+pub(crate) fn unregister_region(
+    with: Releaser<'_>,
+    device: usize,
+    region: Unlisted,
+) -> Option<Unlisted> {
+    if region.registered() {
+        // SAFETY: the region was registered by this backend at its base,
+        // and no block of it is left, so no copy from it is in flight.
+        let unregistered = unsafe {
+            unregister(
+                with.backend,
+                with.counters,
+                device,
+                region.base(),
+                region.len(),
+            )
+        };
+        if !unregistered {
+            region.leak();
+            return None;
+        }
+        region.set_unregistered();
+    }
+    Some(region)
+}
+
 /// Unregisters (if registered) and frees a region that nothing is carved
 /// from any more; leaks it if the unregistration fails.
 pub(crate) fn release_region(with: Releaser<'_>, device: usize, region: Unlisted) {
     let mut next = Some(region);
     while let Some(region) = next.take() {
-        if region.registered() {
-            // SAFETY: the region was registered by this backend at its
-            // base, and no block of it is left, so no copy from it is in
-            // flight.
-            let unregistered = unsafe {
-                unregister(
-                    with.backend,
-                    with.counters,
-                    device,
-                    region.base(),
-                    region.len(),
-                )
-            };
-            if !unregistered {
-                region.leak();
-                return;
-            }
-            region.set_unregistered();
-        }
+        let Some(region) = unregister_region(with, device, region) else {
+            return;
+        };
         // A sub-region goes back to its parent, which comes back if that
         // was the last block of an unlisted one.
         // (A parent coming back is a large region: counted released.)

@@ -1407,3 +1407,36 @@ fn a_folded_growth_past_the_budget_falls_back_to_the_sub_region() {
 fn a_small_demand_past_the_budget_still_grows_within_it() {
     a_burst_past_the_budget_is_met_within_it(64 << 10, 32, MIB_);
 }
+
+/// A set grown in steps, its earlier regions wholly free at each growth,
+/// folds them into the region it registers: its memory stays in one
+/// region, so a buffer larger than any single growth still finds one
+/// extent that holds it, and the pinned bytes never hold the old and new
+/// regions at once.
+#[test]
+fn a_growth_folds_the_sets_wholly_free_regions_into_its_region() {
+    let (pool, faults) = carving();
+    let mut grown = 0;
+    for size in [8usize << 20, 16 << 20, 32 << 20] {
+        let b = pool.take(size);
+        assert!(!b.was_pooled(), "{size} bytes carved before their growth");
+        drop(b);
+        pool.flush();
+        let stats = pool.stats();
+        assert_eq!(stats.regions, 1, "a region per growth: {stats:#?}");
+        assert!(stats.region_bytes > grown + size / 2, "{stats:#?}");
+        grown = stats.region_bytes;
+        assert!(
+            stats.peak_pinned_bytes <= grown as u64,
+            "old and new regions pinned at once: {stats:#?}"
+        );
+    }
+    // 8 + 16 + 32 MiB and their headroom in one region: a buffer longer
+    // than the last growth alone carves from it.
+    let large = pool.take(48 << 20);
+    assert!(large.was_pooled() && large.is_pinned());
+    assert!(large.iter().all(|&x| x == 0));
+    drop(large);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
