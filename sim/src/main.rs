@@ -119,6 +119,13 @@ struct SimArgs {
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
     host: bool,
+    /// Without a GPU (or with --host), run pinpool on a backend that pins
+    /// in name only: it registers as the CUDA backend would (each
+    /// registration costs only what mapping and pre-faulting the memory
+    /// cost), so pinned bytes, registrations and regions show on a machine
+    /// without a GPU. Copies stay memcpys.
+    #[arg(long)]
+    emulate_pinning: bool,
     /// Runs of each strategy, on the same draws, 1 to 1000; with more
     /// than one the table shows each figure's median (min-max), and the
     /// JSON every run and the summary.
@@ -159,6 +166,13 @@ struct ReplayArgs {
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
     host: bool,
+    /// Without a GPU (or with --host), run pinpool on a backend that pins
+    /// in name only: it registers as the CUDA backend would (each
+    /// registration costs only what mapping and pre-faulting the memory
+    /// cost), so pinned bytes, registrations and regions show on a machine
+    /// without a GPU. Copies stay memcpys.
+    #[arg(long)]
+    emulate_pinning: bool,
     /// Runs of each strategy, 1 to 1000; with more than one the table
     /// shows each figure's median (min-max), and the JSON every run and
     /// the summary.
@@ -196,6 +210,13 @@ struct SuggestArgs {
     /// Run on the host backend even when a GPU is present.
     #[arg(long)]
     host: bool,
+    /// Without a GPU (or with --host), run pinpool on a backend that pins
+    /// in name only: it registers as the CUDA backend would (each
+    /// registration costs only what mapping and pre-faulting the memory
+    /// cost), so pinned bytes, registrations and regions show on a machine
+    /// without a GPU. Copies stay memcpys.
+    #[arg(long)]
+    emulate_pinning: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -380,6 +401,7 @@ fn sim(mut args: SimArgs) {
         size_classes: args.size_classes.into(),
         conf: args.pinpool_conf.clone(),
         trace: None,
+        emulate_pinning: args.emulate_pinning,
     };
     let strategies = fit_prepared(
         "sim",
@@ -493,7 +515,7 @@ fn replay(args: ReplayArgs) {
         gpu,
         replay,
         warnings,
-        settings,
+        mut settings,
     } = load(
         "replay",
         &args.trace,
@@ -501,6 +523,7 @@ fn replay(args: ReplayArgs) {
         args.speed,
         &args.pinpool_conf,
     );
+    settings.emulate_pinning = args.emulate_pinning;
     let strategies = fit_prepared(
         "replay",
         usable("replay", &args.strategies, args.host, gpu.is_some()),
@@ -622,6 +645,7 @@ fn load(subcommand: &str, path: &std::path::Path, host: bool, speed: f64, conf: 
         size_classes: defaults.size_classes,
         conf,
         trace: None,
+        emulate_pinning: false,
     };
     Loaded {
         trace,
@@ -648,7 +672,7 @@ fn suggest(args: SuggestArgs) {
         gpu,
         replay,
         warnings,
-        settings,
+        mut settings,
         ..
     } = load(
         "suggest",
@@ -657,6 +681,7 @@ fn suggest(args: SuggestArgs) {
         args.speed,
         &args.pinpool_conf,
     );
+    settings.emulate_pinning = args.emulate_pinning;
     let peak_in_use = replay.peak_in_use_bytes();
     if !args.json {
         println!(
@@ -722,8 +747,8 @@ fn suggest(args: SuggestArgs) {
             result
         });
     let suggestion = best.map(|i| &steps[i]);
-    if !args.json && gpu.is_none() {
-        println!("(host backend: nothing is page-locked, so peak pinned reads 0 and the smallest cap wins)");
+    if !args.json && gpu.is_none() && !settings.emulate_pinning {
+        println!("(host backend: nothing is page-locked, so peak pinned reads 0 and the smallest cap wins; --emulate-pinning counts what pinpool would pin)");
     }
     if args.json {
         let out = serde_json::json!({
@@ -830,7 +855,10 @@ impl Backend {
                 std::process::exit(1);
             }
         };
-        let pinpool = pool.backend().to_string();
+        let mut pinpool = pool.backend().to_string();
+        if settings.emulate_pinning && gpu.is_none() {
+            pinpool.push_str(", pinning emulated");
+        }
         pool.shutdown();
         let gpus = gpu.map_or_else(Vec::new, |g| {
             g[..demand.devices()]
@@ -1094,9 +1122,15 @@ fn print_legend(reports: &[Report], backend: &Backend) {
         println!("{:<width$}  {}", r.strategy.name(), r.legend);
     }
     if backend.kind == "host" {
+        let pinned = if backend.pinpool.ends_with("pinning emulated") {
+            "nothing is page-locked (pinpool's pinned bytes and registrations are what it would \
+             pin: its backend pins in name only)"
+        } else {
+            "nothing is page-locked"
+        };
         println!(
             "\nhost backend: the staging figures say nothing about pinned copies: copies are \
-             memcpys into a host buffer standing in for the device, and nothing is page-locked"
+             memcpys into a host buffer standing in for the device, and {pinned}"
         );
     }
 }

@@ -898,6 +898,7 @@ mod tests {
             size_classes: pinpool::SizeClasses::Fine,
             conf: replay.conf.clone(),
             trace: None,
+            emulate_pinning: false,
         };
         for kind in [
             Kind::Pinpool,
@@ -958,6 +959,7 @@ mod tests {
             size_classes: pinpool::SizeClasses::Fine,
             conf: replay.conf.clone(),
             trace: None,
+            emulate_pinning: false,
         }
     }
 

@@ -289,6 +289,7 @@ mod tests {
             size_classes: pinpool::SizeClasses::Fine,
             conf: String::new(),
             trace: None,
+            emulate_pinning: false,
         };
         let result = crate::run::run(Kind::Pageable, &workload, &settings, None, None);
         let run = serde_json::to_value(result).unwrap();

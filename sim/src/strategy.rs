@@ -26,6 +26,10 @@ pub struct Settings {
     pub conf: String,
     /// Where pinpool writes a trace of the run, if anywhere.
     pub trace: Option<std::path::PathBuf>,
+    /// Without a GPU, pinpool runs on a backend that pins in name only
+    /// (see [`pinpool::testing::Faults`]), so that its pinned bytes,
+    /// registrations and regions show on a machine without one.
+    pub emulate_pinning: bool,
 }
 
 /// A pinpool pool for `demand` with `settings`, on the CUDA backend when
@@ -55,6 +59,11 @@ pub fn pinpool_builder(
         .max_pooled_bytes(settings.max_pooled_bytes)
         .size_classes(settings.size_classes)
         .try_conf(&settings.conf)?;
+    let builder = if settings.emulate_pinning && gpu.is_none() {
+        builder.faults(Arc::new(pinpool::testing::Faults::default()))
+    } else {
+        builder
+    };
     match &settings.trace {
         Some(path) => Ok(builder.trace(path)),
         None => Ok(builder),

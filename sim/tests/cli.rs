@@ -610,3 +610,35 @@ fn suggest_finds_the_smallest_cap_that_keeps_a_buffer_reused() {
         assert_eq!(out.status.code(), Some(2), "--target {bad}");
     }
 }
+
+#[test]
+fn emulated_pinning_counts_what_pinpool_would_pin_without_a_gpu() {
+    let run = |extra: &[&str]| {
+        let out = sim(&[TINY, &["--strategies", "pinpool", "--json"], extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+        let run = json["results"][0]["runs"][0].clone();
+        (json["backend"]["pinpool"].clone(), run)
+    };
+    let (backend, plain) = run(&[]);
+    assert_eq!(plain["peak_pinned_bytes"], 0, "{plain}");
+    assert_eq!(plain["registrations"], 0, "{plain}");
+    assert!(!backend.as_str().unwrap().contains("emulated"), "{backend}");
+    let (backend, emulated) = run(&["--emulate-pinning", "--pinpool-conf", "regions=on"]);
+    assert!(
+        backend.as_str().unwrap().ends_with("pinning emulated"),
+        "{backend}"
+    );
+    assert!(
+        emulated["registrations"].as_u64().unwrap() > 0,
+        "{emulated}"
+    );
+    let pinned = emulated["peak_pinned_bytes"].as_u64().unwrap();
+    let in_use = emulated["peak_in_use_bytes"].as_u64().unwrap();
+    assert!(pinned > 0 && in_use > 0, "{emulated}");
+    assert!(
+        emulated["pinned_per_in_use"].as_f64().unwrap() > 0.0,
+        "{emulated}"
+    );
+}

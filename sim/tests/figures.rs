@@ -29,6 +29,7 @@ fn settings() -> Settings {
         size_classes: pinpool::SizeClasses::Fine,
         conf: String::new(),
         trace: None,
+        emulate_pinning: false,
     }
 }
 

@@ -29,6 +29,7 @@ fn once(kind: Kind) -> RunResult {
         size_classes: pinpool::SizeClasses::Fine,
         conf: String::new(),
         trace: None,
+        emulate_pinning: false,
     };
     run(kind, &workload(), &settings, None, None)
 }
