@@ -25,7 +25,7 @@
 //!
 //! A growth folds the set's wholly free regions into the region it
 //! registers, their pages moved rather than faulted again (see
-//! [`Regions::unlist_to_fold`] and [`Regions::grow`]), so a set keeps a
+//! [`Regions::fold_plan`] and [`Regions::grow`]), so a set keeps a
 //! few large regions whose extents can hold its largest buffers.
 //!
 //! A set lists the regions that takes may carve from; the
@@ -604,55 +604,71 @@ impl Regions {
         })
     }
 
-    /// Maps a region of `len` bytes, registers it through `register` (if
-    /// given), and lists it, wholly free. The pages of `fold` (wholly free
-    /// regions of this set, unlisted and unregistered: see
-    /// [`unlist_to_fold`](Self::unlist_to_fold)) are moved into it rather
-    /// than faulted in again, where the kernel allows (else they are
-    /// freed); the rest is pre-faulted. On a registration failure the
-    /// mapping, with the pages moved into it, is freed and the error
-    /// returned.
+    /// Maps a region of `len` bytes plus the wholly free regions of the
+    /// lengths `fold` names (see [`fold_plan`](Self::fold_plan)), registers
+    /// it through `register` (if given), lists it, wholly free, and returns
+    /// its length.
+    ///
+    /// What the growth adds is pre-faulted first, with the regions to fold
+    /// still listed (and carved from, meanwhile, by any take). Then they
+    /// are unlisted, given to `unregister` (which hands back those it
+    /// unregistered, and leaks the others), and their pages moved into the
+    /// new mapping, after what the growth adds, rather than faulted in
+    /// again: the pinned bytes never hold them twice, and takes miss their
+    /// memory only for an unregistration, a move and a registration. The
+    /// place of a region carved from meanwhile, or that could not be
+    /// moved, is unmapped before the registration. On a registration
+    /// failure the mapping, with the pages moved into it, is freed and the
+    /// error returned.
     pub(crate) fn grow(
         &self,
         len: usize,
-        fold: Vec<Unlisted>,
+        fold: Vec<usize>,
+        unregister: &mut dyn FnMut(Unlisted) -> Option<Unlisted>,
         register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>>,
-    ) -> Result<(), Error> {
-        let mapped = if len >= huge_page_size() {
-            map_huge(len)
+    ) -> Result<usize, Error> {
+        let planned = len + fold.iter().sum::<usize>();
+        let ptr = if planned >= huge_page_size() {
+            map_huge(planned)?
         } else {
-            map(len)
-        };
-        let ptr = match mapped {
-            Ok(ptr) => ptr,
-            Err(e) => {
-                fold.into_iter().for_each(free_folded);
-                return Err(e);
-            }
+            map(planned)?
         };
         if let Some(node) = self.node {
-            if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), len, node) {
+            if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), planned, node) {
                 tracing::debug!(node, %error, "pinpool: a region could not be bound to its NUMA node");
             }
         }
-        let moved = move_into(ptr.as_ptr(), len, fold);
+        if register.is_some() {
+            prefault(ptr.as_ptr(), len);
+        }
+        let unregistered = self
+            .unlist_folded(fold)
+            .into_iter()
+            .filter_map(&mut *unregister)
+            .collect();
+        // SAFETY: `len <= planned`: inside the mapping.
+        let tail = unsafe { ptr.as_ptr().add(len) };
+        let total = len + move_into(tail, planned - len, unregistered);
+        if total < planned {
+            // SAFETY: the unused end of the fresh mapping, which nothing
+            // holds.
+            unsafe { libc::munmap(ptr.as_ptr().add(total).cast(), planned - total) };
+        }
         let registered = match register {
             Some(register) => {
-                // SAFETY: `moved <= len`: inside the mapping.
-                prefault(unsafe { ptr.as_ptr().add(moved) }, len - moved);
-                if let Err(e) = register(ptr.as_ptr(), len) {
+                if let Err(e) = register(ptr.as_ptr(), total) {
                     // SAFETY: the mapping was just made (with the pages
                     // moved into it, which nothing holds), unregistered,
                     // and nothing was carved from it.
-                    unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+                    unsafe { libc::munmap(ptr.as_ptr().cast(), total) };
                     return Err(e);
                 }
                 true
             }
             None => false,
         };
-        self.list_new(ptr, len, registered, registered, None);
-        Ok(())
+        self.list_new(ptr, total, registered, registered, None);
+        Ok(total)
     }
 
     /// Lists a sub-region (see `Region::parent`) over `at`, `len` bytes
@@ -714,16 +730,15 @@ impl Regions {
         out
     }
 
-    /// Unlists wholly free regions for the grower to fold into the region
-    /// of `len` bytes it registers next (see `Cleaner::grow`), so that a
-    /// set's memory gathers in a few large regions, whose free extents
-    /// can hold its largest buffers, instead of scattering over one region
-    /// per growth. Smallest first, each no larger than the new region has
-    /// grown so far (so that a large region is not registered again to add
-    /// a little to it: region sizes grow geometrically), within
-    /// [`REGION_MAX`](Tuning::REGION_MAX). The demand peak stays: the new
-    /// region holds these bytes again.
-    pub(crate) fn unlist_to_fold(&self, len: usize) -> Vec<Unlisted> {
+    /// The lengths of the wholly free regions a growth of `len` bytes
+    /// folds into the region it registers (see [`grow`](Self::grow)), so
+    /// that a set's memory gathers in a few large regions, whose free
+    /// extents can hold its largest buffers, instead of scattering over one
+    /// region per growth: smallest first, each no larger than the new
+    /// region has grown so far (so that a large region is not registered
+    /// again to add a little to it: region sizes grow geometrically),
+    /// within [`REGION_MAX`](Tuning::REGION_MAX).
+    pub(crate) fn fold_plan(&self, len: usize) -> Vec<usize> {
         let mut lens = Vec::new();
         {
             let list = self.list.lock();
@@ -745,26 +760,23 @@ impl Regions {
             total += l;
             fold.push(l);
         }
-        // Unlisted by length: a region carved from since is not picked
-        // (only wholly free ones are offered), and another free one of the
-        // same length may go in its place.
-        let pick = |region_len: usize, _| match fold.iter().position(|&l| l == region_len) {
+        fold
+    }
+
+    /// Unlists wholly free regions of the lengths `plan` names (one each),
+    /// the demand peak left as it is (the new region holds their bytes
+    /// again). A region carved from since the plan was made is not picked
+    /// (only wholly free ones are offered); another free one of the same
+    /// length may go in its place.
+    fn unlist_folded(&self, mut plan: Vec<usize>) -> Vec<Unlisted> {
+        let pick = |region_len: usize, _| match plan.iter().position(|&l| l == region_len) {
             Some(i) => {
-                fold.swap_remove(i);
+                plan.swap_remove(i);
                 true
             }
             None => false,
         };
         self.unlist(pick, false).0
-    }
-
-    /// Unlists the regions nothing is carved from, the demand peak left as
-    /// it is: a small set's wholly free sub-regions, given back to their
-    /// parents before those are folded (see
-    /// [`unlist_to_fold`](Self::unlist_to_fold)), so that a sub-region
-    /// nothing uses does not keep its parent from folding.
-    pub(crate) fn unlist_free(&self) -> Vec<Unlisted> {
-        self.unlist(|_, _| true, false).0
     }
 
     /// [`unlist_idle`](Self::unlist_idle), the demand peak left as it is;
@@ -847,34 +859,33 @@ impl Drop for Regions {
     }
 }
 
-/// Moves the pages of the regions `fold` to the front of the fresh mapping
-/// of `len` bytes at `base`, largest first (so that those of whole huge
-/// pages stay aligned to them), and returns how many bytes from the front
-/// now hold moved pages, all-zero and resident. A region the kernel would
-/// not move is freed, and its place (and everything after it) is left to
-/// be faulted in.
-fn move_into(base: *mut u8, len: usize, mut fold: Vec<Unlisted>) -> usize {
+/// Moves the pages of the regions `fold` into the `room` bytes of a fresh
+/// mapping at `at`, one after another, largest first (so that those of
+/// whole huge pages stay aligned to them), and returns how many bytes
+/// from `at` now hold moved pages, all-zero and resident. A region the
+/// kernel would not move, and any after it, is freed instead.
+fn move_into(at: *mut u8, room: usize, mut fold: Vec<Unlisted>) -> usize {
     fold.sort_unstable_by_key(|r| std::cmp::Reverse(r.len()));
-    let mut at = 0;
+    let mut moved = 0;
     let mut moving = true;
     for region in fold {
         let (from, n) = (region.base(), region.len());
         debug_assert!(!region.registered() && region.region().parent.is_none());
-        if moving && at + n <= len {
+        if moving && moved + n <= room {
             // SAFETY: the region is unlisted with nothing carved from it,
             // unregistered, and its holder gives it up here: nobody uses
-            // its pages; `[base + at, base + at + n)` lies in the fresh
+            // its pages; `[at + moved, at + moved + n)` lies in the fresh
             // mapping, which only this grower holds.
-            if unsafe { move_pages(from, n, base.wrapping_add(at)) } {
+            if unsafe { move_pages(from, n, at.wrapping_add(moved)) } {
                 region.forget_moved();
-                at += n;
+                moved += n;
                 continue;
             }
             moving = false;
         }
         free_folded(region);
     }
-    at
+    moved
 }
 
 /// Frees a region unlisted to be folded that was not moved after all.
@@ -949,7 +960,7 @@ mod tests {
     #[test]
     fn carving_takes_the_best_fit_and_giving_back_coalesces() {
         let regions = Regions::new(None);
-        regions.grow(16 * page(), Vec::new(), None).unwrap();
+        regions.grow(16 * page(), Vec::new(), &mut Some, None).unwrap();
         let a = regions.carve(4 * page()).unwrap();
         let b = regions.carve(4 * page()).unwrap();
         let c = regions.carve(4 * page()).unwrap();
@@ -999,21 +1010,26 @@ mod tests {
         let regions = Regions::new(None);
         let huge = huge_page_size();
         let mut registered = |_: *mut u8, _: usize| Ok(());
+        let mut unregister = |r: Unlisted| {
+            r.set_unregistered();
+            Some(r)
+        };
         regions
-            .grow(2 * huge, Vec::new(), Some(&mut registered))
+            .grow(2 * huge, Vec::new(), &mut unregister, Some(&mut registered))
             .unwrap();
-        let fold = regions.unlist_to_fold(2 * huge);
-        assert_eq!(fold.len(), 1, "a wholly free region no larger is folded");
-        fold.iter().for_each(Unlisted::set_unregistered);
+        let plan = regions.fold_plan(2 * huge);
+        assert_eq!(plan, [2 * huge], "a wholly free region no larger is folded");
         // Not registered, so not pre-faulted: what is resident was moved.
-        regions.grow(4 * huge, fold, None).unwrap();
+        let len = regions.grow(2 * huge, plan, &mut unregister, None).unwrap();
+        assert_eq!(len, 4 * huge);
         let f = regions.figures();
         assert_eq!((f.regions, f.bytes, f.free), (1, 4 * huge, 4 * huge));
         let all = regions.carve(4 * huge).unwrap();
         let base = all.ptr.as_ptr();
-        assert_eq!(resident(base, 2 * huge), 2 * huge / page());
+        assert_eq!(resident(base, 2 * huge), 0);
         // SAFETY: inside the carved block.
-        assert_eq!(resident(unsafe { base.add(2 * huge) }, 2 * huge), 0);
+        let moved = unsafe { base.add(2 * huge) };
+        assert_eq!(resident(moved, 2 * huge), 2 * huge / page());
         // SAFETY: the block is mapped and carved above, nobody else uses it.
         let bytes = unsafe { std::slice::from_raw_parts(base, 4 * huge) };
         assert!(bytes.iter().all(|&b| b == 0));
@@ -1025,9 +1041,31 @@ mod tests {
     }
 
     #[test]
+    fn a_fold_leaves_out_a_region_carved_from_after_its_plan() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        regions
+            .grow(2 * huge, Vec::new(), &mut Some, None)
+            .unwrap();
+        let plan = regions.fold_plan(2 * huge);
+        let held = regions.carve(page()).unwrap();
+        // The region is no longer wholly free: not folded, and its place
+        // in the new region is not kept.
+        let len = regions.grow(2 * huge, plan, &mut Some, None).unwrap();
+        assert_eq!(len, 2 * huge);
+        let f = regions.figures();
+        assert_eq!((f.regions, f.bytes), (2, 4 * huge));
+        // SAFETY: carved above, given back once, untouched.
+        unsafe { Region::give_back(held.region, held.ptr.as_ptr(), page()) };
+        for r in regions.unlist_idle(|_, _| true, false) {
+            assert!(r.free().is_none());
+        }
+    }
+
+    #[test]
     fn a_region_unlisted_with_blocks_out_goes_with_its_last_block() {
         let regions = Regions::new(None);
-        regions.grow(2 * page(), Vec::new(), None).unwrap();
+        regions.grow(2 * page(), Vec::new(), &mut Some, None).unwrap();
         let a = regions.carve(page()).unwrap();
         assert!(regions.unlist_idle(|_, _| true, true).is_empty());
         assert!(

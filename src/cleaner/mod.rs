@@ -858,31 +858,19 @@ impl Cleaner {
         let counters = env.counters();
         let footprint = least;
         let mut len = regions.next_len(want, least);
-        // The set's wholly free regions go into the new one, unregistered
-        // first (so the pinned bytes never hold both) and their pages
-        // moved into it: a set grown in steps keeps a few large regions,
+        // The set's wholly free regions go into the new one (see
+        // `Regions::grow`): a set grown in steps keeps a few large regions,
         // and a buffer as large as the set's largest still finds one
-        // extent that holds it. Past the budget, the fallback keeps them
-        // and the buffer (the budget counts them no more once
-        // unregistered, so that fits whenever the buffer alone did).
-        let mut floor = footprint;
-        let mut fold = Vec::new();
-        for sub in shard.small_regions().unlist_free() {
-            release::release_region(env.releaser(), device, sub);
-        }
-        for region in regions.unlist_to_fold(len) {
-            Counters::add(&counters.regions_released, 1);
-            if let Some(region) = release::unregister_region(env.releaser(), device, region) {
-                len += region.len();
-                floor += region.len();
-                fold.push(region);
-            }
-        }
-        let floor = regions.fit_len(floor);
+        // extent that holds it. Planned once the budget has admitted the
+        // growth itself: they are unregistered before the new region is
+        // registered, so they add nothing to what the budget counts. Only
+        // the first attempt folds (a failed registration freed what it
+        // folded).
+        let mut first = true;
         loop {
             if !reserved && !counters.fits_pinned(len as u64) {
-                if len > floor {
-                    len = floor;
+                if len > regions.fit_len(footprint) {
+                    len = regions.fit_len(footprint);
                     continue;
                 }
                 Counters::add(&counters.registrations_skipped, 1);
@@ -892,22 +880,31 @@ impl Cleaner {
                 );
                 return false;
             }
-            let started = Instant::now();
-            // The region's address, for the trace.
-            let mut at = std::ptr::null_mut();
-            let mut register = |ptr: *mut u8, len: usize| {
-                at = ptr;
-                // SAFETY: a fresh mapping of `len` bytes, which stays mapped
-                // until the region is unregistered in `release_region`.
-                unsafe { env.backend.register(device, ptr, len) }
+            let fold = if std::mem::take(&mut first) {
+                regions.fold_plan(len)
+            } else {
+                Vec::new()
             };
-            match regions.grow(len, std::mem::take(&mut fold), Some(&mut register)) {
-                Ok(()) => {
+            let mut unregister = |region| {
+                Counters::add(&counters.regions_released, 1);
+                release::unregister_region(env.releaser(), device, region)
+            };
+            let started = Instant::now();
+            // The region's address and length, for the trace.
+            let (mut at, mut bytes) = (std::ptr::null_mut(), len);
+            let mut register = |ptr: *mut u8, n: usize| {
+                (at, bytes) = (ptr, n);
+                // SAFETY: a fresh mapping of `n` bytes, which stays mapped
+                // until the region is unregistered in `release_region`.
+                unsafe { env.backend.register(device, ptr, n) }
+            };
+            match regions.grow(len, fold, &mut unregister, Some(&mut register)) {
+                Ok(bytes) => {
                     let took = started.elapsed();
-                    counters.registered(len as u64);
+                    counters.registered(bytes as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
-                    tracing::debug!(bytes = len, ?took, "pinpool: registered a region");
-                    trace_registration(env, device, at, len, took, trace::REGISTER_REGION);
+                    tracing::debug!(bytes, ?took, "pinpool: registered a region");
+                    trace_registration(env, device, at, bytes, took, trace::REGISTER_REGION);
                     return true;
                 }
                 Err(e) => {
@@ -915,12 +912,12 @@ impl Cleaner {
                         env,
                         device,
                         at,
-                        len,
+                        bytes,
                         started.elapsed(),
                         trace::REGISTER_REGION | trace::REGISTER_FAILED,
                     );
                     Counters::add(&counters.registration_failures, 1);
-                    tracing::warn!(error = %e, bytes = len, "pinpool: registering a region failed");
+                    tracing::warn!(error = %e, bytes, "pinpool: registering a region failed");
                     let smaller = regions.fit_len(footprint).max(len / 2);
                     if smaller >= len {
                         return false;
