@@ -472,6 +472,19 @@ impl Regions {
             && now.saturating_sub(since) < Tune::GROWTH_SETTLE_MAX.as_nanos() as u64
     }
 
+    /// Whether `len` bytes may be carved from these regions' free space
+    /// for another set (a small set's sub-region) without leaving them
+    /// short: no miss of theirs waits for a growth, and what they hold
+    /// stays at least their demand peak. Relaxed reads (see `Totals`): a
+    /// stale answer carves what the next growth of these regions gives
+    /// back, or grows where carving would have done.
+    pub(crate) fn spare_for(&self, len: usize) -> bool {
+        // Relaxed: see above.
+        let missed = self.totals.missed.load(Ordering::Relaxed);
+        let peak = self.totals.peak.load(Ordering::Relaxed);
+        !missed && self.bytes() >= peak + len
+    }
+
     /// Bytes of the listed regions.
     pub(crate) fn bytes(&self) -> usize {
         // Relaxed: see `Totals`.
@@ -960,7 +973,9 @@ mod tests {
     #[test]
     fn carving_takes_the_best_fit_and_giving_back_coalesces() {
         let regions = Regions::new(None);
-        regions.grow(16 * page(), Vec::new(), &mut Some, None).unwrap();
+        regions
+            .grow(16 * page(), Vec::new(), &mut Some, None)
+            .unwrap();
         let a = regions.carve(4 * page()).unwrap();
         let b = regions.carve(4 * page()).unwrap();
         let c = regions.carve(4 * page()).unwrap();
@@ -1044,9 +1059,7 @@ mod tests {
     fn a_fold_leaves_out_a_region_carved_from_after_its_plan() {
         let regions = Regions::new(None);
         let huge = huge_page_size();
-        regions
-            .grow(2 * huge, Vec::new(), &mut Some, None)
-            .unwrap();
+        regions.grow(2 * huge, Vec::new(), &mut Some, None).unwrap();
         let plan = regions.fold_plan(2 * huge);
         let held = regions.carve(page()).unwrap();
         // The region is no longer wholly free: not folded, and its place
@@ -1065,7 +1078,9 @@ mod tests {
     #[test]
     fn a_region_unlisted_with_blocks_out_goes_with_its_last_block() {
         let regions = Regions::new(None);
-        regions.grow(2 * page(), Vec::new(), &mut Some, None).unwrap();
+        regions
+            .grow(2 * page(), Vec::new(), &mut Some, None)
+            .unwrap();
         let a = regions.carve(page()).unwrap();
         assert!(regions.unlist_idle(|_, _| true, true).is_empty());
         assert!(

@@ -813,28 +813,32 @@ impl Cleaner {
             let large = shard.large_regions();
             let (len, smallest) = (regions.next_len(want, least), regions.fit_len(least));
             // The region asked for, or one just large enough, from what the
-            // large regions have free; else they grow (down to what the
-            // budget allows) and it is carved from there. While another
-            // worker grows them, only memory `reserve` asked for waits.
+            // large regions have free, while they can spare it (else that
+            // space is what the large set's own demand needs);
+            // else they grow (down to what the budget allows) and it is
+            // carved from there. While another worker grows them, only
+            // memory `reserve` asked for waits.
             let carve = || {
                 [len, smallest]
                     .into_iter()
                     .find_map(|n| large.carve(n).map(|at| (at, n)))
             };
-            let carved = carve().or_else(|| {
+            let spare = || large.spare_for(len).then(carve).flatten();
+            let carved = spare().or_else(|| {
                 let _growing = if reserved {
                     Some(large.growing())
                 } else {
                     large.try_growing()
                 }?;
                 // Freed meanwhile, or grown by the worker that held it.
-                carve().or_else(|| {
+                spare().or_else(|| {
                     // One registration for both sets: the large set's own
                     // shortfall grows with the sub-region, all of what it
                     // needs kept past the sub-region (not for memory
                     // `reserve` asked for, whose growth may pass the
                     // pinned budget by its own bytes only). If that
-                    // registration fails, the sub-region's alone.
+                    // registration fails, the sub-region's alone; if that
+                    // fails too, what the large set has free.
                     let own = if reserved {
                         Shortfall::default()
                     } else {
@@ -846,7 +850,7 @@ impl Cleaner {
                         large.unmet();
                     }
                     let grown = both || Self::grow(env, device, large, len, smallest, reserved);
-                    grown.then(carve).flatten()
+                    grown.then(carve).flatten().or_else(carve)
                 })
             });
             let Some((at, len)) = carved else {

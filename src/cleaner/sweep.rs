@@ -4,6 +4,7 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
 
 use crate::admission::Places;
+use crate::alloc::Regions;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
@@ -150,7 +151,11 @@ impl Cleaner {
         };
         let mut room: Option<usize> = None;
         for (device, shard) in env.places.shards.iter().enumerate() {
-            for regions in shard.all_regions().iter().filter(|r| r.shortfall() > 0) {
+            // A small set whose parent grows now is left to the next tick
+            // (its growth would fail against that growth's lock, and the
+            // shortfall it took would be lost).
+            let short = |r: &&Regions| r.shortfall() > 0 && !shard.parent_growing(r);
+            for regions in shard.all_regions().iter().filter(short) {
                 // Again under the lock: another worker may have grown them.
                 // One that is growing them now keeps the lock for
                 // milliseconds: this worker leaves the set to it (the next
