@@ -792,10 +792,11 @@ impl Cleaner {
     }
 
     /// Registers a region of `device` of at least `want` bytes (see
-    /// [`Regions::next_len`]); within the pinned budget unless `reserved`
-    /// (memory `reserve` asked for), retrying smaller, down to `least`
-    /// bytes, if the budget or the registration fails. Whether one was
-    /// registered.
+    /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
+    /// the pinned budget or the registration fails; within the budget,
+    /// except that `least` bytes of memory `reserve` asked for (`reserved`,
+    /// admitted against the budget when asked for) may pass it. Whether one
+    /// was registered.
     ///
     /// [`Regions::next_len`]: crate::alloc::Regions::next_len
     pub(crate) fn grow(
@@ -872,11 +873,16 @@ impl Cleaner {
         // folded).
         let mut first = true;
         loop {
-            if !reserved && !counters.fits_pinned(len as u64) {
+            if !counters.fits_pinned(len as u64) {
                 if len > regions.fit_len(footprint) {
                     len = regions.fit_len(footprint);
                     continue;
                 }
+            }
+            // Memory `reserve` asked for was admitted against the budget
+            // when it was asked for: its own bytes may pass it (racing
+            // registrations), no more.
+            if !reserved && !counters.fits_pinned(len as u64) {
                 Counters::add(&counters.registrations_skipped, 1);
                 tracing::debug!(
                     bytes = len,

@@ -1432,3 +1432,25 @@ fn a_growth_folds_the_sets_wholly_free_regions_into_its_region() {
     pool.shutdown();
     assert_eq!(faults.registered(), faults.unregistered());
 }
+
+/// A small reservation under a pinned budget smaller than a sub-region:
+/// the regions grown for it stay within the budget (the reservation was
+/// admitted against it), and the reserved buffer is pinned.
+#[test]
+fn a_small_reserve_under_a_budget_pins_within_it() {
+    let budget = MIB_;
+    let (pool, _faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
+    pool.reserve(0, &[(64 << 10, 1)]).unwrap();
+    pool.flush();
+    let b = pool.take(64 << 10);
+    let s = pool.stats();
+    let met = b.was_pooled() && b.is_pinned();
+    drop(b);
+    pool.shutdown();
+    assert!(
+        met && s.peak_pinned_bytes <= budget as u64,
+        "reserved buffer met: {met}; peak pinned {} KiB under a {} KiB budget",
+        s.peak_pinned_bytes >> 10,
+        budget >> 10
+    );
+}
