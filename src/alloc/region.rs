@@ -573,7 +573,9 @@ impl Regions {
     }
 
     /// Carves `len` bytes (a page multiple) from the smallest free extent
-    /// that holds them, in any listed region; `None` if none does.
+    /// that holds them, in any listed region, at its top if `len` is below
+    /// [`TOP_CARVE_BELOW`](Tuning::TOP_CARVE_BELOW), else at its bottom;
+    /// `None` if no extent holds them.
     pub(crate) fn carve(&self, len: usize) -> Option<Carved> {
         let list = self.list.lock();
         let mut best: Option<(usize, NonNull<Region>)> = None;
@@ -595,9 +597,17 @@ impl Regions {
             .best_fit(len)
             .expect("extents only grow under the list lock");
         state.remove(offset, fit);
-        if fit > len {
-            state.insert(offset + len, fit - len);
-        }
+        let offset = if len < Tune::TOP_CARVE_BELOW {
+            if fit > len {
+                state.insert(offset, fit - len);
+            }
+            offset + fit - len
+        } else {
+            if fit > len {
+                state.insert(offset + len, fit - len);
+            }
+            offset
+        };
         state.free -= len;
         state.out += 1;
         state.idle_since = None;
@@ -976,25 +986,25 @@ mod tests {
         regions
             .grow(16 * page(), Vec::new(), &mut Some, None)
             .unwrap();
+        // Short buffers: each from the top of the free extent.
         let a = regions.carve(4 * page()).unwrap();
         let b = regions.carve(4 * page()).unwrap();
         let c = regions.carve(4 * page()).unwrap();
-        assert_eq!(
-            b.ptr.as_ptr() as usize - a.ptr.as_ptr() as usize,
-            4 * page()
-        );
+        let at = |x: &Carved| x.ptr.as_ptr() as usize;
+        assert_eq!(at(&a) - at(&b), 4 * page());
+        assert_eq!(at(&b) - at(&c), 4 * page());
         assert_eq!(regions.figures().free, 4 * page());
         // SAFETY: carved above, given back once, untouched (zero).
         unsafe {
             assert!(Region::give_back(a.region, a.ptr.as_ptr(), 4 * page()).is_none());
             assert!(Region::give_back(c.region, c.ptr.as_ptr(), 4 * page()).is_none());
         }
-        // Two free extents (a's, and c's merged with the tail): 4 and 8
-        // pages. A 6-page carve fits only the merged one.
+        // Two free extents (a's, and c's merged with the head): 4 and 8
+        // pages. A 6-page carve fits only the merged one, at its top.
         let f = regions.figures();
         assert_eq!((f.free, f.largest_free), (12 * page(), 8 * page()));
         let d = regions.carve(6 * page()).unwrap();
-        assert_eq!(d.ptr, c.ptr);
+        assert_eq!(at(&d) + 6 * page(), at(&c) + 4 * page());
         // SAFETY: as above.
         unsafe {
             Region::give_back(b.region, b.ptr.as_ptr(), 4 * page());
@@ -1009,6 +1019,30 @@ mod tests {
             .into_iter()
             .for_each(|r| assert!(r.free().is_none()));
         assert_eq!(regions.figures().regions, 0);
+    }
+
+    #[test]
+    fn long_buffers_are_carved_from_the_bottom_and_short_ones_from_the_top() {
+        let regions = Regions::new(None);
+        let len = 4 * Tune::TOP_CARVE_BELOW;
+        // Not registered: address space only, never touched.
+        regions.grow(len, Vec::new(), &mut Some, None).unwrap();
+        let long = regions.carve(Tune::TOP_CARVE_BELOW).unwrap();
+        let short = regions.carve(page()).unwrap();
+        let base = long.ptr.as_ptr() as usize;
+        let f = regions.figures();
+        assert_eq!(f.regions, 1);
+        assert_eq!(short.ptr.as_ptr() as usize, base + len - page());
+        // One run of free space between them.
+        assert_eq!(f.largest_free, len - Tune::TOP_CARVE_BELOW - page());
+        // SAFETY: carved above, given back once, untouched (zero).
+        unsafe {
+            Region::give_back(long.region, long.ptr.as_ptr(), Tune::TOP_CARVE_BELOW);
+            Region::give_back(short.region, short.ptr.as_ptr(), page());
+        }
+        for r in regions.unlist_idle(|_, _| true, false) {
+            assert!(r.free().is_none());
+        }
     }
 
     /// Pages of `[ptr, ptr + len)` resident in memory.
