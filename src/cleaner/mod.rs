@@ -873,11 +873,9 @@ impl Cleaner {
         // folded).
         let mut first = true;
         loop {
-            if !counters.fits_pinned(len as u64) {
-                if len > regions.fit_len(footprint) {
-                    len = regions.fit_len(footprint);
-                    continue;
-                }
+            if !counters.fits_pinned(len as u64) && len > regions.fit_len(footprint) {
+                len = regions.fit_len(footprint);
+                continue;
             }
             // Memory `reserve` asked for was admitted against the budget
             // when it was asked for: its own bytes may pass it (racing
