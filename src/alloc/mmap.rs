@@ -80,27 +80,85 @@ pub(super) fn map(bytes: usize) -> Result<NonNull<u8>, Error> {
     Ok(NonNull::new(ptr.cast()).expect("mmap never returns null on success"))
 }
 
-/// Moves the pages of the mapping of `len` bytes at `from` to `to`, in
-/// place of what is mapped there, without copying or faulting them again
-/// (`mremap`); the range at `from` is unmapped. False if the kernel
-/// refused, and then nothing moved: `from` is still mapped.
+/// Moves the pages of the `len` bytes at `from` to `to`, in place of what
+/// is mapped there, without copying or faulting them again (`mremap`), and
+/// returns how many bytes from the front moved (`len` unless the kernel
+/// refused a part); the range they left is unmapped, the rest of `from`
+/// stays mapped. A range over several mappings (a region grown by a fold:
+/// its moved and fresh parts stay apart), which kernels before Linux 6.17
+/// refuse to move at once, moves a huge page at a time (a page at a time
+/// where a huge page would cross the boundary of two mappings).
 ///
 /// # Safety
-/// `[from, from + len)` is a whole mapping (or part of one) that nobody
-/// reads or writes from now on, and `[to, to + len)` lies in a mapping the
-/// caller owns and nobody else uses.
-pub(super) unsafe fn move_pages(from: *mut u8, len: usize, to: *mut u8) -> bool {
-    // SAFETY: the caller's guarantee: both ranges are the caller's alone.
+/// `[from, from + len)` is mapped and nobody reads or writes it from now
+/// on, and `[to, to + len)` lies in a mapping the caller owns and nobody
+/// else uses.
+pub(super) unsafe fn move_pages(from: *mut u8, len: usize, to: *mut u8) -> usize {
+    // SAFETY: the caller's guarantee, for the whole range and any part.
+    let remap = |at: usize, n: usize| unsafe { remap(from.add(at), n, to.add(at)) };
+    if !piecewise() && remap(0, len) {
+        return len;
+    }
+    let (huge, page) = (huge_page_size(), page_size());
+    let mut moved = 0;
+    while moved < len {
+        let step = if len - moved >= huge && moved % huge == 0 {
+            huge
+        } else {
+            page
+        };
+        if remap(moved, step) {
+            moved += step;
+        } else if step == huge {
+            // Over a boundary: this huge page a page at a time.
+            let end = moved + huge;
+            while moved < end && remap(moved, page) {
+                moved += page;
+            }
+            if moved < end {
+                break;
+            }
+        } else {
+            break;
+        }
+    }
+    moved
+}
+
+/// One `mremap` of `n` bytes from `from` to `to`; whether it moved them.
+///
+/// # Safety
+/// As [`move_pages`], for these `n` bytes.
+unsafe fn remap(from: *mut u8, n: usize, to: *mut u8) -> bool {
+    // SAFETY: the caller's guarantee.
     let moved = unsafe {
         libc::mremap(
             from.cast(),
-            len,
-            len,
+            n,
+            n,
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             to.cast::<libc::c_void>(),
         )
     };
     moved != libc::MAP_FAILED
+}
+
+/// Whether [`move_pages`] skips its move in one call, as the kernels that
+/// refuse to move a range over several mappings make it do: set by tests
+/// of the fallback, never otherwise.
+#[cfg(test)]
+pub(super) static PIECEWISE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn piecewise() -> bool {
+    #[cfg(test)]
+    {
+        PIECEWISE.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    #[cfg(not(test))]
+    {
+        false
+    }
 }
 
 /// Maps `bytes` aligned to the huge page and advises huge pages: over-maps

@@ -278,8 +278,8 @@ impl Unlisted {
         None
     }
 
-    /// Forgets the region, whose pages were moved elsewhere (see
-    /// `move_into`): nothing is left mapped at its base.
+    /// Forgets the region, whose pages were moved elsewhere or unmapped
+    /// (see `move_into`): nothing is left mapped at its base.
     fn forget_moved(self) {
         // SAFETY: as in `free`; the mapping is gone already.
         drop(unsafe { Box::from_raw(self.0.as_ptr()) });
@@ -671,7 +671,14 @@ impl Regions {
             .collect();
         // SAFETY: `len <= planned`: inside the mapping.
         let tail = unsafe { ptr.as_ptr().add(len) };
-        let total = len + move_into(tail, planned - len, unregistered);
+        let (placed, unmoved) = move_into(tail, planned - len, unregistered);
+        let total = len + placed;
+        if register.is_some() {
+            for (offset, n) in unmoved {
+                // SAFETY: `offset + n <= placed`: inside the mapping.
+                prefault(unsafe { tail.add(offset) }, n);
+            }
+        }
         if total < planned {
             // SAFETY: the unused end of the fresh mapping, which nothing
             // holds.
@@ -884,31 +891,36 @@ impl Drop for Regions {
 
 /// Moves the pages of the regions `fold` into the `room` bytes of a fresh
 /// mapping at `at`, one after another, largest first (so that those of
-/// whole huge pages stay aligned to them), and returns how many bytes
-/// from `at` now hold moved pages, all-zero and resident. A region the
-/// kernel would not move, and any after it, is freed instead.
-fn move_into(at: *mut u8, room: usize, mut fold: Vec<Unlisted>) -> usize {
+/// whole huge pages stay aligned to them), and returns how many bytes from
+/// `at` they fill, with the places (offset from `at`, length) of the parts
+/// the kernel would not move: those are left to the fresh mapping, zero
+/// and not yet faulted in, and the regions' own pages there are freed.
+fn move_into(at: *mut u8, room: usize, mut fold: Vec<Unlisted>) -> (usize, Vec<(usize, usize)>) {
     fold.sort_unstable_by_key(|r| std::cmp::Reverse(r.len()));
-    let mut moved = 0;
-    let mut moving = true;
+    let mut placed = 0;
+    let mut unmoved = Vec::new();
     for region in fold {
         let (from, n) = (region.base(), region.len());
         debug_assert!(!region.registered() && region.region().parent.is_none());
-        if moving && moved + n <= room {
-            // SAFETY: the region is unlisted with nothing carved from it,
-            // unregistered, and its holder gives it up here: nobody uses
-            // its pages; `[at + moved, at + moved + n)` lies in the fresh
-            // mapping, which only this grower holds.
-            if unsafe { move_pages(from, n, at.wrapping_add(moved)) } {
-                region.forget_moved();
-                moved += n;
-                continue;
-            }
-            moving = false;
+        if placed + n > room {
+            free_folded(region);
+            continue;
         }
-        free_folded(region);
+        // SAFETY: the region is unlisted with nothing carved from it,
+        // unregistered, and its holder gives it up here: nobody uses its
+        // pages; `[at + placed, at + placed + n)` lies in the fresh mapping,
+        // which only this grower holds.
+        let moved = unsafe { move_pages(from, n, at.wrapping_add(placed)) };
+        if moved < n {
+            unmoved.push((placed + moved, n - moved));
+            // SAFETY: what is left of the region's own mapping, which
+            // nobody uses.
+            unsafe { libc::munmap(from.wrapping_add(moved).cast(), n - moved) };
+        }
+        region.forget_moved();
+        placed += n;
     }
-    moved
+    (placed, unmoved)
 }
 
 /// Frees a region unlisted to be folded that was not moved after all.
@@ -1084,6 +1096,49 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         // SAFETY: carved above, given back once, all-zero.
         unsafe { Region::give_back(all.region, base, 4 * huge) };
+        for r in regions.unlist_idle(|_, _| true, false) {
+            assert!(r.free().is_none());
+        }
+    }
+
+    /// A region grown by a fold is two mappings (its fresh part and the
+    /// moved one), which kernels before Linux 6.17 refuse to move in one
+    /// call: folding it again moves it a huge page at a time, every page
+    /// still resident after.
+    #[test]
+    fn a_region_of_several_mappings_folds_a_huge_page_at_a_time() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut registered = |_: *mut u8, _: usize| Ok(());
+        let mut unregister = |r: Unlisted| {
+            r.set_unregistered();
+            Some(r)
+        };
+        let mut grow = |len, registering: bool| {
+            let plan = regions.fold_plan(len);
+            let register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>> =
+                if registering { Some(&mut registered) } else { None };
+            regions.grow(len, plan, &mut unregister, register).unwrap()
+        };
+        assert_eq!(grow(2 * huge, true), 2 * huge);
+        assert_eq!(grow(2 * huge, true), 4 * huge);
+        super::super::mmap::PIECEWISE.store(true, Ordering::Relaxed);
+        // Not registered, so not pre-faulted: what is resident was moved.
+        let len = grow(4 * huge, false);
+        super::super::mmap::PIECEWISE.store(false, Ordering::Relaxed);
+        assert_eq!(len, 8 * huge);
+        assert_eq!(regions.figures().regions, 1);
+        let all = regions.carve(8 * huge).unwrap();
+        let base = all.ptr.as_ptr();
+        assert_eq!(resident(base, 4 * huge), 0);
+        // SAFETY: inside the carved block.
+        let moved = unsafe { base.add(4 * huge) };
+        assert_eq!(resident(moved, 4 * huge), 4 * huge / page());
+        // SAFETY: the block is mapped and carved above, nobody else uses it.
+        let bytes = unsafe { std::slice::from_raw_parts(base, 8 * huge) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        // SAFETY: carved above, given back once, all-zero.
+        unsafe { Region::give_back(all.region, base, 8 * huge) };
         for r in regions.unlist_idle(|_, _| true, false) {
             assert!(r.free().is_none());
         }
