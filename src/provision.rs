@@ -301,7 +301,10 @@ fn set_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -> [
     // headroom (an eighth of its demand) covers its own buffers only, not
     // the small set's headroom again.
     let small = shard.small_regions().bytes();
-    demand[1] += small - small / 9;
+    // Rounded down: with its headroom added back, never more than the
+    // sub-regions themselves (else a large set holding only them would
+    // look short by a byte and grow for nothing).
+    demand[1] += small - small.div_ceil(9);
     demand
 }
 

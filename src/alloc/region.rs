@@ -65,6 +65,17 @@ pub(crate) struct Shortfall {
     pub(crate) need: usize,
 }
 
+/// A growth that failed (see [`Regions::grow`]): its error, and what was
+/// kept of the regions it folded: `Some(bytes)` registered again as one
+/// region of their own (a registration the caller counts), `None` if
+/// nothing was folded or that registration failed too (then they are
+/// freed).
+#[derive(Debug)]
+pub(crate) struct GrowFailed {
+    pub(crate) error: Error,
+    pub(crate) kept: Option<usize>,
+}
+
 /// One registration that blocks are carved from; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Region {
@@ -639,23 +650,24 @@ impl Regions {
     /// new mapping, after what the growth adds, rather than faulted in
     /// again: the pinned bytes never hold them twice, and takes miss their
     /// memory only for an unregistration, a move and a registration. The
-    /// place of a region carved from meanwhile, or that could not be
-    /// moved, is unmapped before the registration. On a registration
-    /// failure the mapping, with the pages moved into it, is freed and the
-    /// error returned.
+    /// place of a region carved from meanwhile is unmapped before the
+    /// registration. On a registration failure what the growth added is
+    /// freed, and the pages moved in are registered again as a region of
+    /// their own (see [`GrowFailed::kept`]), else freed too.
     pub(crate) fn grow(
         &self,
         len: usize,
         fold: Vec<usize>,
         unregister: &mut dyn FnMut(Unlisted) -> Option<Unlisted>,
         register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>>,
-    ) -> Result<usize, Error> {
+    ) -> Result<usize, GrowFailed> {
         let planned = len + fold.iter().sum::<usize>();
-        let ptr = if planned >= huge_page_size() {
-            map_huge(planned)?
+        let mapped = if planned >= huge_page_size() {
+            map_huge(planned)
         } else {
-            map(planned)?
+            map(planned)
         };
+        let ptr = mapped.map_err(|error| GrowFailed { error, kept: None })?;
         if let Some(node) = self.node {
             if let Err(error) = crate::numa::bind_range(ptr.as_ptr(), planned, node) {
                 tracing::debug!(node, %error, "pinpool: a region could not be bound to its NUMA node");
@@ -686,12 +698,19 @@ impl Regions {
         }
         let registered = match register {
             Some(register) => {
-                if let Err(e) = register(ptr.as_ptr(), total) {
-                    // SAFETY: the mapping was just made (with the pages
-                    // moved into it, which nothing holds), unregistered,
-                    // and nothing was carved from it.
-                    unsafe { libc::munmap(ptr.as_ptr().cast(), total) };
-                    return Err(e);
+                if let Err(error) = register(ptr.as_ptr(), total) {
+                    // SAFETY: the part the growth added, just mapped,
+                    // unregistered, nothing carved from it.
+                    unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+                    let kept = placed > 0 && self.keep_folded(tail, placed, register);
+                    if !kept && placed > 0 {
+                        // SAFETY: as above, for the folded part.
+                        unsafe { libc::munmap(tail.cast(), placed) };
+                    }
+                    return Err(GrowFailed {
+                        error,
+                        kept: kept.then_some(placed),
+                    });
                 }
                 true
             }
@@ -699,6 +718,25 @@ impl Regions {
         };
         self.list_new(ptr, total, registered, registered, None);
         Ok(total)
+    }
+
+    /// After a growth that folded regions failed to register: registers
+    /// the folded part (`len` bytes at `at`, the regions' own memory) as
+    /// a region of its own, so that the set keeps what it had; whether it
+    /// registered (else the caller frees it).
+    fn keep_folded(
+        &self,
+        at: *mut u8,
+        len: usize,
+        register: &mut dyn FnMut(*mut u8, usize) -> Result<(), Error>,
+    ) -> bool {
+        if register(at, len).is_err() {
+            return false;
+        }
+        // Inside the mapping: not null.
+        let at = NonNull::new(at).expect("a mapped address");
+        self.list_new(at, len, true, true, None);
+        true
     }
 
     /// Lists a sub-region (see `Region::parent`) over `at`, `len` bytes
@@ -1117,7 +1155,11 @@ mod tests {
         let mut grow = |len, registering: bool| {
             let plan = regions.fold_plan(len);
             let register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>> =
-                if registering { Some(&mut registered) } else { None };
+                if registering {
+                    Some(&mut registered)
+                } else {
+                    None
+                };
             regions.grow(len, plan, &mut unregister, register).unwrap()
         };
         assert_eq!(grow(2 * huge, true), 2 * huge);

@@ -824,7 +824,16 @@ impl Cleaner {
                     .into_iter()
                     .find_map(|n| large.carve(n).map(|at| (at, n)))
             };
-            let spare = || large.spare_for(len).then(carve).flatten();
+            // What they can spare: the region asked for, or one just large
+            // enough.
+            let spare = || {
+                [len, smallest].into_iter().find_map(|n| {
+                    large
+                        .spare_for(n)
+                        .then(|| large.carve(n).map(|at| (at, n)))
+                        .flatten()
+                })
+            };
             let carved = spare().or_else(|| {
                 let _growing = if reserved {
                     Some(large.growing())
@@ -897,35 +906,44 @@ impl Cleaner {
                 Counters::add(&counters.regions_released, 1);
                 release::unregister_region(env.releaser(), device, region)
             };
-            let started = Instant::now();
-            // The region's address and length, for the trace.
-            let (mut at, mut bytes) = (std::ptr::null_mut(), len);
+            // Each registration call: where, how long, how long it took,
+            // whether it held (a failed growth that folded regions
+            // registers them again on their own: a second call).
+            let mut calls = Vec::new();
             let mut register = |ptr: *mut u8, n: usize| {
-                (at, bytes) = (ptr, n);
+                let started = Instant::now();
                 // SAFETY: a fresh mapping of `n` bytes, which stays mapped
                 // until the region is unregistered in `release_region`.
-                unsafe { env.backend.register(device, ptr, n) }
+                let result = unsafe { env.backend.register(device, ptr, n) };
+                calls.push((ptr, n, started.elapsed(), result.is_ok()));
+                result
             };
-            match regions.grow(len, fold, &mut unregister, Some(&mut register)) {
-                Ok(bytes) => {
-                    let took = started.elapsed();
+            let grown = regions.grow(len, fold, &mut unregister, Some(&mut register));
+            if calls.is_empty() {
+                // It failed to map: counted as a failed registration.
+                calls.push((std::ptr::null_mut(), len, Duration::ZERO, false));
+            }
+            for (at, bytes, took, held) in calls {
+                if held {
                     counters.registered(bytes as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes, ?took, "pinpool: registered a region");
                     trace_registration(env, device, at, bytes, took, trace::REGISTER_REGION);
-                    return true;
-                }
-                Err(e) => {
-                    trace_registration(
-                        env,
-                        device,
-                        at,
-                        bytes,
-                        started.elapsed(),
-                        trace::REGISTER_REGION | trace::REGISTER_FAILED,
-                    );
+                } else {
                     Counters::add(&counters.registration_failures, 1);
-                    tracing::warn!(error = %e, bytes, "pinpool: registering a region failed");
+                    let flags = trace::REGISTER_REGION | trace::REGISTER_FAILED;
+                    trace_registration(env, device, at, bytes, took, flags);
+                }
+            }
+            match grown {
+                Ok(_) => return true,
+                Err(failed) => {
+                    tracing::warn!(
+                        error = %failed.error,
+                        bytes = len,
+                        kept = ?failed.kept,
+                        "pinpool: registering a region failed"
+                    );
                     let smaller = regions.fit_len(footprint).max(len / 2);
                     if smaller >= len {
                         return false;

@@ -1454,3 +1454,89 @@ fn a_small_reserve_under_a_budget_pins_within_it() {
         budget >> 10
     );
 }
+
+/// One region, wholly free, grown for an 8 MiB miss; its length.
+fn one_free_region(pool: &Pool) -> usize {
+    drop(pool.take(8 * MIB_));
+    pool.flush();
+    let s = pool.stats();
+    assert_eq!(s.regions, 1, "{s:#?}");
+    assert_eq!(s.free_extent_bytes, s.region_bytes, "{s:#?}");
+    s.region_bytes
+}
+
+/// A 64 KiB buffer reserved within the pinned budget, while the large set
+/// has a free extent that holds a small region for it but not a whole
+/// 2 MiB one past its demand peak: the budget is not passed, and the
+/// reserved buffer is pooled.
+#[test]
+fn a_small_reserve_within_the_budget_is_carved_within_it() {
+    let (pool, _faults) = built(|b| b.regions(true));
+    drop(pool.take(7 * MIB_));
+    pool.flush();
+    let s = pool.stats();
+    let region = s.region_bytes;
+    assert!(
+        s.regions == 1 && region > 7 * MIB_ && region < 9 * MIB_,
+        "{s:#?}"
+    );
+    let budget = region + MIB_;
+    pool.set_max_pinned_bytes(budget);
+    pool.reserve(0, &[(64 << 10, 1)]).unwrap();
+    pool.flush();
+    let s = pool.stats();
+    pool.shutdown();
+    assert!(
+        s.peak_pinned_bytes <= budget as u64 && s.pooled_buffers == 1,
+        "peak pinned {} KiB under a {} KiB budget, {} pooled: {s:#?}",
+        s.peak_pinned_bytes >> 10,
+        budget >> 10,
+        s.pooled_buffers
+    );
+}
+
+/// The registration of a growth that folds the set's one region fails:
+/// the memory the set held is registered again on its own, so the take it
+/// met before the failed growth is still met after it.
+#[test]
+fn a_failed_growth_keeps_the_regions_it_folded() {
+    let (pool, faults) = carving();
+    let before = one_free_region(&pool);
+    faults.fail_register(&[2]);
+    drop(pool.take(16 * MIB_));
+    pool.flush();
+    let s = pool.stats();
+    let b = pool.take(8 * MIB_);
+    let met = b.was_pooled() && b.is_pinned();
+    drop(b);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+    assert!(
+        met && s.registration_failures == 1,
+        "the {} MiB region pooled before the failed growth is gone ({} regions, {} MiB, {} \
+         registration failures)",
+        before >> 20,
+        s.regions,
+        s.region_bytes >> 20,
+        s.registration_failures
+    );
+}
+
+/// One small miss, back: the large set registers one region for the small
+/// set's sub-region, and an idle pool registers nothing more (the large
+/// set is not short of the sub-region it holds).
+#[test]
+fn an_idle_pool_registers_nothing_after_a_sub_region() {
+    let (pool, faults) = carving();
+    drop(pool.take(4096));
+    pool.flush();
+    let after_flush = faults.registered();
+    std::thread::sleep(Duration::from_millis(100));
+    let s = pool.stats();
+    pool.shutdown();
+    assert_eq!(
+        (after_flush, faults.registered()),
+        (1, 1),
+        "registrations after the flush, then 100 ms idle: {s:#?}"
+    );
+}
