@@ -458,7 +458,11 @@ impl Pool {
     /// pinned bytes fit or no idle buffer is left; buffers in use stay
     /// pinned until they are dropped, and while the pinned bytes are past
     /// the budget a dropped pinned buffer is released instead of pooled
-    /// and no buffer is registered.
+    /// and no buffer is registered. With regions
+    /// ([`PoolBuilder::regions`](crate::PoolBuilder::regions)), what is
+    /// released at once is the regions wholly free: one registration cannot
+    /// be released in part, so the free extents of a region with a buffer
+    /// in use stay pinned until its last buffer comes back.
     ///
     /// # Examples
     ///
