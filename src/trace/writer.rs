@@ -434,25 +434,35 @@ mod tests {
         tracer.finish();
         let trace = Trace::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        assert!(
-            matches!(trace.records.last(), Some(Record::End { lost: 0, .. })),
-            "records were lost: {:?}",
-            trace.records.last()
-        );
-        let mut taken = std::collections::HashSet::new();
+        // A drain starved of its core (a loaded machine) may let a ring
+        // fill, and records be lost, counted: the order of the rest is
+        // what this checks.
+        let Some(&Record::End { lost, .. }) = trace.records.last() else {
+            panic!("no end record: {:?}", trace.records.last());
+        };
+        let position: std::collections::HashMap<u64, usize> = trace
+            .records
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match *r {
+                Record::Take { id, .. } => Some((id, i)),
+                _ => None,
+            })
+            .collect();
         let mut drops = 0;
-        for r in &trace.records {
-            match *r {
-                Record::Take { id, .. } => {
-                    taken.insert(id);
+        for (i, r) in trace.records.iter().enumerate() {
+            if let Record::Drop { id, .. } = *r {
+                match position.get(&id) {
+                    Some(&at) => assert!(at < i, "a drop before its take: {r:?}"),
+                    None => assert!(lost > 0, "a drop without its take, nothing lost: {r:?}"),
                 }
-                Record::Drop { id, .. } => {
-                    assert!(taken.contains(&id), "a drop before its take: {r:?}");
-                    drops += 1;
-                }
-                _ => {}
+                drops += 1;
             }
         }
-        assert_eq!(drops, N);
+        // Every drop is in the file or counted lost.
+        assert!(
+            drops <= N && drops + lost >= N,
+            "{drops} drops, {lost} records lost"
+        );
     }
 }
