@@ -1123,17 +1123,25 @@ mod tests {
         assert_eq!(len, 4 * huge);
         let f = regions.figures();
         assert_eq!((f.regions, f.bytes, f.free), (1, 4 * huge, 4 * huge));
-        let all = regions.carve(4 * huge).unwrap();
+        only_the_end_is_resident(&regions, 4 * huge, 2 * huge);
+    }
+
+    /// Carves the whole of the one region of `regions`, `len` bytes, and
+    /// checks that only its last `moved` bytes are resident (moved in,
+    /// where nothing pre-faulted the rest) and all of it zero; then frees
+    /// it.
+    fn only_the_end_is_resident(regions: &Regions, len: usize, moved: usize) {
+        let all = regions.carve(len).unwrap();
         let base = all.ptr.as_ptr();
-        assert_eq!(resident(base, 2 * huge), 0);
+        assert_eq!(resident(base, len - moved), 0);
         // SAFETY: inside the carved block.
-        let moved = unsafe { base.add(2 * huge) };
-        assert_eq!(resident(moved, 2 * huge), 2 * huge / page());
+        let end = unsafe { base.add(len - moved) };
+        assert_eq!(resident(end, moved), moved / page());
         // SAFETY: the block is mapped and carved above, nobody else uses it.
-        let bytes = unsafe { std::slice::from_raw_parts(base, 4 * huge) };
+        let bytes = unsafe { std::slice::from_raw_parts(base, len) };
         assert!(bytes.iter().all(|&b| b == 0));
         // SAFETY: carved above, given back once, all-zero.
-        unsafe { Region::give_back(all.region, base, 4 * huge) };
+        unsafe { Region::give_back(all.region, base, len) };
         for r in regions.unlist_idle(|_, _| true, false) {
             assert!(r.free().is_none());
         }
@@ -1170,20 +1178,7 @@ mod tests {
         super::super::mmap::PIECEWISE.store(false, Ordering::Relaxed);
         assert_eq!(len, 8 * huge);
         assert_eq!(regions.figures().regions, 1);
-        let all = regions.carve(8 * huge).unwrap();
-        let base = all.ptr.as_ptr();
-        assert_eq!(resident(base, 4 * huge), 0);
-        // SAFETY: inside the carved block.
-        let moved = unsafe { base.add(4 * huge) };
-        assert_eq!(resident(moved, 4 * huge), 4 * huge / page());
-        // SAFETY: the block is mapped and carved above, nobody else uses it.
-        let bytes = unsafe { std::slice::from_raw_parts(base, 8 * huge) };
-        assert!(bytes.iter().all(|&b| b == 0));
-        // SAFETY: carved above, given back once, all-zero.
-        unsafe { Region::give_back(all.region, base, 8 * huge) };
-        for r in regions.unlist_idle(|_, _| true, false) {
-            assert!(r.free().is_none());
-        }
+        only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
     }
 
     #[test]
