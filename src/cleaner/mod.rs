@@ -936,6 +936,12 @@ impl Cleaner {
                 }
             }
             match grown {
+                Ok(_) if !reserved && !counters.fits_pinned(0) => {
+                    // The budget was lowered while the registration ran:
+                    // what it made, wholly free, goes again at once.
+                    release_regions_over_budget(env.releaser(), env.places.shards);
+                    return false;
+                }
                 Ok(_) => return true,
                 Err(failed) => {
                     tracing::warn!(

@@ -1540,3 +1540,29 @@ fn an_idle_pool_registers_nothing_after_a_sub_region() {
         "registrations after the flush, then 100 ms idle: {s:#?}"
     );
 }
+
+/// The pinned budget lowered to nothing while a growth waits in its
+/// registration: once that registration returns, the region it made,
+/// wholly free, is released, and nothing stays pinned.
+#[test]
+fn a_growth_registered_past_a_budget_lowered_meanwhile_is_released() {
+    for _ in 0..3 {
+        let (pool, faults) = carving();
+        faults.hold_register();
+        drop(pool.take(8 * MIB_));
+        assert!(eventually(Duration::from_secs(5), || faults
+            .register_calls()
+            >= 1));
+        pool.set_max_pinned_bytes(0);
+        faults.release();
+        pool.flush();
+        let released = eventually(Duration::from_secs(2), || pool.stats().pinned_bytes == 0);
+        let s = pool.stats();
+        pool.shutdown();
+        assert!(
+            released,
+            "{} KiB pinned under a budget of 0: {s:#?}",
+            s.pinned_bytes >> 10
+        );
+    }
+}
