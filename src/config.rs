@@ -371,7 +371,10 @@ impl PoolBuilder {
     /// pinning backend, the cleaner registers a few large mappings, sized
     /// by the most bytes the takes wanted at once (plus an eighth), instead
     /// of one registration per buffer; a miss buffer is freed, never
-    /// registered. A take whose class is empty carves its buffer from a
+    /// registered. A growth registers the wholly free regions again with
+    /// what it adds, as one region (their pages moved, not faulted again),
+    /// so a device's memory stays in a few regions whose extents hold its
+    /// largest buffers. A take whose class is empty carves its buffer from a
     /// region's free extents, or from the space of idle buffers of its
     /// region set, before it misses (borrowing a larger buffer whole gives
     /// way to this). A clean buffer goes back to its class only while the
@@ -381,6 +384,8 @@ impl PoolBuilder {
     /// 256 KiB are carved from regions of their own, themselves carved
     /// from the large ones, so that they do not scatter through the
     /// extents large buffers need; sub-page buffers still come from slabs.
+    /// Buffers under 64 MiB are carved from the top of the free extent
+    /// that fits them best, longer ones from its bottom.
     /// Regions wholly free for the idle-trim time are released; `clear`
     /// frees the regions nothing is carved from, `shutdown` every region
     /// (one with a buffer still out goes with its last buffer); a lowered
@@ -389,7 +394,8 @@ impl PoolBuilder {
     /// says how many): while idle buffers and free extents together exceed
     /// the cap, wholly free regions are released (when the cap is set, and
     /// by the cleaner once they have been wholly free for 100 ms); a region
-    /// with a buffer in use, or idle in its class, keeps its free extents.
+    /// with a buffer in use, or idle in its class, keeps its free extents
+    /// (one registration is released whole or not at all).
     ///
     /// # Examples
     ///
