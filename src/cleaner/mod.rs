@@ -878,8 +878,8 @@ impl Cleaner {
         // extent that holds it. Planned once the budget has admitted the
         // growth itself: they are unregistered before the new region is
         // registered, so they add nothing to what the budget counts. Only
-        // the first attempt folds (a failed registration freed what it
-        // folded).
+        // the first attempt folds (a failed registration registers what it
+        // folded again on its own, or frees it).
         let mut first = true;
         loop {
             if !counters.fits_pinned(len as u64) && len > regions.fit_len(footprint) {
@@ -906,8 +906,8 @@ impl Cleaner {
                 Counters::add(&counters.regions_released, 1);
                 release::unregister_region(env.releaser(), device, region)
             };
-            // Each registration call: where, how long, how long it took,
-            // whether it held (a failed growth that folded regions
+            // Each registration call: where, how many bytes, how long it
+            // took, whether it held (a failed growth that folded regions
             // registers them again on their own: a second call).
             let mut calls = Vec::new();
             let mut register = |ptr: *mut u8, n: usize| {
