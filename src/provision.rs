@@ -118,18 +118,14 @@ impl Provisioner {
 
     /// Tells each device's regions what is in use of their buffers now
     /// (`in_use`: buffers per slot), so that they can grow ahead of demand
-    /// (see `Regions::note_in_use`). The large regions hold the small
-    /// ones, so their demand includes the small set's bytes.
+    /// (see `Regions::note_in_use`).
     fn note_demand(at: Places<'_>, in_use: &[u64]) {
         let intake = &at.caches.intake;
         for (device, shard) in at.shards.iter().enumerate() {
-            let [small, large] = shard.all_regions() else {
-                continue;
-            };
-            let demand = set_demand(at, device, |slot| in_use[slot]);
-            let missed = |regions| intake.misses_out(device, shard.set_footprint(regions));
-            small.note_in_use(demand[0], missed(small));
-            large.note_in_use(demand[1], missed(large));
+            let demand = carved_demand(at, device, |slot| in_use[slot]);
+            shard
+                .regions()
+                .note_in_use(demand, intake.misses_out(device));
         }
     }
 
@@ -282,45 +278,26 @@ impl Provisioner {
     }
 }
 
-/// The demand on `device`'s two sets of regions (small, large), given the
-/// buffers in use per slot (taken and not dropped, misses included): their
-/// footprints' bytes per set, the large set's with what the small set's
-/// regions hold (they are carved from its own).
-fn set_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -> [usize; 2] {
+/// The demand on `device`'s regions, given the buffers in use per slot
+/// (taken and not dropped, misses included): the footprint bytes of those
+/// of classes carved from regions (whole pages; sub-page classes come from
+/// slabs).
+fn carved_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -> usize {
     let classes = &at.caches.classes;
-    let shard = &at.shards[device];
-    let large = shard.large_regions();
-    let mut demand = [0usize; 2];
-    for class in classes.all().filter(|&c| classes.per_slab(c) == 1) {
-        let footprint = classes.footprint(class);
-        let set = usize::from(std::ptr::eq(shard.regions(footprint), large));
-        demand[set] += in_use(classes.slot(device, class)) as usize * footprint;
-    }
-    // The small set's regions are carved from the large set's: the large
-    // set holds them whole. Counted at 8/9, so that the large set's
-    // headroom (an eighth of its demand) covers its own buffers only, not
-    // the small set's headroom again.
-    let small = shard.small_regions().bytes();
-    // Rounded down: with its headroom added back, never more than the
-    // sub-regions themselves (else a large set holding only them would
-    // look short by a byte and grow for nothing).
-    demand[1] += small - small.div_ceil(9);
-    demand
+    classes
+        .all()
+        .filter(|&c| classes.per_slab(c) == 1)
+        .map(|class| in_use(classes.slot(device, class)) as usize * classes.footprint(class))
+        .sum()
 }
 
-/// The demand on the set of `device`'s regions that buffers of `footprint`
-/// are carved from, now: as the provisioning tick counts it (see
-/// [`Provisioner::tick`]), summed over the thread caches at the call, for
-/// a take that found no memory (the slow path), whose own buffer is
-/// counted. Relaxed counts read while other threads take and drop: a
+/// The demand on `device`'s regions now: as the provisioning tick counts
+/// it (see [`Provisioner::tick`]), summed over the thread caches at the
+/// call, for a take that found no memory (the slow path), whose own buffer
+/// is counted. Relaxed counts read while other threads take and drop: a
 /// little off either way, which the next tick or miss corrects.
-pub(crate) fn demand_now(at: Places<'_>, device: usize, footprint: usize) -> usize {
-    let demand = set_demand(at, device, |slot| {
+pub(crate) fn demand_now(at: Places<'_>, device: usize) -> usize {
+    carved_demand(at, device, |slot| {
         at.caches.iter().map(|cache| cache.in_use(slot)).sum()
-    });
-    let shard = &at.shards[device];
-    demand[usize::from(std::ptr::eq(
-        shard.regions(footprint),
-        shard.large_regions(),
-    ))]
+    })
 }

@@ -128,12 +128,6 @@ pub(crate) trait Tuning {
     /// on recent drivers.
     const REGION_MAX: usize;
 
-    /// Buffers of at least this footprint are carved from a device's large
-    /// regions, smaller ones from its small regions (sub-regions of the
-    /// large), so that small buffers kept by their classes do not scatter
-    /// through the extents large ones need whole.
-    const LARGE_BUFFER: usize;
-
     /// Buffers shorter than this are carved from the top of the free
     /// extent that fits them best, longer ones from its bottom: the short
     /// ones gather at one end of the free space they take from, and do not
@@ -185,7 +179,6 @@ impl Tuning for Production {
     const ZERO_BACKLOG_MIN: usize = 64 << 20;
     const REGION_MIN: usize = 2 << 20;
     const REGION_MAX: usize = 256 << 30;
-    const LARGE_BUFFER: usize = 256 << 10;
     const TOP_CARVE_BELOW: usize = 64 << 20;
 }
 
@@ -216,9 +209,6 @@ impl Tuning for Small {
     const REGION_MIN: usize = 8;
     // No bound the models reach: a region is what its growth wants.
     const REGION_MAX: usize = 1 << 30;
-    // Above a page: the models' buffers (one page each) come from small
-    // regions, themselves carved from large ones.
-    const LARGE_BUFFER: usize = 2 << 12;
     // Every model buffer from the bottom, as before this existed.
     const TOP_CARVE_BELOW: usize = 0;
 }

@@ -32,7 +32,7 @@
 //! | `shutdown::a_late_drop_waits_for_a_reaper_that_a_later_close_starts` | a message sent while no reaper runs dropped; a reaper that starts without taking over the queued messages | the closed pool's state freed with a buffer out; the late drop waited forever (maximum branches exceeded) |
 //! | `regions::a_give_back_races_a_carve_from_the_same_region` | a carve that splits its extent without taking the carved part out of the free extents | carved over written bytes (the new buffer lay on the live one) |
 //! | `regions::a_trim_races_a_carve_from_the_region_it_releases` | unlisting (and so releasing) a region with a buffer still carved from it | the model crashed (SIGSEGV: the freed region was used by the give-back) |
-//! | `regions::a_trim_races_the_last_give_back_of_a_small_region` (and the two above) | a small region freed without giving its space back to its parent | a region stayed registered (the parent never wholly free again) |
+//! | `regions::a_trim_races_the_last_give_back_of_a_region` | a give-back that marks its region wholly free (its last block back) before it returns the block's extent, under two holds of the region's lock | the model crashed (SIGSEGV: the trim released the region between the two, and the give-back wrote into it) |
 //!
 //! Three mutations went unnoticed, all equivalent: `shutdown_races_drop_and_flush`
 //! with a flush that no longer drains inline when no worker runs (the flush

@@ -1,10 +1,9 @@
 //! Loom models of regions (`PoolBuilder::regions`): a buffer given back to
 //! its region racing a carve from it, a trim releasing a region racing a
-//! take that would carve from it, and a trim racing the last give-back of a
-//! small region. The loom tuning puts every model buffer in a small region
-//! (a sub-region carved from a large one), so each model runs both levels. Workerless pools: the flushes and the
-//! trim clean and release on their callers' threads, so each model races
-//! only its own two threads. The CI runs these at `LOOM_MAX_PREEMPTIONS=2`.
+//! take that would carve from it, and a trim racing the give-back of a
+//! region's last buffer. Workerless pools: the flushes and the trim clean
+//! and release on their callers' threads, so each model races only its own
+//! two threads. The CI runs these at `LOOM_MAX_PREEMPTIONS=2`.
 #![cfg(loom)]
 
 mod common;
@@ -90,24 +89,22 @@ fn a_trim_races_a_carve_from_the_region_it_releases() {
     });
 }
 
-/// A small buffer (carved from a small region, itself carved from a large
-/// one) is dropped and flushed on one thread while a trim on another
-/// releases what is wholly free: the small region goes back to its parent,
-/// and the parent to the system, in whichever order the two threads reach
-/// them.
+/// A region's one carved buffer is dropped and flushed on one thread (the
+/// give-back of its last block) while a trim on another releases what is
+/// wholly free, in whichever order the two threads reach the region.
 ///
-/// Catches: a small region freed without going back to its parent (the
-/// parent never wholly free again: left registered at shutdown), or a
-/// parent released while a small region carved from it is still listed
-/// (then used after it was freed).
+/// Catches: a region released while its last block is still carved or
+/// being given back (the give-back then writes into a freed region), or a
+/// region the give-back leaves never wholly free again (left registered at
+/// shutdown).
 #[test]
-fn a_trim_races_the_last_give_back_of_a_small_region() {
+fn a_trim_races_the_last_give_back_of_a_region() {
     model(|| {
         let (pool, faults) = carving_pool();
         drop(pool.take(4));
         pool.flush();
         let a = pool.take(4);
-        assert!(a.is_pinned(), "not carved from a small region");
+        assert!(a.is_pinned(), "not carved from a region");
         let dropper = {
             let pool = pool.clone();
             thread::spawn(move || {

@@ -11,11 +11,9 @@
 //! given back only once its bytes are (the releaser zeroes what was
 //! written).
 //!
-//! A device has two sets of [`Regions`]: for small buffers and for large
-//! ones (see `Shard::regions`). The small set's regions are *sub-regions*,
-//! carved from the large set's, so they cost no registration of their own
-//! and go back to their parent when freed. Each set grows by demand: the
-//! most bytes its takes held at once, misses included, as the provisioning
+//! A device has one set of [`Regions`] (see `Shard::regions`), which every
+//! buffer of whole pages is carved from. It grows by demand: the most
+//! bytes its takes held at once, misses included, as the provisioning
 //! tick counts them and as each miss counts them at its take (see
 //! [`Regions::note_in_use`] and [`Regions::note_miss`]); the cleaner grows
 //! a set by what it falls short of that peak plus an eighth, ahead of
@@ -53,18 +51,6 @@ use crate::tune::{Tune, Tuning};
 
 use super::mmap::{huge_page_size, map, map_huge, move_pages};
 
-/// What a set of regions falls short of (see
-/// [`Regions::take_shortfall`]): `want` bytes to grow by, headroom
-/// included, of which `need` at the least (what the demand itself passes
-/// them by, or a buffer that must fit in one extent): a growth that folds
-/// this shortfall into another keeps `need` of it. Both 0 when nothing is
-/// short.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Shortfall {
-    pub(crate) want: usize,
-    pub(crate) need: usize,
-}
-
 /// A growth that failed (see [`Regions::grow`]): its error, and what was
 /// kept of the regions it folded: `Some(bytes)` registered again as one
 /// region of their own (a registration the caller counts), `None` if
@@ -84,11 +70,6 @@ pub(crate) struct Region {
     len: usize,
     state: Mutex<Extents>,
     totals: Arc<Totals>,
-    /// For a *sub-region* (the small buffers' regions are carved from the
-    /// large ones', so that they cost no registration of their own): the
-    /// region it was carved from, which it goes back to when freed, and
-    /// whose registration pins it.
-    parent: Option<NonNull<Region>>,
     _track: Track,
 }
 
@@ -106,9 +87,6 @@ struct Extents {
     listed: bool,
     /// Registered: unregister before unmapping.
     registered: bool,
-    /// Its memory is page-locked (registered, or carved from a region that
-    /// is).
-    pinned: bool,
     /// A block of it was leaked: the region is never unmapped.
     leaked: bool,
     /// When the region last became wholly free.
@@ -253,14 +231,11 @@ impl Unlisted {
     pub(crate) fn set_unregistered(&self) {
         let mut state = self.region().state.lock();
         state.registered = false;
-        state.pinned = false;
     }
 
     /// Unmaps the region, or leaks it if it is still registered or a block
-    /// of it was leaked. A sub-region goes back to its parent instead:
-    /// `Some` if that was the last block of an unlisted parent, which the
-    /// caller then owns, to unregister and free.
-    pub(crate) fn free(self) -> Option<Unlisted> {
+    /// of it was leaked.
+    pub(crate) fn free(self) {
         // SAFETY: the holder owns the region box, made by `Box::leak`.
         let region = unsafe { Box::from_raw(self.0.as_ptr()) };
         let state = region.state.lock();
@@ -271,22 +246,15 @@ impl Unlisted {
                     "pinpool: a pinned region was freed without unregistering; leaking it"
                 );
             }
-            return None;
+            return;
         }
         drop(state);
-        if let Some(parent) = region.parent {
-            // SAFETY: the sub-region was carved from `parent` at its base
-            // with its length, is given back once (its box is gone after
-            // this), and is wholly free, so all-zero.
-            return unsafe { Region::give_back(parent, region.base(), region.len) };
-        }
         // SAFETY: `base` starts a mapping of `len` bytes made for this
         // region, and no block of it is left.
         let rc = unsafe { libc::munmap(region.base().cast(), region.len) };
         if rc != 0 {
             tracing::error!(error = %std::io::Error::last_os_error(), "pinpool: munmap failed");
         }
-        None
     }
 
     /// Forgets the region, whose pages were moved elsewhere or unmapped
@@ -483,25 +451,6 @@ impl Regions {
             && now.saturating_sub(since) < Tune::GROWTH_SETTLE_MAX.as_nanos() as u64
     }
 
-    /// Whether `len` bytes may be carved from these regions' free space
-    /// for another set (a small set's sub-region) without leaving them
-    /// short: no miss of theirs waits for a growth, and what they hold
-    /// stays at least their demand peak. Relaxed reads (see `Totals`): a
-    /// stale answer carves what the next growth of these regions gives
-    /// back, or grows where carving would have done.
-    pub(crate) fn spare_for(&self, len: usize) -> bool {
-        // Relaxed: see above.
-        let missed = self.totals.missed.load(Ordering::Relaxed);
-        let peak = self.totals.peak.load(Ordering::Relaxed);
-        !missed && self.bytes() >= peak + len
-    }
-
-    /// Bytes of the listed regions.
-    pub(crate) fn bytes(&self) -> usize {
-        // Relaxed: see `Totals`.
-        self.totals.bytes.load(Ordering::Relaxed)
-    }
-
     /// The bytes the regions fall short of the most wanted at once, plus an
     /// eighth of it as headroom (so that a workload whose peak creeps up
     /// does not register a region at every new peak), or the largest
@@ -515,7 +464,7 @@ impl Regions {
             return 0;
         }
         let len = self.totals.largest_miss.load(Ordering::Relaxed);
-        self.short_of_peak().want.max(len)
+        self.short_of_peak().max(len)
     }
 
     /// As [`shortfall`](Self::shortfall), for the grower (who holds
@@ -523,21 +472,20 @@ impl Regions {
     /// by what it grows, and one noted from now on makes the regions fall
     /// short again, even while this growth runs. A grower that fails gives
     /// them back with [`unmet`](Self::unmet).
-    pub(crate) fn take_shortfall(&self) -> Shortfall {
+    pub(crate) fn take_shortfall(&self) -> usize {
         // Relaxed: see `Totals`. A note racing the swap either sets the
         // flag again, or is taken with it, its peak possibly read stale:
         // a growth a little short, which the next miss corrects.
         if !self.totals.missed.swap(false, Ordering::Relaxed) {
-            return Shortfall::default();
+            return 0;
         }
-        let mut short = self.short_of_peak();
+        let short = self.short_of_peak();
         // A miss for want of one extent large enough, not of bytes: the
         // growth is at least a region that holds it (the bytes free in
         // smaller extents cannot serve it, however many they are).
         let len = self.totals.largest_miss.swap(0, Ordering::Relaxed);
         if len > self.figures().largest_free {
-            short.want = short.want.max(len);
-            short.need = short.need.max(len);
+            return short.max(len);
         }
         short
     }
@@ -552,16 +500,13 @@ impl Regions {
     /// an eighth of what they hold once they fall short at all, so that a
     /// demand creeping up registers a few growing regions, not one small
     /// one per step.
-    fn short_of_peak(&self) -> Shortfall {
+    fn short_of_peak(&self) -> usize {
         // Relaxed: see `Totals`.
         let peak = self.totals.peak.load(Ordering::Relaxed);
         let bytes = self.totals.bytes.load(Ordering::Relaxed);
         match (peak + peak / 8).saturating_sub(bytes) {
-            0 => Shortfall::default(),
-            short => Shortfall {
-                want: short.max(bytes / 8),
-                need: peak.saturating_sub(bytes),
-            },
+            0 => 0,
+            short => short.max(bytes / 8),
         }
     }
 
@@ -626,7 +571,7 @@ impl Regions {
         // this: what is carved out includes idle buffers and buffers in
         // the cleaner, which are not demand.)
         self.totals.out.fetch_add(len, Ordering::Relaxed);
-        let pinned = state.pinned;
+        let pinned = state.registered;
         drop(state);
         drop(list);
         // SAFETY: `offset + len <= this.len`, inside the mapping.
@@ -716,7 +661,7 @@ impl Regions {
             }
             None => false,
         };
-        self.list_new(ptr, total, registered, registered, None);
+        self.list_new(ptr, total, registered);
         Ok(total)
     }
 
@@ -735,24 +680,12 @@ impl Regions {
         }
         // Inside the mapping: not null.
         let at = NonNull::new(at).expect("a mapped address");
-        self.list_new(at, len, true, true, None);
+        self.list_new(at, len, true);
         true
     }
 
-    /// Lists a sub-region (see `Region::parent`) over `at`, `len` bytes
-    /// carved from a region of another set, wholly free.
-    pub(crate) fn adopt(&self, at: Carved, len: usize) {
-        self.list_new(at.ptr, len, false, at.pinned, Some(at.region));
-    }
-
-    fn list_new(
-        &self,
-        ptr: NonNull<u8>,
-        len: usize,
-        registered: bool,
-        pinned: bool,
-        parent: Option<NonNull<Region>>,
-    ) {
+    /// Lists a fresh region over the `len` bytes at `ptr`, wholly free.
+    fn list_new(&self, ptr: NonNull<u8>, len: usize, registered: bool) {
         let mut extents = Extents {
             by_offset: BTreeMap::new(),
             by_size: BTreeSet::new(),
@@ -760,7 +693,6 @@ impl Regions {
             out: 0,
             listed: true,
             registered,
-            pinned,
             leaked: false,
             idle_since: Some(Instant::now()),
         };
@@ -770,7 +702,6 @@ impl Regions {
             len,
             state: Mutex::new(extents),
             totals: Arc::clone(&self.totals),
-            parent,
             _track: Track::new(),
         });
         self.list.lock().push(NonNull::from(Box::leak(region)));
@@ -918,11 +849,9 @@ impl Drop for Regions {
                 continue;
             }
             drop(state);
-            if let Some(parent) = Unlisted(region).free() {
-                // Dropped with its pool; unregistered (and so freed) only
-                // if nothing pinned is left: else leaked, and said so.
-                let _ = parent.free();
-            }
+            // Dropped with its pool: freed if the pool unregistered it,
+            // else leaked, and said so.
+            Unlisted(region).free();
         }
     }
 }
@@ -939,7 +868,7 @@ fn move_into(at: *mut u8, room: usize, mut fold: Vec<Unlisted>) -> (usize, Vec<(
     let mut unmoved = Vec::new();
     for region in fold {
         let (from, n) = (region.base(), region.len());
-        debug_assert!(!region.registered() && region.region().parent.is_none());
+        debug_assert!(!region.registered());
         if placed + n > room {
             free_folded(region);
             continue;
@@ -963,9 +892,7 @@ fn move_into(at: *mut u8, room: usize, mut fold: Vec<Unlisted>) -> (usize, Vec<(
 
 /// Frees a region unlisted to be folded that was not moved after all.
 fn free_folded(region: Unlisted) {
-    // A large set's region: it has no parent to come back.
-    let parent = region.free();
-    debug_assert!(parent.is_none());
+    region.free();
 }
 
 /// Touches every page of the `len` bytes at `ptr` (writing a zero), so
@@ -1065,9 +992,7 @@ mod tests {
         assert!(regions.carve(17 * page()).is_none());
         let unlisted = regions.unlist_idle(|_, _| true, false);
         assert_eq!(unlisted.len(), 1);
-        unlisted
-            .into_iter()
-            .for_each(|r| assert!(r.free().is_none()));
+        unlisted.into_iter().for_each(Unlisted::free);
         assert_eq!(regions.figures().regions, 0);
     }
 
@@ -1091,7 +1016,7 @@ mod tests {
             Region::give_back(short.region, short.ptr.as_ptr(), page());
         }
         for r in regions.unlist_idle(|_, _| true, false) {
-            assert!(r.free().is_none());
+            r.free();
         }
     }
 
@@ -1143,7 +1068,7 @@ mod tests {
         // SAFETY: carved above, given back once, all-zero.
         unsafe { Region::give_back(all.region, base, len) };
         for r in regions.unlist_idle(|_, _| true, false) {
-            assert!(r.free().is_none());
+            r.free();
         }
     }
 
@@ -1197,7 +1122,7 @@ mod tests {
         // SAFETY: carved above, given back once, untouched.
         unsafe { Region::give_back(held.region, held.ptr.as_ptr(), page()) };
         for r in regions.unlist_idle(|_, _| true, false) {
-            assert!(r.free().is_none());
+            r.free();
         }
     }
 
@@ -1216,7 +1141,7 @@ mod tests {
         // SAFETY: carved above, given back once, untouched.
         let last = unsafe { Region::give_back(a.region, a.ptr.as_ptr(), page()) };
         let last = last.expect("the last block hands the region over");
-        assert!(last.free().is_none());
+        last.free();
     }
 }
 

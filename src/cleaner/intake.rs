@@ -50,7 +50,7 @@ pub(crate) struct Intake {
     /// Whether buffers are carved from regions (see `alloc::region`): a
     /// miss buffer is then freed, and its demand met by a region.
     pub(crate) regions: bool,
-    /// Per device and set of regions (small, large), the footprint bytes of
+    /// Per device, the footprint bytes of
     /// pageable buffers that takes missed to and that are not dropped yet:
     /// demand the regions did not meet. Relaxed: a hint for the size of
     /// the next region, which a racing miss or drop leaves a buffer off.
@@ -87,7 +87,7 @@ impl Intake {
             lanes: Lanes::new(),
             pins,
             regions: pins && regions,
-            misses_out: (0..devices * 2).map(|_| AtomicUsize::new(0)).collect(),
+            misses_out: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
             syncs: DeviceSyncs::new(devices),
             register_queued: AtomicUsize::new(0),
             register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
@@ -97,26 +97,19 @@ impl Intake {
         }
     }
 
-    /// The index of `device`'s set of regions for `footprint` in
-    /// `misses_out`.
-    fn set(device: usize, footprint: usize) -> usize {
-        device * 2 + usize::from(footprint >= Tune::LARGE_BUFFER)
-    }
-
     /// Notes a take of `device` that missed to a pageable buffer of
-    /// `footprint` bytes; returns the bytes of such misses out now in its
-    /// set of regions, its own included.
+    /// `footprint` bytes; returns the bytes of such misses out now on the
+    /// device, its own included.
     pub(crate) fn note_miss(&self, device: usize, footprint: usize) -> usize {
         // Relaxed: see `misses_out`.
-        self.misses_out[Self::set(device, footprint)].fetch_add(footprint, Ordering::Relaxed)
-            + footprint
+        self.misses_out[device].fetch_add(footprint, Ordering::Relaxed) + footprint
     }
 
-    /// The bytes of misses out now in `device`'s set of regions for
-    /// `footprint`.
-    pub(crate) fn misses_out(&self, device: usize, footprint: usize) -> usize {
+    /// The bytes of misses out now on `device` (of buffers its regions
+    /// carve).
+    pub(crate) fn misses_out(&self, device: usize) -> usize {
         // Relaxed: see `misses_out`.
-        self.misses_out[Self::set(device, footprint)].load(Ordering::Relaxed)
+        self.misses_out[device].load(Ordering::Relaxed)
     }
 
     /// The key a closed pool's late buffers are filed under with the
@@ -166,7 +159,7 @@ impl Intake {
         let register = self.pins && !block.is_pinned();
         if self.regions && register && !ahead && !block.in_slab() {
             // A miss back: no longer demand the regions fall short of.
-            let out = &self.misses_out[Self::set(block.device(), block.footprint())];
+            let out = &self.misses_out[block.device()];
             // Relaxed: see `misses_out`; stops at 0 rather than wrap.
             let _ = out.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(block.footprint()))

@@ -50,7 +50,7 @@ mod sweep;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Regions, Shortfall};
+use crate::alloc::{clean_range, Block, Regions};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -468,12 +468,10 @@ impl Cleaner {
             let mut syncs_wanted: Vec<(usize, u64)> = Vec::new();
             let done = self.parking.poll(|returned| {
                 if returned.growth {
-                    // Waiting for a growth of its set, not for copies.
+                    // Waiting for a growth of its regions, not for copies.
                     let block = returned.block();
-                    let shard = &env.places.shards[block.device()];
-                    let regions = shard.regions(block.footprint());
-                    let running = regions.growth_running() || shard.parent_growing(regions);
-                    return (!running).then_some(Ok(()));
+                    let regions = env.places.shards[block.device()].regions();
+                    return (!regions.growth_running()).then_some(Ok(()));
                 }
                 let block = returned.block_mut();
                 if block.fences_mut().is_empty() && block.is_pinned() {
@@ -758,20 +756,19 @@ impl Cleaner {
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;
         let footprint = like.footprint();
-        let shard = &env.places.shards[device];
-        let regions = shard.regions(footprint);
+        let regions = env.places.shards[device].regions();
         let _growing = if like.is_reserved() {
             regions.growing()
         } else {
             match regions.try_growing() {
-                Some(guard) if !shard.parent_growing(regions) => guard,
-                _ => return Replacement::AfterGrowth,
+                Some(guard) => guard,
+                None => return Replacement::AfterGrowth,
             }
         };
         let short = regions.take_shortfall();
         // Within the budget, even for memory `reserve` asked for: only its
         // own bytes may pass it (below).
-        if short.want > 0 && !Self::grow(env, device, regions, short.want, footprint, false) {
+        if short > 0 && !Self::grow(env, device, regions, short, footprint, false) {
             regions.unmet();
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
@@ -807,68 +804,6 @@ impl Cleaner {
         least: usize,
         reserved: bool,
     ) -> bool {
-        let shard = &env.places.shards[device];
-        if std::ptr::eq(regions, shard.small_regions()) {
-            // Small buffers' regions are carved from the large ones: no
-            // registration of their own.
-            let large = shard.large_regions();
-            let (len, smallest) = (regions.next_len(want, least), regions.fit_len(least));
-            // The region asked for, or one just large enough, from what the
-            // large regions have free, while they can spare it (else that
-            // space is what the large set's own demand needs);
-            // else they grow (down to what the budget allows) and it is
-            // carved from there. While another worker grows them, only
-            // memory `reserve` asked for waits.
-            let carve = || {
-                [len, smallest]
-                    .into_iter()
-                    .find_map(|n| large.carve(n).map(|at| (at, n)))
-            };
-            // What they can spare: the region asked for, or one just large
-            // enough.
-            let spare = || {
-                [len, smallest].into_iter().find_map(|n| {
-                    large
-                        .spare_for(n)
-                        .then(|| large.carve(n).map(|at| (at, n)))
-                        .flatten()
-                })
-            };
-            let carved = spare().or_else(|| {
-                let _growing = if reserved {
-                    Some(large.growing())
-                } else {
-                    large.try_growing()
-                }?;
-                // Freed meanwhile, or grown by the worker that held it.
-                spare().or_else(|| {
-                    // One registration for both sets: the large set's own
-                    // shortfall grows with the sub-region, all of what it
-                    // needs kept past the sub-region (not for memory
-                    // `reserve` asked for, whose growth may pass the
-                    // pinned budget by its own bytes only). If that
-                    // registration fails, the sub-region's alone; if that
-                    // fails too, what the large set has free.
-                    let own = if reserved {
-                        Shortfall::default()
-                    } else {
-                        large.take_shortfall()
-                    };
-                    let both = own.want > 0
-                        && Self::grow(env, device, large, len + own.want, len + own.need, false);
-                    if own.want > 0 && !both {
-                        large.unmet();
-                    }
-                    let grown = both || Self::grow(env, device, large, len, smallest, reserved);
-                    grown.then(carve).flatten().or_else(carve)
-                })
-            });
-            let Some((at, len)) = carved else {
-                return false;
-            };
-            regions.adopt(at, len);
-            return true;
-        }
         let counters = env.counters();
         let footprint = least;
         let mut len = regions.next_len(want, least);

@@ -69,10 +69,7 @@ fn free(with: Releaser<'_>, mut block: Block) {
         Unpinned::Last(slab) => slab.free(),
         // Back to its region, which stays registered while listed.
         Unpinned::Carved(None) => {}
-        Unpinned::Carved(Some(region)) => {
-            Counters::add(&counters.regions_released, 1);
-            release_region(with, device, region);
-        }
+        Unpinned::Carved(Some(region)) => release_region(with, device, region),
     }
 }
 
@@ -106,20 +103,12 @@ pub(crate) fn unregister_region(
 }
 
 /// Unregisters (if registered) and frees a region that nothing is carved
-/// from any more; leaks it if the unregistration fails.
+/// from any more, counting it released; leaks it if the unregistration
+/// fails.
 pub(crate) fn release_region(with: Releaser<'_>, device: usize, region: Unlisted) {
-    let mut next = Some(region);
-    while let Some(region) = next.take() {
-        let Some(region) = unregister_region(with, device, region) else {
-            return;
-        };
-        // A sub-region goes back to its parent, which comes back if that
-        // was the last block of an unlisted one.
-        // (A parent coming back is a large region: counted released.)
-        next = region.free();
-        if next.is_some() {
-            Counters::add(&with.counters.regions_released, 1);
-        }
+    Counters::add(&with.counters.regions_released, 1);
+    if let Some(region) = unregister_region(with, device, region) {
+        region.free();
     }
 }
 
@@ -161,14 +150,8 @@ pub(crate) fn release_regions(
     all: bool,
 ) {
     for (device, shard) in shards.iter().enumerate() {
-        for regions in shard.all_regions() {
-            let large = std::ptr::eq(regions, shard.large_regions());
-            for region in regions.unlist_idle(&mut pick, all) {
-                if large {
-                    Counters::add(&with.counters.regions_released, 1);
-                }
-                release_region(with, device, region);
-            }
+        for region in shard.regions().unlist_idle(&mut pick, all) {
+            release_region(with, device, region);
         }
     }
 }
@@ -181,22 +164,14 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
         return;
     }
     for (device, shard) in shards.iter().enumerate() {
-        // Wholly free small regions first: they go back to the large ones,
-        // whose registrations are what the budget counts.
-        for regions in shard.all_regions() {
-            let mut over = counters.pinned().saturating_sub(counters.max_pinned());
-            let pick = |len: usize, _| {
-                let pick = over > 0;
-                over = over.saturating_sub(len as u64);
-                pick
-            };
-            let large = std::ptr::eq(regions, shard.large_regions());
-            for region in regions.unlist_idle(pick, false) {
-                if large {
-                    Counters::add(&counters.regions_released, 1);
-                }
-                release_region(with, device, region);
-            }
+        let mut over = counters.pinned().saturating_sub(counters.max_pinned());
+        let pick = |len: usize, _| {
+            let pick = over > 0;
+            over = over.saturating_sub(len as u64);
+            pick
+        };
+        for region in shard.regions().unlist_idle(pick, false) {
+            release_region(with, device, region);
         }
     }
 }
@@ -252,10 +227,8 @@ pub(crate) fn cool(
 }
 
 /// Free extents are pooled bytes too: while idle buffers and free extents
-/// together exceed the cap, releases wholly free regions. A small region
-/// (a sub-region) released goes back to its parent as free extents, which
-/// releases nothing pinned: every wholly free one goes first, then the
-/// large regions, until the excess is covered. Idle buffers are left to
+/// together exceed the cap, releases wholly free regions until the excess
+/// is covered. Idle buffers are left to
 /// the cap's own eviction (`Admission`): giving them back to regions that
 /// other buffers keep in use would bring nothing under the cap. A region
 /// with a buffer in use, or idle in its class, keeps its free extents. Only
@@ -275,12 +248,6 @@ pub(crate) fn fit_regions_to_cap(
     if over() == 0 {
         return;
     }
-    for (device, shard) in at.shards.iter().enumerate() {
-        let pick = |_, idle: Duration| idle >= min_idle;
-        for region in shard.small_regions().unlist_idle(pick, false) {
-            release_region(with, device, region);
-        }
-    }
     let mut left = over() as u64;
     for (device, shard) in at.shards.iter().enumerate() {
         let pick = |len: usize, idle: Duration| {
@@ -290,8 +257,7 @@ pub(crate) fn fit_regions_to_cap(
             }
             pick
         };
-        for region in shard.large_regions().unlist_idle(pick, false) {
-            Counters::add(&with.counters.regions_released, 1);
+        for region in shard.regions().unlist_idle(pick, false) {
             release_region(with, device, region);
         }
     }

@@ -4,7 +4,6 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
 
 use crate::admission::Places;
-use crate::alloc::Regions;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
@@ -151,35 +150,32 @@ impl Cleaner {
         };
         let mut room: Option<usize> = None;
         for (device, shard) in env.places.shards.iter().enumerate() {
-            // A small set whose parent grows now is left to the next tick
-            // (its growth would fail against that growth's lock, and the
-            // shortfall it took would be lost).
-            let short = |r: &&Regions| r.shortfall() > 0 && !shard.parent_growing(r);
-            for regions in shard.all_regions().iter().filter(short) {
-                // Again under the lock: another worker may have grown them.
-                // One that is growing them now keeps the lock for
-                // milliseconds: this worker leaves the set to it (the next
-                // tick looks again) and goes on recycling.
-                let Some(_growing) = regions.try_growing() else {
-                    continue;
-                };
-                // Demand still rising (a burst of takes under way): grown
-                // once it settles, for the whole burst.
-                if regions.rising() {
-                    continue;
-                }
-                // Relaxed: see `Intake::misses_out`; a stale 0 holds a
-                // growth for misses back until they return (`carve_for`).
-                let ahead = self.intake.misses_out(device, shard.set_footprint(regions)) == 0;
-                let left = *room.get_or_insert_with(room_now);
-                if ahead && regions.shortfall() > left {
-                    continue;
-                }
-                let short = regions.take_shortfall();
-                if short.want > 0 && Self::grow(env, device, regions, short.want, short.want, false)
-                {
-                    room = Some(left.saturating_sub(short.want));
-                }
+            let regions = shard.regions();
+            if regions.shortfall() == 0 {
+                continue;
+            }
+            // Again under the lock: another worker may have grown them.
+            // One that is growing them now keeps the lock for milliseconds:
+            // this worker leaves them to it (the next tick looks again) and
+            // goes on recycling.
+            let Some(_growing) = regions.try_growing() else {
+                continue;
+            };
+            // Demand still rising (a burst of takes under way): grown once
+            // it settles, for the whole burst.
+            if regions.rising() {
+                continue;
+            }
+            // Relaxed: see `Intake::misses_out`; a stale 0 holds a growth
+            // for misses back until they return (`carve_for`).
+            let ahead = self.intake.misses_out(device) == 0;
+            let left = *room.get_or_insert_with(room_now);
+            if ahead && regions.shortfall() > left {
+                continue;
+            }
+            let short = regions.take_shortfall();
+            if short > 0 && Self::grow(env, device, regions, short, short, false) {
+                room = Some(left.saturating_sub(short));
             }
         }
         if plan.provision.is_empty() {

@@ -39,19 +39,11 @@ impl Shared {
         }
         drop(moves);
         for shard in self.shards.iter() {
-            // The small buffers' regions lie inside the large ones: counted
-            // for their free extents only.
-            let (small, large) = (
-                shard.small_regions().figures(),
-                shard.large_regions().figures(),
-            );
-            stats.regions += large.regions;
-            stats.region_bytes += large.bytes;
-            stats.free_extent_bytes += small.free + large.free;
-            stats.largest_free_extent = stats
-                .largest_free_extent
-                .max(small.largest_free)
-                .max(large.largest_free);
+            let figures = shard.regions().figures();
+            stats.regions += figures.regions;
+            stats.region_bytes += figures.bytes;
+            stats.free_extent_bytes += figures.free;
+            stats.largest_free_extent = stats.largest_free_extent.max(figures.largest_free);
         }
         stats.hits = hits.iter().sum();
         stats.misses = misses.iter().sum();

@@ -185,10 +185,10 @@ impl Shared {
         let mut set = None;
         if this.caches.carves() && !block.in_slab() {
             let footprint = block.footprint();
-            let regions = this.shards[device].regions(footprint);
+            let regions = this.shards[device].regions();
             let out = this.caches.intake.note_miss(device, footprint);
             regions.note_miss(
-                crate::provision::demand_now(this.places(), device, footprint),
+                crate::provision::demand_now(this.places(), device),
                 footprint,
             );
             set = Some((regions, out));
@@ -230,19 +230,19 @@ impl Shared {
         }
         let shard = &self.shards[device];
         let footprint = classes.footprint(class);
-        let regions = shard.regions(footprint);
+        let regions = shard.regions();
         let carve = || {
             let at = regions.carve(footprint)?;
-            let missed = self.caches.intake.misses_out(device, footprint);
+            let missed = self.caches.intake.misses_out(device);
             // (A stale 0 from a racing miss skips the note: that miss
             // noted the demand itself.)
             if missed > 0 {
-                // Misses of the set are still out: the regions hold less
+                // Misses of the device are still out: the regions hold less
                 // than is wanted now, this take included (not counted
                 // yet), and must grow by the difference once the misses
                 // come back (else the same demand misses again, the space
                 // grown for the misses having gone to this take).
-                let demand = crate::provision::demand_now(self.places(), device, footprint);
+                let demand = crate::provision::demand_now(self.places(), device);
                 regions.note_miss(demand + footprint, 0);
             }
             let block = Block::carved(classes, class, device, at);
@@ -255,9 +255,9 @@ impl Shared {
         if let Some(block) = carve() {
             return Some(block);
         }
-        // Larger classes carved from the same set of regions: only their
-        // space can serve this take.
-        let in_set = |c: SizeClass| shard.carves_into(classes, c, regions);
+        // Larger classes carved from the regions (not from slabs): only
+        // their space can serve this take.
+        let in_set = |c: SizeClass| classes.per_slab(c) == 1;
         let larger = || {
             (class.index() + 1..classes.count())
                 .map(SizeClass::at)
@@ -270,7 +270,7 @@ impl Shared {
         if let Some(idle) = idle {
             return self.give_up_idle(idle).then(carve).flatten();
         }
-        // Idle buffers of smaller classes of the set, given back until
+        // Idle buffers of smaller classes carved, given back until
         // their space, with its free neighbours, holds this one.
         let mut given = 0;
         for smaller in (0..class.index())

@@ -340,8 +340,7 @@ fn small_buffers_are_pinned_under_a_budget_below_the_smallest_region() {
 }
 
 /// Lowering the cap just below what is pooled: releasing one wholly free
-/// region is enough, so no idle buffer is evicted (a small region released
-/// into its parent does not count as bytes released).
+/// region is enough, so no idle buffer is evicted.
 #[test]
 fn the_cap_releases_a_free_region_rather_than_evict_an_idle_buffer() {
     let (pool, _f) = carving();
@@ -655,9 +654,8 @@ fn a_reserved_buffer_does_not_keep_a_cold_classs_buffers_from_their_region() {
 fn cooling() {
     const SIZE: usize = 64 << 10;
     let (pool, faults) = carving();
-    // Room in the small regions for 64 buffers of the class, so that
-    // nothing below needs them to grow (a small region's growth waits for
-    // the large regions' growth lock, held below).
+    // Room in the regions for 64 buffers of the class, so that nothing
+    // below needs them to grow (the growth lock is held below).
     let roomy = eventually(Duration::from_secs(10), || {
         let held: Vec<_> = (0..64).map(|_| pool.take(SIZE)).collect();
         let all = held.iter().all(|b| b.was_pooled());
@@ -667,7 +665,7 @@ fn cooling() {
     });
     assert!(
         roomy,
-        "setup: the small regions did not grow: {:#?}",
+        "setup: the regions did not grow: {:#?}",
         pool.stats()
     );
     // The class hot, its buffers carved and kept in it.
@@ -684,7 +682,7 @@ fn cooling() {
     );
     // Hold 16, keep the class hot from another thread, and stall the
     // tick (worker 0) in a registration: a large miss held makes it grow
-    // the large regions, held by the fault backend. The class stays
+    // the regions, held by the fault backend. The class stays
     // marked hot meanwhile.
     let held: Vec<_> = (0..16).map(|_| pool.take(SIZE)).collect();
     assert!(held.iter().all(|b| b.was_pooled()));
@@ -710,7 +708,7 @@ fn cooling() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hot.join().unwrap();
     // The 16 go to their hot class's stack, then a reserved buffer on top
-    // of them (carved by worker 1 from the small regions' free extents).
+    // of them (carved by worker 1 from the regions' free extents).
     drop(held);
     pool.flush();
     let kept = pooled_of(&pool, SIZE);
@@ -928,17 +926,17 @@ fn a_steady_ramp_still_makes_the_regions_grow() {
     );
 }
 
-/// A small buffer `reserve` asks for, whose sub-region needs the large set
-/// to grow, while the large set falls short by a 64 MiB miss the budget
-/// forbids: the reserved growth passes the budget by its own bytes only,
-/// never by the large set's shortfall.
+/// A small buffer `reserve` asks for, which needs the regions to grow,
+/// while they fall short by a 64 MiB miss the budget forbids: the reserved
+/// growth passes the budget by its own bytes only, never by the miss's
+/// shortfall.
 #[test]
-fn a_small_reserved_buffer_does_not_carry_the_large_sets_shortfall_past_the_budget() {
+fn a_small_reserved_buffer_does_not_carry_a_large_shortfall_past_the_budget() {
     let budget = 16 * MIB_;
     let (pool, _faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
     let miss = pool.take(64 * MIB_);
     assert!(!miss.was_pooled());
-    // At once: the sweep leaves the large set's shortfall alone while its
+    // At once: the sweep leaves the 64 MiB shortfall alone while the
     // demand is rising (`GROWTH_SETTLE`), so the reserve's growth takes it.
     pool.reserve(0, &[(64 << 10, 1)]).unwrap();
     pool.flush();
@@ -1052,14 +1050,12 @@ fn a_failed_growth_with_a_miss_parked() {
     assert_eq!(faults.registered(), faults.unregistered());
 }
 
-/// A small miss back grows the large set for its sub-region, taking the
-/// large set's own shortfall (a 1 MiB miss still out) into the same
-/// registration: what the large set needs stays free past the sub-region,
-/// so the large take after a flush is met. (On fresh pools, several
-/// times: a provisioning tick between the two flushes can re-note the
-/// large set's demand and hide the loss.)
+/// A small miss back grows the regions while a 1 MiB miss is still out:
+/// the growth is for both, so the 1 MiB take after a flush is met. (On
+/// fresh pools, several times: a provisioning tick between the two flushes
+/// can re-note the demand and hide the loss.)
 #[test]
-fn a_sub_regions_growth_does_not_swallow_the_large_sets_shortfall() {
+fn a_small_misses_growth_covers_a_large_miss_still_out() {
     let mut failures = Vec::new();
     for attempt in 0..6 {
         let (pool, _faults) = carving();
@@ -1126,8 +1122,9 @@ fn a_miss_held_elsewhere_does_not_defeat_flush_then_take() {
 }
 
 /// Small and large misses and reserves on many threads while
-/// registrations are held: no deadlock between the two sets' growth
-/// locks, and everything is released once the registrations are.
+/// registrations are held: no deadlock around the growth lock (reserves
+/// wait for it, misses pass it by), and everything is released once the
+/// registrations are.
 #[test]
 fn small_and_large_growth_do_not_deadlock() {
     let (pool, faults) = carving();
@@ -1332,11 +1329,10 @@ fn reserve_jobs_do_not_defer_a_bursts_growth() {
 }
 
 /// Twelve 1 MiB misses and one 64 KiB miss, the large ones back first:
-/// the small miss's sub-region is carved from the large set's regions
-/// without leaving the large set short, so all thirteen are met after a
+/// the regions grown for them hold all thirteen, so all are met after a
 /// flush.
 #[test]
-fn a_sub_region_carved_after_an_exact_growth_leaves_the_large_set_its_share() {
+fn a_small_miss_after_a_burst_of_large_ones_leaves_them_their_share() {
     let mut failures = Vec::new();
     for _ in 0..10 {
         let (pool, faults) = carving();
@@ -1366,11 +1362,11 @@ fn a_sub_region_carved_after_an_exact_growth_leaves_the_large_set_its_share() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A sub-region's growth of the large set, with the large set's own
-/// shortfall folded in, past the pinned budget: it falls back to the
-/// sub-region alone, within the budget, and the small take is met.
+/// A small miss back while an 8 MiB miss past the pinned budget is out:
+/// the growth falls back to what the budget allows, and the small take is
+/// met.
 #[test]
-fn a_folded_growth_past_the_budget_falls_back_to_the_sub_region() {
+fn a_growth_past_the_budget_falls_back_to_what_it_allows() {
     let budget = 4 * MIB_;
     let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
     let large = pool.take(8 * MIB_);
@@ -1394,7 +1390,7 @@ fn a_folded_growth_past_the_budget_falls_back_to_the_sub_region() {
     );
 }
 
-/// 2 MiB of 64 KiB takes under a 1 MiB budget: the small set's growth.
+/// 2 MiB of 64 KiB takes under a 1 MiB budget.
 #[test]
 fn a_small_demand_past_the_budget_still_grows_within_it() {
     a_burst_past_the_budget_is_met_within_it(64 << 10, 32, MIB_);
@@ -1433,9 +1429,10 @@ fn a_growth_folds_the_sets_wholly_free_regions_into_its_region() {
     assert_eq!(faults.registered(), faults.unregistered());
 }
 
-/// A small reservation under a pinned budget smaller than a sub-region:
-/// the regions grown for it stay within the budget (the reservation was
-/// admitted against it), and the reserved buffer is pinned.
+/// A small reservation under a pinned budget smaller than the smallest
+/// region: the regions grown for it stay within the budget (the
+/// reservation was admitted against it), and the reserved buffer is
+/// pinned.
 #[test]
 fn a_small_reserve_under_a_budget_pins_within_it() {
     let budget = MIB_;
@@ -1465,9 +1462,8 @@ fn one_free_region(pool: &Pool) -> usize {
     s.region_bytes
 }
 
-/// A 64 KiB buffer reserved within the pinned budget, while the large set
-/// has a free extent that holds a small region for it but not a whole
-/// 2 MiB one past its demand peak: the budget is not passed, and the
+/// A 64 KiB buffer reserved within the pinned budget, while the regions
+/// have a free extent that holds it: the budget is not passed, and the
 /// reserved buffer is pooled.
 #[test]
 fn a_small_reserve_within_the_budget_is_carved_within_it() {
@@ -1522,11 +1518,10 @@ fn a_failed_growth_keeps_the_regions_it_folded() {
     );
 }
 
-/// One small miss, back: the large set registers one region for the small
-/// set's sub-region, and an idle pool registers nothing more (the large
-/// set is not short of the sub-region it holds).
+/// One small miss, back: the regions grow once for it, and an idle pool
+/// registers nothing more.
 #[test]
-fn an_idle_pool_registers_nothing_after_a_sub_region() {
+fn an_idle_pool_registers_nothing_after_a_small_miss() {
     let (pool, faults) = carving();
     drop(pool.take(4096));
     pool.flush();
