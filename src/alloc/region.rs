@@ -643,11 +643,18 @@ impl Regions {
         }
         let registered = match register {
             Some(register) => {
-                if let Err(error) = register(ptr.as_ptr(), total) {
+                // A registration that panics (a backend's bug) unwinds
+                // past the code below: the mapping goes with it.
+                let whole = UnmapOnUnwind(ptr.as_ptr(), total);
+                let registration = register(ptr.as_ptr(), total);
+                std::mem::forget(whole);
+                if let Err(error) = registration {
                     // SAFETY: the part the growth added, just mapped,
                     // unregistered, nothing carved from it.
                     unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+                    let folded = UnmapOnUnwind(tail, placed);
                     let kept = placed > 0 && self.keep_folded(tail, placed, register);
+                    std::mem::forget(folded);
                     if !kept && placed > 0 {
                         // SAFETY: as above, for the folded part.
                         unsafe { libc::munmap(tail.cast(), placed) };
@@ -890,6 +897,23 @@ fn move_into(at: *mut u8, room: usize, mut fold: Vec<Unlisted>) -> (usize, Vec<(
     (placed, unmoved)
 }
 
+/// Unmaps `.1` bytes at `.0` when dropped: armed around a call that may
+/// panic while a fresh mapping no region lists yet is the caller's alone
+/// (see [`Regions::grow`]), and forgotten once the call returns.
+struct UnmapOnUnwind(*mut u8, usize);
+
+impl Drop for UnmapOnUnwind {
+    fn drop(&mut self) {
+        if self.1 > 0 {
+            // SAFETY: a mapping of at least these bytes that the caller
+            // made and that nothing else holds (no region lists it, nothing
+            // is carved from it); unwinding out of the caller, so nobody
+            // uses it after this.
+            unsafe { libc::munmap(self.0.cast(), self.1) };
+        }
+    }
+}
+
 /// Frees a region unlisted to be folded that was not moved after all.
 fn free_folded(region: Unlisted) {
     region.free();
@@ -1104,6 +1128,51 @@ mod tests {
         assert_eq!(len, 8 * huge);
         assert_eq!(regions.figures().regions, 1);
         only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
+    }
+
+    /// A growth whose registration panics (a backend's bug), after it
+    /// moved a wholly free region into its mapping: the mapping, moved
+    /// pages included, is unmapped as the panic unwinds, not leaked.
+    #[test]
+    fn a_growth_whose_registration_panics_unmaps_what_it_mapped() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut unregister = |r: Unlisted| {
+            r.set_unregistered();
+            Some(r)
+        };
+        regions
+            .grow(
+                2 * huge,
+                Vec::new(),
+                &mut unregister,
+                Some(&mut |_, _| Ok(())),
+            )
+            .unwrap();
+        let plan = regions.fold_plan(2 * huge);
+        assert_eq!(plan.len(), 1);
+        let mut mapped = None;
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut register = |at: *mut u8, n: usize| -> Result<(), Error> {
+                mapped = Some((at as usize, n));
+                panic!("a registration that panics");
+            };
+            let _ = regions.grow(2 * huge, plan, &mut unregister, Some(&mut register));
+        }));
+        assert!(panicked.is_err());
+        let (at, n) = mapped.expect("the registration was called");
+        assert_eq!(n, 4 * huge, "the growth and the region it folded");
+        let mut vec = vec![0u8; n / page()];
+        // SAFETY: `vec` has one byte per page of the range; an unmapped
+        // range makes the call fail with ENOMEM, which is what is checked.
+        let rc = unsafe { libc::mincore(at as *mut libc::c_void, n, vec.as_mut_ptr()) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!(
+            (rc, errno),
+            (-1, Some(libc::ENOMEM)),
+            "the growth's mapping is still there"
+        );
+        assert_eq!(regions.figures().regions, 0);
     }
 
     #[test]
