@@ -51,6 +51,18 @@ use crate::tune::{Tune, Tuning};
 
 use super::mmap::{huge_page_size, map, map_huge, move_pages};
 
+/// What the regions fall short of (see [`Regions::take_shortfall`]):
+/// `want` bytes to grow by, headroom included, of which `need` at the
+/// least (what the demand itself passes them by, or a buffer that must fit
+/// in one extent): a growth for a miss of another size keeps `need` of it
+/// when the budget or a failed registration makes it smaller. Both 0 when
+/// nothing is short.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Shortfall {
+    pub(crate) want: usize,
+    pub(crate) need: usize,
+}
+
 /// A growth that failed (see [`Regions::grow`]): its error, and what was
 /// kept of the regions it folded: `Some(bytes)` registered again as one
 /// region of their own (a registration the caller counts), `None` if
@@ -451,20 +463,21 @@ impl Regions {
             && now.saturating_sub(since) < Tune::GROWTH_SETTLE_MAX.as_nanos() as u64
     }
 
-    /// The bytes the regions fall short of the most wanted at once, plus an
+    /// What the regions fall short of: the most wanted at once plus an
     /// eighth of it as headroom (so that a workload whose peak creeps up
-    /// does not register a region at every new peak), or the largest
-    /// footprint a take found no extent for if that is more (the grower,
-    /// in [`take_shortfall`](Self::take_shortfall), grows for it only if
-    /// no free extent holds it now); 0 if no take missed (nor demand
-    /// passed what they hold) since they last grew.
-    pub(crate) fn shortfall(&self) -> usize {
+    /// does not register a region at every new peak), and room for the
+    /// largest footprint a take found no extent for, unless a free extent
+    /// holds it now; nothing if no take missed (nor demand passed what
+    /// they hold) since they last grew. As
+    /// [`take_shortfall`](Self::take_shortfall) counts it, leaving it to
+    /// be taken.
+    pub(crate) fn shortfall(&self) -> Shortfall {
         // Relaxed: see `Totals`.
         if !self.totals.missed.load(Ordering::Relaxed) {
-            return 0;
+            return Shortfall::default();
         }
         let len = self.totals.largest_miss.load(Ordering::Relaxed);
-        self.short_of_peak().max(len)
+        self.with_extent(self.short_of_peak(), len)
     }
 
     /// As [`shortfall`](Self::shortfall), for the grower (who holds
@@ -472,20 +485,26 @@ impl Regions {
     /// by what it grows, and one noted from now on makes the regions fall
     /// short again, even while this growth runs. A grower that fails gives
     /// them back with [`unmet`](Self::unmet).
-    pub(crate) fn take_shortfall(&self) -> usize {
+    pub(crate) fn take_shortfall(&self) -> Shortfall {
         // Relaxed: see `Totals`. A note racing the swap either sets the
         // flag again, or is taken with it, its peak possibly read stale:
         // a growth a little short, which the next miss corrects.
         if !self.totals.missed.swap(false, Ordering::Relaxed) {
-            return 0;
+            return Shortfall::default();
         }
-        let short = self.short_of_peak();
-        // A miss for want of one extent large enough, not of bytes: the
-        // growth is at least a region that holds it (the bytes free in
-        // smaller extents cannot serve it, however many they are).
         let len = self.totals.largest_miss.swap(0, Ordering::Relaxed);
-        if len > self.figures().largest_free {
-            return short.max(len);
+        self.with_extent(self.short_of_peak(), len)
+    }
+
+    /// `short`, and room for a buffer of `len` bytes that a take found no
+    /// free extent for: a miss for want of one extent large enough, not of
+    /// bytes, makes the growth at least a region that holds it (the bytes
+    /// free in smaller extents cannot serve it, however many they are),
+    /// unless a free extent holds it now.
+    fn with_extent(&self, mut short: Shortfall, len: usize) -> Shortfall {
+        if len > short.need && len > self.figures().largest_free {
+            short.want = short.want.max(len);
+            short.need = len;
         }
         short
     }
@@ -500,13 +519,16 @@ impl Regions {
     /// an eighth of what they hold once they fall short at all, so that a
     /// demand creeping up registers a few growing regions, not one small
     /// one per step.
-    fn short_of_peak(&self) -> usize {
+    fn short_of_peak(&self) -> Shortfall {
         // Relaxed: see `Totals`.
         let peak = self.totals.peak.load(Ordering::Relaxed);
         let bytes = self.totals.bytes.load(Ordering::Relaxed);
         match (peak + peak / 8).saturating_sub(bytes) {
-            0 => 0,
-            short => short.max(bytes / 8),
+            0 => Shortfall::default(),
+            short => Shortfall {
+                want: short.max(bytes / 8),
+                need: peak.saturating_sub(bytes),
+            },
         }
     }
 

@@ -767,9 +767,20 @@ impl Cleaner {
         };
         let short = regions.take_shortfall();
         // Within the budget, even for memory `reserve` asked for: only its
-        // own bytes may pass it (below).
-        if short > 0 && !Self::grow(env, device, regions, short, footprint, false) {
-            regions.unmet();
+        // own bytes may pass it (below). At least what the shortfall needs
+        // (another miss's buffer, which must fit in one extent, or the
+        // demand past what is held), not only this buffer, so that a
+        // budget or a failed registration that makes the growth smaller
+        // does not leave out what other misses wait for; failing that,
+        // this buffer alone, and the shortfall stays unmet.
+        if short.want > 0 {
+            let least = short.need.max(footprint);
+            if !Self::grow(env, device, regions, short.want, least, false) {
+                regions.unmet();
+                if least > footprint {
+                    Self::grow(env, device, regions, footprint, footprint, false);
+                }
+            }
         }
         if !like.is_reserved() && !env.provisioner.is_hot(like.slot()) {
             return Replacement::Freed;

@@ -128,13 +128,15 @@ impl Cleaner {
         }
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full
-        // backlog may have freed on the way). Growth ahead of demand (no
-        // miss of the set out) only while the cap leaves room for what it
-        // adds free: else the cap's release would take it back, and the
-        // next tick grow it again. A growth that fails is not retried at
-        // every tick by itself: the next miss, or demand held past the
-        // regions, asks for it again.
-        // The room is counted only when some set falls short (it locks
+        // backlog may have freed on the way). What a growth adds free
+        // passes the cap's room only for misses out (their buffers come
+        // back as demand the regions then meet), and only if the regions
+        // need it (demand past what they hold, or a buffer no extent holds):
+        // growth ahead of demand past the room would be released by the
+        // cap, and grown again at the next tick. A growth that fails is
+        // not retried at every tick by itself: the next miss, or demand
+        // held past the regions, asks for it again.
+        // The room is counted only when some regions fall short (it locks
         // the admission's folded counts and every region's extents).
         let room_now = || {
             let free: usize = env
@@ -151,7 +153,7 @@ impl Cleaner {
         let mut room: Option<usize> = None;
         for (device, shard) in env.places.shards.iter().enumerate() {
             let regions = shard.regions();
-            if regions.shortfall() == 0 {
+            if regions.shortfall().want == 0 {
                 continue;
             }
             // Again under the lock: another worker may have grown them.
@@ -168,14 +170,20 @@ impl Cleaner {
             }
             // Relaxed: see `Intake::misses_out`; a stale 0 holds a growth
             // for misses back until they return (`carve_for`).
-            let ahead = self.intake.misses_out(device) == 0;
+            let missed = self.intake.misses_out(device);
             let left = *room.get_or_insert_with(room_now);
-            if ahead && regions.shortfall() > left {
+            let peek = regions.shortfall();
+            if peek.want > left && (missed == 0 || peek.need == 0) {
                 continue;
             }
             let short = regions.take_shortfall();
-            if short > 0 && Self::grow(env, device, regions, short, short, false) {
-                room = Some(left.saturating_sub(short));
+            let want = if short.want <= left {
+                short.want
+            } else {
+                short.want.min(left + missed).max(short.need)
+            };
+            if want > 0 && Self::grow(env, device, regions, want, want, false) {
+                room = Some(left.saturating_sub(want));
             }
         }
         if plan.provision.is_empty() {

@@ -212,9 +212,11 @@ impl Shared {
 
     /// A block of `class` carved from the device's regions: from a free
     /// extent if one holds it, else from the space of an idle buffer of the
-    /// next larger class that has one ready, given back to its region for
-    /// it (so that memory moves from a class not in demand to one that
-    /// is).
+    /// next larger class that has one ready, or of idle buffers of smaller
+    /// classes, given back to their region for it (so that memory moves
+    /// from a class not in demand to one that is). Only classes that are
+    /// not hot give their idle buffers up: a hot class keeps them for its
+    /// own next takes (see `Provisioner::is_hot`).
     #[cold]
     fn carve(
         &self,
@@ -255,9 +257,12 @@ impl Shared {
         if let Some(block) = carve() {
             return Some(block);
         }
-        // Larger classes carved from the regions (not from slabs): only
-        // their space can serve this take.
-        let in_set = |c: SizeClass| classes.per_slab(c) == 1;
+        // Classes carved from the regions (not from slabs): only their
+        // space can serve this take; and not hot (a hot class's idle
+        // buffers are its next takes').
+        let in_set = |c: SizeClass| {
+            classes.per_slab(c) == 1 && !self.provisioner.is_hot(classes.slot(device, c))
+        };
         let larger = || {
             (class.index() + 1..classes.count())
                 .map(SizeClass::at)
