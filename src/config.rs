@@ -376,13 +376,14 @@ impl PoolBuilder {
     /// so a device's memory stays in a few regions whose extents hold its
     /// largest buffers. A take whose class is empty carves its buffer from a
     /// region's free extents, or from the space of idle carved buffers of
-    /// other classes, before it misses (borrowing a larger buffer whole
-    /// gives way to this). A clean buffer goes back to its class only while the
-    /// class is *hot* (taken several times per provisioning tick, as in a
-    /// staging loop); otherwise back to its region, where free neighbours
-    /// coalesce, so memory moves between size classes. Sub-page buffers
-    /// still come from slabs. Buffers under 64 MiB are carved from the top of the free extent
-    /// that fits them best, longer ones from its bottom.
+    /// other classes that are not hot, before it misses (borrowing a
+    /// larger buffer whole gives way to this). A clean buffer goes back to
+    /// its class only while the class is *hot* (taken 16 times or more per
+    /// 10 ms provisioning tick, as in a staging loop); otherwise back to
+    /// its region, where free neighbours coalesce, so memory moves between
+    /// size classes. Sub-page buffers still come from slabs. Buffers under
+    /// 64 MiB are carved from the top of the free extent that fits them
+    /// best, longer ones from its bottom.
     /// Regions wholly free for the idle-trim time are released; `clear`
     /// frees the regions nothing is carved from, `shutdown` every region
     /// (one with a buffer still out goes with its last buffer); a lowered

@@ -30,7 +30,10 @@ use crate::sync::{AtomicBool, Mutex, Ordering};
 const TICK: Duration = Duration::from_millis(10);
 
 /// Takes of a slot over one tick that make it hot (see `Provisioner::hot`):
-/// 1,600 a second, as a staging loop takes its one size. A prover's
+/// 1,600 a second at a tick every 10 ms (a tick run late counts the takes
+/// of a longer time), as a staging loop takes its one size; a slower loop
+/// carves each take from its region and gives it back at each drop (two
+/// locks on the slow path). A prover's
 /// segments, which draw sizes over many classes, take each a few times a
 /// tick: their buffers kept idle in their classes held up to a third of
 /// what their regions held (at four, on a small prover-like workload on
