@@ -265,9 +265,13 @@ impl PoolBuilder {
     /// would pass it is freed when it is dropped instead of registered (a
     /// later take of its size misses again: pageable, as every miss);
     /// provisioning pins nothing past it, and
-    /// [`Pool::reserve`](crate::Pool::reserve) past it is an error. Racing
-    /// registrations may pass it by the buffers the cleaner's workers
-    /// register at once. The cap on pooled bytes still bounds what is idle.
+    /// [`Pool::reserve`](crate::Pool::reserve) past it is an error. The
+    /// cleaner's registrations are admitted against it together, those
+    /// under way included, so registrations racing on several workers or
+    /// devices do not pass it between them; memory `reserve` asked for,
+    /// admitted when asked, may pass it by its own bytes if other
+    /// registrations took the room meanwhile. The cap on pooled bytes
+    /// still bounds what is idle.
     ///
     /// # Examples
     ///

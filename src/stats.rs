@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::backend::BackendKind;
-use crate::sync::{Ordering, StatCounter};
+use crate::sync::{Ordering, StatCounter, StaticMutex};
 
 /// Buckets of the drop-to-ready histogram: bucket `i` counts latencies in
 /// `[2^i, 2^(i+1))` microseconds (bucket 0 also holds everything below 1 us).
@@ -41,6 +41,14 @@ pub(crate) struct Counters {
     /// `u64::MAX` minus the pinned budget (`Config::max_pinned_bytes`), so
     /// that the zeroed default means no bound.
     budget_complement: StatCounter,
+    /// Bytes of registrations under way, admitted against the budget (see
+    /// [`claim_pinned`](Self::claim_pinned)); changed only under its lock,
+    /// which also covers the registrations they settle into, so that two
+    /// registrations admitted at once never pass the budget together.
+    claimed: StaticMutex<u64>,
+    /// The same bytes, for readers that must not take the lock (read
+    /// Relaxed: see [`fits_pinned`](Self::fits_pinned)).
+    claimed_hint: StatCounter,
     ready_latency: [StatCounter; BUCKETS],
 }
 
@@ -89,10 +97,51 @@ impl Counters {
             .store(u64::MAX - bytes, Ordering::Relaxed);
     }
 
-    /// Whether `bytes` more can be page-locked under the budget now (a
-    /// racing registration may make either answer stale by its bytes).
+    /// Whether `bytes` more can be page-locked under the budget now, the
+    /// registrations under way included (a hint: a registration admitted
+    /// or settled meanwhile may make either answer stale by its bytes;
+    /// what is registered is admitted by [`claim_pinned`](Self::claim_pinned)).
     pub(crate) fn fits_pinned(&self, bytes: u64) -> bool {
-        self.pinned().saturating_add(bytes) <= self.max_pinned()
+        // Relaxed: see above.
+        let claimed = self.claimed_hint.load(Ordering::Relaxed);
+        self.pinned().saturating_add(claimed).saturating_add(bytes) <= self.max_pinned()
+    }
+
+    /// Admits a registration of `bytes` against the pinned budget, with
+    /// every registration under way: false (and nothing admitted) if they
+    /// would pass it together, unless `past_budget` (memory `reserve`
+    /// admitted when asked for, or bytes already registered that a growth
+    /// moves into its own registration). Each admission is settled once
+    /// by [`settle_pinned`](Self::settle_pinned).
+    pub(crate) fn claim_pinned(&self, bytes: u64, past_budget: bool) -> bool {
+        let mut claimed = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let total = self.pinned().saturating_add(*claimed).saturating_add(bytes);
+        if !past_budget && total > self.max_pinned() {
+            return false;
+        }
+        *claimed += bytes;
+        self.claimed_hint.store(*claimed, Ordering::Relaxed);
+        true
+    }
+
+    /// Settles `claimed` bytes admitted by [`claim_pinned`](Self::claim_pinned),
+    /// counting the registrations of `registered` bytes that they became,
+    /// under the same lock: an admission never sees the bytes both
+    /// claimed and registered missing from the count.
+    pub(crate) fn settle_pinned(&self, claimed: u64, registered: &[u64]) {
+        let mut held = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &bytes in registered {
+            self.registered(bytes);
+        }
+        debug_assert!(*held >= claimed, "settled more than was claimed");
+        *held -= claimed;
+        self.claimed_hint.store(*held, Ordering::Relaxed);
     }
 
     /// Notes `bytes` in use now (buffers taken and not yet dropped, at

@@ -640,7 +640,9 @@ impl Cleaner {
         let block = returned.block_mut();
         if pins && !block.is_pinned() {
             let (base, len) = block.region();
-            if !block.is_reserved() && !counters.fits_pinned(len as u64) {
+            // Admitted against the budget with every registration under
+            // way (memory `reserve` asked for was admitted when asked).
+            let Some(claim) = Claim::new(counters, len as u64, block.is_reserved()) else {
                 // The pinned budget is spent (by registrations since the
                 // drop was taken in): free it rather than pin past it.
                 Counters::add(&counters.registrations_skipped, 1);
@@ -650,16 +652,17 @@ impl Cleaner {
                 );
                 self.release_returned(env, returned);
                 return;
-            }
+            };
             let started = Instant::now();
             // SAFETY: the region is a live mapping that stays mapped until
             // it is unregistered in `release`.
             let registered = unsafe { env.backend.register(block.device(), base, len) };
+            let held = [len as u64];
+            claim.settle(if registered.is_ok() { &held } else { &[] });
             match registered {
                 Ok(()) => {
                     block.set_registered();
                     let took = started.elapsed();
-                    counters.registered(len as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes = len, ?took, "pinpool: registered a buffer");
                     trace_registration(env, block.device(), base, len, took, 0);
@@ -832,22 +835,27 @@ impl Cleaner {
                 len = regions.fit_len(footprint);
                 continue;
             }
-            // Memory `reserve` asked for was admitted against the budget
-            // when it was asked for: its own bytes may pass it (racing
-            // registrations), no more.
-            if !reserved && !counters.fits_pinned(len as u64) {
+            // Admitted against the budget with every registration under
+            // way. Memory `reserve` asked for was admitted when it was
+            // asked for: its own bytes may pass it, no more.
+            let Some(claim) = Claim::new(counters, len as u64, reserved) else {
                 Counters::add(&counters.registrations_skipped, 1);
                 tracing::debug!(
                     bytes = len,
                     "pinpool: the pinned budget is spent; no region"
                 );
                 return false;
-            }
+            };
             let fold = if std::mem::take(&mut first) {
                 regions.fold_plan(len)
             } else {
                 Vec::new()
             };
+            // The regions it folds are registered now, and will be again
+            // within its registration: their bytes stay admitted between
+            // their unregistration and that registration, so that no other
+            // registration takes their place under the budget meanwhile.
+            let claim = claim.and(fold.iter().sum::<usize>() as u64);
             let mut unregister = |region| {
                 Counters::add(&counters.regions_released, 1);
                 release::unregister_region(env.releaser(), device, region)
@@ -869,9 +877,10 @@ impl Cleaner {
                 // It failed to map: counted as a failed registration.
                 calls.push((std::ptr::null_mut(), len, Duration::ZERO, false));
             }
+            let held: Vec<u64> = calls.iter().filter(|c| c.3).map(|c| c.1 as u64).collect();
+            claim.settle(&held);
             for (at, bytes, took, held) in calls {
                 if held {
-                    counters.registered(bytes as u64);
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes, ?took, "pinpool: registered a region");
                     trace_registration(env, device, at, bytes, took, trace::REGISTER_REGION);
@@ -918,6 +927,50 @@ impl Cleaner {
 }
 
 /// Records a registration in the pool's trace, if it writes one.
+/// Bytes admitted against the pinned budget for a registration under way
+/// (see `Counters::claim_pinned`): settled with the registrations they
+/// became, or, if the registration unwinds (a backend that panics), with
+/// none.
+struct Claim<'a> {
+    counters: &'a Counters,
+    bytes: u64,
+}
+
+impl<'a> Claim<'a> {
+    /// Admits `bytes`; `None` if the budget has no room for them (unless
+    /// `past_budget`).
+    fn new(counters: &'a Counters, bytes: u64, past_budget: bool) -> Option<Self> {
+        // Built only once admitted: a claim dropped settles its bytes.
+        counters
+            .claim_pinned(bytes, past_budget)
+            .then(|| Self { counters, bytes })
+    }
+
+    /// Admits `more` bytes that are registered already and will be again
+    /// within this registration (past the budget: they are in it now).
+    fn and(mut self, more: u64) -> Self {
+        if more > 0 && self.counters.claim_pinned(more, true) {
+            self.bytes += more;
+        }
+        self
+    }
+
+    /// Settles the claim, counting the registrations of `registered`
+    /// bytes it became.
+    fn settle(mut self, registered: &[u64]) {
+        self.counters
+            .settle_pinned(std::mem::take(&mut self.bytes), registered);
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.counters.settle_pinned(self.bytes, &[]);
+        }
+    }
+}
+
 fn trace_registration(
     env: Env<'_>,
     device: usize,

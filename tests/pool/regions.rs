@@ -1782,3 +1782,31 @@ fn a_small_misses_retried_growth_keeps_a_large_misss_extent() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Two devices whose regions grow at once, each growth within the budget
+/// alone: together they must stay within it too (the budget bounds every
+/// pinned byte; registrations under way are admitted against it together).
+#[test]
+fn two_devices_growing_at_once_stay_within_the_budget() {
+    let budget = 12 * MIB_;
+    let (pool, faults) = built(|b| b.regions(true).devices(2).max_pinned_bytes(budget));
+    faults.hold_register();
+    drop(pool.take_on(0, 8 * MIB_).unwrap());
+    assert!(eventually(Duration::from_secs(5), || faults
+        .register_calls()
+        >= 1));
+    drop(pool.take_on(1, 8 * MIB_).unwrap());
+    // Refused by the budget (the fix): the second call never comes.
+    let both = eventually(Duration::from_millis(300), || faults.register_calls() >= 2);
+    faults.release();
+    pool.flush();
+    let s = pool.stats();
+    pool.shutdown();
+    assert!(
+        s.peak_pinned_bytes <= budget as u64,
+        "peak pinned {} KiB under a {} KiB budget ({} registration calls at once: {both}): {s:#?}",
+        s.peak_pinned_bytes >> 10,
+        budget >> 10,
+        faults.register_calls()
+    );
+}
