@@ -182,7 +182,13 @@ impl Cleaner {
             } else {
                 short.want.min(left + missed).max(short.need)
             };
-            if want > 0 && Self::grow(env, device, regions, want, want, false) {
+            // At least what the demand passes the regions by, or a missed
+            // buffer no extent holds, when the budget or a failed
+            // registration makes the growth smaller (the shortfall is taken:
+            // the misses coming back find nothing left to grow for); growth
+            // ahead of demand all or nothing.
+            let least = if short.need > 0 { short.need } else { want };
+            if want > 0 && Self::grow(env, device, regions, want, least, false) {
                 room = Some(left.saturating_sub(want));
             }
         }

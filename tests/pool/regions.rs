@@ -1810,3 +1810,84 @@ fn two_devices_growing_at_once_stay_within_the_budget() {
         faults.register_calls()
     );
 }
+
+/// Two `reserve` calls back to back, each within a 12 MiB budget alone:
+/// together they must not pin past it (the second is an error, or the
+/// bytes stay within it). Regions off and on.
+#[test]
+#[ignore = "FAILS: `reserve` checks the budget when asked but registers past it, so a second \
+            `reserve` asked before the first registers passes it by its own bytes (16 MiB \
+            pinned under 12 MiB, regions off and on); see `PoolBuilder::max_pinned_bytes`"]
+fn two_reserves_back_to_back_stay_within_the_budget() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        let budget = 12 * MIB_;
+        let (pool, _f) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+        let first = pool.reserve(0, &[(8 * MIB_, 1)]);
+        let second = pool.reserve(0, &[(8 * MIB_, 1)]);
+        pool.flush();
+        let s = pool.stats();
+        pool.shutdown();
+        if s.peak_pinned_bytes > budget as u64 {
+            failures.push(format!(
+                "regions {regions}: reserve 8 MiB: {first:?}, again: {second:?}; peak pinned {} KiB \
+                 under a {} KiB budget",
+                s.peak_pinned_bytes >> 10,
+                budget >> 10
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A 64 MiB miss held past a provisioning tick under a 70 MiB budget (room
+/// for 64 MiB, not for 64 MiB and its eighth): the tick's growth, refused
+/// at 72 MiB, must not swallow the shortfall; once the miss is back and
+/// flushed, a 64 MiB take is met.
+#[test]
+fn a_tick_growth_refused_by_the_budget_still_meets_the_held_miss() {
+    let mut failures = Vec::new();
+    for attempt in 0..3 {
+        let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(70 * MIB_));
+        let large = pool.take(64 * MIB_);
+        assert!(!large.was_pooled());
+        std::thread::sleep(Duration::from_millis(200));
+        let s0 = pool.stats();
+        drop(large);
+        pool.flush();
+        let again = pool.take(64 * MIB_);
+        let s1 = pool.stats();
+        if !again.was_pooled() {
+            failures.push(format!(
+                "attempt {attempt}: the 64 MiB take missed after a flush; while held: {} skipped, \
+                 {} regions; at the end: {} regions, {} KiB, {} registrations, {} skipped",
+                s0.registrations_skipped,
+                s0.regions,
+                s1.regions,
+                s1.region_bytes >> 10,
+                faults.registered(),
+                s1.registrations_skipped,
+            ));
+        }
+        // A staging loop that holds its 64 MiB buffer past a tick each time:
+        // how many of its next rounds miss too (each starting once the
+        // last buffer is back: the budget has no room for two).
+        drop(again);
+        pool.flush();
+        let mut rounds_missed = 0;
+        for _ in 0..4 {
+            let b = pool.take(64 * MIB_);
+            rounds_missed += usize::from(!b.was_pooled());
+            std::thread::sleep(Duration::from_millis(100));
+            drop(b);
+            pool.flush();
+        }
+        if rounds_missed > 0 {
+            failures.push(format!(
+                "attempt {attempt}: {rounds_missed} of 4 later held rounds missed"
+            ));
+        }
+        pool.shutdown();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
