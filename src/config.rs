@@ -268,10 +268,11 @@ impl PoolBuilder {
     /// [`Pool::reserve`](crate::Pool::reserve) past it is an error. The
     /// cleaner's registrations are admitted against it together, those
     /// under way included, so registrations racing on several workers or
-    /// devices do not pass it between them; memory `reserve` asked for,
-    /// admitted when asked, may pass it by its own bytes if other
-    /// registrations took the room meanwhile. The cap on pooled bytes
-    /// still bounds what is idle.
+    /// devices do not pass it between them. Memory `reserve` asked for is
+    /// checked against it when asked and registered past it if need be:
+    /// it may pass the budget by its own bytes if other registrations took
+    /// the room meanwhile, or another `reserve` asked before it was
+    /// registered. The cap on pooled bytes still bounds what is idle.
     ///
     /// # Examples
     ///

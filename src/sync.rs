@@ -109,9 +109,13 @@ pub(crate) mod track;
 /// not see it.
 pub(crate) use std::sync::OnceLock;
 
-/// For process-wide statics (the global pool's first build, whether the
-/// reaper runs), which loom models never reach: std's, whose constructor is
-/// `const`.
+/// std's mutex in every build: for process-wide statics (the global pool's
+/// first build, whether the reaper runs), which loom models never reach,
+/// and whose constructor is `const`; and for the pinned budget's admission
+/// (`Counters::claim_pinned`), held only around statistics counters (std
+/// atomics in every build, see [`StatCounter`]), never across a point
+/// where loom switches threads, so loom need not see it (nor explores its
+/// interleavings).
 pub(crate) use std::sync::Mutex as StaticMutex;
 
 /// crossbeam's channels, which loom cannot see: the normal build's cleaner

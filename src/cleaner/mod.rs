@@ -825,10 +825,13 @@ impl Cleaner {
         // `Regions::grow`): a set grown in steps keeps a few large regions,
         // and a buffer as large as the set's largest still finds one
         // extent that holds it. Planned once the budget has admitted the
-        // growth itself: they are unregistered before the new region is
-        // registered, so they add nothing to what the budget counts. Only
-        // the first attempt folds (a failed registration registers what it
-        // folded again on its own, or frees it).
+        // growth itself (what it adds: the folded regions are registered
+        // already, and are admitted again past the budget, below, only so
+        // that no other registration takes their room between their
+        // unregistration and the new one; until then they count twice,
+        // which can only make another registration wait). Only the first
+        // attempt folds (a failed registration registers what it folded
+        // again on its own, or frees it).
         let mut first = true;
         loop {
             if !counters.fits_pinned(len as u64) && len > regions.fit_len(footprint) {
@@ -852,9 +855,9 @@ impl Cleaner {
                 Vec::new()
             };
             // The regions it folds are registered now, and will be again
-            // within its registration: their bytes stay admitted between
-            // their unregistration and that registration, so that no other
-            // registration takes their place under the budget meanwhile.
+            // within its registration: their bytes are admitted from now to
+            // that registration, so that no other registration takes their
+            // room between their unregistration and it.
             let claim = claim.and(fold.iter().sum::<usize>() as u64);
             let mut unregister = |region| {
                 Counters::add(&counters.regions_released, 1);
@@ -926,7 +929,6 @@ impl Cleaner {
     }
 }
 
-/// Records a registration in the pool's trace, if it writes one.
 /// Bytes admitted against the pinned budget for a registration under way
 /// (see `Counters::claim_pinned`): settled with the registrations they
 /// became, or, if the registration unwinds (a backend that panics), with
@@ -971,6 +973,7 @@ impl Drop for Claim<'_> {
     }
 }
 
+/// Records a registration in the pool's trace, if it writes one.
 fn trace_registration(
     env: Env<'_>,
     device: usize,
