@@ -1085,8 +1085,8 @@ fn a_small_misses_growth_covers_a_large_miss_still_out() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A long-lived miss held while a burst of the same set misses and comes
-/// back: the burst's last miss back grows the set for it (the held miss
+/// A long-lived miss held while a burst of other buffers misses and comes
+/// back: the burst's last miss back grows the regions for it (the held miss
 /// does not hold that growth back), so the same burst after a flush is
 /// met.
 #[test]
