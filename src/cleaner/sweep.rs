@@ -129,11 +129,11 @@ impl Cleaner {
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full
         // backlog may have freed on the way). What a growth adds free
-        // passes the cap's room only for misses out (their buffers come
-        // back as demand the regions then meet), and only if the regions
-        // need it (demand past what they hold, or a buffer no extent holds):
-        // growth ahead of demand past the room would be released by the
-        // cap, and grown again at the next tick. A growth that fails is
+        // passes the cap's room only while misses are out (their buffers
+        // come back as demand the regions then meet), and only if the
+        // regions need it (demand past what they hold, or a buffer no
+        // extent holds): growth ahead of demand past the room would be
+        // released by the cap, and grown again at the next tick. A growth that fails is
         // not retried at every tick by itself: the next miss, or demand
         // held past the regions, asks for it again.
         // The room is counted only when some regions fall short (it locks
@@ -177,11 +177,7 @@ impl Cleaner {
                 continue;
             }
             let short = regions.take_shortfall();
-            let want = if short.want <= left {
-                short.want
-            } else {
-                short.want.min(left + missed).max(short.need)
-            };
+            let want = short.want;
             // At least what the demand passes the regions by, or a missed
             // buffer no extent holds, when the budget or a failed
             // registration makes the growth smaller (the shortfall is taken:
