@@ -1075,15 +1075,18 @@ mod tests {
         vec.iter().filter(|&&b| b & 1 == 1).count()
     }
 
+    /// A test's unregistration: marks the region so and hands it back.
+    fn unregistered(r: Unlisted) -> Option<Unlisted> {
+        r.set_unregistered();
+        Some(r)
+    }
+
     #[test]
     fn a_growth_moves_the_pages_of_the_regions_it_folds() {
         let regions = Regions::new(None);
         let huge = huge_page_size();
         let mut registered = |_: *mut u8, _: usize| Ok(());
-        let mut unregister = |r: Unlisted| {
-            r.set_unregistered();
-            Some(r)
-        };
+        let mut unregister = unregistered;
         regions
             .grow(2 * huge, Vec::new(), &mut unregister, Some(&mut registered))
             .unwrap();
@@ -1127,10 +1130,7 @@ mod tests {
         let regions = Regions::new(None);
         let huge = huge_page_size();
         let mut registered = |_: *mut u8, _: usize| Ok(());
-        let mut unregister = |r: Unlisted| {
-            r.set_unregistered();
-            Some(r)
-        };
+        let mut unregister = unregistered;
         let mut grow = |len, registering: bool| {
             let plan = regions.fold_plan(len);
             let register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>> =
@@ -1159,10 +1159,7 @@ mod tests {
     fn a_growth_whose_registration_panics_unmaps_what_it_mapped() {
         let regions = Regions::new(None);
         let huge = huge_page_size();
-        let mut unregister = |r: Unlisted| {
-            r.set_unregistered();
-            Some(r)
-        };
+        let mut unregister = unregistered;
         regions
             .grow(
                 2 * huge,

@@ -153,13 +153,14 @@ impl Cleaner {
         let mut room: Option<usize> = None;
         for (device, shard) in env.places.shards.iter().enumerate() {
             let regions = shard.regions();
-            if regions.shortfall().want == 0 {
+            let peek = regions.shortfall();
+            if peek.want == 0 {
                 continue;
             }
-            // Again under the lock: another worker may have grown them.
-            // One that is growing them now keeps the lock for milliseconds:
-            // this worker leaves them to it (the next tick looks again) and
-            // goes on recycling.
+            // Taken again under the lock (below): another worker may have
+            // grown them. One that is growing them now keeps the lock for
+            // milliseconds: this worker leaves them to it (the next tick
+            // looks again) and goes on recycling.
             let Some(_growing) = regions.try_growing() else {
                 continue;
             };
@@ -172,20 +173,22 @@ impl Cleaner {
             // for misses back until they return (`carve_for`).
             let missed = self.intake.misses_out(device);
             let left = *room.get_or_insert_with(room_now);
-            let peek = regions.shortfall();
             if peek.want > left && (missed == 0 || peek.need == 0) {
                 continue;
             }
             let short = regions.take_shortfall();
-            let want = short.want;
             // At least what the demand passes the regions by, or a missed
             // buffer no extent holds, when the budget or a failed
             // registration makes the growth smaller (the shortfall is taken:
             // the misses coming back find nothing left to grow for); growth
             // ahead of demand all or nothing.
-            let least = if short.need > 0 { short.need } else { want };
-            if want > 0 && Self::grow(env, device, regions, want, least, false) {
-                room = Some(left.saturating_sub(want));
+            let least = if short.need > 0 {
+                short.need
+            } else {
+                short.want
+            };
+            if short.want > 0 && Self::grow(env, device, regions, short.want, least, false) {
+                room = Some(left.saturating_sub(short.want));
             }
         }
         if plan.provision.is_empty() {

@@ -260,13 +260,13 @@ impl Shared {
         // Classes carved from the regions (not from slabs): only their
         // space can serve this take; and not hot (a hot class's idle
         // buffers are its next takes').
-        let in_set = |c: SizeClass| {
+        let donor = |c: SizeClass| {
             classes.per_slab(c) == 1 && !self.provisioner.is_hot(classes.slot(device, c))
         };
         let larger = || {
             (class.index() + 1..classes.count())
                 .map(SizeClass::at)
-                .filter(|&c| in_set(c))
+                .filter(|&c| donor(c))
         };
         let idle = owned
             .then(|| taker.borrow_ready(device, larger()))
@@ -281,7 +281,7 @@ impl Shared {
         for smaller in (0..class.index())
             .rev()
             .map(SizeClass::at)
-            .filter(|&c| in_set(c))
+            .filter(|&c| donor(c))
         {
             while given < RECLAIM_MAX {
                 let Some(idle) = shard.pop(smaller) else {

@@ -1704,59 +1704,21 @@ fn a_small_miss_held_does_not_make_growth_ahead_fight_the_cap() {
     );
 }
 
-/// A 64 MiB miss held and a 64 KiB miss, under a 70 MiB pinned budget
-/// (room for 64 MiB and the small one, not for 64 MiB and its eighth).
-/// The small miss back grows the regions first; then the large one comes
-/// back; after a flush, a 64 MiB take must be met: the small miss's growth
-/// keeps what the large one needs when the budget refuses what it wants.
-#[test]
-fn a_small_misses_growth_under_a_budget_keeps_a_large_misss_extent() {
+/// A 64 MiB miss held and a 64 KiB miss, on fresh pools built with
+/// `settings`; `before` runs before the small miss comes back. The small
+/// miss back grows the regions first; then the large one comes back; after
+/// a flush, a 64 MiB take must be met. The failures, five attempts.
+fn a_small_misses_growth_then_a_large_take(
+    settings: impl Fn(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
+    before: impl Fn(&Faults),
+) -> Vec<String> {
     let mut failures = Vec::new();
     for attempt in 0..5 {
-        let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(70 * MIB_));
+        let (pool, faults) = built(&settings);
         let large = pool.take(64 * MIB_);
         let small = pool.take(64 << 10);
         assert!(!large.was_pooled() && !small.was_pooled());
-        drop(small);
-        pool.flush();
-        let s0 = pool.stats();
-        drop(large);
-        pool.flush();
-        let again = pool.take(64 * MIB_);
-        let s1 = pool.stats();
-        if !again.was_pooled() {
-            failures.push(format!(
-                "attempt {attempt}: the 64 MiB take missed after a flush; after the small miss's \
-                 growth: {} regions, {} KiB; at the end: {} regions, {} KiB, largest free {} \
-                 KiB, peak pinned {} KiB, {} registrations, {} skipped",
-                s0.regions,
-                s0.region_bytes >> 10,
-                s1.regions,
-                s1.region_bytes >> 10,
-                s1.largest_free_extent >> 10,
-                s1.peak_pinned_bytes >> 10,
-                faults.registered(),
-                s1.registrations_skipped,
-            ));
-        }
-        drop(again);
-        pool.shutdown();
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
-}
-
-/// As above without a budget, the small miss's growth failing its first
-/// registration: the retry (half as large, or the small buffer) must still
-/// leave room for the 64 MiB miss still out.
-#[test]
-fn a_small_misses_retried_growth_keeps_a_large_misss_extent() {
-    let mut failures = Vec::new();
-    for attempt in 0..5 {
-        let (pool, faults) = carving();
-        let large = pool.take(64 * MIB_);
-        let small = pool.take(64 << 10);
-        assert!(!large.was_pooled() && !small.was_pooled());
-        faults.fail_register(&[faults.register_calls() + 1]);
+        before(&faults);
         drop(small);
         pool.flush();
         let s0 = pool.stats();
@@ -1768,18 +1730,45 @@ fn a_small_misses_retried_growth_keeps_a_large_misss_extent() {
             failures.push(format!(
                 "attempt {attempt}: the 64 MiB take missed after a flush; after the small miss's \
                  growth: {} regions, {} KiB, {} failed registrations; at the end: {} regions, \
-                 {} KiB, largest free {} KiB",
+                 {} KiB, largest free {} KiB, peak pinned {} KiB, {} registrations, {} skipped",
                 s0.regions,
                 s0.region_bytes >> 10,
                 s0.registration_failures,
                 s1.regions,
                 s1.region_bytes >> 10,
                 s1.largest_free_extent >> 10,
+                s1.peak_pinned_bytes >> 10,
+                faults.registered(),
+                s1.registrations_skipped,
             ));
         }
         drop(again);
         pool.shutdown();
     }
+    failures
+}
+
+/// Under a 70 MiB pinned budget (room for 64 MiB and the small one, not
+/// for 64 MiB and its eighth): the small miss's growth keeps what the
+/// large one needs when the budget refuses what it wants.
+#[test]
+fn a_small_misses_growth_under_a_budget_keeps_a_large_misss_extent() {
+    let failures = a_small_misses_growth_then_a_large_take(
+        |b| b.regions(true).max_pinned_bytes(70 * MIB_),
+        |_| {},
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Without a budget, the small miss's growth failing its first
+/// registration: the retry (half as large, or the small buffer) must still
+/// leave room for the 64 MiB miss still out.
+#[test]
+fn a_small_misses_retried_growth_keeps_a_large_misss_extent() {
+    let failures = a_small_misses_growth_then_a_large_take(
+        |b| b.regions(true),
+        |faults| faults.fail_register(&[faults.register_calls() + 1]),
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
