@@ -24,13 +24,19 @@
 //!
 //! Millions of operations per second over all threads, the median of
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
-//! 0.5) seconds each. On a machine without a GPU it says so and exits 0.
+//! 0.5) seconds each. The four single-thread-per-stream loops run in turn,
+//! one run of each, each round starting from the next loop, and the ratios
+//! of each round are printed too (a loop against its baseline seconds
+//! apart). With `PINPOOL_BENCH_PHASES=1`, the raw pool loop and the
+//! hand-written loop time each phase of each operation (two clock reads
+//! more per phase) and print per-phase histograms. On a machine without a
+//! GPU it says so and exits 0.
 //!
 //! Run with `cargo bench -p pinpool-benches --bench staging` (or the staged binary with
 //! `--bench`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, HostSlice, SyncOnDrop};
@@ -76,6 +82,125 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The phases the raw pool loop times, in its order.
+const RAW_PHASES: [&str; 4] = ["take", "write+copy", "record", "drop"];
+/// The phases the hand-written loop times: its wait for the buffer's last
+/// copy stands where the pool's take does.
+const HAND_PHASES: [&str; 3] = ["event sync", "write+copy", "record"];
+
+/// Sub-buckets per octave of the phase histograms.
+const STEPS: usize = 4;
+
+/// Per-phase histograms of nanoseconds (four buckets per octave), kept
+/// when `PINPOOL_BENCH_PHASES=1`.
+struct Phases {
+    names: &'static [&'static str],
+    counts: Vec<[u64; 64 * STEPS]>,
+    total_ns: Vec<u64>,
+    max_ns: Vec<u64>,
+}
+
+impl Phases {
+    fn new(names: &'static [&'static str]) -> Self {
+        Self {
+            names,
+            counts: vec![[0; 64 * STEPS]; names.len()],
+            total_ns: vec![0; names.len()],
+            max_ns: vec![0; names.len()],
+        }
+    }
+
+    fn bucket(ns: u64) -> usize {
+        if ns < STEPS as u64 {
+            return ns as usize;
+        }
+        let octave = 63 - ns.leading_zeros() as usize;
+        let step = ((ns >> (octave - 2)) & 3) as usize;
+        octave * STEPS + step
+    }
+
+    /// The smallest value of `bucket`.
+    fn floor(bucket: usize) -> u64 {
+        if bucket < STEPS {
+            return bucket as u64;
+        }
+        let (octave, step) = (bucket / STEPS, bucket % STEPS);
+        (1u64 << octave) + ((step as u64) << (octave - 2))
+    }
+
+    #[inline]
+    fn add(&mut self, phase: usize, ns: Option<u64>) {
+        if let Some(ns) = ns {
+            self.counts[phase][Self::bucket(ns)] += 1;
+            self.total_ns[phase] += ns;
+            self.max_ns[phase] = self.max_ns[phase].max(ns);
+        }
+    }
+
+    fn merge(&mut self, other: &Phases) {
+        for p in 0..self.names.len() {
+            for (a, b) in self.counts[p].iter_mut().zip(other.counts[p].iter()) {
+                *a += b;
+            }
+            self.total_ns[p] += other.total_ns[p];
+            self.max_ns[p] = self.max_ns[p].max(other.max_ns[p]);
+        }
+    }
+
+    fn quantile(&self, phase: usize, q: f64) -> u64 {
+        let n: u64 = self.counts[phase].iter().sum();
+        let want = ((n as f64) * q).ceil() as u64;
+        let mut seen = 0;
+        for (b, c) in self.counts[phase].iter().enumerate() {
+            seen += c;
+            if seen >= want.max(1) {
+                return Self::floor(b);
+            }
+        }
+        0
+    }
+
+    /// One line per phase: mean, p50, p99, p99.9 and max, and the share of
+    /// the loop's time.
+    fn report(&self, label: &str) {
+        let all: u64 = self.total_ns.iter().sum::<u64>().max(1);
+        for (p, name) in self.names.iter().enumerate() {
+            let n: u64 = self.counts[p].iter().sum::<u64>().max(1);
+            println!(
+                "  {label} {name:>10}: mean {:>7} ns, p50 {:>7}, p99 {:>8}, p99.9 {:>9}, max {:>10}, {:>5.1}% of the time",
+                self.total_ns[p] / n,
+                self.quantile(p, 0.5),
+                self.quantile(p, 0.99),
+                self.quantile(p, 0.999),
+                self.max_ns[p],
+                100.0 * self.total_ns[p] as f64 / all as f64
+            );
+        }
+    }
+}
+
+/// Laps between phases, read only when phases are kept.
+struct Clock {
+    last: Option<Instant>,
+}
+
+impl Clock {
+    fn new(on: bool) -> Self {
+        Self {
+            last: on.then(Instant::now),
+        }
+    }
+
+    #[inline]
+    fn lap(&mut self) -> Option<u64> {
+        let last = self.last.as_mut()?;
+        let now = Instant::now();
+        let ns = now.duration_since(*last).as_nanos() as u64;
+        *last = now;
+        Some(ns)
+    }
+}
+
 /// Per-thread GPU state: a stream and a device buffer.
 struct Lane {
     stream: Arc<CudaStream>,
@@ -113,26 +238,46 @@ fn pinpool_cudarc(pool: &Pool, ctx: &Arc<CudaContext>, size: usize, stop: &Atomi
     ops
 }
 
-fn pinpool_raw(pool: &Pool, ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
+fn pinpool_raw(
+    pool: &Pool,
+    ctx: &Arc<CudaContext>,
+    size: usize,
+    stop: &AtomicBool,
+    phases: Option<&Mutex<Phases>>,
+) -> u64 {
     let lane = Lane::new(ctx, size);
     let dst = lane.dst_ptr();
     let mut ops = 0;
+    let mut mine = Phases::new(&RAW_PHASES);
+    let mut clock = Clock::new(phases.is_some());
     while !stop.load(Ordering::Relaxed) {
         let mut buf = pool.take(size);
+        mine.add(0, clock.lap());
         buf[..64].fill(1);
         buf.set_dirty_len(64);
         // SAFETY: `dst` holds `size` bytes; the buffer stays alive until its
         // recorded event completes (the pool waits on it).
         unsafe { result::memcpy_htod_async(dst, &buf[..size], lane.stream.cu_stream()) }.unwrap();
+        mine.add(1, clock.lap());
         buf.record_last_use(&lane.stream).unwrap();
+        mine.add(2, clock.lap());
         drop(buf);
+        mine.add(3, clock.lap());
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    if let Some(all) = phases {
+        all.lock().unwrap().merge(&mine);
+    }
     ops
 }
 
-fn hand_written(ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
+fn hand_written(
+    ctx: &Arc<CudaContext>,
+    size: usize,
+    stop: &AtomicBool,
+    phases: Option<&Mutex<Phases>>,
+) -> u64 {
     let lane = Lane::new(ctx, size);
     let dst = lane.dst_ptr();
     let stream = lane.stream.cu_stream();
@@ -144,6 +289,8 @@ fn hand_written(ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
         .map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).unwrap())
         .collect();
     let mut ops = 0u64;
+    let mut mine = Phases::new(&HAND_PHASES);
+    let mut clock = Clock::new(phases.is_some());
     while !stop.load(Ordering::Relaxed) {
         let i = (ops % 2) as usize;
         // SAFETY: live events, buffers of `size` bytes, a live stream; each
@@ -151,14 +298,20 @@ fn hand_written(ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
         // copy) has completed.
         unsafe {
             result::event::synchronize(events[i]).unwrap();
+            mine.add(0, clock.lap());
             std::ptr::write_bytes(bufs[i], 1, 64);
             let src = std::slice::from_raw_parts(bufs[i], size);
             result::memcpy_htod_async(dst, src, stream).unwrap();
+            mine.add(1, clock.lap());
             result::event::record(events[i], stream).unwrap();
+            mine.add(2, clock.lap());
         }
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    if let Some(all) = phases {
+        all.lock().unwrap().merge(&mine);
+    }
     // SAFETY: no copy is in flight (the stream was synchronized).
     unsafe {
         for e in events {
@@ -294,7 +447,8 @@ fn main() {
         return;
     };
     let secs = env_f64("PINPOOL_BENCH_SECS", 0.5);
-    let reps = env_f64("PINPOOL_BENCH_REPS", 3.0) as usize;
+    let reps = (env_f64("PINPOOL_BENCH_REPS", 3.0) as usize).max(1);
+    let phases = std::env::var("PINPOOL_BENCH_PHASES").is_ok_and(|v| v == "1");
     let new_pool = |size: usize| {
         let pool = Pool::builder()
             .backend(BackendKind::Cuda)
@@ -322,20 +476,47 @@ fn main() {
             // drop-to-ready figures are theirs alone.
             let pool = new_pool(size);
             let warm = pool.stats();
-            let cudarc_path = measure(&|| {
-                run(threads, secs, |_, stop| {
-                    pinpool_cudarc(&pool, &ctx, size, stop)
-                })
-            });
-            let raw = measure(&|| {
-                run(threads, secs, |_, stop| {
-                    pinpool_raw(&pool, &ctx, size, stop)
-                })
-            });
+            let raw_phases = Mutex::new(Phases::new(&RAW_PHASES));
+            let hand_phases = Mutex::new(Phases::new(&HAND_PHASES));
+            let (raw_p, hand_p) = if phases {
+                (Some(&raw_phases), Some(&hand_phases))
+            } else {
+                (None, None)
+            };
+            // Each run of the four loops back to back, each run starting
+            // from the next loop: a loop and its baseline run seconds
+            // apart, and none always runs first.
+            let mut runs = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+            for rep in 0..reps {
+                for k in 0..4 {
+                    let loop_ = (rep + k) % 4;
+                    let ops = match loop_ {
+                        0 => run(threads, secs, |_, stop| {
+                            pinpool_cudarc(&pool, &ctx, size, stop)
+                        }),
+                        1 => run(threads, secs, |_, stop| {
+                            pinpool_raw(&pool, &ctx, size, stop, raw_p)
+                        }),
+                        2 => run(threads, secs, |_, stop| {
+                            hand_written(&ctx, size, stop, hand_p)
+                        }),
+                        _ => run(threads, secs, |_, stop| hand_cudarc(&ctx, size, stop)),
+                    };
+                    runs[loop_].push(ops / 1e6);
+                }
+            }
             pool.flush();
             tight.push((threads, warm, pool.stats()));
-            let hand = measure(&|| run(threads, secs, |_, stop| hand_written(&ctx, size, stop)));
-            let hand_cu = measure(&|| run(threads, secs, |_, stop| hand_cudarc(&ctx, size, stop)));
+            let per_run = |a: usize, b: usize| {
+                runs[a]
+                    .iter()
+                    .zip(&runs[b])
+                    .map(|(x, y)| format!("{:.3}", x / y))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            let (raw_runs, cudarc_runs) = (per_run(1, 2), per_run(0, 3));
+            let [cudarc_path, raw, hand, hand_cu] = runs.map(median);
             let cross = measure(&|| cross_thread(&pool, &ctx, size, threads, secs));
             println!(
                 "{label}: {threads:>7} | {cudarc_path:>14.4} | {raw:>11.4} | {hand:>12.4} | {hand_cu:>11.4} | {cross:>12.4} | {:>11.3} | {:>8.3} | {:>18.3}",
@@ -343,6 +524,11 @@ fn main() {
                 raw / hand,
                 cudarc_path / hand_cu
             );
+            println!("{label}: {threads:>7} | each run: raw/hand {raw_runs}; cudarc/hand-cudarc {cudarc_runs}");
+            if phases {
+                raw_phases.into_inner().unwrap().report("raw ");
+                hand_phases.into_inner().unwrap().report("hand");
+            }
             pool.shutdown();
         }
         for (threads, warm, s) in tight {
