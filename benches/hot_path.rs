@@ -220,7 +220,8 @@ fn latency(c: &mut Criterion) {
 /// Buffers taken on one thread and dropped on another, in batches of 64
 /// (so that the channel between them costs little per buffer): one pair of
 /// threads, per buffer amortised. The drops go to the taker's returns list;
-/// its takes collect them back.
+/// its takes collect them back. `channel_floor` runs the same pipeline
+/// with boxed buffers sent back to the taker, no pool.
 fn cross_thread(c: &mut Criterion) {
     const BATCH: usize = 64;
     let pool = pool();
@@ -250,6 +251,46 @@ fn cross_thread(c: &mut Criterion) {
             dropper.join().unwrap();
             let took = start.elapsed();
             // Per buffer: the batches rounded `iters` up.
+            took.mul_f64(iters as f64 / (iters.div_ceil(BATCH as u64) * BATCH as u64) as f64)
+        })
+    });
+    // The same pipeline without a pool: the taker recycles boxed buffers
+    // the dropper sends back in their batches, re-zeroing what it wrote:
+    // what the channels, the threads and the buffers' lines moving between
+    // cores cost, the floor under the pool's figure.
+    group.bench_function("channel_floor", |b| {
+        b.iter_custom(|iters| {
+            let (tx, rx) = crossbeam_channel::bounded::<Vec<Box<[u8]>>>(4);
+            let (back_tx, back_rx) = crossbeam_channel::unbounded::<Vec<Box<[u8]>>>();
+            let dropper = std::thread::spawn(move || {
+                for batch in rx {
+                    let _ = back_tx.send(black_box(batch));
+                }
+            });
+            let mut free: Vec<Box<[u8]>> = (0..BATCH * 6)
+                .map(|_| vec![0u8; SIZE].into_boxed_slice())
+                .collect();
+            let start = Instant::now();
+            for _ in 0..iters.div_ceil(BATCH as u64) {
+                while free.len() < BATCH {
+                    free.extend(back_rx.recv().unwrap().into_iter().map(|mut buf| {
+                        buf[..64].fill(0);
+                        buf
+                    }));
+                }
+                let at = free.len() - BATCH;
+                let batch: Vec<_> = free
+                    .drain(at..)
+                    .map(|mut buf| {
+                        buf[..64].fill(1);
+                        buf
+                    })
+                    .collect();
+                tx.send(batch).unwrap();
+            }
+            drop(tx);
+            dropper.join().unwrap();
+            let took = start.elapsed();
             took.mul_f64(iters as f64 / (iters.div_ceil(BATCH as u64) * BATCH as u64) as f64)
         })
     });
