@@ -269,10 +269,11 @@ impl PoolBuilder {
     /// cleaner's registrations are admitted against it together, those
     /// under way included, so registrations racing on several workers or
     /// devices do not pass it between them. Memory `reserve` asked for is
-    /// checked against it when asked and registered past it if need be:
-    /// it may pass the budget by its own bytes if other registrations took
-    /// the room meanwhile, or another `reserve` asked before it was
-    /// registered. The cap on pooled bytes still bounds what is idle.
+    /// admitted when asked, with those registrations and every earlier
+    /// `reserve` not yet registered, and holds its room until its own
+    /// registration takes it over; that registration passes the budget
+    /// only by what it rounds up (a region's length, a whole slab). The
+    /// cap on pooled bytes still bounds what is idle.
     ///
     /// # Examples
     ///

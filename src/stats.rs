@@ -127,6 +127,22 @@ impl Counters {
         true
     }
 
+    /// Turns `held` bytes admitted earlier (memory `reserve` asked for,
+    /// admitted when asked) into an admission of `bytes` for its
+    /// registration, under one hold of the lock, so that no admission sees
+    /// the reserve's bytes neither held nor claimed. Past the budget by
+    /// what `bytes` exceeds `held` (a registration rounds up). Settled once
+    /// by [`settle_pinned`](Self::settle_pinned), as a claim.
+    pub(crate) fn take_over_pinned(&self, held: u64, bytes: u64) {
+        let mut claimed = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        debug_assert!(*claimed >= held, "took over more than was held");
+        *claimed = *claimed - held + bytes;
+        self.claimed_hint.store(*claimed, Ordering::Relaxed);
+    }
+
     /// Settles `claimed` bytes admitted by [`claim_pinned`](Self::claim_pinned),
     /// counting the registrations of `registered` bytes that they became,
     /// under the same lock: an admission never sees the bytes both

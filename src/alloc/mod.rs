@@ -101,6 +101,11 @@ pub(crate) struct Meta {
     /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
     /// trimming keeps it.
     pub(crate) reserved: bool,
+    /// Bytes of the pinned budget that `reserve` admitted for this block
+    /// when it was asked for, held until the block's registration takes
+    /// them over (or they are given back): so that a second `reserve`
+    /// asked before this one's registration sees them taken.
+    pub(crate) reserve_share: u64,
     /// When the buffer last became ready (admission), for idle trimming.
     pub(crate) ready_since: Option<Instant>,
     /// The next entry of the remote list, or of the cache's deferred list,
@@ -202,6 +207,7 @@ impl Meta {
             taker: 0,
             dropped_at: None,
             reserved: false,
+            reserve_share: 0,
             ready_since: None,
             next: std::ptr::null_mut(),
             slab: None,

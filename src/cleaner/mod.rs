@@ -641,8 +641,13 @@ impl Cleaner {
         if pins && !block.is_pinned() {
             let (base, len) = block.region();
             // Admitted against the budget with every registration under
-            // way (memory `reserve` asked for was admitted when asked).
-            let Some(claim) = Claim::new(counters, len as u64, block.is_reserved()) else {
+            // way (memory `reserve` asked for was admitted when asked: its
+            // registration takes that admission over).
+            let reserved = block.is_reserved();
+            let mut share = Share::take(counters, block);
+            let Some(claim) =
+                Claim::for_memory(counters, len as u64, reserved.then_some(&mut share))
+            else {
                 // The pinned budget is spent (by registrations since the
                 // drop was taken in): free it rather than pin past it.
                 Counters::add(&counters.registrations_skipped, 1);
@@ -755,7 +760,10 @@ impl Cleaner {
     /// growth ends ([`Replacement::AfterGrowth`]), so that this worker goes
     /// on recycling and a flush still finds the demand met once it
     /// returns.
-    fn carve_for(&self, env: Env<'_>, like: &Block) -> Replacement {
+    fn carve_for(&self, env: Env<'_>, like: &mut Block) -> Replacement {
+        // What `reserve` admitted for it: taken over by its growth below,
+        // else given back (carved from memory pinned already, or freed).
+        let mut share = Share::take(env.counters(), like);
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;
         let footprint = like.footprint();
@@ -778,10 +786,10 @@ impl Cleaner {
         // this buffer alone, and the shortfall stays unmet.
         if short.want > 0 {
             let least = short.need.max(footprint);
-            if !Self::grow(env, device, regions, short.want, least, false) {
+            if !Self::grow(env, device, regions, short.want, least, None) {
                 regions.unmet();
                 if least > footprint {
-                    Self::grow(env, device, regions, footprint, footprint, false);
+                    Self::grow(env, device, regions, footprint, footprint, None);
                 }
             }
         }
@@ -794,7 +802,9 @@ impl Cleaner {
         // Memory `reserve` asked for is pinned whatever the demand; any
         // other replacement only comes from what the demand grew (its
         // class may well hold idle buffers already).
-        if like.is_reserved() && Self::grow(env, device, regions, footprint, footprint, true) {
+        if like.is_reserved()
+            && Self::grow(env, device, regions, footprint, footprint, Some(&mut share))
+        {
             if let Some(at) = regions.carve(footprint) {
                 return Replacement::Carved(Block::carved(classes, class, device, at));
             }
@@ -805,9 +815,9 @@ impl Cleaner {
     /// Registers a region of `device` of at least `want` bytes (see
     /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
     /// the pinned budget or the registration fails; within the budget,
-    /// except that `least` bytes of memory `reserve` asked for (`reserved`,
-    /// admitted against the budget when asked for) may pass it. Whether one
-    /// was registered.
+    /// except that `least` bytes of memory `reserve` asked for (`reserved`:
+    /// what it admitted against the budget when asked for, which the first
+    /// registration takes over) may pass it. Whether one was registered.
     ///
     /// [`Regions::next_len`]: crate::alloc::Regions::next_len
     pub(crate) fn grow(
@@ -816,7 +826,7 @@ impl Cleaner {
         regions: &Regions,
         want: usize,
         least: usize,
-        reserved: bool,
+        mut reserved: Option<&mut Share<'_>>,
     ) -> bool {
         let counters = env.counters();
         let footprint = least;
@@ -841,7 +851,8 @@ impl Cleaner {
             // Admitted against the budget with every registration under
             // way. Memory `reserve` asked for was admitted when it was
             // asked for: its own bytes may pass it, no more.
-            let Some(claim) = Claim::new(counters, len as u64, reserved) else {
+            let Some(claim) = Claim::for_memory(counters, len as u64, reserved.as_deref_mut())
+            else {
                 Counters::add(&counters.registrations_skipped, 1);
                 tracing::debug!(
                     bytes = len,
@@ -894,7 +905,7 @@ impl Cleaner {
                 }
             }
             match grown {
-                Ok(_) if !reserved && !counters.fits_pinned(0) => {
+                Ok(_) if reserved.is_none() && !counters.fits_pinned(0) => {
                     // The budget was lowered while the registration ran:
                     // what it made, wholly free, goes again at once.
                     release_regions_over_budget(env.releaser(), env.places.shards);
@@ -948,6 +959,29 @@ impl<'a> Claim<'a> {
             .then(|| Self { counters, bytes })
     }
 
+    /// Admits `bytes` for the registration of memory `reserve` asked for:
+    /// takes over what `reserve` admitted for it (`share`, left empty),
+    /// and may pass the budget by the rest (see
+    /// [`Counters::take_over_pinned`]).
+    fn taking_over(counters: &'a Counters, bytes: u64, share: &mut Share<'_>) -> Self {
+        counters.take_over_pinned(std::mem::take(&mut share.bytes), bytes);
+        Self { counters, bytes }
+    }
+
+    /// Admits `bytes` for a registration of `reserved` memory (taking its
+    /// share over, see [`taking_over`](Self::taking_over)) or, with
+    /// `None`, of any other, within the budget.
+    fn for_memory(
+        counters: &'a Counters,
+        bytes: u64,
+        reserved: Option<&mut Share<'_>>,
+    ) -> Option<Self> {
+        match reserved {
+            Some(share) => Some(Self::taking_over(counters, bytes, share)),
+            None => Self::new(counters, bytes, false),
+        }
+    }
+
     /// Admits `more` bytes that are registered already and will be again
     /// within this registration (past the budget: they are in it now).
     fn and(mut self, more: u64) -> Self {
@@ -966,6 +1000,33 @@ impl<'a> Claim<'a> {
 }
 
 impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.counters.settle_pinned(self.bytes, &[]);
+        }
+    }
+}
+
+/// What `reserve` admitted against the pinned budget for one block
+/// ([`Meta::reserve_share`](crate::alloc::Meta)), taken out of the block:
+/// a registration takes it over ([`Claim::taking_over`]); dropped
+/// otherwise (the block was carved from memory pinned already, or freed),
+/// it is given back.
+pub(crate) struct Share<'a> {
+    counters: &'a Counters,
+    bytes: u64,
+}
+
+impl<'a> Share<'a> {
+    /// Takes `block`'s share out of it (none for memory not asked for by
+    /// `reserve`, or whose share was taken).
+    fn take(counters: &'a Counters, block: &mut Block) -> Self {
+        let bytes = std::mem::take(&mut block.meta_mut().reserve_share);
+        Self { counters, bytes }
+    }
+}
+
+impl Drop for Share<'_> {
     fn drop(&mut self) {
         if self.bytes > 0 {
             self.counters.settle_pinned(self.bytes, &[]);

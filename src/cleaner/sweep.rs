@@ -187,7 +187,7 @@ impl Cleaner {
             } else {
                 short.want
             };
-            if short.want > 0 && Self::grow(env, device, regions, short.want, least, false) {
+            if short.want > 0 && Self::grow(env, device, regions, short.want, least, None) {
                 room = Some(left.saturating_sub(short.want));
             }
         }

@@ -53,6 +53,8 @@ impl Shared {
             });
         }
         let mut blocks = Vec::new();
+        // Each block's footprint bytes, which sum to `bytes`.
+        let mut shares = Vec::new();
         for (class, mut count) in plan {
             let node = this.shards[device].node();
             // A sub-page class's block is the head of a slab that its
@@ -65,7 +67,26 @@ impl Shared {
                 meta.dirty = 0;
                 meta.reserved = true;
                 blocks.push(block);
+                shares.push((classes.footprint(class) * buffers) as u64);
                 count -= buffers;
+            }
+        }
+        // Admitted against the pinned budget now, with every registration
+        // under way and every other reserve not yet registered (the check
+        // above only spares the mapping when it would fail): each block
+        // carries its share of the admission until its registration takes
+        // it over (see `Meta::reserve_share`), so that a second reserve
+        // asked before this one registers sees the bytes taken.
+        if this.caches.intake.pins {
+            if !this.counters().claim_pinned(bytes as u64, false) {
+                return Err(Error::ReservePastPinnedBudget {
+                    bytes,
+                    pinned: this.counters().pinned(),
+                    budget: this.counters().max_pinned(),
+                });
+            }
+            for (block, share) in blocks.iter_mut().zip(shares) {
+                block.meta_mut().reserve_share = share;
             }
         }
         Self::start_cleaner(this);
