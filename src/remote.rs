@@ -4,7 +4,7 @@
 //!
 //! A multi-producer stack of blocks linked through their metadata (never
 //! through the buffers' bytes): a return is one CAS onto the head, and the
-//! owner collects everything with one swap on a later take. There is no
+//! owner collects everything with one swap on its next take. There is no
 //! single pop, so ABA cannot happen: a pusher's CAS only succeeds against
 //! the head it linked to, and the only other write is the swap to empty.
 //! This is mimalloc's thread-free list (Leijen, Zorn and de Moura, 2019)

@@ -86,14 +86,7 @@ impl Shared {
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[inline]
     fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
-        if matches!(block.fences_mut().poll(), Ok(false))
-            && (behind >= Tune::SELF_WAIT_BEHIND
-                // Buffers of the class that other threads dropped for this
-                // one, not yet collected, are in flight behind it too (a
-                // stale count only decides between waiting a little and
-                // looking elsewhere).
-                || behind + cache.returned_in(block.slot()) >= Tune::SELF_WAIT_BEHIND)
-        {
+        if behind >= Tune::SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
             Self::wait_briefly(&mut block);
         }
         self.reuse(cache, cache, block)

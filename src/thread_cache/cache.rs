@@ -197,49 +197,28 @@ impl ThreadCache {
     }
 
     /// The owner's take: a ready buffer of (`device`, `class`), else one of
-    /// its own deferred buffers. Ready buffers the cleaner sent are
-    /// collected first; buffers other threads dropped (the returns list)
-    /// only when the slot has nothing of its own, so that a stream of
-    /// drops from another thread is collected in batches, not one swap of
-    /// the list's head per take (each moving its line between the two
-    /// threads' cores).
+    /// its own deferred buffers, collecting the remote list first if the
+    /// slot is empty.
     #[inline]
     pub(crate) fn take(&self, device: usize, class: SizeClass) -> Option<Found> {
         let caches = self.caches();
         let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
-            if !self.shared.inbox.ready.is_empty() {
-                self.adopt(lists, self.shared.inbox.ready.take_all());
+            if !self.shared.inbox.ready.is_empty() || !self.shared.returns.is_empty() {
+                self.collect(lists);
             }
             let found = lists.slot(caches.slots, slot);
             if let Some(block) = found.ready.pop() {
                 self.unready(slot, &block);
                 return Some(Found::Ready(block));
             }
-            let (block, behind) = match found.deferred.pop_front() {
-                Some(block) => (block, found.deferred.len()),
-                None => {
-                    // Nothing of its own: what other threads dropped.
-                    if self.shared.returns.is_empty() {
-                        return None;
-                    }
-                    self.collect_returns(lists);
-                    let found = lists.slot(caches.slots, slot);
-                    let block = found.deferred.pop_front()?;
-                    (block, found.deferred.len())
-                }
-            };
+            let block = found.deferred.pop_front()?;
+            let behind = found.deferred.len();
             lists.deferred -= 1;
             self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
             Some(Found::Deferred(block, behind))
         })
         .flatten()
-    }
-
-    /// Buffers of `slot` on the returns list: dropped by other threads, not
-    /// yet collected (a hint: Relaxed; see [`RemoteList::count_in`]).
-    pub(crate) fn returned_in(&self, slot: usize) -> usize {
-        self.shared.returns.count_in(slot) as usize
     }
 
     /// The owner's borrow: a ready buffer of one of `classes` (larger than
@@ -280,10 +259,11 @@ impl ThreadCache {
         debug_assert!(kept.is_some(), "a take runs only while the pool is open");
     }
 
-    /// Moves the returns list (buffers other threads dropped) into the
-    /// deferred lists (inside an operation, so a thief that locks the owner
-    /// out sees the buffers in one place or the other).
-    fn collect_returns(&self, lists: &mut Lists) {
+    /// Moves both remote lists into the lists (inside an operation, so a
+    /// thief that locks the owner out sees the buffers in one place or the
+    /// other).
+    fn collect(&self, lists: &mut Lists) {
+        self.adopt(lists, self.shared.inbox.ready.take_all());
         let classes = &self.caches().classes;
         for block in self.shared.returns.take_all() {
             let (device, class) = (block.device(), block.class());

@@ -14,9 +14,7 @@
 //!   and a store, no read-modify-write.
 //! - The shared part holds two [remote lists](crate::remote): buffers the
 //!   cleaner made ready for this owner, and buffers other threads dropped;
-//!   the owner collects each with one swap: the first on its next take, the
-//!   second on a take whose slot has nothing of its own (so a stream of
-//!   another thread's drops comes back in batches).
+//!   the owner collects each with one swap on its next take.
 //!
 //! A take or a drop by the owner takes no lock, writes no cache line another
 //! thread writes, reads no clock and touches no reference count: it marks

@@ -4,8 +4,8 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use pinpool::testing::{Faults, TestFence};
@@ -509,4 +509,167 @@ fn returned_buffers_behind_a_slow_own_head() {
         "three takes behind one slow deferred buffer took {took:?} ({reused} reused)"
     );
     assert!(reused >= 2, "only {reused} of the 3 buffers reused: {s:?}");
+}
+
+/// The owner drops one buffer while its copy still runs; a buffer it handed
+/// to another thread, dropped there long before (done, idle), sits on its
+/// returns list. The owner's next take of the class must reuse that idle
+/// buffer, not miss. (A take that collected the returns list only when its slot had nothing
+/// of its own left it there, behind the in-flight one, and missed.)
+#[cfg(feature = "testing")]
+#[test]
+fn returned_idle_buffer_is_reused_before_a_miss() {
+    let pool = host_pow2(1);
+    let slow = TestFence::default();
+    let b0 = pool.take(4096);
+    let b1 = pool.take(4096);
+    let idle = b1.as_ptr() as usize;
+    // Another thread drops b1: the owner's returns list.
+    std::thread::spawn(move || drop(b1)).join().unwrap();
+    // The owner drops b0 (deferred) and takes it again.
+    drop(b0);
+    let mut a = pool.take(4096);
+    // A copy from it still in flight when it is dropped.
+    a[..8].fill(1);
+    a.set_dirty_len(8);
+    slow.record(&mut a);
+    drop(a);
+    let t0 = Instant::now();
+    let next = pool.take(4096);
+    let took = t0.elapsed();
+    let s = pool.stats();
+    let reused = next.as_ptr() as usize == idle;
+    slow.complete();
+    drop(next);
+    pool.flush();
+    assert!(
+        reused && s.misses == 2,
+        "the idle returned buffer was not reused: misses {} (2 expected), took {took:?}",
+        s.misses
+    );
+}
+
+/// A staging loop with a consumer thread: each round the owner takes one
+/// buffer for its own copy (dropped with the copy in flight, done one round
+/// later) and one that it hands to a consumer thread, which drops it at
+/// once. Steady state must hit without waiting: the consumer's buffers are
+/// idle. (A take that collected the returns list only when its slot had
+/// nothing of its own, never the case here, waited 20 ms on the in-flight
+/// own buffer every round, then missed, and the list grew by one buffer a
+/// round.)
+#[cfg(feature = "testing")]
+#[test]
+fn consumer_returns_are_reused_in_a_pipelined_loop() {
+    let pool = Arc::new(host_pow2(1));
+    let (tx, rx) = mpsc::channel::<PinnedBuffer>();
+    let (ack_tx, ack_rx) = mpsc::channel::<()>();
+    let consumer = std::thread::spawn(move || {
+        for b in rx {
+            drop(b);
+            ack_tx.send(()).unwrap();
+        }
+    });
+    const ROUNDS: usize = 24;
+    let fences: Vec<TestFence> = (0..ROUNDS).map(|_| TestFence::default()).collect();
+    let t0 = Instant::now();
+    let mut waits = 0;
+    for i in 0..ROUNDS {
+        let t = Instant::now();
+        let mut a = pool.take(4096);
+        a[..8].fill(1);
+        a.set_dirty_len(8);
+        fences[i].record(&mut a);
+        drop(a);
+        let mut c = pool.take(4096);
+        c[..8].fill(2);
+        c.set_dirty_len(8);
+        tx.send(c).unwrap();
+        ack_rx.recv().unwrap();
+        if i > 0 {
+            fences[i - 1].complete();
+        }
+        if t.elapsed() > Duration::from_millis(15) {
+            waits += 1;
+        }
+    }
+    let took = t0.elapsed();
+    let s = pool.stats();
+    drop(tx);
+    consumer.join().unwrap();
+    for f in &fences {
+        f.complete();
+    }
+    pool.flush();
+    let after = pool.stats();
+    eprintln!(
+        "{ROUNDS} rounds: {took:?}, {waits} rounds over 15 ms, misses {}, hits {}, in_cleaner {}, \
+         pooled after flush {}",
+        s.misses, s.hits, s.in_cleaner, after.pooled_buffers
+    );
+    assert!(
+        s.misses <= 6 && waits <= 2,
+        "{ROUNDS} rounds took {took:?}: {} misses, {waits} rounds waited; {} buffers pooled once flushed",
+        s.misses,
+        after.pooled_buffers
+    );
+}
+
+/// The owner took buffers of class Y and handed them to another thread,
+/// which dropped them (the owner's returns list); the owner has moved on
+/// to class X, which it takes and drops itself in a busy loop (never
+/// idle, so never swept). A third thread's takes of Y must find those idle
+/// buffers (the steal locks the busy owner out and takes its deferred
+/// buffers) instead of missing. (A take that collected the returns list only
+/// when its slot had nothing of its own never collected it here, and a
+/// steal does not look at the returns list.)
+#[test]
+fn idle_returns_of_a_busy_owner_are_stealable() {
+    let pool = Arc::new(host_pow2(1));
+    const Y: usize = 64 << 10;
+    const X: usize = 4096;
+    const N: usize = 4;
+    // The owner's X slot holds one buffer of its own.
+    drop(pool.take(X));
+    let ys: Vec<_> = (0..N).map(|_| pool.take(Y)).collect();
+    let ptrs: HashSet<usize> = ys.iter().map(|b| b.as_ptr() as usize).collect();
+    std::thread::spawn(move || drop(ys)).join().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    // The owner, busy on X. (The owner must be the thread that took the Ys:
+    // this one. So the thief runs elsewhere.)
+    let thief = {
+        let pool = pool.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            ready_rx.recv().unwrap();
+            let mut got = Vec::new();
+            for _ in 0..N {
+                std::thread::sleep(Duration::from_millis(3));
+                got.push(pool.take(Y));
+            }
+            let hits = got
+                .iter()
+                .filter(|b| ptrs.contains(&(b.as_ptr() as usize)))
+                .count();
+            stop.store(true, Ordering::Relaxed);
+            drop(got);
+            hits
+        })
+    };
+    ready_tx.send(()).unwrap();
+    let mut rounds = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut b = pool.take(X);
+        b[0] = 1;
+        b.set_dirty_len(1);
+        drop(b);
+        rounds += 1;
+    }
+    let hits = thief.join().unwrap();
+    let s = pool.stats();
+    eprintln!("owner rounds {rounds}; thief reused {hits} of {N}; {s:?}");
+    assert_eq!(
+        hits, N,
+        "the thief reused {hits} of {N} idle Y buffers on the busy owner's returns list"
+    );
 }
