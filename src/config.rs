@@ -269,11 +269,12 @@ impl PoolBuilder {
     /// cleaner's registrations are admitted against it together, those
     /// under way included, so registrations racing on several workers or
     /// devices do not pass it between them. Memory `reserve` asked for is
-    /// admitted when asked, with those registrations and every earlier
-    /// `reserve` not yet registered, and holds its room until its own
-    /// registration takes it over; that registration passes the budget
-    /// only by what it rounds up (a region's length, a whole slab). The
-    /// cap on pooled bytes still bounds what is idle.
+    /// admitted when asked, at what its registrations will pin (whole
+    /// slabs, regions of whole pages), with those registrations and every
+    /// earlier `reserve` not yet registered, and holds its room until its
+    /// own registration takes it over; a registration that fails and is
+    /// retried is admitted again within the budget. The cap on pooled
+    /// bytes still bounds what is idle.
     ///
     /// # Examples
     ///

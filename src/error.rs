@@ -45,9 +45,12 @@ pub enum Error {
     /// the pinned budget has left
     /// ([`PoolBuilder::max_pinned_bytes`](crate::PoolBuilder::max_pinned_bytes)).
     ReservePastPinnedBudget {
-        /// The footprint bytes asked for.
+        /// The bytes the reserve would pin: its buffers' footprints, each
+        /// rounded up to what its registration pins (a whole slab, a
+        /// region of whole pages).
         bytes: usize,
-        /// The bytes page-locked when asked.
+        /// The bytes page-locked when asked, and admitted to registrations
+        /// under way (earlier reserves not yet registered included).
         pinned: u64,
         /// The budget.
         budget: u64,
@@ -133,7 +136,7 @@ impl fmt::Display for Error {
                 budget,
             } => write!(
                 f,
-                "cannot reserve {bytes} bytes: {pinned} of the pinned budget of {budget} bytes are pinned already"
+                "cannot reserve {bytes} bytes: {pinned} of the pinned budget of {budget} bytes are pinned or admitted to registrations under way already"
             ),
             Error::ReserveExceedsMemory { bytes, memory } => write!(
                 f,

@@ -109,9 +109,9 @@ impl Counters {
 
     /// Admits a registration of `bytes` against the pinned budget, with
     /// every registration under way: false (and nothing admitted) if they
-    /// would pass it together, unless `past_budget` (memory `reserve`
-    /// admitted when asked for, or bytes already registered that a growth
-    /// moves into its own registration). Each admission is settled once
+    /// would pass it together, unless `past_budget` (bytes already
+    /// registered that a growth moves into its own registration). Each
+    /// admission is settled once
     /// by [`settle_pinned`](Self::settle_pinned).
     pub(crate) fn claim_pinned(&self, bytes: u64, past_budget: bool) -> bool {
         let mut claimed = self
@@ -130,17 +130,31 @@ impl Counters {
     /// Turns `held` bytes admitted earlier (memory `reserve` asked for,
     /// admitted when asked) into an admission of `bytes` for its
     /// registration, under one hold of the lock, so that no admission sees
-    /// the reserve's bytes neither held nor claimed. Past the budget by
-    /// what `bytes` exceeds `held` (a registration rounds up). Settled once
-    /// by [`settle_pinned`](Self::settle_pinned), as a claim.
-    pub(crate) fn take_over_pinned(&self, held: u64, bytes: u64) {
+    /// the reserve's bytes neither held nor claimed. What `bytes` exceeds
+    /// `held` by is admitted within the budget: false (and nothing changed)
+    /// if it has no room for it. Settled once by
+    /// [`settle_pinned`](Self::settle_pinned), as a claim.
+    pub(crate) fn take_over_pinned(&self, held: u64, bytes: u64) -> bool {
         let mut claimed = self
             .claimed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         debug_assert!(*claimed >= held, "took over more than was held");
+        let total = self
+            .pinned()
+            .saturating_add(*claimed - held)
+            .saturating_add(bytes);
+        if bytes > held && total > self.max_pinned() {
+            return false;
+        }
         *claimed = *claimed - held + bytes;
         self.claimed_hint.store(*claimed, Ordering::Relaxed);
+        true
+    }
+
+    /// Bytes admitted to registrations under way (a statistic: Relaxed).
+    pub(crate) fn claimed(&self) -> u64 {
+        self.claimed_hint.load(Ordering::Relaxed)
     }
 
     /// Settles `claimed` bytes admitted by [`claim_pinned`](Self::claim_pinned),

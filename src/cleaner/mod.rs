@@ -950,35 +950,37 @@ struct Claim<'a> {
 }
 
 impl<'a> Claim<'a> {
-    /// Admits `bytes`; `None` if the budget has no room for them (unless
-    /// `past_budget`).
-    fn new(counters: &'a Counters, bytes: u64, past_budget: bool) -> Option<Self> {
+    /// Admits `bytes`; `None` if the budget has no room for them.
+    fn new(counters: &'a Counters, bytes: u64) -> Option<Self> {
         // Built only once admitted: a claim dropped settles its bytes.
         counters
-            .claim_pinned(bytes, past_budget)
+            .claim_pinned(bytes, false)
             .then(|| Self { counters, bytes })
     }
 
     /// Admits `bytes` for the registration of memory `reserve` asked for:
-    /// takes over what `reserve` admitted for it (`share`, left empty),
-    /// and may pass the budget by the rest (see
-    /// [`Counters::take_over_pinned`]).
-    fn taking_over(counters: &'a Counters, bytes: u64, share: &mut Share<'_>) -> Self {
-        counters.take_over_pinned(std::mem::take(&mut share.bytes), bytes);
-        Self { counters, bytes }
+    /// takes over what `reserve` admitted for it (`share`, left empty), the
+    /// rest within the budget (see [`Counters::take_over_pinned`]); `None`
+    /// (and `share` kept) if the budget has no room for the rest.
+    fn taking_over(counters: &'a Counters, bytes: u64, share: &mut Share<'_>) -> Option<Self> {
+        counters.take_over_pinned(share.bytes, bytes).then(|| {
+            share.bytes = 0;
+            Self { counters, bytes }
+        })
     }
 
-    /// Admits `bytes` for a registration of `reserved` memory (taking its
-    /// share over, see [`taking_over`](Self::taking_over)) or, with
-    /// `None`, of any other, within the budget.
+    /// Admits `bytes` for a registration, within the budget: of memory
+    /// `reserve` asked for, taking over what it admitted (`reserved`, if
+    /// not taken over yet by an earlier attempt: see
+    /// [`taking_over`](Self::taking_over)), or of any other memory.
     fn for_memory(
         counters: &'a Counters,
         bytes: u64,
         reserved: Option<&mut Share<'_>>,
     ) -> Option<Self> {
         match reserved {
-            Some(share) => Some(Self::taking_over(counters, bytes, share)),
-            None => Self::new(counters, bytes, false),
+            Some(share) if share.bytes > 0 => Self::taking_over(counters, bytes, share),
+            _ => Self::new(counters, bytes),
         }
     }
 

@@ -48,13 +48,11 @@ impl Shared {
         if !this.counters().fits_pinned(bytes as u64) {
             return Err(Error::ReservePastPinnedBudget {
                 bytes,
-                pinned: this.counters().pinned(),
+                pinned: this.counters().pinned() + this.counters().claimed(),
                 budget: this.counters().max_pinned(),
             });
         }
         let mut blocks = Vec::new();
-        // Each block's footprint bytes, which sum to `bytes`.
-        let mut shares = Vec::new();
         for (class, mut count) in plan {
             let node = this.shards[device].node();
             // A sub-page class's block is the head of a slab that its
@@ -67,21 +65,35 @@ impl Shared {
                 meta.dirty = 0;
                 meta.reserved = true;
                 blocks.push(block);
-                shares.push((classes.footprint(class) * buffers) as u64);
                 count -= buffers;
             }
         }
         // Admitted against the pinned budget now, with every registration
         // under way and every other reserve not yet registered (the check
-        // above only spares the mapping when it would fail): each block
-        // carries its share of the admission until its registration takes
-        // it over (see `Meta::reserve_share`), so that a second reserve
-        // asked before this one registers sees the bytes taken.
+        // above only spares the mapping when it would fail), at what each
+        // block's registration pins: its slab, or the region it grows (of
+        // whole pages, huge ones from a huge page up), else its own
+        // mapping. Each block carries its share of the admission until its
+        // registration takes it over (see `Meta::reserve_share`), so that a
+        // second reserve asked before this one registers sees the bytes
+        // taken.
         if this.caches.intake.pins {
-            if !this.counters().claim_pinned(bytes as u64, false) {
+            let regions = this.shards[device].regions();
+            let shares: Vec<u64> = blocks
+                .iter()
+                .map(|block| {
+                    if this.caches.carves() && !block.in_slab() {
+                        regions.fit_len(block.footprint()) as u64
+                    } else {
+                        block.region().1 as u64
+                    }
+                })
+                .collect();
+            let admitted: u64 = shares.iter().sum();
+            if !this.counters().claim_pinned(admitted, false) {
                 return Err(Error::ReservePastPinnedBudget {
-                    bytes,
-                    pinned: this.counters().pinned(),
+                    bytes: admitted as usize,
+                    pinned: this.counters().pinned() + this.counters().claimed(),
                     budget: this.counters().max_pinned(),
                 });
             }

@@ -1921,3 +1921,173 @@ fn reserve_admissions_are_settled_once_registered() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A gate on one tracing event: the thread that emits an event whose
+/// message contains `needle` signals `hit` and waits until `open`.
+struct Gate {
+    needle: &'static str,
+    state: Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Gate {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Find(&'static str, bool);
+        impl tracing::field::Visit for Find {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" && format!("{v:?}").contains(self.0) {
+                    self.1 = true;
+                }
+            }
+        }
+        let mut find = Find(self.needle, false);
+        event.record(&mut find);
+        if !find.1 {
+            return;
+        }
+        let (lock, cv) = &*self.state;
+        let mut st = lock.lock().unwrap();
+        if st.0 {
+            return; // only the first
+        }
+        st.0 = true;
+        cv.notify_all();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !st.1 && std::time::Instant::now() < deadline {
+            st = cv.wait_timeout(st, Duration::from_millis(10)).unwrap().0;
+        }
+    }
+}
+
+/// A reserve's region registration fails and is retried smaller. The first
+/// attempt took the reserve's share over and the failure settled it; the
+/// retry must be admitted within the budget: a registration admitted in
+/// between (a miss on the other device) may take the room the share held
+/// (a retry admitted past the budget pinned 5 MiB under 4 MiB). The
+/// window is held open with a tracing layer on the worker's "registering
+/// a region failed" warning, in a child process (the layer is global).
+#[test]
+fn reserve_retried_smaller_after_a_failed_registration_stays_within_the_budget() {
+    const TEST: &str =
+        "reserve_retried_smaller_after_a_failed_registration_stays_within_the_budget";
+    if crate::common::in_child(module_path!(), TEST, &[]).is_some() {
+        return;
+    }
+    use tracing_subscriber::layer::SubscriberExt;
+    let state = Arc::new((
+        std::sync::Mutex::new((false, false)),
+        std::sync::Condvar::new(),
+    ));
+    let gate = Gate {
+        needle: "registering a region failed",
+        state: state.clone(),
+    };
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(gate)).unwrap();
+    let budget = 4 * MIB_;
+    let (pool, faults) = built(|b| b.devices(2).regions(true).max_pinned_bytes(budget));
+    faults.fail_register(&[1]);
+    // Admitted 1 MiB; its region (2 MiB, REGION_MIN) fails to register.
+    pool.reserve(0, &[(MIB_, 1)]).unwrap();
+    let (lock, cv) = &*state;
+    {
+        let mut st = lock.lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !st.0 && std::time::Instant::now() < deadline {
+            st = cv.wait_timeout(st, Duration::from_millis(10)).unwrap().0;
+        }
+        assert!(st.0, "the reserve's registration did not fail");
+    }
+    // The window: the reserve's share is settled, its retry not yet claimed.
+    let miss = pool.take_on(1, 3 * MIB_).unwrap();
+    drop(miss);
+    let grown = eventually(Duration::from_secs(5), || {
+        pool.stats().pinned_bytes >= 4 * MIB_ as u64
+    });
+    {
+        let mut st = lock.lock().unwrap();
+        st.1 = true;
+        cv.notify_all();
+    }
+    pool.flush();
+    let s = pool.stats();
+    eprintln!(
+        "grown on device 1 in the window: {grown}; pinned {} KiB, peak {} KiB, registrations {}, failures {}",
+        s.pinned_bytes >> 10,
+        s.peak_pinned_bytes >> 10,
+        s.registrations,
+        s.registration_failures
+    );
+    assert!(
+        s.peak_pinned_bytes <= budget as u64,
+        "peak pinned {} KiB under a {} KiB budget",
+        s.peak_pinned_bytes >> 10,
+        budget >> 10
+    );
+}
+
+/// One `reserve` of five 1 KiB buffers (two slabs: 4 + 1) under a 6 KiB
+/// budget with nothing pinned: admitted at 5 KiB (the buffers'
+/// footprints), it registered two whole pages, 8 KiB: the admission must
+/// count the slabs it will register, as the budget bounds every pinned
+/// byte.
+#[test]
+fn slab_reserve_is_admitted_at_what_it_pins() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        let budget = 6 << 10;
+        let (pool, _faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+        let out = pool.reserve(0, &[(1024, 5)]);
+        pool.flush();
+        let s = pool.stats();
+        if s.peak_pinned_bytes > budget as u64 {
+            failures.push(format!(
+                "regions {regions}: reserve(1 KiB x 5) -> {out:?}; peak pinned {} bytes under a {budget} byte budget",
+                s.peak_pinned_bytes
+            ));
+        }
+        pool.shutdown();
+    }
+    // Regions: a 2.25 MiB buffer's region is rounded to whole huge pages
+    // (4 MiB) under a 3 MiB budget.
+    let budget = 3 * MIB_;
+    let (pool, _faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
+    let out = pool.reserve(0, &[(9 * MIB_ / 4, 1)]);
+    pool.flush();
+    let s = pool.stats();
+    if s.peak_pinned_bytes > budget as u64 {
+        failures.push(format!(
+            "regions true: reserve(2.25 MiB) -> {out:?}; peak pinned {} KiB under a {} KiB budget",
+            s.peak_pinned_bytes >> 10,
+            budget >> 10
+        ));
+    }
+    pool.shutdown();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The error of a reserve refused because an earlier reserve, not yet
+/// registered, holds the room: its figures (`pinned`, `budget`) must
+/// explain the refusal (`bytes + pinned > budget`; they said 0 of 12 MiB
+/// pinned for an 8 MiB reserve).
+#[test]
+fn a_refused_reserve_says_why() {
+    let budget = 12 * MIB_;
+    let (pool, faults) = built(|b| b.max_pinned_bytes(budget));
+    faults.hold_register();
+    pool.reserve(0, &[(8 * MIB_, 1)]).unwrap();
+    let second = pool.reserve(0, &[(8 * MIB_, 1)]);
+    faults.release();
+    pool.flush();
+    let err = second.expect_err("the budget has no room for both");
+    eprintln!("{err:?}: {err}");
+    match err {
+        pinpool::Error::ReservePastPinnedBudget {
+            bytes,
+            pinned,
+            budget,
+        } => assert!(
+            bytes as u64 + pinned > budget,
+            "the error's figures do not explain the refusal: {err}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
