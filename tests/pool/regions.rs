@@ -2091,3 +2091,201 @@ fn a_refused_reserve_says_why() {
         other => panic!("{other:?}"),
     }
 }
+
+/// After a flush, everything the budget has left (`budget` minus what is
+/// pinned) must be admitted to one more `reserve`: a share never settled
+/// (claimed for good) makes it fail. Returns an error message if not.
+fn probe_room(pool: &Pool, budget: usize, what: &str) -> Result<(), String> {
+    pool.flush();
+    let s = pool.stats();
+    if s.worker_panics > 0 {
+        return Err(format!(
+            "{what}: {} worker panics (a debug assertion?)",
+            s.worker_panics
+        ));
+    }
+    let pinned = s.pinned_bytes as usize;
+    if pinned > budget {
+        return Err(format!(
+            "{what}: {pinned} bytes pinned under a {budget} byte budget"
+        ));
+    }
+    let room = budget - pinned;
+    let mut ask = Vec::new();
+    if room / MIB_ > 0 {
+        ask.push((MIB_, room / MIB_));
+    }
+    if room % MIB_ / 4096 > 0 {
+        ask.push((4096, room % MIB_ / 4096));
+    }
+    if room % 4096 / 256 > 0 {
+        ask.push((256, room % 4096 / 256));
+    }
+    if ask.is_empty() {
+        return Ok(());
+    }
+    match pool.reserve(0, &ask) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!(
+            "{what}: {pinned} of {budget} bytes pinned, a reserve of the {room} bytes left \
+             ({ask:?}) refused: {e}"
+        )),
+    }
+}
+
+/// A reserve whose registration fails (regions off and on): the share is
+/// given back (the budget is whole again).
+#[test]
+fn reserve_whose_registration_fails_gives_its_share_back() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        for size in [MIB_, 2 * MIB_, 3 * MIB_] {
+            let budget = 16 * MIB_;
+            let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+            faults.fail_register(&[1, 2, 3, 4]);
+            let out = pool.reserve(0, &[(size, 1)]);
+            pool.flush();
+            if let Err(e) = probe_room(
+                &pool,
+                budget,
+                &format!("regions {regions}, {size}: {out:?}"),
+            ) {
+                failures.push(e);
+            }
+            pool.shutdown();
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A reserve whose registration panics (regions off and on).
+#[test]
+fn reserve_whose_registration_panics_gives_its_share_back() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        let budget = 16 * MIB_;
+        let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+        faults.panic_register(&[1]);
+        let out = pool.reserve(0, &[(2 * MIB_, 1)]);
+        pool.flush();
+        // The ticket closes as the job unwinds, before the worker counts
+        // the panic: wait for the count.
+        eventually(Duration::from_secs(2), || pool.stats().worker_panics == 1);
+        let panics = pool.stats().worker_panics;
+        if panics != 1 {
+            failures.push(format!(
+                "regions {regions}: {panics} worker panics (1 injected)"
+            ));
+        }
+        // The probe's own check of panics would trip on the injected one.
+        let s = pool.stats();
+        let room = budget - s.pinned_bytes as usize;
+        if let Err(e) = pool.reserve(0, &[(MIB_, room / MIB_)]) {
+            failures.push(format!(
+                "regions {regions}: {out:?}; {room} bytes left refused: {e}"
+            ));
+        }
+        pool.shutdown();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Sub-page classes: a slab's head carries the share of its buffers, its
+/// registration is the whole slab.
+#[test]
+fn slab_reserve_settles() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        for fail in [false, true] {
+            let budget = 8 * MIB_;
+            let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+            if fail {
+                faults.fail_register(&[1]);
+            }
+            let out = pool.reserve(0, &[(256, 3), (1024, 9), (64 << 10, 2)]);
+            if let Err(e) = probe_room(
+                &pool,
+                budget,
+                &format!("regions {regions}, fail {fail}: {out:?}"),
+            ) {
+                failures.push(e);
+            }
+            pool.shutdown();
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A reserve on the second device (regions off and on).
+#[test]
+fn reserve_on_another_device_settles() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        let budget = 16 * MIB_;
+        let (pool, _faults) = built(|b| b.devices(2).regions(regions).max_pinned_bytes(budget));
+        let a = pool.reserve(1, &[(3 * MIB_, 1), (MIB_, 2)]);
+        let b = pool.reserve(0, &[(2 * MIB_, 1)]);
+        if let Err(e) = probe_room(&pool, budget, &format!("regions {regions}: {a:?} {b:?}")) {
+            failures.push(e);
+        }
+        pool.shutdown();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Reserves queued behind a held registration while the pool is cleared,
+/// and while it shuts down.
+#[test]
+fn reserves_queued_through_clear_and_shutdown_settle() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        for shut in [false, true] {
+            let budget = 16 * MIB_;
+            let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+            let pool = Arc::new(pool);
+            faults.hold_register();
+            pool.reserve(0, &[(2 * MIB_, 1)]).unwrap();
+            pool.reserve(0, &[(MIB_, 3)]).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let other = {
+                let pool = pool.clone();
+                std::thread::spawn(move || if shut { pool.shutdown() } else { pool.clear() })
+            };
+            std::thread::sleep(Duration::from_millis(20));
+            faults.release();
+            other.join().unwrap();
+            if let Err(e) = probe_room(
+                &pool,
+                budget,
+                &format!("regions {regions}, shutdown {shut}"),
+            ) {
+                failures.push(e);
+            }
+            pool.shutdown();
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The budget lowered while a reserve waits for its registration, then
+/// raised again.
+#[test]
+fn reserve_through_a_lowered_budget_settles() {
+    let mut failures = Vec::new();
+    for regions in [false, true] {
+        let budget = 16 * MIB_;
+        let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+        faults.hold_register();
+        pool.reserve(0, &[(4 * MIB_, 1)]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        pool.set_max_pinned_bytes(MIB_);
+        faults.release();
+        pool.flush();
+        pool.set_max_pinned_bytes(budget);
+        if let Err(e) = probe_room(&pool, budget, &format!("regions {regions}")) {
+            failures.push(e);
+        }
+        pool.shutdown();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
