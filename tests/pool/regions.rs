@@ -512,6 +512,11 @@ fn idle_buffers_of_a_class_no_longer_in_demand_go_back_to_their_region() {
 /// do not make the regions grow by what the cleaner holds (else a cleaner
 /// that falls behind pins more and more).
 #[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "a timing bound (a provisioning tick within 200 ms of the drops): AddressSanitizer's \
+              slowdown breaks it (it grew by the whole demand once, the tick late)"
+)]
 fn buffers_waiting_in_the_cleaner_do_not_make_the_regions_grow() {
     const SIZE: usize = 4 << 20;
     const N: usize = 8;
@@ -528,9 +533,10 @@ fn buffers_waiting_in_the_cleaner_do_not_make_the_regions_grow() {
     // Event-less pinned buffers wait for a device synchronize: held.
     faults.hold_synchronize();
     drop(carved);
-    // Past a provisioning tick (every 10 ms), which counts what takes hold:
-    // a miss noted before it counts the dropped buffers as still held.
-    std::thread::sleep(Duration::from_millis(50));
+    // Past a provisioning tick (every 10 ms; some 20 of them, for a loaded
+    // machine), which counts what takes hold: a miss noted before it
+    // counts the dropped buffers as still held.
+    std::thread::sleep(Duration::from_millis(200));
     // The same demand again, while the cleaner holds the memory: misses,
     // held across a few provisioning ticks, then dropped.
     let missed: Vec<_> = (0..N).map(|_| pool.take(SIZE)).collect();
