@@ -27,9 +27,9 @@
 //! 0.5) seconds each. The four single-thread-per-stream loops run in turn,
 //! one run of each, each round starting from the next loop, and the ratios
 //! of each round are printed too (a loop against its baseline seconds
-//! apart). With `PINPOOL_BENCH_PHASES=1`, the raw pool loop and the
-//! hand-written loop time each phase of each operation (two clock reads
-//! more per phase) and print per-phase histograms. On a machine without a
+//! apart). With `PINPOOL_BENCH_PHASES=1`, the four loops time each phase
+//! of each operation (a clock read more per phase) and print per-phase
+//! histograms. On a machine without a
 //! GPU it says so and exits 0.
 //!
 //! Run with `cargo bench -p pinpool-benches --bench staging` (or the staged binary with
@@ -87,6 +87,12 @@ const RAW_PHASES: [&str; 4] = ["take", "write+copy", "record", "drop"];
 /// The phases the hand-written loop times: its wait for the buffer's last
 /// copy stands where the pool's take does.
 const HAND_PHASES: [&str; 3] = ["event sync", "write+copy", "record"];
+
+/// The phases the pool loop through cudarc times (its copy records the
+/// buffer's last use itself).
+const CUDARC_PHASES: [&str; 4] = ["take", "write", "memcpy_htod", "drop"];
+/// The phases the hand-written loop through cudarc times.
+const HAND_CUDARC_PHASES: [&str; 3] = ["event sync", "write", "memcpy_htod"];
 
 /// Sub-buckets per octave of the phase histograms.
 const STEPS: usize = 4;
@@ -223,18 +229,33 @@ impl Lane {
     }
 }
 
-fn pinpool_cudarc(pool: &Pool, ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
+fn pinpool_cudarc(
+    pool: &Pool,
+    ctx: &Arc<CudaContext>,
+    size: usize,
+    stop: &AtomicBool,
+    phases: Option<&Mutex<Phases>>,
+) -> u64 {
     let mut lane = Lane::new(ctx, size);
     let mut ops = 0;
+    let mut mine = Phases::new(&CUDARC_PHASES);
+    let mut clock = Clock::new(phases.is_some());
     while !stop.load(Ordering::Relaxed) {
         let mut buf = pool.take(size);
+        mine.add(0, clock.lap());
         buf[..64].fill(1);
         buf.set_dirty_len(64);
+        mine.add(1, clock.lap());
         lane.stream.memcpy_htod(&buf, &mut lane.dst).unwrap();
+        mine.add(2, clock.lap());
         drop(buf);
+        mine.add(3, clock.lap());
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    if let Some(all) = phases {
+        all.lock().unwrap().merge(&mine);
+    }
     ops
 }
 
@@ -407,7 +428,12 @@ impl HostSlice<u8> for HandPinned {
     }
 }
 
-fn hand_cudarc(ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
+fn hand_cudarc(
+    ctx: &Arc<CudaContext>,
+    size: usize,
+    stop: &AtomicBool,
+    phases: Option<&Mutex<Phases>>,
+) -> u64 {
     let mut lane = Lane::new(ctx, size);
     let bufs: Vec<HandPinned> = (0..2)
         .map(|_| HandPinned {
@@ -418,15 +444,23 @@ fn hand_cudarc(ctx: &Arc<CudaContext>, size: usize, stop: &AtomicBool) -> u64 {
         })
         .collect();
     let mut ops = 0u64;
+    let mut mine = Phases::new(&HAND_CUDARC_PHASES);
+    let mut clock = Clock::new(phases.is_some());
     while !stop.load(Ordering::Relaxed) {
         let buf = &bufs[(ops % 2) as usize];
         buf.event.synchronize().unwrap();
+        mine.add(0, clock.lap());
         // SAFETY: the buffer's last copy has completed (its event above).
         unsafe { std::ptr::write_bytes(buf.ptr, 1, 64) };
+        mine.add(1, clock.lap());
         lane.stream.memcpy_htod(buf, &mut lane.dst).unwrap();
+        mine.add(2, clock.lap());
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    if let Some(all) = phases {
+        all.lock().unwrap().merge(&mine);
+    }
     for buf in bufs {
         // SAFETY: no copy is in flight (the stream was synchronized).
         unsafe { result::free_host(buf.ptr.cast()) }.unwrap();
@@ -476,13 +510,13 @@ fn main() {
             // drop-to-ready figures are theirs alone.
             let pool = new_pool(size);
             let warm = pool.stats();
-            let raw_phases = Mutex::new(Phases::new(&RAW_PHASES));
-            let hand_phases = Mutex::new(Phases::new(&HAND_PHASES));
-            let (raw_p, hand_p) = if phases {
-                (Some(&raw_phases), Some(&hand_phases))
-            } else {
-                (None, None)
-            };
+            let all = [
+                Mutex::new(Phases::new(&CUDARC_PHASES)),
+                Mutex::new(Phases::new(&RAW_PHASES)),
+                Mutex::new(Phases::new(&HAND_PHASES)),
+                Mutex::new(Phases::new(&HAND_CUDARC_PHASES)),
+            ];
+            let kept = |loop_: usize| phases.then_some(&all[loop_]);
             // Each run of the four loops back to back, each run starting
             // from the next loop: a loop and its baseline run seconds
             // apart, and none always runs first.
@@ -492,15 +526,17 @@ fn main() {
                     let loop_ = (rep + k) % 4;
                     let ops = match loop_ {
                         0 => run(threads, secs, |_, stop| {
-                            pinpool_cudarc(&pool, &ctx, size, stop)
+                            pinpool_cudarc(&pool, &ctx, size, stop, kept(0))
                         }),
                         1 => run(threads, secs, |_, stop| {
-                            pinpool_raw(&pool, &ctx, size, stop, raw_p)
+                            pinpool_raw(&pool, &ctx, size, stop, kept(1))
                         }),
                         2 => run(threads, secs, |_, stop| {
-                            hand_written(&ctx, size, stop, hand_p)
+                            hand_written(&ctx, size, stop, kept(2))
                         }),
-                        _ => run(threads, secs, |_, stop| hand_cudarc(&ctx, size, stop)),
+                        _ => run(threads, secs, |_, stop| {
+                            hand_cudarc(&ctx, size, stop, kept(3))
+                        }),
                     };
                     runs[loop_].push(ops / 1e6);
                 }
@@ -526,8 +562,11 @@ fn main() {
             );
             println!("{label}: {threads:>7} | each run: raw/hand {raw_runs}; cudarc/hand-cudarc {cudarc_runs}");
             if phases {
-                raw_phases.into_inner().unwrap().report("raw ");
-                hand_phases.into_inner().unwrap().report("hand");
+                let [cudarc_phases, raw_phases, hand_phases, hand_cu_phases] = all;
+                raw_phases.into_inner().unwrap().report("raw   ");
+                hand_phases.into_inner().unwrap().report("hand  ");
+                cudarc_phases.into_inner().unwrap().report("cudarc");
+                hand_cu_phases.into_inner().unwrap().report("hand-cu");
             }
             pool.shutdown();
         }
