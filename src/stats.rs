@@ -111,20 +111,9 @@ impl Counters {
     /// every registration under way: false (and nothing admitted) if they
     /// would pass it together, unless `past_budget` (bytes already
     /// registered that a growth moves into its own registration). Each
-    /// admission is settled once
-    /// by [`settle_pinned`](Self::settle_pinned).
+    /// admission is settled once by [`settle_pinned`](Self::settle_pinned).
     pub(crate) fn claim_pinned(&self, bytes: u64, past_budget: bool) -> bool {
-        let mut claimed = self
-            .claimed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let total = self.pinned().saturating_add(*claimed).saturating_add(bytes);
-        if !past_budget && total > self.max_pinned() {
-            return false;
-        }
-        *claimed += bytes;
-        self.claimed_hint.store(*claimed, Ordering::Relaxed);
-        true
+        self.admit(0, bytes, past_budget)
     }
 
     /// Turns `held` bytes admitted earlier (memory `reserve` asked for,
@@ -132,24 +121,26 @@ impl Counters {
     /// registration, under one hold of the lock, so that no admission sees
     /// the reserve's bytes neither held nor claimed. What `bytes` exceeds
     /// `held` by is admitted within the budget: false (and nothing changed)
-    /// if it has no room for it. Settled once by
-    /// [`settle_pinned`](Self::settle_pinned), as a claim.
+    /// if it has no room for it. Settled as a claim.
     pub(crate) fn take_over_pinned(&self, held: u64, bytes: u64) -> bool {
-        let mut claimed = self
-            .claimed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        debug_assert!(*claimed >= held, "took over more than was held");
-        let total = self
-            .pinned()
-            .saturating_add(*claimed - held)
-            .saturating_add(bytes);
-        if bytes > held && total > self.max_pinned() {
-            return false;
-        }
-        *claimed = *claimed - held + bytes;
-        self.claimed_hint.store(*claimed, Ordering::Relaxed);
-        true
+        self.admit(held, bytes, false)
+    }
+
+    /// The admission of [`claim_pinned`](Self::claim_pinned) and
+    /// [`take_over_pinned`](Self::take_over_pinned): `held` bytes admitted
+    /// earlier become `bytes`, the growth within the budget unless
+    /// `past_budget`.
+    fn admit(&self, held: u64, bytes: u64, past_budget: bool) -> bool {
+        self.with_claimed(|claimed| {
+            debug_assert!(*claimed >= held, "took over more than was held");
+            let others = *claimed - held;
+            let total = self.pinned().saturating_add(others).saturating_add(bytes);
+            if !past_budget && bytes > held && total > self.max_pinned() {
+                return false;
+            }
+            *claimed = others + bytes;
+            true
+        })
     }
 
     /// Bytes admitted to registrations under way (a statistic: Relaxed).
@@ -162,16 +153,26 @@ impl Counters {
     /// under the same lock: an admission never sees the bytes both
     /// claimed and registered missing from the count.
     pub(crate) fn settle_pinned(&self, claimed: u64, registered: &[u64]) {
-        let mut held = self
+        self.with_claimed(|held| {
+            for &bytes in registered {
+                self.registered(bytes);
+            }
+            debug_assert!(*held >= claimed, "settled more than was claimed");
+            *held -= claimed;
+        });
+    }
+
+    /// Runs `f` on the admitted bytes under their lock, then publishes
+    /// them to [`fits_pinned`](Self::fits_pinned)'s lock-free hint.
+    fn with_claimed<R>(&self, f: impl FnOnce(&mut u64) -> R) -> R {
+        let mut claimed = self
             .claimed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for &bytes in registered {
-            self.registered(bytes);
-        }
-        debug_assert!(*held >= claimed, "settled more than was claimed");
-        *held -= claimed;
-        self.claimed_hint.store(*held, Ordering::Relaxed);
+        let out = f(&mut claimed);
+        // Relaxed: a hint (see `fits_pinned`); the lock orders the count.
+        self.claimed_hint.store(*claimed, Ordering::Relaxed);
+        out
     }
 
     /// Notes `bytes` in use now (buffers taken and not yet dropped, at

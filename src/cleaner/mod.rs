@@ -643,11 +643,8 @@ impl Cleaner {
             // Admitted against the budget with every registration under
             // way (memory `reserve` asked for was admitted when asked: its
             // registration takes that admission over).
-            let reserved = block.is_reserved();
-            let mut share = Share::take(counters, block);
-            let Some(claim) =
-                Claim::for_memory(counters, len as u64, reserved.then_some(&mut share))
-            else {
+            let mut share = Claim::reserve_share(counters, block);
+            let Some(claim) = Claim::for_memory(counters, len as u64, Some(&mut share)) else {
                 // The pinned budget is spent (by registrations since the
                 // drop was taken in): free it rather than pin past it.
                 Counters::add(&counters.registrations_skipped, 1);
@@ -763,7 +760,7 @@ impl Cleaner {
     fn carve_for(&self, env: Env<'_>, like: &mut Block) -> Replacement {
         // What `reserve` admitted for it: taken over by its growth below,
         // else given back (carved from memory pinned already, or freed).
-        let mut share = Share::take(env.counters(), like);
+        let mut share = Claim::reserve_share(env.counters(), like);
         let (device, class) = (like.device(), like.class());
         let classes = &env.places.caches.classes;
         let footprint = like.footprint();
@@ -777,8 +774,8 @@ impl Cleaner {
             }
         };
         let short = regions.take_shortfall();
-        // Within the budget, even for memory `reserve` asked for: only its
-        // own bytes may pass it (below). At least what the shortfall needs
+        // Within the budget, as every growth (memory `reserve` asked for
+        // grows with its own admission, below). At least what the shortfall needs
         // (another miss's buffer, which must fit in one extent, or the
         // demand past what is held), not only this buffer, so that a
         // budget or a failed registration that makes the growth smaller
@@ -814,10 +811,9 @@ impl Cleaner {
 
     /// Registers a region of `device` of at least `want` bytes (see
     /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
-    /// the pinned budget or the registration fails; within the budget,
-    /// except that `least` bytes of memory `reserve` asked for (`reserved`:
-    /// what it admitted against the budget when asked for, which the first
-    /// registration takes over) may pass it. Whether one was registered.
+    /// the pinned budget or the registration fails; within the budget, with
+    /// what `reserve` admitted for the memory (`reserved`, taken over by
+    /// the first registration) counted as room. Whether one was registered.
     ///
     /// [`Regions::next_len`]: crate::alloc::Regions::next_len
     pub(crate) fn grow(
@@ -826,7 +822,7 @@ impl Cleaner {
         regions: &Regions,
         want: usize,
         least: usize,
-        mut reserved: Option<&mut Share<'_>>,
+        mut reserved: Option<&mut Claim<'_>>,
     ) -> bool {
         let counters = env.counters();
         let footprint = least;
@@ -849,8 +845,7 @@ impl Cleaner {
                 continue;
             }
             // Admitted against the budget with every registration under
-            // way. Memory `reserve` asked for was admitted when it was
-            // asked for: its own bytes may pass it, no more.
+            // way, taking over what `reserve` admitted for the memory.
             let Some(claim) = Claim::for_memory(counters, len as u64, reserved.as_deref_mut())
             else {
                 Counters::add(&counters.registrations_skipped, 1);
@@ -941,47 +936,45 @@ impl Cleaner {
 }
 
 /// Bytes admitted against the pinned budget for a registration under way
-/// (see `Counters::claim_pinned`): settled with the registrations they
-/// became, or, if the registration unwinds (a backend that panics), with
-/// none.
-struct Claim<'a> {
+/// (see `Counters::claim_pinned`), or by `reserve` for a block not yet
+/// registered: settled with the registrations they became, or, dropped
+/// (a registration that unwinds, a backend that panics, a reserved block
+/// carved from memory pinned already), with none. Built only once
+/// admitted.
+pub(crate) struct Claim<'a> {
     counters: &'a Counters,
     bytes: u64,
 }
 
 impl<'a> Claim<'a> {
-    /// Admits `bytes`; `None` if the budget has no room for them.
-    fn new(counters: &'a Counters, bytes: u64) -> Option<Self> {
-        // Built only once admitted: a claim dropped settles its bytes.
-        counters
-            .claim_pinned(bytes, false)
-            .then(|| Self { counters, bytes })
+    /// What `reserve` admitted for `block` when it was asked for
+    /// ([`Meta::reserve_share`](crate::alloc::Meta)), taken out of the
+    /// block: a claim that its registration takes over (see
+    /// [`for_memory`](Self::for_memory)), else given back when dropped (the
+    /// block was carved from memory pinned already, or freed). Empty for
+    /// memory `reserve` did not ask for, or whose share was taken.
+    fn reserve_share(counters: &'a Counters, block: &mut Block) -> Self {
+        let bytes = std::mem::take(&mut block.meta_mut().reserve_share);
+        Self { counters, bytes }
     }
 
-    /// Admits `bytes` for the registration of memory `reserve` asked for:
-    /// takes over what `reserve` admitted for it (`share`, left empty), the
-    /// rest within the budget (see [`Counters::take_over_pinned`]); `None`
-    /// (and `share` kept) if the budget has no room for the rest.
-    fn taking_over(counters: &'a Counters, bytes: u64, share: &mut Share<'_>) -> Option<Self> {
-        counters.take_over_pinned(share.bytes, bytes).then(|| {
-            share.bytes = 0;
-            Self { counters, bytes }
-        })
-    }
-
-    /// Admits `bytes` for a registration, within the budget: of memory
-    /// `reserve` asked for, taking over what it admitted (`reserved`, if
-    /// not taken over yet by an earlier attempt: see
-    /// [`taking_over`](Self::taking_over)), or of any other memory.
+    /// Admits `bytes` for a registration, within the budget: taking over
+    /// what `reserve` admitted for the memory (`share`, left empty), if it
+    /// has not been taken over by an earlier attempt, and the rest within
+    /// the budget (see [`Counters::take_over_pinned`]); `None` (and `share`
+    /// kept) if the budget has no room.
     fn for_memory(
         counters: &'a Counters,
         bytes: u64,
-        reserved: Option<&mut Share<'_>>,
+        share: Option<&mut Claim<'_>>,
     ) -> Option<Self> {
-        match reserved {
-            Some(share) if share.bytes > 0 => Self::taking_over(counters, bytes, share),
-            _ => Self::new(counters, bytes),
-        }
+        let held = share.as_ref().map_or(0, |share| share.bytes);
+        counters.take_over_pinned(held, bytes).then(|| {
+            if let Some(share) = share {
+                share.bytes = 0;
+            }
+            Self { counters, bytes }
+        })
     }
 
     /// Admits `more` bytes that are registered already and will be again
@@ -1002,33 +995,6 @@ impl<'a> Claim<'a> {
 }
 
 impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.counters.settle_pinned(self.bytes, &[]);
-        }
-    }
-}
-
-/// What `reserve` admitted against the pinned budget for one block
-/// ([`Meta::reserve_share`](crate::alloc::Meta)), taken out of the block:
-/// a registration takes it over ([`Claim::taking_over`]); dropped
-/// otherwise (the block was carved from memory pinned already, or freed),
-/// it is given back.
-pub(crate) struct Share<'a> {
-    counters: &'a Counters,
-    bytes: u64,
-}
-
-impl<'a> Share<'a> {
-    /// Takes `block`'s share out of it (none for memory not asked for by
-    /// `reserve`, or whose share was taken).
-    fn take(counters: &'a Counters, block: &mut Block) -> Self {
-        let bytes = std::mem::take(&mut block.meta_mut().reserve_share);
-        Self { counters, bytes }
-    }
-}
-
-impl Drop for Share<'_> {
     fn drop(&mut self) {
         if self.bytes > 0 {
             self.counters.settle_pinned(self.bytes, &[]);

@@ -45,12 +45,13 @@ impl Shared {
         if bytes > cap {
             return Err(Error::ReserveTooLarge { bytes, cap });
         }
+        let past_budget = |bytes| Error::ReservePastPinnedBudget {
+            bytes,
+            pinned: this.counters().pinned() + this.counters().claimed(),
+            budget: this.counters().max_pinned(),
+        };
         if !this.counters().fits_pinned(bytes as u64) {
-            return Err(Error::ReservePastPinnedBudget {
-                bytes,
-                pinned: this.counters().pinned() + this.counters().claimed(),
-                budget: this.counters().max_pinned(),
-            });
+            return Err(past_budget(bytes));
         }
         let mut blocks = Vec::new();
         for (class, mut count) in plan {
@@ -91,11 +92,7 @@ impl Shared {
                 .collect();
             let admitted: u64 = shares.iter().sum();
             if !this.counters().claim_pinned(admitted, false) {
-                return Err(Error::ReservePastPinnedBudget {
-                    bytes: admitted as usize,
-                    pinned: this.counters().pinned() + this.counters().claimed(),
-                    budget: this.counters().max_pinned(),
-                });
+                return Err(past_budget(admitted as usize));
             }
             for (block, share) in blocks.iter_mut().zip(shares) {
                 block.meta_mut().reserve_share = share;
