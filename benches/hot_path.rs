@@ -217,41 +217,57 @@ fn latency(c: &mut Criterion) {
     group.finish();
 }
 
+/// Buffers per batch in the cross-thread pipeline.
+const BATCH: usize = 64;
+
+/// Sends `iters` buffers (rounded up to whole batches of `BATCH`) from
+/// this thread, which makes each with `take`, to another, which hands
+/// each batch to `drop_batch`, through a channel of four batches; the time
+/// per buffer, counted over `iters`.
+fn pipeline<T: Send + 'static>(
+    iters: u64,
+    mut take: impl FnMut() -> T,
+    mut drop_batch: impl FnMut(Vec<T>) + Send + 'static,
+) -> Duration {
+    let batches = iters.div_ceil(BATCH as u64);
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<T>>(4);
+    let dropper = std::thread::spawn(move || {
+        for batch in rx {
+            drop_batch(batch);
+        }
+    });
+    let start = Instant::now();
+    for _ in 0..batches {
+        tx.send((0..BATCH).map(|_| take()).collect()).unwrap();
+    }
+    drop(tx);
+    dropper.join().unwrap();
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (batches * BATCH as u64) as f64)
+}
+
 /// Buffers taken on one thread and dropped on another, in batches of 64
 /// (so that the channel between them costs little per buffer): one pair of
 /// threads, per buffer amortised. The drops go to the taker's returns list;
 /// its takes collect them back. `channel_floor` runs the same pipeline
 /// with boxed buffers sent back to the taker, no pool.
 fn cross_thread(c: &mut Criterion) {
-    const BATCH: usize = 64;
     let pool = pool();
     let mut group = c.benchmark_group("hot_path/cross_thread_4KiB");
     group.throughput(Throughput::Elements(1));
     group.bench_function("pinpool", |b| {
         b.iter_custom(|iters| {
-            let (tx, rx) = crossbeam_channel::bounded::<Vec<pinpool::PinnedBuffer>>(4);
-            let dropper = std::thread::spawn(move || {
-                for batch in rx {
-                    drop(black_box(batch));
-                }
-            });
-            let start = Instant::now();
-            for _ in 0..iters.div_ceil(BATCH as u64) {
-                let batch: Vec<_> = (0..BATCH)
-                    .map(|_| {
-                        let mut buf = pool.take(SIZE);
-                        buf[..64].fill(1);
-                        buf.set_dirty_len(64);
-                        buf
-                    })
-                    .collect();
-                tx.send(batch).unwrap();
-            }
-            drop(tx);
-            dropper.join().unwrap();
-            let took = start.elapsed();
-            // Per buffer: the batches rounded `iters` up.
-            took.mul_f64(iters as f64 / (iters.div_ceil(BATCH as u64) * BATCH as u64) as f64)
+            pipeline(
+                iters,
+                || {
+                    let mut buf = pool.take(SIZE);
+                    buf[..64].fill(1);
+                    buf.set_dirty_len(64);
+                    buf
+                },
+                |batch| drop(black_box(batch)),
+            )
         })
     });
     // The same pipeline without a pool: the taker recycles boxed buffers
@@ -260,38 +276,27 @@ fn cross_thread(c: &mut Criterion) {
     // cores cost, the floor under the pool's figure.
     group.bench_function("channel_floor", |b| {
         b.iter_custom(|iters| {
-            let (tx, rx) = crossbeam_channel::bounded::<Vec<Box<[u8]>>>(4);
             let (back_tx, back_rx) = crossbeam_channel::unbounded::<Vec<Box<[u8]>>>();
-            let dropper = std::thread::spawn(move || {
-                for batch in rx {
-                    let _ = back_tx.send(black_box(batch));
-                }
-            });
             let mut free: Vec<Box<[u8]>> = (0..BATCH * 6)
                 .map(|_| vec![0u8; SIZE].into_boxed_slice())
                 .collect();
-            let start = Instant::now();
-            for _ in 0..iters.div_ceil(BATCH as u64) {
-                while free.len() < BATCH {
-                    free.extend(back_rx.recv().unwrap().into_iter().map(|mut buf| {
-                        buf[..64].fill(0);
-                        buf
-                    }));
-                }
-                let at = free.len() - BATCH;
-                let batch: Vec<_> = free
-                    .drain(at..)
-                    .map(|mut buf| {
-                        buf[..64].fill(1);
-                        buf
-                    })
-                    .collect();
-                tx.send(batch).unwrap();
-            }
-            drop(tx);
-            dropper.join().unwrap();
-            let took = start.elapsed();
-            took.mul_f64(iters as f64 / (iters.div_ceil(BATCH as u64) * BATCH as u64) as f64)
+            pipeline(
+                iters,
+                move || {
+                    while free.is_empty() {
+                        free.extend(back_rx.recv().unwrap().into_iter().map(|mut buf| {
+                            buf[..64].fill(0);
+                            buf
+                        }));
+                    }
+                    let mut buf = free.pop().expect("refilled");
+                    buf[..64].fill(1);
+                    buf
+                },
+                move |batch| {
+                    let _ = back_tx.send(black_box(batch));
+                },
+            )
         })
     });
     group.finish();

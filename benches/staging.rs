@@ -207,6 +207,37 @@ impl Clock {
     }
 }
 
+/// One thread's phase timing in a loop: its own histograms, merged into
+/// `into` when the loop ends; nothing read or kept without `into`.
+struct Timer<'a> {
+    mine: Phases,
+    clock: Clock,
+    into: Option<&'a Mutex<Phases>>,
+}
+
+impl<'a> Timer<'a> {
+    fn new(names: &'static [&'static str], into: Option<&'a Mutex<Phases>>) -> Self {
+        Self {
+            mine: Phases::new(names),
+            clock: Clock::new(into.is_some()),
+            into,
+        }
+    }
+
+    /// Ends `phase`: the time since the last lap.
+    #[inline]
+    fn lap(&mut self, phase: usize) {
+        let ns = self.clock.lap();
+        self.mine.add(phase, ns);
+    }
+
+    fn finish(self) {
+        if let Some(all) = self.into {
+            all.lock().unwrap().merge(&self.mine);
+        }
+    }
+}
+
 /// Per-thread GPU state: a stream and a device buffer.
 struct Lane {
     stream: Arc<CudaStream>,
@@ -238,24 +269,21 @@ fn pinpool_cudarc(
 ) -> u64 {
     let mut lane = Lane::new(ctx, size);
     let mut ops = 0;
-    let mut mine = Phases::new(&CUDARC_PHASES);
-    let mut clock = Clock::new(phases.is_some());
+    let mut timer = Timer::new(&CUDARC_PHASES, phases);
     while !stop.load(Ordering::Relaxed) {
         let mut buf = pool.take(size);
-        mine.add(0, clock.lap());
+        timer.lap(0);
         buf[..64].fill(1);
         buf.set_dirty_len(64);
-        mine.add(1, clock.lap());
+        timer.lap(1);
         lane.stream.memcpy_htod(&buf, &mut lane.dst).unwrap();
-        mine.add(2, clock.lap());
+        timer.lap(2);
         drop(buf);
-        mine.add(3, clock.lap());
+        timer.lap(3);
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
-    if let Some(all) = phases {
-        all.lock().unwrap().merge(&mine);
-    }
+    timer.finish();
     ops
 }
 
@@ -269,27 +297,24 @@ fn pinpool_raw(
     let lane = Lane::new(ctx, size);
     let dst = lane.dst_ptr();
     let mut ops = 0;
-    let mut mine = Phases::new(&RAW_PHASES);
-    let mut clock = Clock::new(phases.is_some());
+    let mut timer = Timer::new(&RAW_PHASES, phases);
     while !stop.load(Ordering::Relaxed) {
         let mut buf = pool.take(size);
-        mine.add(0, clock.lap());
+        timer.lap(0);
         buf[..64].fill(1);
         buf.set_dirty_len(64);
         // SAFETY: `dst` holds `size` bytes; the buffer stays alive until its
         // recorded event completes (the pool waits on it).
         unsafe { result::memcpy_htod_async(dst, &buf[..size], lane.stream.cu_stream()) }.unwrap();
-        mine.add(1, clock.lap());
+        timer.lap(1);
         buf.record_last_use(&lane.stream).unwrap();
-        mine.add(2, clock.lap());
+        timer.lap(2);
         drop(buf);
-        mine.add(3, clock.lap());
+        timer.lap(3);
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
-    if let Some(all) = phases {
-        all.lock().unwrap().merge(&mine);
-    }
+    timer.finish();
     ops
 }
 
@@ -310,8 +335,7 @@ fn hand_written(
         .map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).unwrap())
         .collect();
     let mut ops = 0u64;
-    let mut mine = Phases::new(&HAND_PHASES);
-    let mut clock = Clock::new(phases.is_some());
+    let mut timer = Timer::new(&HAND_PHASES, phases);
     while !stop.load(Ordering::Relaxed) {
         let i = (ops % 2) as usize;
         // SAFETY: live events, buffers of `size` bytes, a live stream; each
@@ -319,20 +343,18 @@ fn hand_written(
         // copy) has completed.
         unsafe {
             result::event::synchronize(events[i]).unwrap();
-            mine.add(0, clock.lap());
+            timer.lap(0);
             std::ptr::write_bytes(bufs[i], 1, 64);
             let src = std::slice::from_raw_parts(bufs[i], size);
             result::memcpy_htod_async(dst, src, stream).unwrap();
-            mine.add(1, clock.lap());
+            timer.lap(1);
             result::event::record(events[i], stream).unwrap();
-            mine.add(2, clock.lap());
+            timer.lap(2);
         }
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
-    if let Some(all) = phases {
-        all.lock().unwrap().merge(&mine);
-    }
+    timer.finish();
     // SAFETY: no copy is in flight (the stream was synchronized).
     unsafe {
         for e in events {
@@ -444,23 +466,20 @@ fn hand_cudarc(
         })
         .collect();
     let mut ops = 0u64;
-    let mut mine = Phases::new(&HAND_CUDARC_PHASES);
-    let mut clock = Clock::new(phases.is_some());
+    let mut timer = Timer::new(&HAND_CUDARC_PHASES, phases);
     while !stop.load(Ordering::Relaxed) {
         let buf = &bufs[(ops % 2) as usize];
         buf.event.synchronize().unwrap();
-        mine.add(0, clock.lap());
+        timer.lap(0);
         // SAFETY: the buffer's last copy has completed (its event above).
         unsafe { std::ptr::write_bytes(buf.ptr, 1, 64) };
-        mine.add(1, clock.lap());
+        timer.lap(1);
         lane.stream.memcpy_htod(buf, &mut lane.dst).unwrap();
-        mine.add(2, clock.lap());
+        timer.lap(2);
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
-    if let Some(all) = phases {
-        all.lock().unwrap().merge(&mine);
-    }
+    timer.finish();
     for buf in bufs {
         // SAFETY: no copy is in flight (the stream was synchronized).
         unsafe { result::free_host(buf.ptr.cast()) }.unwrap();
