@@ -2139,29 +2139,46 @@ fn probe_room(pool: &Pool, budget: usize, what: &str) -> Result<(), String> {
     }
 }
 
-/// A reserve whose registration fails (regions off and on): the share is
-/// given back (the budget is whole again).
-#[test]
-fn reserve_whose_registration_fails_gives_its_share_back() {
+/// Runs `case` on a fresh pool of the fault backend with a pinned budget
+/// of `budget` (and what `settings` adds), regions off and on, once for
+/// each of `variants`; then, each time, `probe_room`: the admissions
+/// `case`'s reserves made must all be settled. `case` returns what it saw,
+/// for the failure's message.
+fn reserves_settle<V: std::fmt::Debug + Copy>(
+    budget: usize,
+    variants: &[V],
+    settings: impl Fn(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
+    case: impl Fn(&Arc<Pool>, &Faults, V) -> String,
+) {
     let mut failures = Vec::new();
     for regions in [false, true] {
-        for size in [MIB_, 2 * MIB_, 3 * MIB_] {
-            let budget = 16 * MIB_;
-            let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
-            faults.fail_register(&[1, 2, 3, 4]);
-            let out = pool.reserve(0, &[(size, 1)]);
-            pool.flush();
-            if let Err(e) = probe_room(
-                &pool,
-                budget,
-                &format!("regions {regions}, {size}: {out:?}"),
-            ) {
+        for &variant in variants {
+            let (pool, faults) = built(|b| settings(b.regions(regions).max_pinned_bytes(budget)));
+            let pool = Arc::new(pool);
+            let saw = case(&pool, &faults, variant);
+            let what = format!("regions {regions}, {variant:?}: {saw}");
+            if let Err(e) = probe_room(&pool, budget, &what) {
                 failures.push(e);
             }
             pool.shutdown();
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A reserve whose registration fails (regions off and on): the share is
+/// given back (the budget is whole again).
+#[test]
+fn reserve_whose_registration_fails_gives_its_share_back() {
+    reserves_settle(
+        16 * MIB_,
+        &[MIB_, 2 * MIB_, 3 * MIB_],
+        |b| b,
+        |pool, faults, size| {
+            faults.fail_register(&[1, 2, 3, 4]);
+            format!("{:?}", pool.reserve(0, &[(size, 1)]))
+        },
+    );
 }
 
 /// A reserve whose registration panics (regions off and on).
@@ -2197,58 +2214,49 @@ fn reserve_whose_registration_panics_gives_its_share_back() {
 }
 
 /// Sub-page classes: a slab's head carries the share of its buffers, its
-/// registration is the whole slab.
+/// registration is the whole slab; with its registration failing too.
 #[test]
 fn slab_reserve_settles() {
-    let mut failures = Vec::new();
-    for regions in [false, true] {
-        for fail in [false, true] {
-            let budget = 8 * MIB_;
-            let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
+    reserves_settle(
+        8 * MIB_,
+        &[false, true],
+        |b| b,
+        |pool, faults, fail| {
             if fail {
                 faults.fail_register(&[1]);
             }
-            let out = pool.reserve(0, &[(256, 3), (1024, 9), (64 << 10, 2)]);
-            if let Err(e) = probe_room(
-                &pool,
-                budget,
-                &format!("regions {regions}, fail {fail}: {out:?}"),
-            ) {
-                failures.push(e);
-            }
-            pool.shutdown();
-        }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+            format!(
+                "{:?}",
+                pool.reserve(0, &[(256, 3), (1024, 9), (64 << 10, 2)])
+            )
+        },
+    );
 }
 
 /// A reserve on the second device (regions off and on).
 #[test]
 fn reserve_on_another_device_settles() {
-    let mut failures = Vec::new();
-    for regions in [false, true] {
-        let budget = 16 * MIB_;
-        let (pool, _faults) = built(|b| b.devices(2).regions(regions).max_pinned_bytes(budget));
-        let a = pool.reserve(1, &[(3 * MIB_, 1), (MIB_, 2)]);
-        let b = pool.reserve(0, &[(2 * MIB_, 1)]);
-        if let Err(e) = probe_room(&pool, budget, &format!("regions {regions}: {a:?} {b:?}")) {
-            failures.push(e);
-        }
-        pool.shutdown();
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+    reserves_settle(
+        16 * MIB_,
+        &[()],
+        |b| b.devices(2),
+        |pool, _, ()| {
+            let a = pool.reserve(1, &[(3 * MIB_, 1), (MIB_, 2)]);
+            let b = pool.reserve(0, &[(2 * MIB_, 1)]);
+            format!("{a:?} {b:?}")
+        },
+    );
 }
 
-/// Reserves queued behind a held registration while the pool is cleared,
-/// and while it shuts down.
+/// Reserves queued behind a held registration while the pool is cleared
+/// (`false`), and while it shuts down (`true`).
 #[test]
 fn reserves_queued_through_clear_and_shutdown_settle() {
-    let mut failures = Vec::new();
-    for regions in [false, true] {
-        for shut in [false, true] {
-            let budget = 16 * MIB_;
-            let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
-            let pool = Arc::new(pool);
+    reserves_settle(
+        16 * MIB_,
+        &[false, true],
+        |b| b,
+        |pool, faults, shut| {
             faults.hold_register();
             pool.reserve(0, &[(2 * MIB_, 1)]).unwrap();
             pool.reserve(0, &[(MIB_, 3)]).unwrap();
@@ -2260,38 +2268,28 @@ fn reserves_queued_through_clear_and_shutdown_settle() {
             std::thread::sleep(Duration::from_millis(20));
             faults.release();
             other.join().unwrap();
-            if let Err(e) = probe_room(
-                &pool,
-                budget,
-                &format!("regions {regions}, shutdown {shut}"),
-            ) {
-                failures.push(e);
-            }
-            pool.shutdown();
-        }
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+            String::new()
+        },
+    );
 }
 
 /// The budget lowered while a reserve waits for its registration, then
 /// raised again.
 #[test]
 fn reserve_through_a_lowered_budget_settles() {
-    let mut failures = Vec::new();
-    for regions in [false, true] {
-        let budget = 16 * MIB_;
-        let (pool, faults) = built(|b| b.regions(regions).max_pinned_bytes(budget));
-        faults.hold_register();
-        pool.reserve(0, &[(4 * MIB_, 1)]).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        pool.set_max_pinned_bytes(MIB_);
-        faults.release();
-        pool.flush();
-        pool.set_max_pinned_bytes(budget);
-        if let Err(e) = probe_room(&pool, budget, &format!("regions {regions}")) {
-            failures.push(e);
-        }
-        pool.shutdown();
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
+    reserves_settle(
+        16 * MIB_,
+        &[()],
+        |b| b,
+        |pool, faults, ()| {
+            faults.hold_register();
+            pool.reserve(0, &[(4 * MIB_, 1)]).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            pool.set_max_pinned_bytes(MIB_);
+            faults.release();
+            pool.flush();
+            pool.set_max_pinned_bytes(16 * MIB_);
+            String::new()
+        },
+    );
 }
