@@ -133,9 +133,9 @@ impl Cleaner {
         // come back as demand the regions then meet), and only if the
         // regions need it (demand past what they hold, or a buffer no
         // extent holds): growth ahead of demand past the room would be
-        // released by the cap, and grown again at the next tick. A growth that fails is
-        // not retried at every tick by itself: the next miss, or demand
-        // held past the regions, asks for it again.
+        // released by the cap, and grown again at the next tick. A growth
+        // that fails is not retried at every tick by itself: the next
+        // miss, or demand held past the regions, asks for it again.
         // The room is counted only when some regions fall short (it locks
         // the admission's folded counts and every region's extents).
         let room_now = || {
