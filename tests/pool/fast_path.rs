@@ -499,7 +499,10 @@ fn returned_idle_buffer_is_reused_before_a_miss() {
 /// idle. (A take that collected the returns list only when its slot had
 /// nothing of its own, never the case here, waited 20 ms on the in-flight
 /// own buffer every round, then missed, and the list grew by one buffer a
-/// round.)
+/// round.) The misses decide; the rounds over 15 ms are a second sign with
+/// room for a loaded machine's preemptions (two rounds wait while the loop
+/// fills, and a busy 2-core box stalled two more past 15 ms with no extra
+/// miss).
 #[cfg(feature = "testing")]
 #[test]
 fn consumer_returns_are_reused_in_a_pipelined_loop() {
@@ -550,7 +553,7 @@ fn consumer_returns_are_reused_in_a_pipelined_loop() {
         s.misses, s.hits, s.in_cleaner, after.pooled_buffers
     );
     assert!(
-        s.misses <= 6 && waits <= 2,
+        s.misses <= 6 && waits <= ROUNDS / 3,
         "{ROUNDS} rounds took {took:?}: {} misses, {waits} rounds waited; {} buffers pooled once flushed",
         s.misses,
         after.pooled_buffers
