@@ -982,16 +982,48 @@ fn prefault(ptr: *mut u8, len: usize) {
     });
 }
 
-/// [`prefault`] on one thread.
+/// [`prefault`] on one thread, a huge page's worth at a time. A huge page
+/// normally faults in within a fraction of a millisecond (the kernel
+/// zeroes it); one that takes longer than
+/// [`HUGE_FAULT_STALL`](Tuning::HUGE_FAULT_STALL) means the kernel is
+/// compacting memory to find each one (on a host whose memory is
+/// fragmented, 20 ms a huge page was seen: 270 ms for a 26 MiB region),
+/// and the rest of the run is advised small pages, which fault in at once.
+/// The growth holds the set's growth lock while it faults, and misses go
+/// on meanwhile: a region partly of small pages registers a little slower
+/// but is there in milliseconds, not in a quarter of a second.
 fn touch(ptr: *mut u8, len: usize) {
-    let page = crate::size_class::page_size();
+    touch_within(ptr, len, Tune::HUGE_FAULT_STALL);
+}
+
+/// [`touch`], with `stall` as the longest a huge page may take.
+fn touch_within(ptr: *mut u8, len: usize, stall: std::time::Duration) {
+    let (page, huge) = (crate::size_class::page_size(), huge_page_size());
     let mut offset = 0;
+    let mut small = false;
     while offset < len {
-        // SAFETY: `offset < len`, inside the fresh mapping (the caller's
-        // run of it), whose bytes are zero: writing zero leaves them as
-        // they are.
-        unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
-        offset += page;
+        let end = (offset + huge).min(len);
+        let started = (!small).then(Instant::now);
+        while offset < end {
+            // SAFETY: `offset < len`, inside the fresh mapping (the
+            // caller's run of it), whose bytes are zero: writing zero
+            // leaves them as they are.
+            unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
+            offset += page;
+        }
+        if started.is_some_and(|t| t.elapsed() > stall) && offset < len {
+            small = true;
+            tracing::debug!(
+                bytes = len - offset,
+                "pinpool: huge pages are slow to fault in; small pages for the rest of the region"
+            );
+            // SAFETY: advice on the untouched rest of the caller's run, a
+            // page-aligned range inside the fresh mapping; it changes
+            // only which pages back it (its bytes stay zero).
+            unsafe {
+                libc::madvise(ptr.add(offset).cast(), len - offset, libc::MADV_NOHUGEPAGE);
+            }
+        }
     }
 }
 
@@ -1149,6 +1181,46 @@ mod tests {
         super::super::mmap::PIECEWISE.store(false, Ordering::Relaxed);
         assert_eq!(len, 8 * huge);
         assert_eq!(regions.figures().regions, 1);
+        only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
+    }
+
+    /// A region whose huge pages were slow to fault in (every one, with
+    /// no time allowed) is advised small pages past its first huge page:
+    /// two mappings now, every page resident and zero, and a growth that
+    /// folds it moves all of it.
+    #[test]
+    fn a_region_prefaulted_on_small_pages_is_whole_and_folds() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut unregister = unregistered;
+        regions
+            .grow(4 * huge, Vec::new(), &mut unregister, None)
+            .unwrap();
+        let region = *regions.list.lock().first().unwrap();
+        // SAFETY: the region just listed, alive while listed.
+        let base = unsafe { region.as_ref() }.base();
+        touch_within(base, 4 * huge, std::time::Duration::ZERO);
+        assert_eq!(resident(base, 4 * huge), 4 * huge / page());
+        // The advice split the mapping where the small pages begin.
+        let (start, end) = (base as usize, base as usize + 4 * huge);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let within: Vec<(usize, usize)> = maps
+            .lines()
+            .filter_map(|line| {
+                let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+                let range = (
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                );
+                (range.0 < end && range.1 > start).then_some(range)
+            })
+            .collect();
+        assert_eq!(within, [(start, start + huge), (start + huge, end)]);
+        // Not registered, so not pre-faulted: what is resident was moved.
+        let plan = regions.fold_plan(4 * huge);
+        assert_eq!(plan, [4 * huge]);
+        let len = regions.grow(4 * huge, plan, &mut unregister, None).unwrap();
+        assert_eq!(len, 8 * huge);
         only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
     }
 
