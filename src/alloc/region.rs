@@ -463,6 +463,17 @@ impl Regions {
             && now.saturating_sub(since) < Tune::GROWTH_SETTLE_MAX.as_nanos() as u64
     }
 
+    /// Whether a growth is due but should wait: a take missed (or the
+    /// demand passed what the regions hold) since they last grew, and the
+    /// demand is still [`rising`](Self::rising). A returned miss then waits
+    /// (see `Cleaner::carve_for`), so that the burst grows the regions once
+    /// it settles, for all of it; one with no growth due carves at once.
+    pub(crate) fn growth_waits(&self) -> bool {
+        // Relaxed: see `Totals`; a stale flag lets one miss grow a little
+        // early, or wait one settling time for nothing.
+        self.totals.missed.load(Ordering::Relaxed) && self.rising()
+    }
+
     /// What the regions fall short of: the most wanted at once plus an
     /// eighth of it as headroom (so that a workload whose peak creeps up
     /// does not register a region at every new peak), and room for the

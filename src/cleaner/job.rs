@@ -29,9 +29,9 @@ pub(crate) struct Returned {
     /// Goes to its device's shard, not back to its home cache (whose owner
     /// went idle).
     pub(crate) to_shard: bool,
-    /// Parked until another worker's growth of its set of regions ends: a
-    /// miss whose replacement comes from what that growth lists (see
-    /// `Cleaner::carve_for`).
+    /// Parked until another worker's growth of its set of regions ends and
+    /// the set's demand has settled: a miss whose replacement comes from
+    /// what a growth lists (see `Cleaner::carve_for`).
     pub(crate) growth: bool,
 }
 

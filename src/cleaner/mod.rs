@@ -468,10 +468,12 @@ impl Cleaner {
             let mut syncs_wanted: Vec<(usize, u64)> = Vec::new();
             let done = self.parking.poll(|returned| {
                 if returned.growth {
-                    // Waiting for a growth of its regions, not for copies.
+                    // Waiting for a growth of its regions, or for their
+                    // demand to settle, not for copies.
                     let block = returned.block();
                     let regions = env.places.shards[block.device()].regions();
-                    return (!regions.growth_running()).then_some(Ok(()));
+                    return (!regions.growth_running() && !regions.growth_waits())
+                        .then_some(Ok(()));
                 }
                 let block = returned.block_mut();
                 if block.fences_mut().is_empty() && block.is_pinned() {
@@ -756,7 +758,13 @@ impl Cleaner {
     /// waits for it here; any other returned miss is parked until that
     /// growth ends ([`Replacement::AfterGrowth`]), so that this worker goes
     /// on recycling and a flush still finds the demand met once it
-    /// returns.
+    /// returns. So is a returned miss while a growth is due and the set's
+    /// demand is still rising (see [`Regions::growth_waits`]): a burst of
+    /// takes that missed grows the set once, when it settles, for the
+    /// whole burst, rather than once for its first misses back and again
+    /// for the rest.
+    ///
+    /// [`Regions::growth_waits`]: crate::alloc::Regions::growth_waits
     fn carve_for(&self, env: Env<'_>, like: &mut Block) -> Replacement {
         // What `reserve` admitted for it: taken over by its growth below,
         // else given back (carved from memory pinned already, or freed).
@@ -769,6 +777,7 @@ impl Cleaner {
             regions.growing()
         } else {
             match regions.try_growing() {
+                Some(_) if regions.growth_waits() => return Replacement::AfterGrowth,
                 Some(guard) => guard,
                 None => return Replacement::AfterGrowth,
             }
@@ -1029,7 +1038,8 @@ enum Replacement {
     Carved(Block),
     /// Nothing: the buffer is freed, and the next take of its size carves.
     Freed,
-    /// Another worker is growing its set of regions: the buffer waits,
-    /// parked, until that growth ends, then is replaced again.
+    /// Another worker is growing its set of regions, or its demand is
+    /// still rising: the buffer waits, parked, until that growth ends and
+    /// the demand has settled, then is replaced again.
     AfterGrowth,
 }

@@ -835,6 +835,49 @@ fn recycling_goes_on_while_a_region_registers() {
     pool.shutdown();
 }
 
+/// A burst of misses whose first buffer comes back at once, while the rest
+/// of the burst still arrives (takes 200 us apart, well inside the 2 ms
+/// the demand must stop rising for): the regions grow once, when the burst
+/// has settled, for all of it, not for the first miss back and then again
+/// for the rest. A run that a loaded machine stretched (a gap between
+/// takes past 1 ms) proves nothing and is run again, up to five times.
+/// (Before a returned miss waited for the demand to settle: two
+/// registrations.)
+#[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "timing-bound: takes 200 us apart, which AddressSanitizer's slowdown stretches"
+)]
+fn a_miss_back_during_a_burst_grows_the_regions_once_for_all_of_it() {
+    for attempt in 1.. {
+        let (pool, faults) = carving();
+        drop(pool.take(MIB_));
+        let mut held = Vec::new();
+        let (mut last, mut widest) = (std::time::Instant::now(), Duration::ZERO);
+        for _ in 0..15 {
+            while last.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+            held.push(pool.take(MIB_));
+            widest = widest.max(last.elapsed());
+            last = std::time::Instant::now();
+        }
+        drop(held);
+        pool.flush();
+        let registered = faults.registered();
+        pool.shutdown();
+        if widest > Duration::from_millis(1) && attempt < 5 {
+            continue;
+        }
+        assert_eq!(
+            registered, 1,
+            "a burst of 16 misses, the first back at once, registered {registered} regions \
+             (widest gap between takes {widest:?})"
+        );
+        break;
+    }
+}
+
 /// A miss that comes back while another worker's growth of its set is
 /// registering waits for that growth to end, then grows the set for
 /// itself: a flush after its drop returns with its demand met (with
