@@ -84,9 +84,13 @@ pub(crate) trait Tuning {
     /// See [`SWEEP_MIN`](Self::SWEEP_MIN).
     const SWEEP_MAX: Duration;
     /// How long a set of regions' demand must have stopped rising before
-    /// the provisioning sweep grows it (see `Regions::rising`).
+    /// the provisioning sweep, or a returned miss, grows it (see
+    /// `Regions::rising` and `Cleaner::carve_for`).
     const GROWTH_SETTLE: Duration;
-    /// The longest a run of rises holds the sweep's growth back.
+    /// The longest a run of rises (each within
+    /// [`GROWTH_SETTLE`](Self::GROWTH_SETTLE) of the last) holds the
+    /// sweep's growth back, and the longest a returned miss waits parked
+    /// for its set's demand to settle, however it rises.
     const GROWTH_SETTLE_MAX: Duration;
 
     /// How long `flush` waits between checks when nothing has woken it
@@ -118,9 +122,9 @@ pub(crate) trait Tuning {
     const ZERO_BACKLOG_MIN: usize;
 
     /// The longest a huge page of a region being pre-faulted may take to
-    /// fault in before the rest of the region is advised small pages (see
-    /// `alloc::region::touch`): the kernel is compacting memory to find
-    /// each one.
+    /// fault in before the rest of the pre-faulting thread's run of the
+    /// region is advised small pages (see `alloc::region::touch`): the
+    /// kernel is compacting memory to find each one.
     const HUGE_FAULT_STALL: Duration;
 
     /// The smallest region the cleaner registers: a miss, with the misses

@@ -451,7 +451,10 @@ impl Regions {
     /// ago: its demand is still arriving (a burst of takes under way), and
     /// a growth sized now would soon be followed by another. The sweep
     /// waits for the burst to end; a demand that keeps rising for longer
-    /// grows as it rises.
+    /// grows as it rises. Rises further apart than `GROWTH_SETTLE` each
+    /// begin a run of their own: such a demand is settled only between
+    /// them (the sweep may miss those windows; a returned miss waits
+    /// `GROWTH_SETTLE_MAX` at most, see `Cleaner::carve_for`).
     pub(crate) fn rising(&self) -> bool {
         // Relaxed: see `Totals`; a stale time delays a growth by one
         // settling time at most, or lets one run a little early.
@@ -993,7 +996,8 @@ fn prefault(ptr: *mut u8, len: usize) {
     });
 }
 
-/// [`prefault`] on one thread, a huge page's worth at a time. A huge page
+/// [`prefault`] on one thread, a huge page at a time (to each huge page
+/// boundary of the address space). A huge page
 /// normally faults in within a fraction of a millisecond (the kernel
 /// zeroes it); one that takes longer than
 /// [`HUGE_FAULT_STALL`](Tuning::HUGE_FAULT_STALL) means the kernel is
@@ -1013,7 +1017,10 @@ fn touch_within(ptr: *mut u8, len: usize, stall: std::time::Duration) {
     let mut offset = 0;
     let mut small = false;
     while offset < len {
-        let end = (offset + huge).min(len);
+        // To the next huge page boundary: each timed step faults one huge
+        // page at most (a run after a fold may start inside one).
+        let at = ptr as usize + offset;
+        let end = ((at / huge + 1) * huge - ptr as usize).min(len);
         let started = (!small).then(Instant::now);
         while offset < end {
             // SAFETY: `offset < len`, inside the fresh mapping (the
@@ -1214,9 +1221,22 @@ mod tests {
         assert_eq!(resident(base, 4 * huge), 4 * huge / page());
         // The advice split the mapping where the small pages begin.
         let (start, end) = (base as usize, base as usize + 4 * huge);
+        assert_eq!(
+            maps_within(start, end),
+            [(start, start + huge), (start + huge, end)]
+        );
+        // Not registered, so not pre-faulted: what is resident was moved.
+        let plan = regions.fold_plan(4 * huge);
+        assert_eq!(plan, [4 * huge]);
+        let len = regions.grow(4 * huge, plan, &mut unregister, None).unwrap();
+        assert_eq!(len, 8 * huge);
+        only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
+    }
+
+    /// The mappings of `/proc/self/maps` that overlap `[start, end)`.
+    fn maps_within(start: usize, end: usize) -> Vec<(usize, usize)> {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let within: Vec<(usize, usize)> = maps
-            .lines()
+        maps.lines()
             .filter_map(|line| {
                 let (a, b) = line.split_whitespace().next()?.split_once('-')?;
                 let range = (
@@ -1225,14 +1245,85 @@ mod tests {
                 );
                 (range.0 < end && range.1 > start).then_some(range)
             })
-            .collect();
-        assert_eq!(within, [(start, start + huge), (start + huge, end)]);
-        // Not registered, so not pre-faulted: what is resident was moved.
+            .collect()
+    }
+
+    /// A run that does not start on a huge page (as the `unmoved` part of a
+    /// fold may not), pre-faulted with every huge page "stalling": its first
+    /// step ends at the huge page boundary, where the mapping is split,
+    /// every page resident and zero; folded a page at a time (the piecewise
+    /// move), then folded again at once, and unmapped whole.
+    #[test]
+    fn a_run_from_inside_a_huge_page_on_small_pages_folds_and_unmaps_whole() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut unregister = unregistered;
+        regions
+            .grow(4 * huge, Vec::new(), &mut unregister, None)
+            .unwrap();
+        let region = *regions.list.lock().first().unwrap();
+        // SAFETY: the region just listed, alive while listed.
+        let base = unsafe { region.as_ref() }.base();
+        // SAFETY: the first page of the fresh, zero mapping.
+        unsafe { std::ptr::write_volatile(base, 0) };
+        // SAFETY: inside the mapping.
+        let at = unsafe { base.add(3 * page()) };
+        touch_within(at, 4 * huge - 3 * page(), std::time::Duration::ZERO);
+        for p in 1..3 {
+            // SAFETY: inside the fresh, zero mapping.
+            unsafe { std::ptr::write_volatile(base.add(p * page()), 0) };
+        }
+        assert_eq!(resident(base, 4 * huge), 4 * huge / page());
+        let (start, end) = (base as usize, base as usize + 4 * huge);
+        let split = maps_within(start, end);
+        assert_eq!(split.len(), 2, "{split:x?}");
+        assert_eq!(split[0].1, start + huge, "{split:x?}");
+        super::super::mmap::PIECEWISE.store(true, Ordering::Relaxed);
         let plan = regions.fold_plan(4 * huge);
-        assert_eq!(plan, [4 * huge]);
         let len = regions.grow(4 * huge, plan, &mut unregister, None).unwrap();
+        super::super::mmap::PIECEWISE.store(false, Ordering::Relaxed);
         assert_eq!(len, 8 * huge);
-        only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
+        assert!(
+            maps_within(start, end).is_empty(),
+            "the folded region's place is still mapped"
+        );
+        let region = *regions.list.lock().first().unwrap();
+        // SAFETY: as above.
+        let base = unsafe { region.as_ref() }.base();
+        // SAFETY: inside the region's 8 huge pages.
+        let moved = unsafe { base.add(4 * huge) };
+        assert_eq!(resident(moved, 4 * huge), 4 * huge / page());
+        // Again, at once (one move over several mappings where the kernel
+        // allows it), registering.
+        let mut registered = |_: *mut u8, _: usize| Ok(());
+        let plan = regions.fold_plan(8 * huge);
+        assert_eq!(plan, [8 * huge]);
+        let len = regions
+            .grow(8 * huge, plan, &mut unregister, Some(&mut registered))
+            .unwrap();
+        assert_eq!(len, 16 * huge);
+        let region = *regions.list.lock().first().unwrap();
+        // SAFETY: as above.
+        let base = unsafe { region.as_ref() }.base();
+        // The fresh part pre-faulted, the moved part's fresh half (never
+        // pre-faulted: that growth registered nothing) not, its other half
+        // (the run touched above) resident still.
+        assert_eq!(resident(base, 8 * huge), 8 * huge / page());
+        // SAFETY: inside the region's 16 huge pages.
+        let touched = unsafe { base.add(12 * huge) };
+        assert_eq!(resident(touched, 4 * huge), 4 * huge / page());
+        // SAFETY: the whole region, mapped, nobody else uses it.
+        let bytes = unsafe { std::slice::from_raw_parts(base, 16 * huge) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        let (start, end) = (base as usize, base as usize + 16 * huge);
+        for r in regions.unlist_idle(|_, _| true, false) {
+            r.set_unregistered();
+            r.free();
+        }
+        assert!(
+            maps_within(start, end).is_empty(),
+            "a region of several mappings was not unmapped whole"
+        );
     }
 
     /// A growth whose registration panics (a backend's bug), after it

@@ -29,10 +29,12 @@ pub(crate) struct Returned {
     /// Goes to its device's shard, not back to its home cache (whose owner
     /// went idle).
     pub(crate) to_shard: bool,
-    /// Parked until another worker's growth of its set of regions ends and
-    /// the set's demand has settled: a miss whose replacement comes from
-    /// what a growth lists (see `Cleaner::carve_for`).
-    pub(crate) growth: bool,
+    /// Parked, since the time it holds, until another worker's growth of
+    /// its set of regions ends and the set's demand has settled (for
+    /// [`GROWTH_SETTLE_MAX`](crate::tune::Tuning::GROWTH_SETTLE_MAX) at
+    /// most): a miss whose replacement comes from what a growth lists (see
+    /// `Cleaner::carve_for`).
+    pub(crate) growth: Option<std::time::Instant>,
 }
 
 // SAFETY: a returned buffer owns its block; `home` and `counters` point
@@ -49,7 +51,7 @@ impl Returned {
             release: false,
             quiet: false,
             to_shard: false,
-            growth: false,
+            growth: None,
         }
     }
 

@@ -467,13 +467,13 @@ impl Cleaner {
         for round in 0..2 {
             let mut syncs_wanted: Vec<(usize, u64)> = Vec::new();
             let done = self.parking.poll(|returned| {
-                if returned.growth {
+                if let Some(since) = returned.growth {
                     // Waiting for a growth of its regions, or for their
-                    // demand to settle, not for copies.
+                    // demand to settle (a bounded time), not for copies.
                     let block = returned.block();
                     let regions = env.places.shards[block.device()].regions();
-                    return (!regions.growth_running() && !regions.growth_waits())
-                        .then_some(Ok(()));
+                    let settled = waited_out(since) || !regions.growth_waits();
+                    return (!regions.growth_running() && settled).then_some(Ok(()));
                 }
                 let block = returned.block_mut();
                 if block.fences_mut().is_empty() && block.is_pinned() {
@@ -612,14 +612,15 @@ impl Cleaner {
     fn finish(&self, env: Env<'_>, mut returned: Returned) {
         let counters = env.counters();
         let pins = self.intake.pins;
-        returned.growth = false;
+        let parked = returned.growth.take();
         let block = returned.block_mut();
         block.meta_mut().dirty = 0;
         if self.replaces(block) {
             // A pageable buffer (a miss, or memory to pin ahead of demand):
             // a block of its class carved from a region takes its place,
             // and its own memory goes back to the OS.
-            let mut carved = match self.carve_for(env, block) {
+            let waited = parked.is_some_and(waited_out);
+            let mut carved = match self.carve_for(env, block, waited) {
                 Replacement::Carved(carved) => carved,
                 Replacement::Freed => {
                     self.release_returned(env, returned);
@@ -628,7 +629,7 @@ impl Cleaner {
                 Replacement::AfterGrowth => {
                     // Parked, so that a flush waits for it, and re-polled
                     // by idle workers once the growth has ended.
-                    returned.growth = true;
+                    returned.growth = Some(parked.unwrap_or_else(Instant::now));
                     self.parking.park(returned);
                     return;
                 }
@@ -759,13 +760,16 @@ impl Cleaner {
     /// growth ends ([`Replacement::AfterGrowth`]), so that this worker goes
     /// on recycling and a flush still finds the demand met once it
     /// returns. So is a returned miss while a growth is due and the set's
-    /// demand is still rising (see [`Regions::growth_waits`]): a burst of
-    /// takes that missed grows the set once, when it settles, for the
-    /// whole burst, rather than once for its first misses back and again
-    /// for the rest.
+    /// demand is still rising (see [`Regions::growth_waits`]), unless it
+    /// has `waited` [`GROWTH_SETTLE_MAX`] parked already: a burst of takes
+    /// that missed grows the set once, when it settles, for the whole
+    /// burst, rather than once for its first misses back and again for the
+    /// rest (a flush waits for parked misses, so it still returns with the
+    /// burst's demand met).
     ///
     /// [`Regions::growth_waits`]: crate::alloc::Regions::growth_waits
-    fn carve_for(&self, env: Env<'_>, like: &mut Block) -> Replacement {
+    /// [`GROWTH_SETTLE_MAX`]: crate::tune::Tuning::GROWTH_SETTLE_MAX
+    fn carve_for(&self, env: Env<'_>, like: &mut Block, waited: bool) -> Replacement {
         // What `reserve` admitted for it: taken over by its growth below,
         // else given back (carved from memory pinned already, or freed).
         let mut share = Claim::reserve_share(env.counters(), like);
@@ -777,7 +781,7 @@ impl Cleaner {
             regions.growing()
         } else {
             match regions.try_growing() {
-                Some(_) if regions.growth_waits() => return Replacement::AfterGrowth,
+                Some(_) if !waited && regions.growth_waits() => return Replacement::AfterGrowth,
                 Some(guard) => guard,
                 None => return Replacement::AfterGrowth,
             }
@@ -1030,6 +1034,17 @@ fn trace_registration(
             took.as_nanos() as u64,
         );
     }
+}
+
+/// Whether a miss parked at `since` for its set's demand to settle has
+/// waited as long as it may ([`GROWTH_SETTLE_MAX`]): a demand that rises in
+/// steps just over [`GROWTH_SETTLE`] apart is never settled for long, and
+/// the miss's replacement must not wait on chance.
+///
+/// [`GROWTH_SETTLE_MAX`]: crate::tune::Tuning::GROWTH_SETTLE_MAX
+/// [`GROWTH_SETTLE`]: crate::tune::Tuning::GROWTH_SETTLE
+fn waited_out(since: Instant) -> bool {
+    since.elapsed() >= Tune::GROWTH_SETTLE_MAX
 }
 
 /// What replaces a returned pageable buffer (see `Cleaner::carve_for`).

@@ -840,9 +840,9 @@ fn recycling_goes_on_while_a_region_registers() {
 /// the demand must stop rising for): the regions grow once, when the burst
 /// has settled, for all of it, not for the first miss back and then again
 /// for the rest. A run that a loaded machine stretched (a gap between
-/// takes past 1 ms) proves nothing and is run again, up to five times.
-/// (Before a returned miss waited for the demand to settle: two
-/// registrations.)
+/// takes past 1 ms) proves nothing and is run again, up to five times;
+/// five stretched runs give no verdict. (Before a returned miss waited for
+/// the demand to settle: two registrations.)
 #[test]
 #[cfg_attr(
     pinpool_asan,
@@ -866,8 +866,15 @@ fn a_miss_back_during_a_burst_grows_the_regions_once_for_all_of_it() {
         pool.flush();
         let registered = faults.registered();
         pool.shutdown();
-        if widest > Duration::from_millis(1) && attempt < 5 {
-            continue;
+        if widest > Duration::from_millis(1) {
+            // Stretched past what the test can judge (a gap near the 2 ms
+            // settling time splits the burst by design): again, and if
+            // every run was stretched, no verdict rather than a false one.
+            if attempt < 5 {
+                continue;
+            }
+            eprintln!("every run stretched (widest gap {widest:?}): no verdict");
+            break;
         }
         assert_eq!(
             registered, 1,
