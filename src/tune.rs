@@ -121,12 +121,6 @@ pub(crate) trait Tuning {
     /// See [`ZERO_BACKLOG`](Self::ZERO_BACKLOG).
     const ZERO_BACKLOG_MIN: usize;
 
-    /// The longest a huge page of a region being pre-faulted may take to
-    /// fault in before the rest of the pre-faulting thread's run of the
-    /// region is advised small pages (see `alloc::region::touch`): the
-    /// kernel is compacting memory to find each one.
-    const HUGE_FAULT_STALL: Duration;
-
     /// The smallest region the cleaner registers: a miss, with the misses
     /// queued behind it, gets a region of at least this many bytes, so a
     /// workload of small buffers pins them a region at a time.
@@ -187,7 +181,6 @@ impl Tuning for Production {
     const RECYCLE_BACKLOG: usize = 4096;
     const ZERO_BACKLOG: usize = 2 << 30;
     const ZERO_BACKLOG_MIN: usize = 64 << 20;
-    const HUGE_FAULT_STALL: Duration = Duration::from_millis(2);
     const REGION_MIN: usize = 2 << 20;
     const REGION_MAX: usize = 256 << 30;
     const TOP_CARVE_BELOW: usize = 64 << 20;
@@ -217,7 +210,6 @@ impl Tuning for Small {
     const RECYCLE_BACKLOG: usize = Production::RECYCLE_BACKLOG;
     const ZERO_BACKLOG: usize = 64;
     const ZERO_BACKLOG_MIN: usize = 64;
-    const HUGE_FAULT_STALL: Duration = Production::HUGE_FAULT_STALL;
     const REGION_MIN: usize = 8;
     // No bound the models reach: a region is what its growth wants.
     const REGION_MAX: usize = 1 << 30;

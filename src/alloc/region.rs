@@ -996,52 +996,16 @@ fn prefault(ptr: *mut u8, len: usize) {
     });
 }
 
-/// [`prefault`] on one thread, a huge page at a time (to each huge page
-/// boundary of the address space). A huge page
-/// normally faults in within a fraction of a millisecond (the kernel
-/// zeroes it); one that takes longer than
-/// [`HUGE_FAULT_STALL`](Tuning::HUGE_FAULT_STALL) means the kernel is
-/// compacting memory to find each one (on a host whose memory is
-/// fragmented, 20 ms a huge page was seen: 270 ms for a 26 MiB region),
-/// and the rest of the run is advised small pages, which fault in at once.
-/// The growth holds the set's growth lock while it faults, and misses go
-/// on meanwhile: a region partly of small pages registers a little slower
-/// but is there in milliseconds, not in a quarter of a second.
+/// [`prefault`] on one thread.
 fn touch(ptr: *mut u8, len: usize) {
-    touch_within(ptr, len, Tune::HUGE_FAULT_STALL);
-}
-
-/// [`touch`], with `stall` as the longest a huge page may take.
-fn touch_within(ptr: *mut u8, len: usize, stall: std::time::Duration) {
-    let (page, huge) = (crate::size_class::page_size(), huge_page_size());
+    let page = crate::size_class::page_size();
     let mut offset = 0;
-    let mut small = false;
     while offset < len {
-        // To the next huge page boundary: each timed step faults one huge
-        // page at most (a run after a fold may start inside one).
-        let at = ptr as usize + offset;
-        let end = ((at / huge + 1) * huge - ptr as usize).min(len);
-        let started = (!small).then(Instant::now);
-        while offset < end {
-            // SAFETY: `offset < len`, inside the fresh mapping (the
-            // caller's run of it), whose bytes are zero: writing zero
-            // leaves them as they are.
-            unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
-            offset += page;
-        }
-        if started.is_some_and(|t| t.elapsed() > stall) && offset < len {
-            small = true;
-            tracing::debug!(
-                bytes = len - offset,
-                "pinpool: huge pages are slow to fault in; small pages for the rest of the region"
-            );
-            // SAFETY: advice on the untouched rest of the caller's run, a
-            // page-aligned range inside the fresh mapping; it changes
-            // only which pages back it (its bytes stay zero).
-            unsafe {
-                libc::madvise(ptr.add(offset).cast(), len - offset, libc::MADV_NOHUGEPAGE);
-            }
-        }
+        // SAFETY: `offset < len`, inside the fresh mapping (the caller's
+        // run of it), whose bytes are zero: writing zero leaves them as
+        // they are.
+        unsafe { std::ptr::write_volatile(ptr.add(offset), 0) };
+        offset += page;
     }
 }
 
@@ -1200,130 +1164,6 @@ mod tests {
         assert_eq!(len, 8 * huge);
         assert_eq!(regions.figures().regions, 1);
         only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
-    }
-
-    /// A region whose huge pages were slow to fault in (every one, with
-    /// no time allowed) is advised small pages past its first huge page:
-    /// two mappings now, every page resident and zero, and a growth that
-    /// folds it moves all of it.
-    #[test]
-    fn a_region_prefaulted_on_small_pages_is_whole_and_folds() {
-        let regions = Regions::new(None);
-        let huge = huge_page_size();
-        let mut unregister = unregistered;
-        regions
-            .grow(4 * huge, Vec::new(), &mut unregister, None)
-            .unwrap();
-        let region = *regions.list.lock().first().unwrap();
-        // SAFETY: the region just listed, alive while listed.
-        let base = unsafe { region.as_ref() }.base();
-        touch_within(base, 4 * huge, std::time::Duration::ZERO);
-        assert_eq!(resident(base, 4 * huge), 4 * huge / page());
-        // The advice split the mapping where the small pages begin.
-        let (start, end) = (base as usize, base as usize + 4 * huge);
-        assert_eq!(
-            maps_within(start, end),
-            [(start, start + huge), (start + huge, end)]
-        );
-        // Not registered, so not pre-faulted: what is resident was moved.
-        let plan = regions.fold_plan(4 * huge);
-        assert_eq!(plan, [4 * huge]);
-        let len = regions.grow(4 * huge, plan, &mut unregister, None).unwrap();
-        assert_eq!(len, 8 * huge);
-        only_the_end_is_resident(&regions, 8 * huge, 4 * huge);
-    }
-
-    /// The mappings of `/proc/self/maps` that overlap `[start, end)`.
-    fn maps_within(start: usize, end: usize) -> Vec<(usize, usize)> {
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        maps.lines()
-            .filter_map(|line| {
-                let (a, b) = line.split_whitespace().next()?.split_once('-')?;
-                let range = (
-                    usize::from_str_radix(a, 16).ok()?,
-                    usize::from_str_radix(b, 16).ok()?,
-                );
-                (range.0 < end && range.1 > start).then_some(range)
-            })
-            .collect()
-    }
-
-    /// A run that does not start on a huge page (as the `unmoved` part of a
-    /// fold may not), pre-faulted with every huge page "stalling": its first
-    /// step ends at the huge page boundary, where the mapping is split,
-    /// every page resident and zero; folded a page at a time (the piecewise
-    /// move), then folded again at once, and unmapped whole.
-    #[test]
-    fn a_run_from_inside_a_huge_page_on_small_pages_folds_and_unmaps_whole() {
-        let regions = Regions::new(None);
-        let huge = huge_page_size();
-        let mut unregister = unregistered;
-        regions
-            .grow(4 * huge, Vec::new(), &mut unregister, None)
-            .unwrap();
-        let region = *regions.list.lock().first().unwrap();
-        // SAFETY: the region just listed, alive while listed.
-        let base = unsafe { region.as_ref() }.base();
-        // SAFETY: the first page of the fresh, zero mapping.
-        unsafe { std::ptr::write_volatile(base, 0) };
-        // SAFETY: inside the mapping.
-        let at = unsafe { base.add(3 * page()) };
-        touch_within(at, 4 * huge - 3 * page(), std::time::Duration::ZERO);
-        for p in 1..3 {
-            // SAFETY: inside the fresh, zero mapping.
-            unsafe { std::ptr::write_volatile(base.add(p * page()), 0) };
-        }
-        assert_eq!(resident(base, 4 * huge), 4 * huge / page());
-        let (start, end) = (base as usize, base as usize + 4 * huge);
-        let split = maps_within(start, end);
-        assert_eq!(split.len(), 2, "{split:x?}");
-        assert_eq!(split[0].1, start + huge, "{split:x?}");
-        super::super::mmap::PIECEWISE.store(true, Ordering::Relaxed);
-        let plan = regions.fold_plan(4 * huge);
-        let len = regions.grow(4 * huge, plan, &mut unregister, None).unwrap();
-        super::super::mmap::PIECEWISE.store(false, Ordering::Relaxed);
-        assert_eq!(len, 8 * huge);
-        assert!(
-            maps_within(start, end).is_empty(),
-            "the folded region's place is still mapped"
-        );
-        let region = *regions.list.lock().first().unwrap();
-        // SAFETY: as above.
-        let base = unsafe { region.as_ref() }.base();
-        // SAFETY: inside the region's 8 huge pages.
-        let moved = unsafe { base.add(4 * huge) };
-        assert_eq!(resident(moved, 4 * huge), 4 * huge / page());
-        // Again, at once (one move over several mappings where the kernel
-        // allows it), registering.
-        let mut registered = |_: *mut u8, _: usize| Ok(());
-        let plan = regions.fold_plan(8 * huge);
-        assert_eq!(plan, [8 * huge]);
-        let len = regions
-            .grow(8 * huge, plan, &mut unregister, Some(&mut registered))
-            .unwrap();
-        assert_eq!(len, 16 * huge);
-        let region = *regions.list.lock().first().unwrap();
-        // SAFETY: as above.
-        let base = unsafe { region.as_ref() }.base();
-        // The fresh part pre-faulted, the moved part's fresh half (never
-        // pre-faulted: that growth registered nothing) not, its other half
-        // (the run touched above) resident still.
-        assert_eq!(resident(base, 8 * huge), 8 * huge / page());
-        // SAFETY: inside the region's 16 huge pages.
-        let touched = unsafe { base.add(12 * huge) };
-        assert_eq!(resident(touched, 4 * huge), 4 * huge / page());
-        // SAFETY: the whole region, mapped, nobody else uses it.
-        let bytes = unsafe { std::slice::from_raw_parts(base, 16 * huge) };
-        assert!(bytes.iter().all(|&b| b == 0));
-        let (start, end) = (base as usize, base as usize + 16 * huge);
-        for r in regions.unlist_idle(|_, _| true, false) {
-            r.set_unregistered();
-            r.free();
-        }
-        assert!(
-            maps_within(start, end).is_empty(),
-            "a region of several mappings was not unmapped whole"
-        );
     }
 
     /// A growth whose registration panics (a backend's bug), after it
