@@ -176,6 +176,16 @@ impl Cleaner {
             if peek.want > left && (missed == 0 || peek.need == 0) {
                 continue;
             }
+            // A shortfall the pinned budget cannot meet even in part, with
+            // misses out: left to them. Taken here and refused, it would be
+            // gone when they come back, and they would be freed rather than
+            // grow the regions by what the budget allows for themselves
+            // (see `Cleaner::carve_for`). Relaxed reads, a hint: a stale
+            // one tries a growth the admission refuses, as before.
+            let least = regions.fit_len(if peek.need > 0 { peek.need } else { peek.want });
+            if missed > 0 && !env.counters().fits_pinned(least as u64) {
+                continue;
+            }
             let short = regions.take_shortfall();
             // At least what the demand passes the regions by, or a missed
             // buffer no extent holds, when the budget or a failed

@@ -1448,6 +1448,35 @@ fn a_growth_past_the_budget_falls_back_to_what_it_allows() {
     );
 }
 
+/// As above, with both misses held past a few provisioning sweeps first:
+/// a sweep that took the shortfall the budget forbids (it cannot meet even
+/// the 8 MiB miss) and was refused left nothing for the small miss to grow
+/// by when it came back, and it was freed (the next take missed again).
+#[test]
+fn a_shortfall_the_budget_forbids_is_left_to_the_misses_out() {
+    let budget = 4 * MIB_;
+    let (pool, faults) = built(|b| b.regions(true).max_pinned_bytes(budget));
+    let large = pool.take(8 * MIB_);
+    let small = pool.take(64 << 10);
+    assert!(!large.was_pooled() && !small.was_pooled());
+    std::thread::sleep(Duration::from_millis(50));
+    drop(small);
+    pool.flush();
+    let again = pool.take(64 << 10);
+    let hit = again.was_pooled();
+    let s = pool.stats();
+    drop((again, large));
+    pool.shutdown();
+    assert!(
+        hit && s.peak_pinned_bytes <= budget as u64,
+        "small take met: {hit}; peak pinned {} KiB under {} KiB; {} registrations, {} skipped",
+        s.peak_pinned_bytes >> 10,
+        budget >> 10,
+        faults.registered(),
+        s.registrations_skipped
+    );
+}
+
 /// 2 MiB of 64 KiB takes under a 1 MiB budget.
 #[test]
 fn a_small_demand_past_the_budget_still_grows_within_it() {
