@@ -379,7 +379,9 @@ impl PoolBuilder {
     /// by the most bytes the takes wanted at once (plus an eighth), instead
     /// of one registration per buffer; a miss buffer is freed, never
     /// registered. A burst of misses grows them once, when its demand has
-    /// stopped rising (for 2 ms, or after 20 ms of rises). A growth registers the wholly free regions again with
+    /// stopped rising for 2 ms (a run of rises counts as rising for 20 ms
+    /// at most, and a returned miss waits 20 ms at most from when it was
+    /// first parked). A growth registers the wholly free regions again with
     /// what it adds, as one region (their pages moved, not faulted again),
     /// so a device's memory stays in a few regions whose extents hold its
     /// largest buffers. A take whose class is empty carves its buffer from a

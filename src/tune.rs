@@ -89,8 +89,10 @@ pub(crate) trait Tuning {
     const GROWTH_SETTLE: Duration;
     /// The longest a run of rises (each within
     /// [`GROWTH_SETTLE`](Self::GROWTH_SETTLE) of the last) holds the
-    /// sweep's growth back, and the longest a returned miss waits parked
-    /// for its set's demand to settle, however it rises.
+    /// sweep's growth back, and the longest a returned miss waits for its
+    /// set's demand to settle, however it rises, counted from when it was
+    /// first parked (for that or for another worker's growth, which it
+    /// waits out whatever the time).
     const GROWTH_SETTLE_MAX: Duration;
 
     /// How long `flush` waits between checks when nothing has woken it

@@ -18,8 +18,8 @@
 //! [`Regions::note_in_use`] and [`Regions::note_miss`]); the cleaner grows
 //! a set by what it falls short of that peak plus an eighth, ahead of
 //! misses once the demand comes near what it holds (the provisioning
-//! sweep once the demand has stopped rising: see
-//! [`GROWTH_SETTLE`](Tuning::GROWTH_SETTLE)).
+//! sweep, and a returned miss, once the demand has stopped rising: see
+//! [`GROWTH_SETTLE`](Tuning::GROWTH_SETTLE) and [`Regions::growth_waits`]).
 //!
 //! A growth folds the set's wholly free regions into the region it
 //! registers, their pages moved rather than faulted again (see
@@ -451,7 +451,7 @@ impl Regions {
     /// ago: its demand is still arriving (a burst of takes under way), and
     /// a growth sized now would soon be followed by another. The sweep
     /// waits for the burst to end; a demand that keeps rising for longer
-    /// grows as it rises. Rises further apart than `GROWTH_SETTLE` each
+    /// grows as it rises. Rises `GROWTH_SETTLE` or more apart each
     /// begin a run of their own: such a demand is settled only between
     /// them (the sweep may miss those windows; a returned miss waits
     /// `GROWTH_SETTLE_MAX` at most, see `Cleaner::carve_for`).

@@ -17,7 +17,8 @@
 //!   registrations;
 //! - [`job`]: what travels: a dropped buffer with the inbox of its cache;
 //! - [`parking`]: buffers whose fences have not completed wait there,
-//!   re-polled by idle workers, so one slow copy holds up nothing else;
+//!   re-polled by idle workers, so one slow copy holds up nothing else,
+//!   and returned misses waiting for their regions' growth or demand;
 //! - [`device_sync`]: device synchronizes for pinned buffers dropped
 //!   without events, one covering every buffer dropped before it started;
 //! - this file: the workers and the work itself: re-zero the dirty prefix,
@@ -458,7 +459,9 @@ impl Cleaner {
         }
     }
 
-    /// Finishes the parked buffers whose copies are done. Those waiting for
+    /// Finishes the parked buffers whose wait is over: copies done, or (a
+    /// returned miss) no growth of its regions running and their demand
+    /// settled. Those waiting for
     /// a device synchronize (parked while another worker ran one that may
     /// have started before their drop) get one run here if none is
     /// running, and are looked at again.
@@ -472,8 +475,9 @@ impl Cleaner {
                     // demand to settle (a bounded time), not for copies.
                     let block = returned.block();
                     let regions = env.places.shards[block.device()].regions();
+                    // Settled first: the growth lock is tried only then.
                     let settled = waited_out(since) || !regions.growth_waits();
-                    return (!regions.growth_running() && settled).then_some(Ok(()));
+                    return (settled && !regions.growth_running()).then_some(Ok(()));
                 }
                 let block = returned.block_mut();
                 if block.fences_mut().is_empty() && block.is_pinned() {
@@ -1036,8 +1040,9 @@ fn trace_registration(
     }
 }
 
-/// Whether a miss parked at `since` for its set's demand to settle has
-/// waited as long as it may ([`GROWTH_SETTLE_MAX`]): a demand that rises in
+/// Whether a miss first parked at `since` (for its set's demand to settle,
+/// or for another worker's growth) has waited as long as it may for the
+/// demand ([`GROWTH_SETTLE_MAX`]): a demand that rises in
 /// steps just over [`GROWTH_SETTLE`] apart is never settled for long, and
 /// the miss's replacement must not wait on chance.
 ///
@@ -1055,6 +1060,8 @@ enum Replacement {
     Freed,
     /// Another worker is growing its set of regions, or its demand is
     /// still rising: the buffer waits, parked, until that growth ends and
-    /// the demand has settled, then is replaced again.
+    /// the demand has settled (or it has waited
+    /// [`GROWTH_SETTLE_MAX`](crate::tune::Tuning::GROWTH_SETTLE_MAX) since
+    /// it was first parked), then is replaced again.
     AfterGrowth,
 }

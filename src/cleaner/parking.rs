@@ -1,6 +1,7 @@
 //! Buffers whose fences had not completed when a worker got them wait here
 //! and are re-polled by idle workers, so one slow event holds up nothing
-//! else.
+//! else; so do returned misses waiting for a growth of their regions, or
+//! for the regions' demand to settle (see `Cleaner::carve_for`).
 
 use super::job::Returned;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
