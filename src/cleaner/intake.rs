@@ -176,13 +176,7 @@ impl Intake {
             // racing read lets a few drops past it or sheds a few below it.
             let backed_up = self.register_queued.load(Ordering::Relaxed) >= self.register_backlog;
             let footprint = returned.block().footprint() as u64;
-            // A miss that a block carved from a region replaces is never
-            // registered itself: the budget is the growth's to admit (see
-            // `Cleaner::carve_for`), which waits for a growth under way,
-            // whose admission may hold the budget now (freed here, the
-            // miss would let a flush return before that growth had met it).
-            let replaced = self.regions && !returned.block().in_slab();
-            if !reserved && (backed_up || !replaced && !from.counters.fits_pinned(footprint)) {
+            if !reserved && (backed_up || !from.counters.fits_pinned(footprint)) {
                 // Registrations are backed up, or the pinned budget is
                 // spent: free this miss buffer rather than let misses breed
                 // an ever longer queue, or pin past the budget.
