@@ -350,7 +350,9 @@ pub struct Stats {
     pub registration_time: Duration,
     /// Registrations that failed (the buffer was freed instead of pooled).
     pub registration_failures: u64,
-    /// Miss buffers freed unregistered because registrations were backed up.
+    /// Miss buffers freed unregistered because registrations were backed up
+    /// or the pinned budget was spent, and region growths the budget
+    /// refused.
     pub registrations_skipped: u64,
     /// Fence waits or device synchronizes that failed (the buffer was
     /// leaked).
