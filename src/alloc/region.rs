@@ -323,6 +323,10 @@ struct Totals {
     /// [`take_shortfall`](Regions::take_shortfall)): only then may the
     /// regions grow.
     missed: AtomicBool,
+    /// Growths begun and ended (see [`Regions::growth_begins`]), so that a
+    /// flush can wait for those under way when it starts.
+    growths_begun: AtomicU64,
+    growths_ended: AtomicU64,
 }
 
 /// A device's regions; see the module docs.
@@ -342,6 +346,18 @@ pub(crate) struct Regions {
 unsafe impl Send for Regions {}
 // SAFETY: as above.
 unsafe impl Sync for Regions {}
+
+/// A growth under way (see [`Regions::growth_begins`]).
+#[derive(Debug)]
+pub(crate) struct GrowthUnderWay<'a>(&'a Regions);
+
+impl Drop for GrowthUnderWay<'_> {
+    fn drop(&mut self) {
+        // Release: publishes the growth's listing to a flush's Acquire
+        // load in `wait_for_growths`.
+        self.0.totals.growths_ended.fetch_add(1, Ordering::Release);
+    }
+}
 
 /// What a device's regions hold (statistics).
 #[derive(Debug, Clone, Copy, Default)]
@@ -378,6 +394,44 @@ impl Regions {
     /// `Cleaner::carve_for`).
     pub(crate) fn try_growing(&self) -> Option<MutexGuard<'_, ()>> {
         self.growth.try_lock()
+    }
+
+    /// Counts a growth (a mapping, pre-fault and registration) begun; the
+    /// guard returned counts it ended when dropped, panics included.
+    pub(crate) fn growth_begins(&self) -> GrowthUnderWay<'_> {
+        // Relaxed: a count; the flush that reads it orders itself by the
+        // ended count below.
+        self.totals.growths_begun.fetch_add(1, Ordering::Relaxed);
+        GrowthUnderWay(self)
+    }
+
+    /// Growths begun so far.
+    pub(crate) fn growths_begun(&self) -> u64 {
+        // Relaxed: a flush reads it at its start; a growth begun at the
+        // same moment may or may not be waited for, as if begun just after.
+        self.totals.growths_begun.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `begun` growths (as [`growths_begun`](Self::growths_begun)
+    /// read them) have ended: a flush returns once the growths under way at
+    /// its start, which may be meeting the demand of misses dropped before
+    /// it (freed at the intake while the growth's admission held the pinned
+    /// budget), have registered their regions. A set's growths run one at
+    /// a time (each under [`growing`](Self::growing) or
+    /// [`try_growing`](Self::try_growing)), so they end in the order they
+    /// began: as many ended as had begun means those have.
+    pub(crate) fn wait_for_growths(&self, begun: u64) {
+        let mut round = 0u32;
+        // Acquire pairs with the Release in `GrowthUnderWay::drop`: the
+        // regions those growths listed are visible once counted.
+        while self.totals.growths_ended.load(Ordering::Acquire) < begun {
+            if cfg!(pinpool_loom) || round < 64 {
+                crate::sync::spin(round);
+            } else {
+                std::thread::sleep(Tune::FLUSH_POLL);
+            }
+            round = round.saturating_add(1);
+        }
     }
 
     /// Whether a grower holds [`growing`](Self::growing) now (it may let go

@@ -842,6 +842,7 @@ impl Cleaner {
         mut reserved: Option<&mut Claim<'_>>,
     ) -> bool {
         let counters = env.counters();
+        let _under_way = regions.growth_begins();
         let footprint = least;
         let mut len = regions.next_len(want, least);
         // The set's wholly free regions go into the new one (see

@@ -121,6 +121,13 @@ impl Shared {
     }
 
     fn flush_untraced(this: &Arc<Self>) {
+        // Growths under way now: waited for at the end (see
+        // `Regions::wait_for_growths`).
+        let begun: Vec<u64> = this
+            .shards
+            .iter()
+            .map(|s| s.regions().growths_begun())
+            .collect();
         Self::start_cleaner(this);
         this.caches.flush.wait(
             || this.caches.counts(),
@@ -137,6 +144,9 @@ impl Shared {
                 }
             },
         );
+        for (shard, begun) in this.shards.iter().zip(begun) {
+            shard.regions().wait_for_growths(begun);
+        }
     }
 
     /// Unregisters and frees every pooled buffer.
