@@ -102,8 +102,11 @@ impl Counters {
     /// or settled meanwhile may make either answer stale by its bytes;
     /// what is registered is admitted by [`claim_pinned`](Self::claim_pinned)).
     pub(crate) fn fits_pinned(&self, bytes: u64) -> bool {
-        // Relaxed: see above.
-        let claimed = self.claimed_hint.load(Ordering::Relaxed);
+        // Acquire pairs with the Release in `with_claimed`: a caller that
+        // sees a growth's admission here also sees that growth begun
+        // (`Regions::growth_begins` counts it before it claims), so a
+        // flush after a miss freed for this answer waits for that growth.
+        let claimed = self.claimed_hint.load(Ordering::Acquire);
         self.pinned().saturating_add(claimed).saturating_add(bytes) <= self.max_pinned()
     }
 
@@ -170,8 +173,9 @@ impl Counters {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let out = f(&mut claimed);
-        // Relaxed: a hint (see `fits_pinned`); the lock orders the count.
-        self.claimed_hint.store(*claimed, Ordering::Relaxed);
+        // Release: publishes what the claimer did before (a growth counted
+        // begun) to `fits_pinned`'s Acquire load; the lock orders the count.
+        self.claimed_hint.store(*claimed, Ordering::Release);
         out
     }
 

@@ -396,8 +396,10 @@ impl Regions {
         self.growth.try_lock()
     }
 
-    /// Counts a growth (a mapping, pre-fault and registration) begun; the
-    /// guard returned counts it ended when dropped, panics included.
+    /// Counts a growth begun (one `Cleaner::grow`: the mappings,
+    /// pre-faults and registrations it tries, none if the budget refuses
+    /// it); the guard returned counts it ended when dropped, panics
+    /// included.
     pub(crate) fn growth_begins(&self) -> GrowthUnderWay<'_> {
         // Relaxed: a count; the flush that reads it orders itself by the
         // ended count below.
@@ -407,8 +409,12 @@ impl Regions {
 
     /// Growths begun so far.
     pub(crate) fn growths_begun(&self) -> u64 {
-        // Relaxed: a flush reads it at its start; a growth begun at the
-        // same moment may or may not be waited for, as if begun just after.
+        // Relaxed: a flush reads it at its start, after the drops it waits
+        // for. A growth whose admission made the intake free one of them
+        // was counted begun before it claimed, and the drop's Acquire read
+        // of the claim (`Counters::fits_pinned`) orders this read after
+        // that count; a flush on another thread is ordered after the drop
+        // by whatever made the drop come before the call.
         self.totals.growths_begun.load(Ordering::Relaxed)
     }
 
@@ -416,7 +422,8 @@ impl Regions {
     /// read them) have ended: a flush returns once the growths under way at
     /// its start, which may be meeting the demand of misses dropped before
     /// it (freed at the intake while the growth's admission held the pinned
-    /// budget), have registered their regions. A set's growths run one at
+    /// budget), have ended (registered, or failed, or been refused), however
+    /// long their registrations take. A set's growths run one at
     /// a time (each under [`growing`](Self::growing) or
     /// [`try_growing`](Self::try_growing)), so they end in the order they
     /// began: as many ended as had begun means those have.

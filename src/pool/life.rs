@@ -110,7 +110,8 @@ impl Shared {
     }
 
     /// Blocks until every buffer dropped before the call is ready again or
-    /// released.
+    /// released, then until the growths of the regions under way at the
+    /// call have ended (see `Regions::wait_for_growths`).
     pub(crate) fn flush(this: &Arc<Self>) {
         let started = std::time::Instant::now();
         Self::flush_untraced(this);

@@ -480,8 +480,9 @@ impl Pool {
     /// Blocks until every buffer dropped before the call (on any thread)
     /// has been recycled (and is ready to take) or released, and, with
     /// [`regions`](crate::PoolBuilder::regions), every growth of the
-    /// regions under way at the call has registered its region (it may be
-    /// meeting the demand of misses dropped before the call).
+    /// regions under way at the call has ended (it may be meeting the
+    /// demand of misses dropped before the call), however long its
+    /// registration takes.
     ///
     /// # Examples
     ///

@@ -716,9 +716,10 @@ fn cooling() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hot.join().unwrap();
     // The 16 go to their hot class's stack, then a reserved buffer on top
-    // of them (carved by worker 1 from the regions' free extents).
+    // of them (carved by worker 1 from the regions' free extents). Not a
+    // flush: it would wait for the growth held in its registration.
     drop(held);
-    pool.flush();
+    eventually(Duration::from_secs(10), || pooled_of(&pool, SIZE) >= 16);
     let kept = pooled_of(&pool, SIZE);
     assert!(
         kept >= 16,
@@ -833,6 +834,29 @@ fn recycling_goes_on_while_a_region_registers() {
         pool.stats()
     );
     pool.shutdown();
+}
+
+/// A flush waits for a growth of the regions under way when it starts
+/// (held here in its registration), and returns once it has ended.
+#[test]
+fn a_flush_waits_for_a_growth_under_way() {
+    let (pool, faults) = carving();
+    faults.hold_register();
+    let held = pool.take(MIB_);
+    assert!(
+        eventually(Duration::from_secs(10), || faults.register_calls() > 0),
+        "setup: no growth for the held miss"
+    );
+    let flushing = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.flush())
+    };
+    let blocked = !eventually(Duration::from_millis(300), || flushing.is_finished());
+    faults.release();
+    flushing.join().unwrap();
+    drop(held);
+    pool.shutdown();
+    assert!(blocked, "the flush returned while a growth was under way");
 }
 
 /// A burst of misses whose first buffer comes back at once, while the rest
