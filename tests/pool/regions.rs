@@ -48,6 +48,17 @@ fn shut_down_holding_one(pool: &Pool, faults: &Faults) {
     assert_eq!(faults.registered(), faults.unregistered());
 }
 
+/// Fails unless `s` shows the peak pinned within `budget`, saying
+/// `context` and the statistics.
+fn assert_within_budget(s: &pinpool::Stats, budget: usize, context: &str) {
+    assert!(
+        s.peak_pinned_bytes <= budget as u64,
+        "peak pinned {} KiB under a {} KiB budget {context}: {s:#?}",
+        s.peak_pinned_bytes >> 10,
+        budget >> 10
+    );
+}
+
 fn carving() -> (Pool, Arc<Faults>) {
     pool_with(true)
 }
@@ -1025,12 +1036,7 @@ fn a_small_reserved_buffer_does_not_carry_a_large_shortfall_past_the_budget() {
     let s = pool.stats();
     drop(miss);
     pool.shutdown();
-    assert!(
-        s.peak_pinned_bytes <= budget as u64,
-        "{} MiB pinned at the peak under a {} MiB budget: {s:#?}",
-        s.peak_pinned_bytes >> 20,
-        budget >> 20
-    );
+    assert_within_budget(&s, budget, "");
 }
 
 /// A miss parked for another worker's growth, then the pool shut down
@@ -1887,13 +1893,11 @@ fn two_devices_growing_at_once_stay_within_the_budget() {
     pool.flush();
     let s = pool.stats();
     pool.shutdown();
-    assert!(
-        s.peak_pinned_bytes <= budget as u64,
-        "peak pinned {} KiB under a {} KiB budget ({} registration calls at once: {both}): {s:#?}",
-        s.peak_pinned_bytes >> 10,
-        budget >> 10,
+    let calls = format!(
+        "{} registration calls at once: {both}",
         faults.register_calls()
     );
+    assert_within_budget(&s, budget, &calls);
 }
 
 /// Two `reserve` calls back to back, each within a 12 MiB budget alone:
@@ -2112,12 +2116,7 @@ fn reserve_retried_smaller_after_a_failed_registration_stays_within_the_budget()
         s.registrations,
         s.registration_failures
     );
-    assert!(
-        s.peak_pinned_bytes <= budget as u64,
-        "peak pinned {} KiB under a {} KiB budget",
-        s.peak_pinned_bytes >> 10,
-        budget >> 10
-    );
+    assert_within_budget(&s, budget, "");
 }
 
 /// One `reserve` of five 1 KiB buffers (two slabs: 4 + 1) under a 6 KiB
