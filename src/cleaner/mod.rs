@@ -842,6 +842,9 @@ impl Cleaner {
         mut reserved: Option<&mut Claim<'_>>,
     ) -> bool {
         let counters = env.counters();
+        // Growths of a set run one at a time, under its growth lock, which
+        // `Regions::wait_for_growths` relies on.
+        debug_assert!(regions.growth_running(), "a growth outside the growth lock");
         let _under_way = regions.growth_begins();
         let footprint = least;
         let mut len = regions.next_len(want, least);
