@@ -119,11 +119,16 @@ mod imp {
 
     pub(crate) fn init() {}
 
+    // Under the models both halves are full fences, which pair with each
+    // other (and with any other SeqCst operation) as the compiler fence and
+    // `membarrier` pair do: loom has no process-wide barrier to model.
     pub(crate) fn light() {
+        // SeqCst: pairs with `heavy`'s fence, as above.
         fence(Ordering::SeqCst);
     }
 
     pub(crate) fn heavy() {
+        // SeqCst: pairs with `light`'s fence, as above.
         fence(Ordering::SeqCst);
     }
 }
