@@ -376,7 +376,10 @@ fn idle_owner_deferred_buffers_are_swept() {
 /// The owner's takes must not lose or double-hand-out any of them (FIFO
 /// put-back at the front), and wait at most one `SELF_WAIT` (20 ms, the
 /// documented wait for a head with two behind it) in all, not one per take;
-/// once the slow copy completes, everything comes back.
+/// once the slow copy completes, everything comes back. The wait is judged
+/// on the fastest of up to three tries (fresh pools): a try stretched past
+/// the bound by a preemption on a loaded machine is tried again, while a
+/// pool that waits once per take never comes under it.
 #[cfg(feature = "testing")]
 #[test]
 #[cfg_attr(
@@ -384,6 +387,27 @@ fn idle_owner_deferred_buffers_are_swept() {
     ignore = "a timing bound (35 ms for one 20 ms wait): AddressSanitizer's slowdown breaks it"
 )]
 fn deferred_fifo_head_with_slow_fence() {
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let (took, reused) = three_takes_behind_a_slow_head();
+        eprintln!(
+            "three takes behind a slow head: {took:?}, {reused} of the 3 done buffers reused"
+        );
+        tries.push((took, reused));
+        if took < Duration::from_millis(35) {
+            return;
+        }
+    }
+    panic!(
+        "three takes behind one slow deferred buffer took {tries:?} (time, buffers reused) in \
+         three tries: one slow event held up buffers whose copies were done"
+    );
+}
+
+/// One try of `deferred_fifo_head_with_slow_fence`: how long the three
+/// takes took, and how many of the done buffers they reused.
+#[cfg(feature = "testing")]
+fn three_takes_behind_a_slow_head() -> (Duration, usize) {
     let pool = host_pow2(1);
     let slow = TestFence::default();
     let done = TestFence::default();
@@ -420,11 +444,7 @@ fn deferred_fifo_head_with_slow_fence() {
     let s = pool.stats();
     assert_eq!(s.hits + s.misses, 6, "{s:?}");
     assert_eq!(s.in_cleaner, 0, "{s:?}");
-    eprintln!("three takes behind a slow head: {took:?}, {reused} of the 3 done buffers reused");
-    assert!(
-        took < Duration::from_millis(35),
-        "three takes behind one slow deferred buffer took {took:?} ({reused} reused): one slow event held up buffers whose copies were done"
-    );
+    (took, reused)
 }
 
 #[test]
