@@ -114,9 +114,10 @@ fn a_replayed_trace_reproduces_the_captured_runs_hits_and_peak_pinned() {
     // drops alone. (A returned miss may wait up to 20 ms for a burst of
     // takes to settle before its region grows; with gaps of 8-16 ms that
     // growth ended before the next segment in some runs and after it in
-    // others, and 5 of 100 runs missed 2-12 more takes in one of the two.) (With two provers it also follows from how their
-    // segments happen to interleave, which differs from run to run: six
-    // runs of this workload with two provers ranged over 64-76% byte hits.)
+    // others, and 5 of 100 runs missed 2-12 more takes in one of the two.)
+    // (With two provers it also follows from how their segments happen to
+    // interleave, which differs from run to run: six runs of this workload
+    // with two provers ranged over 64-76% byte hits.)
     let workload = Workload {
         provers_per_device: 1,
         segments: 12,
