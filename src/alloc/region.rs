@@ -63,6 +63,20 @@ pub(crate) struct Shortfall {
     pub(crate) need: usize,
 }
 
+impl Shortfall {
+    /// The least a growth for it must add to be worth its registration:
+    /// `need` when the demand passes the regions (or a buffer must fit in
+    /// one extent), else all of `want` (growth ahead of demand is all or
+    /// nothing).
+    pub(crate) fn least(&self) -> usize {
+        if self.need > 0 {
+            self.need
+        } else {
+            self.want
+        }
+    }
+}
+
 /// A growth that failed (see [`Regions::grow`]): its error, and what was
 /// kept of the regions it folded: `Some(bytes)` registered again as one
 /// region of their own (a registration the caller counts), `None` if

@@ -182,8 +182,11 @@ impl Cleaner {
             // grow the regions by what the budget allows for themselves
             // (see `Cleaner::carve_for`). Relaxed reads, a hint: a stale
             // one tries a growth the admission refuses, as before.
-            let least = regions.fit_len(if peek.need > 0 { peek.need } else { peek.want });
-            if missed > 0 && !env.counters().fits_pinned(least as u64) {
+            if missed > 0
+                && !env
+                    .counters()
+                    .fits_pinned(regions.fit_len(peek.least()) as u64)
+            {
                 continue;
             }
             let short = regions.take_shortfall();
@@ -192,12 +195,7 @@ impl Cleaner {
             // registration makes the growth smaller (the shortfall is taken:
             // the misses coming back find nothing left to grow for); growth
             // ahead of demand all or nothing.
-            let least = if short.need > 0 {
-                short.need
-            } else {
-                short.want
-            };
-            if short.want > 0 && Self::grow(env, device, regions, short.want, least, None) {
+            if short.want > 0 && Self::grow(env, device, regions, short.want, short.least(), None) {
                 room = Some(left.saturating_sub(short.want));
             }
         }
