@@ -341,7 +341,8 @@ impl Admission {
     /// Takes out, for the caller to release, pooled buffers that became
     /// ready at or before `cutoff` (a forced trim passes now: every one),
     /// largest class first, except reserved ones and
-    /// the `keep(slot)` most recent of each slot.
+    /// the `keep(slot)` most recent of each slot, and counts them in
+    /// `trimmed_bytes`.
     pub(crate) fn trim(
         &self,
         at: Places<'_>,
@@ -393,6 +394,9 @@ impl Admission {
         }
         let bytes: usize = out.iter().map(Block::footprint).sum();
         self.estimate.fetch_sub(bytes, Ordering::Relaxed);
+        // Counted before a snapshot can look again: one that sees the
+        // buffers gone sees them trimmed.
+        crate::stats::Counters::add(&at.caches.counters.trimmed_bytes, bytes as u64);
         if !out.is_empty() {
             tracing::debug!(buffers = out.len(), bytes, "pinpool: trimmed idle buffers");
         }

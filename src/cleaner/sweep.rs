@@ -4,7 +4,6 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
 
 use crate::admission::Places;
-use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
@@ -98,8 +97,8 @@ impl Cleaner {
         let plan = env
             .provisioner
             .tick(env.places, env.admission, quiet, force);
+        // Already counted in `trimmed_bytes` (by `Admission::trim`).
         let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
-        Counters::add(&env.counters().trimmed_bytes, trimmed);
         if let (Some(tracer), false) = (&env.places.caches.trace, plan.trimmed.is_empty()) {
             tracer.event(
                 crate::trace::TRIM,

@@ -193,3 +193,43 @@ fn a_snapshot_during_a_sweep_counts_each_pooled_buffer_once() {
         thread.join().unwrap();
     }
 }
+
+/// A trim takes idle buffers out of the pool and counts them as trimmed; a
+/// snapshot taken meanwhile sees each buffer either pooled or trimmed, never
+/// gone uncounted.
+#[test]
+fn a_snapshot_during_a_trim_sees_each_buffer_pooled_or_trimmed() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const BYTES: u64 = 4 * (2 << 20);
+    let pool = pinpool::Pool::builder()
+        .backend(pinpool::BackendKind::Host)
+        .provision(false)
+        .no_idle_trim()
+        .build()
+        .unwrap();
+    for round in 0..300u64 {
+        let bufs: Vec<_> = (0..4).map(|_| pool.take(2 << 20)).collect();
+        drop(bufs);
+        pool.flush();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                // Relaxed: the flag only ends the loop.
+                while !stop.load(Ordering::Relaxed) {
+                    let stats = pool.stats();
+                    let seen = stats.pooled_bytes as u64 + stats.trimmed_bytes;
+                    assert!(
+                        seen >= (round + 1) * BYTES,
+                        "round {round}: {} pooled and {} trimmed",
+                        stats.pooled_bytes,
+                        stats.trimmed_bytes
+                    );
+                }
+            });
+            pool.trim();
+            stop.store(true, Ordering::Relaxed);
+            watcher.join().unwrap();
+        });
+        assert_eq!(pool.stats().trimmed_bytes, (round + 1) * BYTES);
+    }
+}
