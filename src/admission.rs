@@ -25,6 +25,14 @@
 //! The cap has one home, the caches' (`Caches::cap`), where drops read it
 //! too; the pool's settings and statistics report it from there, so
 //! setters racing each other leave one cap, the last stored.
+//!
+//! With no cap given, the cap *follows the working set*: the provisioning
+//! tick hands [`Admission::follow`] the most bytes in use at once over its
+//! window, and the cap becomes a quarter more than that, at least a floor
+//! and the bytes `reserve` asked for (until `clear`), at most the pinned
+//! budget. Following, reserving and giving a cap all store under one lock
+//! (`follow`), so a cap given while a tick follows is never overwritten by
+//! it.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -53,16 +61,123 @@ pub(crate) struct Admission {
     folded: Mutex<HashMap<usize, u64>>,
     peak: AtomicUsize,
     evictions: AtomicUsize,
+    /// While the cap follows the working set, what it follows; `None` once
+    /// a cap is given.
+    follow: Mutex<Option<Follow>>,
+}
+
+/// What a cap that follows the working set follows.
+#[derive(Debug)]
+struct Follow {
+    /// The least the cap may be (the pinned budget lowers it further).
+    floor: usize,
+    /// Bytes `reserve` asked for since the last `clear`.
+    reserved: usize,
+    /// The most bytes in use at once over the provisioning window, as the
+    /// last tick saw it.
+    recent_in_use: u64,
+}
+
+impl Follow {
+    /// The cap under a pinned `budget`: a quarter more than the recent
+    /// bytes in use, at least the floor and the reserved bytes, the
+    /// budget bounding all three.
+    fn cap(&self, budget: u64) -> usize {
+        let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+        let in_use = self.recent_in_use.saturating_add(self.recent_in_use / 4);
+        usize::try_from(in_use)
+            .unwrap_or(usize::MAX)
+            .max(self.floor)
+            .max(self.reserved)
+            .min(budget)
+    }
 }
 
 impl Admission {
-    pub(crate) fn new() -> Self {
+    /// `follow`: `Some(floor)` if the cap follows the working set, never
+    /// below `floor`; `None` if a cap is given.
+    pub(crate) fn new(follow: Option<usize>) -> Self {
+        let follow = follow.map(|floor| Follow {
+            floor,
+            reserved: 0,
+            recent_in_use: 0,
+        });
         Self {
             estimate: CachePadded::new(AtomicUsize::new(0)),
             folded: Mutex::new(HashMap::new()),
             peak: AtomicUsize::new(0),
             evictions: AtomicUsize::new(0),
+            follow: Mutex::new(follow),
         }
+    }
+
+    /// Whether the cap follows the working set (no cap given).
+    pub(crate) fn follows(&self) -> bool {
+        self.follow.lock().is_some()
+    }
+
+    /// While the cap follows the working set, sets it for `recent_in_use`
+    /// bytes in use at most over the recent window under a pinned `budget`
+    /// (see [`Follow::cap`]): raised at once, lowered evicting down to it.
+    /// Returns the evicted buffers to release.
+    pub(crate) fn follow(&self, at: Places<'_>, recent_in_use: u64, budget: u64) -> Vec<Block> {
+        let mut follow = self.follow.lock();
+        let Some(follow) = follow.as_mut() else {
+            return Vec::new();
+        };
+        follow.recent_in_use = recent_in_use;
+        self.move_cap(at, follow.cap(budget))
+    }
+
+    /// Whether `bytes` that `reserve` asks for fit: under a given cap, if
+    /// they are at most the cap (`Err(cap)` if not); while the cap
+    /// follows the working set, always.
+    pub(crate) fn reserve_fits(&self, at: Places<'_>, bytes: usize) -> Result<(), usize> {
+        let follow = self.follow.lock();
+        let cap = at.caches.cap();
+        if follow.is_none() && bytes > cap {
+            return Err(cap);
+        }
+        Ok(())
+    }
+
+    /// While the cap follows the working set, `bytes` more reserved: the
+    /// cap rises to hold every byte reserved since the last `clear`, under
+    /// a pinned `budget`.
+    pub(crate) fn reserved(&self, at: Places<'_>, bytes: usize, budget: u64) {
+        let mut follow = self.follow.lock();
+        if let Some(follow) = follow.as_mut() {
+            follow.reserved = follow.reserved.saturating_add(bytes);
+            let cap = follow.cap(budget);
+            // Raising evicts nothing (see `move_cap`).
+            let evicted = self.move_cap(at, cap.max(at.caches.cap()));
+            debug_assert!(evicted.is_empty());
+        }
+    }
+
+    /// Moves the cap to `cap`: raised at once, lowered evicting down to
+    /// it. The caller holds `follow`. Returns the evicted buffers.
+    fn move_cap(&self, at: Places<'_>, cap: usize) -> Vec<Block> {
+        let now = at.caches.cap();
+        if cap > now {
+            // Raising evicts nothing: an admission that read the old cap
+            // evicted or released what the new one would have kept, no
+            // more than a lower cap than this one asks.
+            at.caches.set_cap(cap);
+            Vec::new()
+        } else if cap < now {
+            self.set_cap(at, cap)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Gives the cap: it stops following the working set, and is `bytes`
+    /// from now on (see [`set_cap`](Self::set_cap)).
+    pub(crate) fn give_cap(&self, at: Places<'_>, bytes: usize) -> Vec<Block> {
+        let mut follow = self.follow.lock();
+        *follow = None;
+        self.set_cap(at, bytes)
     }
 
     /// Puts a ready `block` back, in `home`'s cache (the cache it was taken
@@ -198,8 +313,8 @@ impl Admission {
     }
 
     /// Sets the cap and evicts down to it at once, largest first. Returns
-    /// the evicted buffers to release.
-    pub(crate) fn set_cap(&self, at: Places<'_>, bytes: usize) -> Vec<Block> {
+    /// the evicted buffers to release. The caller holds `follow`.
+    fn set_cap(&self, at: Places<'_>, bytes: usize) -> Vec<Block> {
         at.caches.set_cap(bytes);
         // Pairs with the fence in `admit`; see the module docs.
         fence(Ordering::SeqCst);
@@ -406,6 +521,11 @@ impl Admission {
     /// Takes every pooled buffer out (shards, caches' ready and remote
     /// ready buffers) for the caller to release.
     pub(crate) fn clear(&self, at: Places<'_>) -> Vec<Block> {
+        // Reserved buffers go too: a cap that follows the working set no
+        // longer holds room for them (the next tick lowers it).
+        if let Some(follow) = self.follow.lock().as_mut() {
+            follow.reserved = 0;
+        }
         let _folded = self.folded.lock();
         let mut out = Vec::new();
         for shard in at.shards {

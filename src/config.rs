@@ -8,8 +8,10 @@ use crate::error::Error;
 use crate::numa::NumaMode;
 use crate::size_class::SizeClasses;
 
-/// Default cap on pooled bytes: 4 GiB.
-pub const DEFAULT_MAX_POOLED_BYTES: usize = 4 << 30;
+/// The least the cap on pooled bytes falls to while it follows the working
+/// set, by default (see [`PoolBuilder::min_pooled_bytes`]): 4 GiB, or the
+/// pinned budget if that is less. A pool starts with this cap.
+pub const DEFAULT_MIN_POOLED_BYTES: usize = 4 << 30;
 
 /// Default cap on the bytes one thread's cache holds: 64 MiB.
 pub const DEFAULT_THREAD_CACHE_BYTES: usize = 64 << 20;
@@ -32,7 +34,9 @@ pub const DEFAULT_BORROW_SLACK: u32 = 100;
 ///
 /// ```
 /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
-/// assert_eq!(pool.config().max_pooled_bytes, pinpool::DEFAULT_MAX_POOLED_BYTES);
+/// // No cap given: the cap follows the working set.
+/// assert_eq!(pool.config().max_pooled_bytes, None);
+/// assert_eq!(pool.config().min_pooled_bytes, pinpool::DEFAULT_MIN_POOLED_BYTES);
 /// # Ok::<(), pinpool::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,12 +48,25 @@ pub struct Config {
     pub devices: Option<usize>,
     /// Cleaner workers.
     pub cleaner_threads: usize,
-    /// Cap on pooled bytes, thread caches included.
-    pub max_pooled_bytes: usize,
-    /// The pinned budget: the most bytes page-locked at once, in use and
-    /// idle (`usize::MAX`, the default: no bound). See
-    /// [`PoolBuilder::max_pinned_bytes`].
-    pub max_pinned_bytes: usize,
+    /// Cap on pooled bytes, thread caches included, if one is given;
+    /// `None` (the default): the cap follows the working set (see
+    /// [`PoolBuilder::max_pooled_bytes`]; [`Stats::max_pooled_bytes`] says
+    /// what it is now).
+    ///
+    /// [`Stats::max_pooled_bytes`]: crate::Stats::max_pooled_bytes
+    pub max_pooled_bytes: Option<usize>,
+    /// The least the cap falls to while it follows the working set (the
+    /// pinned budget lowers it further); see
+    /// [`PoolBuilder::min_pooled_bytes`].
+    pub min_pooled_bytes: usize,
+    /// The pinned budget, the most bytes page-locked at once, in use and
+    /// idle, if one is given (`usize::MAX`: no bound); `None` (the
+    /// default): a quarter of the memory the process may use (see
+    /// [`PoolBuilder::max_pinned_bytes`]; [`Stats::max_pinned_bytes`] says
+    /// what it is).
+    ///
+    /// [`Stats::max_pinned_bytes`]: crate::Stats::max_pinned_bytes
+    pub max_pinned_bytes: Option<usize>,
     /// Cap on the bytes each thread's cache holds.
     pub thread_cache_bytes: usize,
     /// How requested sizes round up to buffer lengths.
@@ -85,8 +102,9 @@ impl Default for Config {
             backend: BackendKind::Auto,
             devices: None,
             cleaner_threads: cores.clamp(1, 8),
-            max_pooled_bytes: DEFAULT_MAX_POOLED_BYTES,
-            max_pinned_bytes: usize::MAX,
+            max_pooled_bytes: None,
+            min_pooled_bytes: DEFAULT_MIN_POOLED_BYTES,
+            max_pinned_bytes: None,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
             size_classes: SizeClasses::default(),
             idle_trim: Some(DEFAULT_IDLE_TRIM),
@@ -111,13 +129,18 @@ impl Config {
         }
         pairs.extend([
             ("cleaner_threads", self.cleaner_threads.to_string()),
-            ("max_pooled_bytes", self.max_pooled_bytes.to_string()),
+            (
+                "max_pooled_bytes",
+                self.max_pooled_bytes
+                    .map_or("follow".to_string(), |b| b.to_string()),
+            ),
+            ("min_pooled_bytes", self.min_pooled_bytes.to_string()),
             (
                 "max_pinned_bytes",
-                if self.max_pinned_bytes == usize::MAX {
-                    "unlimited".to_string()
-                } else {
-                    self.max_pinned_bytes.to_string()
+                match self.max_pinned_bytes {
+                    None => "default".to_string(),
+                    Some(usize::MAX) => "unlimited".to_string(),
+                    Some(bytes) => bytes.to_string(),
                 },
             ),
             ("thread_cache_bytes", self.thread_cache_bytes.to_string()),
@@ -142,11 +165,10 @@ impl Config {
             )));
         }
         let page = crate::size_class::page_size();
-        if self.max_pooled_bytes < page {
+        if let Some(cap) = self.max_pooled_bytes.filter(|&cap| cap < page) {
             return Err(Error::InvalidConfig(format!(
-                "max_pooled_bytes must hold at least one buffer ({page} bytes), got {}; \
+                "max_pooled_bytes must hold at least one buffer ({page} bytes), got {cap}; \
                  to turn pooling off later, use Pool::set_max_pooled_bytes(0)",
-                self.max_pooled_bytes
             )));
         }
         if self.idle_trim == Some(Duration::ZERO) {
@@ -246,22 +268,65 @@ impl PoolBuilder {
         self
     }
 
-    /// The cap on pooled bytes, thread caches included (default 4 GiB).
+    /// A fixed cap on pooled bytes (idle buffers, thread caches included,
+    /// and free region extents), instead of the default, which follows the
+    /// working set: with no cap given, the cap is a quarter more than the
+    /// most bytes in use at once over the last idle-trim time (30 s by
+    /// default; sampled every 10 ms while the pool is in use), at least
+    /// [`min_pooled_bytes`](Self::min_pooled_bytes) (4 GiB by default) and
+    /// at most the pinned budget. It
+    /// rises as soon as the bytes in use do; it falls once the larger use
+    /// is a whole idle-trim time past, evicting down to it then. So a
+    /// workload keeps idle what its own steps need (a step up to several
+    /// GiB gets its buffers back at the next), and one that shrinks gives
+    /// back what it no longer uses. A cap given here, by
+    /// [`conf`](Self::conf) or by
+    /// [`Pool::set_max_pooled_bytes`](crate::Pool::set_max_pooled_bytes)
+    /// stays where it is put. [`Stats`](crate::Stats) says the cap in force
+    /// and where it comes from.
     ///
     /// # Examples
     ///
     /// ```
     /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).max_pooled_bytes(1 << 30).build()?;
-    /// assert_eq!(pool.stats().max_pooled_bytes, 1 << 30);
+    /// let stats = pool.stats();
+    /// assert_eq!(stats.max_pooled_bytes, 1 << 30);
+    /// assert_eq!(stats.max_pooled_bytes_from, pinpool::LimitSource::Given);
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn max_pooled_bytes(mut self, bytes: usize) -> Self {
-        self.config.max_pooled_bytes = bytes;
+        self.config.max_pooled_bytes = Some(bytes);
+        self
+    }
+
+    /// The least the cap on pooled bytes falls to while it follows the
+    /// working set (no cap given; see
+    /// [`max_pooled_bytes`](Self::max_pooled_bytes)): default
+    /// [`DEFAULT_MIN_POOLED_BYTES`], 4 GiB. The pool starts with this cap,
+    /// before it has seen any bytes in use; the pinned budget, if less,
+    /// bounds it. A given cap ignores it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).min_pooled_bytes(64 << 20).build()?;
+    /// let stats = pool.stats();
+    /// assert_eq!(stats.max_pooled_bytes, 64 << 20);
+    /// assert_eq!(stats.max_pooled_bytes_from, pinpool::LimitSource::Default);
+    /// # Ok::<(), pinpool::Error>(())
+    /// ```
+    pub fn min_pooled_bytes(mut self, bytes: usize) -> Self {
+        self.config.min_pooled_bytes = bytes;
         self
     }
 
     /// The pinned budget: the most bytes page-locked at once, in use and
-    /// idle (default: no bound). A miss buffer whose first registration
+    /// idle (`usize::MAX`: no bound). The default is a quarter
+    /// ([`DEFAULT_PINNED_SHARE_PERCENT`](crate::DEFAULT_PINNED_SHARE_PERCENT))
+    /// of the memory the process may use, the lesser of the host's
+    /// (`MemTotal`) and its control group's limit (cgroup v2 `memory.max`,
+    /// or v1 `memory.limit_in_bytes`), read when the pool is built, per
+    /// pool; no bound where neither can be read. A miss buffer whose first registration
     /// would pass it is freed when it is dropped instead of registered (a
     /// later take of its size misses again: pageable, as every miss);
     /// provisioning pins nothing past it, and
@@ -284,7 +349,7 @@ impl PoolBuilder {
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn max_pinned_bytes(mut self, bytes: usize) -> Self {
-        self.config.max_pinned_bytes = bytes;
+        self.config.max_pinned_bytes = Some(bytes);
         self
     }
 
@@ -495,7 +560,7 @@ impl PoolBuilder {
     ///     .conf("backend=host, cleaner_threads=0, max_pooled_bytes=512MiB, bogus=1")
     ///     .build()?;
     /// assert_eq!(pool.config().cleaner_threads, pinpool::Config::default().cleaner_threads);
-    /// assert_eq!(pool.config().max_pooled_bytes, 512 << 20);
+    /// assert_eq!(pool.config().max_pooled_bytes, Some(512 << 20));
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn conf(self, text: &str) -> Self {
@@ -516,8 +581,9 @@ impl PoolBuilder {
     /// | `backend` | `auto`, `cuda`, `host` |
     /// | `devices` | 1 to [`MAX_DEVICES`] (64) |
     /// | `cleaner_threads` | 1 to 256 |
-    /// | `max_pooled_bytes` | a size, at least one page |
-    /// | `max_pinned_bytes` | a size, or `unlimited` |
+    /// | `max_pooled_bytes` | a size, at least one page, or `follow` (the default: follows the working set) |
+    /// | `min_pooled_bytes` | a size (the least a following cap falls to) |
+    /// | `max_pinned_bytes` | a size, `unlimited`, or `default` (a quarter of the memory the process may use) |
     /// | `thread_cache_bytes` | a size |
     /// | `size_classes` | `fine`, `pow2` |
     /// | `idle_trim` | a positive duration with its unit (`ns`, `us`, `ms`, `s`, `m`), or `off` |
@@ -652,18 +718,25 @@ fn apply(config: &mut Config, pair: &str) -> Result<bool, String> {
         }
         "devices" => config.devices = Some(parse_in(value, 1, MAX_DEVICES)?),
         "max_pooled_bytes" => {
-            let bytes = parse_size(value)?;
-            let page = crate::size_class::page_size();
-            if bytes < page {
-                return Err(format!("must hold at least one buffer ({page} bytes)"));
-            }
-            config.max_pooled_bytes = bytes;
-        }
-        "max_pinned_bytes" => {
-            config.max_pinned_bytes = if value.eq_ignore_ascii_case("unlimited") {
-                usize::MAX
+            config.max_pooled_bytes = if value.eq_ignore_ascii_case("follow") {
+                None
             } else {
-                parse_size(value)?
+                let bytes = parse_size(value)?;
+                let page = crate::size_class::page_size();
+                if bytes < page {
+                    return Err(format!("must hold at least one buffer ({page} bytes)"));
+                }
+                Some(bytes)
+            };
+        }
+        "min_pooled_bytes" => config.min_pooled_bytes = parse_size(value)?,
+        "max_pinned_bytes" => {
+            config.max_pinned_bytes = if value.eq_ignore_ascii_case("default") {
+                None
+            } else if value.eq_ignore_ascii_case("unlimited") {
+                Some(usize::MAX)
+            } else {
+                Some(parse_size(value)?)
             };
         }
         "thread_cache_bytes" => config.thread_cache_bytes = parse_size(value)?,
@@ -827,7 +900,7 @@ mod tests {
              numa=off,numa=near",
             |pair, _| skipped.push(pair.to_string()),
         );
-        assert_eq!(b.config.max_pooled_bytes, 32 << 30);
+        assert_eq!(b.config.max_pooled_bytes, Some(32 << 30));
         assert_eq!(b.config.numa, NumaMode::Off);
         assert_eq!(b.config.size_classes, SizeClasses::PowersOfTwo);
         assert_eq!(b.config.cleaner_threads, Config::default().cleaner_threads);
@@ -840,17 +913,23 @@ mod tests {
                 "numa=near"
             ]
         );
-        assert_eq!(
-            b.config.max_pinned_bytes,
-            usize::MAX,
-            "no budget unless set"
-        );
+        assert_eq!(b.config.max_pinned_bytes, None, "the default budget");
         let b = PoolBuilder::default()
             .conf_reporting("max_pinned_bytes=2GiB", |pair, why| panic!("{pair}: {why}"));
-        assert_eq!(b.config.max_pinned_bytes, 2 << 30);
+        assert_eq!(b.config.max_pinned_bytes, Some(2 << 30));
         let b = b.conf_reporting("max_pinned_bytes=Unlimited", |pair, why| {
             panic!("{pair}: {why}")
         });
-        assert_eq!(b.config.max_pinned_bytes, usize::MAX);
+        assert_eq!(b.config.max_pinned_bytes, Some(usize::MAX));
+        let b = b.conf_reporting(
+            "max_pinned_bytes=default,max_pooled_bytes=1GiB",
+            |pair, why| panic!("{pair}: {why}"),
+        );
+        assert_eq!(b.config.max_pinned_bytes, None);
+        assert_eq!(b.config.max_pooled_bytes, Some(1 << 30));
+        let b = b.conf_reporting("max_pooled_bytes=Follow", |pair, why| {
+            panic!("{pair}: {why}")
+        });
+        assert_eq!(b.config.max_pooled_bytes, None);
     }
 }

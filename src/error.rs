@@ -34,7 +34,8 @@ pub enum Error {
     /// A builder value is out of range.
     InvalidConfig(String),
     /// [`Pool::reserve`](crate::Pool::reserve) asked for more bytes than the
-    /// cap allows.
+    /// cap given allows (a cap that follows the working set rises for
+    /// them instead).
     ReserveTooLarge {
         /// The footprint bytes asked for.
         bytes: usize,

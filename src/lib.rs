@@ -44,6 +44,8 @@ mod alloc;
 #[cfg(feature = "allocator-api2")]
 mod allocator;
 mod backend;
+mod budget;
+pub use budget::DEFAULT_PINNED_SHARE_PERCENT;
 mod buffer;
 mod cleaner;
 mod config;
@@ -76,7 +78,7 @@ pub use allocator::PinnedAlloc;
 pub use backend::{BackendKind, MAX_DEVICES};
 pub use buffer::PinnedBuffer;
 pub use config::{
-    Config, PoolBuilder, DEFAULT_BORROW_SLACK, DEFAULT_IDLE_TRIM, DEFAULT_MAX_POOLED_BYTES,
+    Config, PoolBuilder, DEFAULT_BORROW_SLACK, DEFAULT_IDLE_TRIM, DEFAULT_MIN_POOLED_BYTES,
     DEFAULT_THREAD_CACHE_BYTES,
 };
 pub use error::Error;
@@ -85,7 +87,7 @@ pub use global::{
 };
 pub use pool::Pool;
 pub use size_class::{SizeClasses, MAX_CLASS_SIZE};
-pub use stats::{ClassStats, DeviceStats, Stats};
+pub use stats::{ClassStats, DeviceStats, LimitSource, Stats};
 pub use views::{Prefix, PrefixMut, Typed, TypedMut};
 
 #[cfg(pinpool_loom)]

@@ -18,6 +18,10 @@
 //!   on, the ones the mark still needs.
 //!   Once a workload ends and the window passes, the marks fall to zero and
 //!   pinned memory falls to what was reserved.
+//! - **The cap that follows the working set** (with no cap given): each
+//!   tick also keeps the most bytes in use at once over the window, per
+//!   eighth of it, which the cleaner hands to
+//!   [`Admission::follow`](crate::admission::Admission::follow).
 
 use std::time::{Duration, Instant};
 
@@ -53,9 +57,56 @@ struct Mark {
     at: Instant,
 }
 
+/// The most bytes in use at once over the last window, kept per eighth of
+/// it: a larger use counts until it is seven to eight eighths of the
+/// window past, then falls away with its eighth.
+#[derive(Debug)]
+struct RecentPeak {
+    eighths: [u64; 8],
+    /// The newest eighth, and when it began.
+    newest: usize,
+    began: Instant,
+}
+
+impl RecentPeak {
+    fn new(now: Instant) -> Self {
+        Self {
+            eighths: [0; 8],
+            newest: 0,
+            began: now,
+        }
+    }
+
+    /// Notes `bytes` in use at `now`.
+    fn note(&mut self, now: Instant, bytes: u64, window: Duration) {
+        let eighth = (window / 8).max(Duration::from_millis(1));
+        let past = now.saturating_duration_since(self.began);
+        if past >= eighth {
+            let steps = past.as_nanos() / eighth.as_nanos();
+            for _ in 0..steps.min(8) {
+                self.newest = (self.newest + 1) % 8;
+                self.eighths[self.newest] = 0;
+            }
+            self.began = if steps >= 8 {
+                now
+            } else {
+                // `steps` < 8: fits a u32.
+                self.began + eighth * steps as u32
+            };
+        }
+        self.eighths[self.newest] = self.eighths[self.newest].max(bytes);
+    }
+
+    fn peak(&self) -> u64 {
+        self.eighths.iter().copied().max().unwrap_or(0)
+    }
+}
+
 #[derive(Debug)]
 struct State {
     marks: Vec<Option<Mark>>,
+    /// The bytes in use at most over the window (all slots).
+    recent: RecentPeak,
     /// Per slot, the takes counted at the last tick.
     takes: Vec<u64>,
     last: Instant,
@@ -84,6 +135,9 @@ pub(crate) struct Plan {
     pub(crate) trimmed: Vec<Block>,
     /// The tick ran (it runs at most every 10 ms): the hot slots are new.
     pub(crate) ticked: bool,
+    /// The most bytes in use at once over the window, as sampled by the
+    /// ticks (when `ticked`).
+    pub(crate) recent_in_use: u64,
 }
 
 impl Provisioner {
@@ -92,6 +146,7 @@ impl Provisioner {
             hot: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             state: Mutex::new(State {
                 marks: vec![None; slots],
+                recent: RecentPeak::new(Instant::now()),
                 takes: vec![0; slots],
                 last: Instant::now(),
                 last_trim: Instant::now(),
@@ -175,6 +230,7 @@ impl Provisioner {
             .map(|(slot, &n)| n * classes.size(SizeClass::at(slot % count)) as u64)
             .sum();
         at.caches.counters.note_in_use(in_use_bytes);
+        state.recent.note(now, in_use_bytes, window);
         if at.caches.carves() {
             self.mark_hot(at, &mut state);
             Self::note_demand(at, &in_use);
@@ -213,6 +269,7 @@ impl Provisioner {
         };
         let mut plan = Plan {
             ticked: true,
+            recent_in_use: state.recent.peak(),
             ..Plan::default()
         };
         // Trimming locks every owner out: a quarter of the idle time apart
@@ -310,4 +367,32 @@ pub(crate) fn demand_now(at: Places<'_>, device: usize) -> usize {
     carved_demand(at, device, |slot| {
         at.caches.iter().map(|cache| cache.in_use(slot)).sum()
     })
+}
+
+#[cfg(all(test, not(pinpool_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recent_peak_falls_with_its_eighth_a_window_later() {
+        let window = Duration::from_millis(800);
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut peak = RecentPeak::new(start);
+        peak.note(at(0), 100, window);
+        peak.note(at(50), 300, window);
+        peak.note(at(150), 200, window);
+        assert_eq!(peak.peak(), 300);
+        // The eighth of 0-100 ms holds 300 until 800 ms.
+        peak.note(at(790), 10, window);
+        assert_eq!(peak.peak(), 300);
+        peak.note(at(810), 10, window);
+        assert_eq!(peak.peak(), 200, "the 100-200 ms eighth still counts");
+        peak.note(at(910), 10, window);
+        assert_eq!(peak.peak(), 10);
+        // A gap longer than the window clears every eighth.
+        peak.note(at(910), 500, window);
+        peak.note(at(5000), 1, window);
+        assert_eq!(peak.peak(), 1);
+    }
 }

@@ -236,6 +236,32 @@ impl Counters {
     }
 }
 
+/// Where a limit in force comes from (see [`Stats::max_pooled_bytes_from`]
+/// and [`Stats::max_pinned_bytes_from`]).
+///
+/// # Examples
+///
+/// ```
+/// use pinpool::LimitSource;
+/// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
+/// assert_eq!(pool.stats().max_pooled_bytes_from, LimitSource::Default);
+/// pool.set_max_pooled_bytes(1 << 30);
+/// assert_eq!(pool.stats().max_pooled_bytes_from, LimitSource::Given);
+/// # Ok::<(), pinpool::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub enum LimitSource {
+    /// The pool's default: for the cap on pooled bytes, following the
+    /// working set; for the pinned budget, a share of the memory the
+    /// process may use.
+    #[default]
+    Default,
+    /// Given by the application (builder, conf text, or setter).
+    Given,
+}
+
 /// A snapshot of a pool's state and history.
 ///
 /// # Examples
@@ -294,8 +320,13 @@ pub struct Stats {
     /// The most pooled bytes seen (sampled at admissions past the cap's
     /// fast path, evictions and snapshots).
     pub peak_pooled_bytes: usize,
-    /// The cap on pooled bytes.
+    /// The cap on pooled bytes in force now.
     pub max_pooled_bytes: usize,
+    /// Where that cap comes from: [`LimitSource::Default`] while it follows
+    /// the working set (see
+    /// [`PoolBuilder::max_pooled_bytes`](crate::PoolBuilder::max_pooled_bytes)),
+    /// [`LimitSource::Given`] once one is set.
+    pub max_pooled_bytes_from: LimitSource,
     /// Buffers dropped, or pinned ahead of demand (by `reserve` or by
     /// provisioning, which may run after a flush returns), and not yet made
     /// ready or released.
@@ -321,6 +352,10 @@ pub struct Stats {
     /// The pinned budget (`u64::MAX`: no bound); see
     /// [`PoolBuilder::max_pinned_bytes`](crate::PoolBuilder::max_pinned_bytes).
     pub max_pinned_bytes: u64,
+    /// Where the budget comes from: [`LimitSource::Default`] for a quarter
+    /// of the memory the process may use, [`LimitSource::Given`] once one
+    /// is set.
+    pub max_pinned_bytes_from: LimitSource,
     /// Bytes of buffers taken and not yet dropped, at the lengths handed
     /// out (their size classes; a borrowed buffer at its own class's).
     pub in_use_bytes: u64,
@@ -453,6 +488,14 @@ pub struct ClassStats {
 }
 
 impl Stats {
+    /// How the cap in force came about, for display.
+    fn cap_note(&self) -> &'static str {
+        match self.max_pooled_bytes_from {
+            LimitSource::Default => " (following the working set)",
+            LimitSource::Given => "",
+        }
+    }
+
     /// Fraction of takes served from the pool (1.0 before any take).
     ///
     /// # Examples
@@ -520,6 +563,19 @@ impl std::fmt::Display for Bytes {
     }
 }
 
+/// The pinned budget for display: `unlimited` for no bound.
+struct Budget(u64);
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == u64::MAX {
+            f.write_str("unlimited")
+        } else {
+            Bytes(self.0).fmt(f)
+        }
+    }
+}
+
 fn ms(d: Option<Duration>) -> String {
     d.map_or_else(
         || "-".to_string(),
@@ -543,7 +599,7 @@ impl std::fmt::Display for Stats {
         if !f.alternate() {
             return write!(
                 f,
-                "pinpool ({}, {} device(s)): {} hits, {} misses ({:.2}% hits), {} pooled of {}, {} pinned, {} in the cleaner, drop-to-ready p99 {}",
+                "pinpool ({}, {} device(s)): {} hits, {} misses ({:.2}% hits), {} pooled of {}{}, {} pinned, {} in the cleaner, drop-to-ready p99 {}",
                 self.backend,
                 self.devices,
                 self.hits,
@@ -551,6 +607,7 @@ impl std::fmt::Display for Stats {
                 self.hit_rate() * 100.0,
                 Bytes(self.pooled_bytes as u64),
                 Bytes(self.max_pooled_bytes as u64),
+                self.cap_note(),
                 Bytes(self.pinned_bytes),
                 self.in_cleaner,
                 ms(self.drop_to_ready_p99),
@@ -571,10 +628,11 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  pooled         {:>12} buffers, {} of {} (peak {})",
+            "  pooled         {:>12} buffers, {} of {}{} (peak {})",
             self.pooled_buffers,
             Bytes(self.pooled_bytes as u64),
             Bytes(self.max_pooled_bytes as u64),
+            self.cap_note(),
             Bytes(self.peak_pooled_bytes as u64)
         )?;
         writeln!(f, "  in cleaner     {:>12}", self.in_cleaner)?;
@@ -593,12 +651,17 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  registrations  {:>12} ({}, {:.3} s), {} pinned now (peak {}), {} trimmed",
+            "  registrations  {:>12} ({}, {:.3} s), {} pinned now (peak {}, budget {}{}), {} trimmed",
             self.registrations,
             Bytes(self.registered_bytes),
             self.registration_time.as_secs_f64(),
             Bytes(self.pinned_bytes),
             Bytes(self.peak_pinned_bytes),
+            Budget(self.max_pinned_bytes),
+            match self.max_pinned_bytes_from {
+                LimitSource::Default => " by default",
+                LimitSource::Given => "",
+            },
             Bytes(self.trimmed_bytes)
         )?;
         writeln!(

@@ -56,9 +56,23 @@ pub fn parse_conf(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--max-pooled-gib`'s value: a cap in bytes, or `None` for pinpool's
+/// own (see [`parse_cap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap(pub Option<usize>);
+
+/// [`parse_cap`] for the command line.
+pub fn parse_cap_arg(text: &str) -> Result<Cap, String> {
+    parse_cap(text).map(Cap)
+}
+
 /// `--max-pooled-gib`: a cap in GiB, returned in bytes; at least one page,
-/// at most [`MAX_POOLED_GIB`].
-pub fn parse_cap(text: &str) -> Result<usize, String> {
+/// at most [`MAX_POOLED_GIB`]; or `default`: pinpool's own (a cap that
+/// follows the working set), `None`.
+pub fn parse_cap(text: &str) -> Result<Option<usize>, String> {
+    if text.eq_ignore_ascii_case("default") {
+        return Ok(None);
+    }
     let gib = parse_finite(text)?;
     if gib <= 0.0 {
         return Err(format!("the cap must be above 0 GiB, got {gib}"));
@@ -68,7 +82,7 @@ pub fn parse_cap(text: &str) -> Result<usize, String> {
             "the cap must be at most {MAX_POOLED_GIB} GiB (1 PiB), got {gib}"
         ));
     }
-    check_cap((gib * (1u64 << 30) as f64) as usize)
+    check_cap((gib * (1u64 << 30) as f64) as usize).map(Some)
 }
 
 /// `--speed`: a finite factor above 0.
@@ -150,8 +164,9 @@ mod tests {
 
     #[test]
     fn caps() {
-        assert_eq!(parse_cap("4"), Ok(4 << 30));
-        assert_eq!(parse_cap("0.5"), Ok(512 << 20));
+        assert_eq!(parse_cap("4"), Ok(Some(4 << 30)));
+        assert_eq!(parse_cap("0.5"), Ok(Some(512 << 20)));
+        assert_eq!(parse_cap("Default"), Ok(None));
         for bad in ["0", "-4", "NaN", "inf", "1e-9", "2e6", "four"] {
             assert!(parse_cap(bad).is_err(), "{bad}");
         }

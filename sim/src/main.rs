@@ -88,9 +88,10 @@ struct SimArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// pinpool's cap on pooled bytes, GiB: at least one page, at most
-    /// 1 PiB (the seed design keeps its 4 GiB); --cap-factor overrides it.
-    #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "4", value_parser = cli::parse_cap, allow_negative_numbers = true)]
-    max_pooled_bytes: usize,
+    /// 1 PiB; or `default`, pinpool's own, a cap that follows the working
+    /// set (the seed design keeps its 4 GiB); --cap-factor overrides it.
+    #[arg(long = "max-pooled-gib", value_name = "GIB", default_value = "default", value_parser = cli::parse_cap_arg, allow_negative_numbers = true)]
+    max_pooled_bytes: cli::Cap,
     /// Sets pinpool's cap on pooled bytes to F times the working-set bound
     /// of the run's plans (every prover at its largest segment at once: the
     /// sum over provers of the bytes asked for by each one's largest
@@ -391,9 +392,9 @@ fn sim(mut args: SimArgs) {
     let working_set = workload.working_set_bound();
     let max_pooled_bytes = match args.cap_factor {
         Some(factor) => {
-            cli::cap_from_factor(factor, working_set).unwrap_or_else(|e| usage_error(e))
+            Some(cli::cap_from_factor(factor, working_set).unwrap_or_else(|e| usage_error(e)))
         }
-        None => args.max_pooled_bytes,
+        None => args.max_pooled_bytes.0,
     };
     let settings = Settings {
         cleaner_threads: args.cleaner_threads,
@@ -460,7 +461,9 @@ fn sim(mut args: SimArgs) {
             args.segments,
             args.scale,
             args.seed,
-            human_bytes(settings.max_pooled_bytes as u64)
+            settings
+                .max_pooled_bytes
+                .map_or("following the working set".to_string(), |b| human_bytes(b as u64))
         );
         plot(path, &title, &reports);
     }
@@ -987,9 +990,12 @@ fn print_header(
     let cap = match args.cap_factor {
         Some(factor) => format!(
             "cap {} (--cap-factor {factor} x the working-set bound)",
-            human_bytes(settings.max_pooled_bytes as u64)
+            human_bytes(settings.max_pooled_bytes.unwrap_or(0) as u64)
         ),
-        None => format!("cap {} GiB", settings.max_pooled_bytes as f64 / GIB),
+        None => match settings.max_pooled_bytes {
+            Some(cap) => format!("cap {} GiB", cap as f64 / GIB),
+            None => "the cap following the working set (pinpool's default)".to_string(),
+        },
     };
     println!(
         "pinpool: {} cleaner threads, {cap}, {} size classes; {} run(s) of each strategy",

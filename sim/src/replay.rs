@@ -894,7 +894,7 @@ mod tests {
         let (replay, _) = Replay::new(&crossing(), None).unwrap();
         let settings = Settings {
             cleaner_threads: 1,
-            max_pooled_bytes: 1 << 20,
+            max_pooled_bytes: Some(1 << 20),
             size_classes: pinpool::SizeClasses::Fine,
             conf: replay.conf.clone(),
             trace: None,
@@ -955,7 +955,7 @@ mod tests {
     fn settings(replay: &Replay) -> Settings {
         Settings {
             cleaner_threads: 1,
-            max_pooled_bytes: 1 << 20,
+            max_pooled_bytes: Some(1 << 20),
             size_classes: pinpool::SizeClasses::Fine,
             conf: replay.conf.clone(),
             trace: None,

@@ -285,7 +285,7 @@ mod tests {
         };
         let settings = crate::strategy::Settings {
             cleaner_threads: 1,
-            max_pooled_bytes: 1 << 20,
+            max_pooled_bytes: Some(1 << 20),
             size_classes: pinpool::SizeClasses::Fine,
             conf: String::new(),
             trace: None,

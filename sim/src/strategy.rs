@@ -18,8 +18,9 @@ use crate::seed::{SeedBuffer, SeedPool};
 pub struct Settings {
     /// Cleaner workers.
     pub cleaner_threads: usize,
-    /// Cap on pooled bytes.
-    pub max_pooled_bytes: usize,
+    /// Cap on pooled bytes; `None`: pinpool's default (a cap that follows
+    /// the working set).
+    pub max_pooled_bytes: Option<usize>,
     /// How requested sizes round up to buffer lengths.
     pub size_classes: SizeClasses,
     /// More settings for pinpool, `PINPOOL_CONF` pairs (checked already).
@@ -56,9 +57,12 @@ pub fn pinpool_builder(
         })
         .devices(demand.devices())
         .cleaner_threads(settings.cleaner_threads)
-        .max_pooled_bytes(settings.max_pooled_bytes)
-        .size_classes(settings.size_classes)
-        .try_conf(&settings.conf)?;
+        .size_classes(settings.size_classes);
+    let builder = match settings.max_pooled_bytes {
+        Some(cap) => builder.max_pooled_bytes(cap),
+        None => builder,
+    }
+    .try_conf(&settings.conf)?;
     let builder = if settings.emulate_pinning && gpu.is_none() {
         builder.faults(Arc::new(pinpool::testing::Faults::default()))
     } else {

@@ -112,12 +112,16 @@ fn the_cap_factor_sets_the_cap_from_the_working_set_bound() {
         "{stdout}"
     );
 
-    // Without it, the cap is --max-pooled-gib's and the bound still shown.
+    // Without it, the cap is --max-pooled-gib's (by default pinpool's own,
+    // following the working set) and the bound still shown.
     let out = sim(&[TINY, &["--strategies", "pageable", "--json"]].concat());
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
     assert_eq!(json["settings"]["cap_factor"], serde_json::Value::Null);
     assert_eq!(json["settings"]["working_set_bound_bytes"], bound);
-    assert_eq!(json["settings"]["max_pooled_bytes"], 4u64 << 30);
+    assert_eq!(
+        json["settings"]["max_pooled_bytes"],
+        serde_json::Value::Null
+    );
 
     let help = sim(&["--help"]);
     let help = String::from_utf8_lossy(&help.stdout);
@@ -180,7 +184,10 @@ fn the_json_names_the_workload_settings_machine_and_backend() {
     assert_eq!(json["settings"]["size_classes"], "pow2");
     assert_eq!(json["settings"]["repeat"], 1);
     assert_eq!(json["settings"]["seed"], 1);
-    assert_eq!(json["settings"]["max_pooled_bytes"], 4u64 << 30);
+    assert_eq!(
+        json["settings"]["max_pooled_bytes"],
+        serde_json::Value::Null
+    );
     assert!(json["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(json["machine"].get("hostname").is_some());
     assert!(json["machine"].get("total_memory_bytes").is_some());
@@ -383,7 +390,7 @@ fn sim_traces_pinpool_and_replay_runs_the_trace_against_each_strategy() {
     assert_eq!(replayed["trace"]["threads"], 2);
     assert_eq!(replayed["trace"]["lost_records"], 0);
     let conf = replayed["settings"]["pinpool_conf"].as_str().unwrap();
-    assert!(conf.contains("max_pooled_bytes=4294967296"), "{conf}");
+    assert!(conf.contains("max_pooled_bytes=follow"), "{conf}");
     let names: Vec<_> = replayed["results"]
         .as_array()
         .unwrap()

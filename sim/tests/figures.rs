@@ -25,7 +25,7 @@ fn workload() -> Workload {
 fn settings() -> Settings {
     Settings {
         cleaner_threads: 2,
-        max_pooled_bytes: 1 << 30,
+        max_pooled_bytes: Some(1 << 30),
         size_classes: pinpool::SizeClasses::Fine,
         conf: String::new(),
         trace: None,

@@ -25,7 +25,7 @@ fn workload() -> Workload {
 fn once(kind: Kind) -> RunResult {
     let settings = Settings {
         cleaner_threads: 1,
-        max_pooled_bytes: 1 << 30,
+        max_pooled_bytes: Some(1 << 30),
         size_classes: pinpool::SizeClasses::Fine,
         conf: String::new(),
         trace: None,

@@ -1,7 +1,7 @@
 //! What worker 0 does between jobs: sweeps of the caches of threads that
 //! went idle (their waiting buffers moved along, their ready ones to the
 //! shards), which `flush` also runs at once over every cache, and the
-//! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)(crate::provision::Provisioner)).
+//! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)).
 
 use crate::admission::Places;
 use crate::thread_cache::ThreadCache;
@@ -90,8 +90,8 @@ impl Cleaner {
 
 impl Cleaner {
     /// Runs a provisioning tick (see [`Provisioner`](crate::provision::Provisioner)): releases what it
-    /// trimmed and pins what it provisions. `force` trims now
-    /// (`Pool::trim`).
+    /// trimmed, moves a cap that follows the working set, and pins what it
+    /// provisions. `force` trims now (`Pool::trim`).
     pub(crate) fn provision(&self, env: Env<'_>, force: bool) {
         let quiet = crate::flush::in_flight(env.places.caches.counts()) == 0;
         let plan = env
@@ -110,6 +110,13 @@ impl Cleaner {
             );
         }
         release_all(env.releaser(), plan.trimmed);
+        if plan.ticked {
+            // Nothing while a cap is given.
+            let evicted =
+                env.admission
+                    .follow(env.places, plan.recent_in_use, env.counters().max_pinned());
+            release_all(env.releaser(), evicted);
+        }
         if let Some(idle_trim) = env.provisioner.idle_trim() {
             // Regions wholly free for the idle-trim time go back too.
             release_regions(

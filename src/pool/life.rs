@@ -41,8 +41,7 @@ impl Shared {
         }
         // At most the host's memory: fits a usize.
         let bytes = bytes as usize;
-        let cap = this.caches.cap();
-        if bytes > cap {
+        if let Err(cap) = this.admission.reserve_fits(this.places(), bytes) {
             return Err(Error::ReserveTooLarge { bytes, cap });
         }
         let past_budget = |bytes| Error::ReservePastPinnedBudget {
@@ -98,6 +97,11 @@ impl Shared {
                 block.meta_mut().reserve_share = share;
             }
         }
+        // Room under a cap that follows the working set, before any of the
+        // buffers can come back to it.
+        this.admission
+            .reserved(this.places(), bytes, this.counters().max_pinned());
+        let cap = this.caches.cap();
         Self::start_cleaner(this);
         let orphan = this.caches.local().0.orphan();
         for mut block in blocks {
@@ -170,6 +174,8 @@ impl Shared {
     pub(crate) fn set_max_pinned_bytes(&self, bytes: usize) {
         let counters = self.counters();
         counters.set_max_pinned(bytes as u64);
+        // Relaxed: a setting, read for reports only.
+        self.budget_given.store(true, Ordering::Relaxed);
         let over = counters.pinned().saturating_sub(bytes as u64);
         if over > 0 {
             let evicted = self.admission.shrink_by(self.places(), over as usize);
@@ -179,7 +185,7 @@ impl Shared {
     }
 
     pub(crate) fn set_max_pooled_bytes(&self, bytes: usize) {
-        let evicted = self.admission.set_cap(self.places(), bytes);
+        let evicted = self.admission.give_cap(self.places(), bytes);
         cleaner::release_all(self.releaser(), evicted);
         if self.caches.carves() {
             cleaner::fit_regions_to_cap(

@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     pub(crate) provisioner: Provisioner,
     /// Set once the last handle is gone: no worker starts again.
     closed: AtomicBool,
+    /// Whether the pinned budget was given (else it is the default share
+    /// of memory).
+    pub(crate) budget_given: AtomicBool,
     /// Whether every thread's current device is 0 (no CUDA contexts).
     device_zero: bool,
     /// When the pool was built (the steal rate limit's clock).
@@ -281,11 +284,17 @@ impl Pool {
             pins,
             config.regions,
         ));
+        // The budget, read from the machine unless given, and the cap: the
+        // one given, or the floor of one that follows the working set.
+        let budget = config
+            .max_pinned_bytes
+            .unwrap_or_else(crate::budget::default_budget);
+        let floor = config.min_pooled_bytes.min(budget);
         let mut caches = Caches::new(
             classes,
             devices,
             config.thread_cache_bytes,
-            config.max_pooled_bytes,
+            config.max_pooled_bytes.unwrap_or(floor),
             pins,
             NonNull::from(&*backend),
             Arc::clone(&intake),
@@ -298,7 +307,13 @@ impl Pool {
             shards: (0..devices)
                 .map(|device| Shard::new(count, placement.node(device).map(|n| n.id)))
                 .collect(),
-            admission: Admission::new(),
+            admission: Admission::new(
+                config
+                    .max_pooled_bytes
+                    .is_none()
+                    .then_some(config.min_pooled_bytes),
+            ),
+            budget_given: AtomicBool::new(config.max_pinned_bytes.is_some()),
             cleaner: Cleaner::new(config.cleaner_threads, devices, intake),
             provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
             closed: AtomicBool::new(false),
@@ -309,9 +324,7 @@ impl Pool {
             config,
             backend,
         });
-        shared
-            .counters()
-            .set_max_pinned(shared.config.max_pinned_bytes as u64);
+        shared.counters().set_max_pinned(budget as u64);
         Shared::start_cleaner(&shared);
         Ok(Self {
             handle: Arc::new(CachePadded::new(Handle {
@@ -407,7 +420,9 @@ impl Pool {
     /// of each `(size, count)` for `device`, registered (on the CUDA
     /// backend), pre-faulted and pooled by the cleaner; `flush` waits for
     /// them. Reserved buffers count against the cap like any other (and may
-    /// be evicted by it), but idle trimming keeps them.
+    /// be evicted by it), but idle trimming keeps them. While the cap
+    /// follows the working set (no cap given), it rises to hold every byte
+    /// reserved since the last [`clear`](Self::clear).
     ///
     /// # Errors
     ///
@@ -415,7 +430,7 @@ impl Pool {
     /// the largest class, [`Error::ReserveExceedsMemory`] if the buffers'
     /// bytes exceed this host's physical memory (checked whatever the cap,
     /// before anything is mapped), [`Error::ReserveTooLarge`] if they
-    /// exceed the cap, [`Error::ReservePastPinnedBudget`] if they exceed
+    /// exceed a cap given, [`Error::ReservePastPinnedBudget`] if they exceed
     /// what the pinned budget has left, or [`Error::AllocationFailed`];
     /// nothing is reserved then.
     ///
@@ -427,15 +442,19 @@ impl Pool {
     /// pool.flush();
     /// assert_eq!(pool.stats().pooled_buffers, 18);
     /// assert!(pool.take(8 << 20).was_pooled());
-    /// assert!(pool.reserve(0, &[(1 << 30, 8)]).is_err()); // 8 GiB > the 4 GiB cap
+    /// let capped = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).max_pooled_bytes(1 << 30).build()?;
+    /// assert!(capped.reserve(0, &[(1 << 30, 2)]).is_err()); // 2 GiB > the 1 GiB cap
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn reserve(&self, device: usize, sizes: &[(usize, usize)]) -> Result<(), Error> {
         Shared::reserve(self.shared(), device, sizes)
     }
 
-    /// Sets the cap on pooled bytes (thread caches included). Lowering it
-    /// evicts at once, largest buffers first; 0 turns pooling off.
+    /// Sets the cap on pooled bytes (thread caches included): from now on
+    /// it stays at `bytes` and no longer follows the working set (see
+    /// [`PoolBuilder::max_pooled_bytes`](crate::PoolBuilder::max_pooled_bytes)).
+    /// Lowering it evicts at once, largest buffers first; 0 turns pooling
+    /// off.
     ///
     /// # Examples
     ///
@@ -470,7 +489,8 @@ impl Pool {
     /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).build()?;
     /// pool.set_max_pinned_bytes(1 << 30);
     /// assert_eq!(pool.stats().max_pinned_bytes, 1 << 30);
-    /// assert_eq!(pool.config().max_pinned_bytes, 1 << 30);
+    /// assert_eq!(pool.config().max_pinned_bytes, Some(1 << 30));
+    /// assert_eq!(pool.stats().max_pinned_bytes_from, pinpool::LimitSource::Given);
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn set_max_pinned_bytes(&self, bytes: usize) {
@@ -600,7 +620,9 @@ impl Pool {
         shared.counters().reset_ready_latency();
     }
 
-    /// The settings the pool runs with (the cap as last set).
+    /// The settings the pool runs with: the cap as last set (`None` while
+    /// it follows the working set), the budget as last set (`None` while it
+    /// is the default; [`stats`](Self::stats) says what both are now).
     ///
     /// # Examples
     ///
@@ -608,14 +630,17 @@ impl Pool {
     /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).cleaner_threads(3).build()?;
     /// assert_eq!(pool.config().cleaner_threads, 3);
     /// pool.set_max_pooled_bytes(1 << 20);
-    /// assert_eq!(pool.config().max_pooled_bytes, 1 << 20);
+    /// assert_eq!(pool.config().max_pooled_bytes, Some(1 << 20));
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn config(&self) -> Config {
         let shared = self.shared();
+        // Relaxed: a setting, as the budget it goes with.
+        let budget_given = shared.budget_given.load(Ordering::Relaxed);
         Config {
-            max_pooled_bytes: shared.caches.cap(),
-            max_pinned_bytes: shared.counters().max_pinned() as usize,
+            max_pooled_bytes: (!shared.admission.follows()).then(|| shared.caches.cap()),
+            max_pinned_bytes: budget_given
+                .then(|| usize::try_from(shared.counters().max_pinned()).unwrap_or(usize::MAX)),
             ..shared.config.clone()
         }
     }

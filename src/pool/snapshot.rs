@@ -86,6 +86,16 @@ impl Shared {
         stats.pooled_bytes = self.admission.pooled_bytes(places) + stats.free_extent_bytes;
         stats.peak_pooled_bytes = self.admission.peak(places).max(stats.pooled_bytes);
         stats.max_pooled_bytes = self.caches.cap();
+        let from = |given| {
+            if given {
+                crate::stats::LimitSource::Given
+            } else {
+                crate::stats::LimitSource::Default
+            }
+        };
+        stats.max_pooled_bytes_from = from(!self.admission.follows());
+        // Relaxed: a setting.
+        stats.max_pinned_bytes_from = from(self.budget_given.load(crate::sync::Ordering::Relaxed));
         stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;
         stats.evictions = self.admission.evictions() as u64;
         stats.recycled = stats.cleaned_by_takers;

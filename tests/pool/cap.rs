@@ -86,7 +86,7 @@ fn racing_cap_setters_agree_on_one_cap() {
                 });
             }
         });
-        let set = pool.config().max_pooled_bytes;
+        let set = pool.config().max_pooled_bytes.expect("a cap given");
         let stats = pool.stats();
         assert_eq!(
             set, stats.max_pooled_bytes,

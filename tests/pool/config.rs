@@ -56,7 +56,7 @@ fn conf_text_sets_values_and_skips_bad_pairs() {
     let config = pool.config();
     assert_eq!(config.devices, Some(2));
     assert_eq!(config.thread_cache_bytes, 1 << 20);
-    assert_eq!(config.max_pooled_bytes, 3 << 30);
+    assert_eq!(config.max_pooled_bytes, Some(3 << 30));
     assert_eq!(
         config.cleaner_threads,
         pinpool::Config::default().cleaner_threads,

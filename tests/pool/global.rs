@@ -16,7 +16,7 @@ fn global_free_functions_work() {
     pinpool::Pool::global().flush();
     assert!(all_zero(&pinpool::take(4)));
     pinpool::clear();
-    pinpool::set_max_pooled_bytes(pinpool::DEFAULT_MAX_POOLED_BYTES);
+    pinpool::set_max_pooled_bytes(pinpool::DEFAULT_MIN_POOLED_BYTES);
     let mut region = vec![0u8; 4096];
     // SAFETY: `region` is live until after unregister_region.
     let pinned = unsafe { pinpool::register_region(region.as_mut_ptr(), region.len()) };
@@ -50,7 +50,7 @@ fn global_free_functions() {
         config.cleaner_threads, 2,
         "PINPOOL_CONF was not applied: {config:?}"
     );
-    assert_eq!(config.max_pooled_bytes, 64 << 20);
+    assert_eq!(config.max_pooled_bytes, Some(64 << 20));
     assert!(std::ptr::eq(pool, Pool::global()));
 
     let mut b = pinpool::take(3);

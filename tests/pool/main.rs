@@ -17,6 +17,7 @@ mod borrowing;
 mod cap;
 mod close;
 mod config;
+mod defaults;
 #[cfg(feature = "testing")]
 mod device_sync;
 mod devices;

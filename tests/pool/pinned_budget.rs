@@ -46,7 +46,7 @@ fn lowering_the_budget_releases_idle_pinned_buffers_at_once() {
     pool.set_max_pinned_bytes(2 * MIB);
     let stats = pool.stats();
     assert!(stats.pinned_bytes <= 2 * MIB as u64, "{stats:#?}");
-    assert_eq!(pool.config().max_pinned_bytes, 2 * MIB);
+    assert_eq!(pool.config().max_pinned_bytes, Some(2 * MIB));
 }
 
 #[test]

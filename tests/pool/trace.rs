@@ -169,7 +169,7 @@ fn the_header_names_the_settings_and_the_machine() {
     let mut want = pinpool::Config::default();
     want.backend = BackendKind::Host;
     let config = again.config();
-    assert_eq!(config.max_pooled_bytes, 3 << 30);
+    assert_eq!(config.max_pooled_bytes, Some(3 << 30));
     assert_eq!(config.borrow_slack, 20);
     assert_eq!(config.backend, BackendKind::Host);
     assert_eq!(config.idle_trim, want.idle_trim);
