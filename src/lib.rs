@@ -14,8 +14,11 @@
 //!   reading it ([`PinnedBuffer::record_last_use`]), register it on its first
 //!   cycle (touching its pages in parallel first), re-zero the written
 //!   prefix, and make it ready again.
-//! - A byte cap (default 4 GiB) bounds what the pool keeps, evicting the
-//!   largest buffers first.
+//! - A byte cap bounds what the pool keeps, evicting the largest buffers
+//!   first; unless one is given, it follows the working set (see
+//!   [`PoolBuilder::max_pooled_bytes`]). A pinned budget bounds every
+//!   page-locked byte (by default a quarter of the memory the process may
+//!   use; see [`PoolBuilder::max_pinned_bytes`]).
 //!
 //! Without a GPU (no driver, or no device) the same API runs on a host
 //! backend: buffers are pooled and re-zeroed but not page-locked.
