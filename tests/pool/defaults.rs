@@ -269,7 +269,7 @@ mod shrinking {
     /// As above, with regions: a small buffer carved from a large region
     /// the large segments left keeps that region registered.
     #[test]
-    #[ignore = "fails about one run in three on a loaded 2-core box: with regions, \
+    #[ignore = "failed one run in six on a loaded 2-core box: with regions, \
                 small buffers carved from a large region the large segments left keep \
                 it registered (16-30 MiB pinned after shrinking, 8-12 MiB fresh; \
                 BENCHMARKS.md, \"Defaults that follow the working set\")"]
