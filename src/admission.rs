@@ -28,9 +28,10 @@
 //!
 //! With no cap given, the cap *follows the working set*: the provisioning
 //! tick hands [`Admission::follow`] the most bytes in use at once over its
-//! window, and the cap becomes a quarter more than that, at least a floor
-//! and the bytes `reserve` asked for (until `clear`), at most the pinned
-//! budget. Following, reserving and giving a cap all store under one lock
+//! window (the footprints of the buffers in use, as the cap counts them),
+//! and the cap becomes a quarter more than that or a floor, whichever is
+//! more, plus the bytes `reserve` asked for (until `clear`), at most the
+//! pinned budget. Following, reserving and giving a cap all store under one lock
 //! (`follow`), so a cap given while a tick follows is never overwritten by
 //! it.
 
@@ -73,22 +74,23 @@ struct Follow {
     floor: usize,
     /// Bytes `reserve` asked for since the last `clear`.
     reserved: usize,
-    /// The most bytes in use at once over the provisioning window, as the
-    /// last tick saw it.
+    /// The most footprint bytes in use at once over the provisioning
+    /// window, as the last tick saw it.
     recent_in_use: u64,
 }
 
 impl Follow {
     /// The cap under a pinned `budget`: a quarter more than the recent
-    /// bytes in use, at least the floor and the reserved bytes, the
-    /// budget bounding all three.
+    /// bytes in use or the floor, whichever is more, plus the reserved
+    /// bytes (which the bytes in use may count again once taken: the cap
+    /// errs high), the budget bounding it all.
     fn cap(&self, budget: u64) -> usize {
         let budget = usize::try_from(budget).unwrap_or(usize::MAX);
         let in_use = self.recent_in_use.saturating_add(self.recent_in_use / 4);
         usize::try_from(in_use)
             .unwrap_or(usize::MAX)
             .max(self.floor)
-            .max(self.reserved)
+            .saturating_add(self.reserved)
             .min(budget)
     }
 }
@@ -111,22 +113,37 @@ impl Admission {
         }
     }
 
-    /// Whether the cap follows the working set (no cap given).
-    pub(crate) fn follows(&self) -> bool {
-        self.follow.lock().is_some()
+    /// The cap in force and whether it follows the working set, read
+    /// together.
+    pub(crate) fn cap_and_follows(&self, at: Places<'_>) -> (usize, bool) {
+        let follow = self.follow.lock();
+        (at.caches.cap(), follow.is_some())
     }
 
-    /// While the cap follows the working set, sets it for `recent_in_use`
-    /// bytes in use at most over the recent window under a pinned `budget`
-    /// (see [`Follow::cap`]): raised at once, lowered evicting down to it.
-    /// Returns the evicted buffers to release.
-    pub(crate) fn follow(&self, at: Places<'_>, recent_in_use: u64, budget: u64) -> Vec<Block> {
+    /// While the cap follows the working set, sets it for
+    /// `recent_in_use` footprint bytes in use at most over the recent
+    /// window, under the pinned budget (see [`Follow::cap`]): raised at
+    /// once, lowered evicting down to it. Returns the evicted buffers to
+    /// release.
+    pub(crate) fn follow(&self, at: Places<'_>, recent_in_use: u64) -> Vec<Block> {
         let mut follow = self.follow.lock();
         let Some(follow) = follow.as_mut() else {
             return Vec::new();
         };
         follow.recent_in_use = recent_in_use;
-        self.move_cap(at, follow.cap(budget))
+        // The budget read under the lock: a setter that changed it then
+        // follows again after us (`refollow`).
+        self.move_cap(at, follow.cap(at.caches.counters.max_pinned()))
+    }
+
+    /// While the cap follows the working set, sets it again for the
+    /// budget now (`set_max_pinned_bytes`). Returns the evicted buffers.
+    pub(crate) fn refollow(&self, at: Places<'_>) -> Vec<Block> {
+        let follow = self.follow.lock();
+        let Some(follow) = follow.as_ref() else {
+            return Vec::new();
+        };
+        self.move_cap(at, follow.cap(at.caches.counters.max_pinned()))
     }
 
     /// Whether `bytes` that `reserve` asks for fit: under a given cap, if
@@ -142,13 +159,13 @@ impl Admission {
     }
 
     /// While the cap follows the working set, `bytes` more reserved: the
-    /// cap rises to hold every byte reserved since the last `clear`, under
-    /// a pinned `budget`.
-    pub(crate) fn reserved(&self, at: Places<'_>, bytes: usize, budget: u64) {
+    /// cap rises by them (it holds every byte reserved since the last
+    /// `clear` on top of what it follows), under the pinned budget.
+    pub(crate) fn reserved(&self, at: Places<'_>, bytes: usize) {
         let mut follow = self.follow.lock();
         if let Some(follow) = follow.as_mut() {
             follow.reserved = follow.reserved.saturating_add(bytes);
-            let cap = follow.cap(budget);
+            let cap = follow.cap(at.caches.counters.max_pinned());
             // Raising evicts nothing (see `move_cap`).
             let evicted = self.move_cap(at, cap.max(at.caches.cap()));
             debug_assert!(evicted.is_empty());

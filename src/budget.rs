@@ -2,8 +2,8 @@
 //!
 //! The memory a process may use is the smaller of the host's (`MemTotal`
 //! in `/proc/meminfo`) and its control group's limit (cgroup v2
-//! `memory.max` of its group and every group above it, or cgroup v1
-//! `memory.limit_in_bytes`). Where neither can be read (not Linux, no
+//! `memory.max`, or cgroup v1 `memory.limit_in_bytes`, of its group and
+//! every group above it). Where neither can be read (not Linux, no
 //! `/proc`), there is no default bound.
 
 /// The share of the memory the process may use that a pool pins at most by
@@ -50,7 +50,7 @@ fn mem_total(meminfo: &str) -> Option<u64> {
 
 /// The memory limit of the control groups that a `/proc/self/cgroup` text
 /// names, reading their files with `read`: the least limit of the cgroup
-/// v2 group and the groups above it, or the cgroup v1 memory group's.
+/// v2 group, or the cgroup v1 memory group, and the groups above it.
 /// `None` when no limit is set or none can be read.
 fn cgroup_limit(groups: &str, read: &dyn Fn(&str) -> Option<String>) -> Option<u64> {
     let mut least: Option<u64> = None;
@@ -70,22 +70,22 @@ fn cgroup_limit(groups: &str, read: &dyn Fn(&str) -> Option<String>) -> Option<u
         if !path.starts_with('/') || path.split('/').any(|part| part == "..") {
             continue;
         }
-        if controllers.is_empty() {
-            // cgroup v2: this group and every one above it.
-            let mut at = path.trim_end_matches('/');
-            loop {
-                note(read(&format!("/sys/fs/cgroup{at}/memory.max")).and_then(|t| limit_value(&t)));
-                match at.rfind('/') {
-                    Some(cut) => at = &at[..cut],
-                    None => break,
-                }
-            }
+        // This group and every one above it (a container without a
+        // cgroup namespace sees its own group mounted at the root).
+        let file = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max")
         } else if controllers.split(',').any(|c| c == "memory") {
-            let at = path.trim_end_matches('/');
-            note(
-                read(&format!("/sys/fs/cgroup/memory{at}/memory.limit_in_bytes"))
-                    .and_then(|t| limit_value(&t)),
-            );
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let mut at = path.trim_end_matches('/');
+        loop {
+            note(read(&format!("{}{at}/{}", file.0, file.1)).and_then(|t| limit_value(&t)));
+            match at.rfind('/') {
+                Some(cut) => at = &at[..cut],
+                None => break,
+            }
         }
     }
     least
@@ -150,6 +150,31 @@ mod tests {
         let groups = "12:cpu,cpuacct:/job\n4:memory:/job\n";
         assert_eq!(cgroup_limit(groups, &read), Some(4 << 30));
         assert_eq!(cgroup_limit("4:memory:/\n", &read), None);
+    }
+
+    #[test]
+    fn cgroup_v1_takes_the_least_limit_up_the_tree() {
+        // A container without a cgroup namespace: its own group is
+        // mounted at the root of the hierarchy.
+        let read = files(&[(
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "2147483648\n",
+        )]);
+        assert_eq!(
+            cgroup_limit("12:memory:/docker/0123abcd\n", &read),
+            Some(2 << 30)
+        );
+        let read = files(&[
+            (
+                "/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes",
+                "8589934592\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/a/memory.limit_in_bytes",
+                "4294967296\n",
+            ),
+        ]);
+        assert_eq!(cgroup_limit("4:memory:/a/b\n", &read), Some(4 << 30));
     }
 
     #[test]

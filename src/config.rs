@@ -272,9 +272,12 @@ impl PoolBuilder {
     /// and free region extents), instead of the default, which follows the
     /// working set: with no cap given, the cap is a quarter more than the
     /// most bytes in use at once over the last idle-trim time (30 s by
-    /// default; sampled every 10 ms while the pool is in use), at least
-    /// [`min_pooled_bytes`](Self::min_pooled_bytes) (4 GiB by default) and
-    /// at most the pinned budget. It
+    /// default; the bytes their buffers occupy, sampled every 10 ms while
+    /// the pool is in use) or
+    /// [`min_pooled_bytes`](Self::min_pooled_bytes) (4 GiB by default),
+    /// whichever is more, plus the bytes
+    /// [`Pool::reserve`](crate::Pool::reserve) asked for since the last
+    /// [`clear`](crate::Pool::clear), at most the pinned budget. It
     /// rises as soon as the bytes in use do; it falls once the larger use
     /// is a whole idle-trim time past, evicting down to it then. So a
     /// workload keeps idle what its own steps need (a step up to several

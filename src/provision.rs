@@ -105,7 +105,7 @@ impl RecentPeak {
 #[derive(Debug)]
 struct State {
     marks: Vec<Option<Mark>>,
-    /// The bytes in use at most over the window (all slots).
+    /// The footprint bytes in use at most over the window (all slots).
     recent: RecentPeak,
     /// Per slot, the takes counted at the last tick.
     takes: Vec<u64>,
@@ -135,8 +135,8 @@ pub(crate) struct Plan {
     pub(crate) trimmed: Vec<Block>,
     /// The tick ran (it runs at most every 10 ms): the hot slots are new.
     pub(crate) ticked: bool,
-    /// The most bytes in use at once over the window, as sampled by the
-    /// ticks (when `ticked`).
+    /// The most footprint bytes in use at once over the window, as
+    /// sampled by the ticks (when `ticked`).
     pub(crate) recent_in_use: u64,
 }
 
@@ -230,7 +230,14 @@ impl Provisioner {
             .map(|(slot, &n)| n * classes.size(SizeClass::at(slot % count)) as u64)
             .sum();
         at.caches.counters.note_in_use(in_use_bytes);
-        state.recent.note(now, in_use_bytes, window);
+        // The cap counts footprints (a class just above a page occupies
+        // two), so the cap that follows the working set follows them too.
+        let in_use_footprint: u64 = in_use
+            .iter()
+            .enumerate()
+            .map(|(slot, &n)| n * classes.footprint(SizeClass::at(slot % count)) as u64)
+            .sum();
+        state.recent.note(now, in_use_footprint, window);
         if at.caches.carves() {
             self.mark_hot(at, &mut state);
             Self::note_demand(at, &in_use);

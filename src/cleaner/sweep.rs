@@ -112,9 +112,7 @@ impl Cleaner {
         release_all(env.releaser(), plan.trimmed);
         if plan.ticked {
             // Nothing while a cap is given.
-            let evicted =
-                env.admission
-                    .follow(env.places, plan.recent_in_use, env.counters().max_pinned());
+            let evicted = env.admission.follow(env.places, plan.recent_in_use);
             release_all(env.releaser(), evicted);
         }
         if let Some(idle_trim) = env.provisioner.idle_trim() {

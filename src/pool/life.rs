@@ -99,8 +99,7 @@ impl Shared {
         }
         // Room under a cap that follows the working set, before any of the
         // buffers can come back to it.
-        this.admission
-            .reserved(this.places(), bytes, this.counters().max_pinned());
+        this.admission.reserved(this.places(), bytes);
         let cap = this.caches.cap();
         Self::start_cleaner(this);
         let orphan = this.caches.local().0.orphan();
@@ -176,6 +175,9 @@ impl Shared {
         counters.set_max_pinned(bytes as u64);
         // Relaxed: a setting, read for reports only.
         self.budget_given.store(true, Ordering::Relaxed);
+        // A cap that follows the working set stays within the budget.
+        let evicted = self.admission.refollow(self.places());
+        cleaner::release_all(self.releaser(), evicted);
         let over = counters.pinned().saturating_sub(bytes as u64);
         if over > 0 {
             let evicted = self.admission.shrink_by(self.places(), over as usize);

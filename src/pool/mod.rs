@@ -421,8 +421,9 @@ impl Pool {
     /// backend), pre-faulted and pooled by the cleaner; `flush` waits for
     /// them. Reserved buffers count against the cap like any other (and may
     /// be evicted by it), but idle trimming keeps them. While the cap
-    /// follows the working set (no cap given), it rises to hold every byte
-    /// reserved since the last [`clear`](Self::clear).
+    /// follows the working set (no cap given), it rises by the bytes
+    /// reserved, and holds every byte reserved since the last
+    /// [`clear`](Self::clear) on top of what it follows.
     ///
     /// # Errors
     ///
@@ -638,7 +639,10 @@ impl Pool {
         // Relaxed: a setting, as the budget it goes with.
         let budget_given = shared.budget_given.load(Ordering::Relaxed);
         Config {
-            max_pooled_bytes: (!shared.admission.follows()).then(|| shared.caches.cap()),
+            max_pooled_bytes: match shared.admission.cap_and_follows(shared.places()) {
+                (_, true) => None,
+                (cap, false) => Some(cap),
+            },
             max_pinned_bytes: budget_given
                 .then(|| usize::try_from(shared.counters().max_pinned()).unwrap_or(usize::MAX)),
             ..shared.config.clone()

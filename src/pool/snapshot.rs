@@ -85,7 +85,8 @@ impl Shared {
         // Free extents are pooled bytes too (see `cleaner::fit_regions_to_cap`).
         stats.pooled_bytes = self.admission.pooled_bytes(places) + stats.free_extent_bytes;
         stats.peak_pooled_bytes = self.admission.peak(places).max(stats.pooled_bytes);
-        stats.max_pooled_bytes = self.caches.cap();
+        let (cap, follows) = self.admission.cap_and_follows(self.places());
+        stats.max_pooled_bytes = cap;
         let from = |given| {
             if given {
                 crate::stats::LimitSource::Given
@@ -93,7 +94,7 @@ impl Shared {
                 crate::stats::LimitSource::Default
             }
         };
-        stats.max_pooled_bytes_from = from(!self.admission.follows());
+        stats.max_pooled_bytes_from = from(!follows);
         // Relaxed: a setting.
         stats.max_pinned_bytes_from = from(self.budget_given.load(crate::sync::Ordering::Relaxed));
         stats.in_cleaner = crate::flush::in_flight(self.caches.counts()) as usize;

@@ -277,3 +277,53 @@ mod shrinking {
         gives_back(true);
     }
 }
+
+#[test]
+fn a_reservation_raises_a_following_cap_by_its_bytes() {
+    let pool = following(MIB, Duration::from_secs(60));
+    let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
+    eventually(Duration::from_secs(10), "the cap rising", || {
+        pool.stats().max_pooled_bytes == 20 * MIB
+    });
+    drop(held);
+    pool.flush();
+    pool.reserve(0, &[(4 * MIB, 8)]).unwrap();
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.evictions, 0, "{stats:#?}");
+    let reserved: Vec<_> = (0..8).map(|_| pool.take(4 * MIB)).collect();
+    assert!(reserved.iter().all(|b| b.was_pooled()), "{stats:#?}");
+    let again: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
+    assert!(again.iter().all(|b| b.was_pooled()), "{:#?}", pool.stats());
+}
+
+#[test]
+fn a_following_cap_holds_what_its_buffers_occupy() {
+    // 4097 bytes round up to a class of 4608, which occupies two pages.
+    let pool = following(MIB, Duration::from_secs(60));
+    let held: Vec<_> = (0..512).map(|_| pool.take(4097)).collect();
+    assert_eq!(held[0].len(), 4608);
+    eventually(Duration::from_secs(10), "the cap rising", || {
+        pool.stats().max_pooled_bytes > MIB
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    drop(held);
+    pool.flush();
+    let again: Vec<_> = (0..512).map(|_| pool.take(4097)).collect();
+    let hits = again.iter().filter(|b| b.was_pooled()).count();
+    assert_eq!(hits, 512, "{:#?}", pool.stats());
+}
+
+#[test]
+fn lowering_the_budget_lowers_a_following_cap_at_once() {
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .min_pooled_bytes(64 * MIB)
+        .build()
+        .unwrap();
+    assert_eq!(pool.stats().max_pooled_bytes, 64 * MIB);
+    pool.set_max_pinned_bytes(8 * MIB);
+    let stats = pool.stats();
+    assert_eq!(stats.max_pooled_bytes, 8 * MIB, "{stats:#?}");
+    assert_eq!(stats.max_pooled_bytes_from, LimitSource::Default);
+}
