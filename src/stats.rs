@@ -453,7 +453,8 @@ pub struct DeviceStats {
     pub device: usize,
     /// Ready buffers of the device.
     pub pooled_buffers: usize,
-    /// Their footprint bytes.
+    /// Their footprint bytes, and the free extents of the device's regions
+    /// (as [`Stats::pooled_bytes`] counts them).
     pub pooled_bytes: usize,
     /// Takes on the device served from the pool.
     pub hits: u64,

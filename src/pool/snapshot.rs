@@ -38,8 +38,10 @@ impl Shared {
             }
         }
         drop(moves);
+        let mut free_on = Vec::with_capacity(devices);
         for shard in self.shards.iter() {
             let figures = shard.regions().figures();
+            free_on.push(figures.free);
             stats.regions += figures.regions;
             stats.region_bytes += figures.bytes;
             stats.free_extent_bytes += figures.free;
@@ -62,10 +64,12 @@ impl Shared {
                 DeviceStats {
                     device,
                     pooled_buffers: slots.iter().sum(),
+                    // Free extents are pooled bytes too, as in the total.
                     pooled_bytes: classes
                         .all()
                         .map(|c| slots[c.index()] * classes.footprint(c))
-                        .sum(),
+                        .sum::<usize>()
+                        + free_on[device],
                     hits: by_device(&hits, device),
                     misses: by_device(&misses, device),
                 }

@@ -2382,3 +2382,20 @@ fn reserve_through_a_lowered_budget_settles() {
         },
     );
 }
+
+/// Free extents count as pooled bytes in the total and in each device's
+/// figure alike.
+#[test]
+fn each_devices_pooled_bytes_count_its_free_extents() {
+    let (pool, _faults) = built(|b| b.regions(true).devices(2));
+    for device in 0..2 {
+        drop(pool.take_on(device, 1 << 20).unwrap());
+        let held = pool.take_on(device, 3 << 20).unwrap();
+        drop(held);
+    }
+    pool.flush();
+    let stats = pool.stats();
+    assert!(stats.free_extent_bytes > 0, "{stats:#?}");
+    let by_device: usize = stats.per_device.iter().map(|d| d.pooled_bytes).sum();
+    assert_eq!(by_device, stats.pooled_bytes, "{stats:#?}");
+}
