@@ -82,7 +82,7 @@ pub struct Config {
     pub provision: bool,
     /// Whether buffers are carved from regions, a few large registrations,
     /// instead of pinning each buffer (see
-    /// [`PoolBuilder::regions`]). Off by default.
+    /// [`PoolBuilder::regions`]). On by default.
     pub regions: bool,
     /// How much longer than its class a buffer may be when a take whose
     /// class is empty borrows an idle pinned buffer of a larger class, in
@@ -109,7 +109,7 @@ impl Default for Config {
             size_classes: SizeClasses::default(),
             idle_trim: Some(DEFAULT_IDLE_TRIM),
             provision: true,
-            regions: false,
+            regions: true,
             borrow_slack: DEFAULT_BORROW_SLACK,
             numa: NumaMode::Auto,
             trace: None,
@@ -442,8 +442,8 @@ impl PoolBuilder {
         self
     }
 
-    /// Whether buffers are carved from *regions* (default off): on a
-    /// pinning backend, the cleaner registers a few large mappings, sized
+    /// Whether buffers are carved from *regions* (default on; off pins
+    /// each buffer on its own): on a pinning backend, the cleaner registers a few large mappings, sized
     /// by the most bytes the takes wanted at once (plus an eighth), instead
     /// of one registration per buffer; a miss buffer is freed, never
     /// registered. A burst of misses grows them once, when its demand has
@@ -476,8 +476,8 @@ impl PoolBuilder {
     /// # Examples
     ///
     /// ```
-    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).regions(true).build()?;
-    /// assert!(pool.config().regions);
+    /// let pool = pinpool::Pool::builder().backend(pinpool::BackendKind::Host).regions(false).build()?;
+    /// assert!(!pool.config().regions);
     /// # Ok::<(), pinpool::Error>(())
     /// ```
     pub fn regions(mut self, on: bool) -> Self {

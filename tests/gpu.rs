@@ -206,6 +206,7 @@ fn first_pinning_of_a_1_gib_miss() {
     let _ctx = gpu();
     let pool = Pool::builder()
         .backend(BackendKind::Cuda)
+        .regions(false)
         .cleaner_threads(8)
         .build()
         .unwrap();
@@ -606,6 +607,7 @@ fn a_miss_shed_past_the_registration_backlog_leaves_its_events_to_the_cleaner() 
     let stream = ctx.new_stream().unwrap();
     let pool = Pool::builder()
         .backend(BackendKind::Cuda)
+        .regions(false)
         .cleaner_threads(1) // a registration backlog of 64 + 16
         .provision(false)
         .build()
@@ -868,4 +870,35 @@ fn pinned_vec_recorded_copy_gates_reuse() {
 #[ignore = "needs a GPU"]
 fn pinned_vec_without_record_device_sync_gates_reuse() {
     vec_copy_gates_reuse(false);
+}
+
+/// With the defaults (regions), misses held together make one region grow
+/// for them, and the same takes again are carved from it: page-locked, in
+/// fewer registrations than misses (one region, or a few while the cleaner
+/// races the takes), not one per buffer.
+#[test]
+#[ignore = "needs a GPU"]
+fn by_default_misses_grow_a_region_that_the_next_takes_carve() {
+    let _ctx = gpu();
+    let pool = Pool::builder()
+        .backend(BackendKind::Cuda)
+        .provision(false)
+        .build()
+        .unwrap();
+    let sizes = [300 << 10, 1 << 20, 2 << 20, 700 << 10, 3 << 20, 5 << 20];
+    let first: Vec<_> = sizes.iter().map(|&n| pool.take(n)).collect();
+    assert!(!first[0].is_pinned(), "the first take misses, pageable");
+    // Held across provisioning ticks (every 10 ms), which count the demand.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    drop(first);
+    pool.flush();
+    let again: Vec<_> = sizes.iter().map(|&n| pool.take(n)).collect();
+    let stats = pool.stats();
+    assert!(again.iter().all(|b| b.is_pinned()), "{stats:#?}");
+    assert!(
+        stats.regions >= 1 && stats.registrations < sizes.len() as u64,
+        "{stats:#?}"
+    );
+    drop(again);
+    pool.shutdown();
 }

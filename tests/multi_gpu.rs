@@ -28,6 +28,7 @@ fn two_gpus() -> (Gpu, Arc<CudaContext>) {
 fn two_device_pool() -> Pool {
     Pool::builder()
         .backend(BackendKind::Cuda)
+        .regions(false)
         .devices(2)
         .cleaner_threads(4)
         .build()
@@ -181,6 +182,7 @@ fn cleaner_workers_are_pinned_only_when_the_devices_share_a_node() {
     let allowed = thread_cpus();
     let pool = Pool::builder()
         .backend(BackendKind::Cuda)
+        .regions(false)
         .cleaner_threads(4)
         .build()
         .unwrap();

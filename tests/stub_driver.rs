@@ -350,6 +350,18 @@ fn cuda_pool(devices: usize) -> Pool {
         .expect("the CUDA backend builds on the stub")
 }
 
+/// As [`cuda_pool`], with buffers pinned one by one (`regions` off): a
+/// miss's own registration, and a take that misses rather than carves.
+fn cuda_pool_one_by_one(devices: usize) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Cuda)
+        .devices(devices)
+        .cleaner_threads(2)
+        .regions(false)
+        .build()
+        .expect("the CUDA backend builds on the stub")
+}
+
 /// A pinned buffer of `size` bytes: a miss, dropped, flushed (registered by
 /// the cleaner), taken again.
 fn pinned(pool: &Pool, size: usize) -> pinpool::PinnedBuffer {
@@ -710,7 +722,7 @@ fn driver_failures_are_counted_and_lose_nothing() {
     if !on_stub!("STUB_CUDA_DEVICES" = "1") {
         return;
     }
-    let pool = cuda_pool(1);
+    let pool = cuda_pool_one_by_one(1);
     // A registration fails: the buffer is freed, not pooled pageable.
     stub::fail("cuMemHostRegister_v2", 1, None, CUDA_ERROR_OUT_OF_MEMORY);
     drop(pool.take(1 << 20));
@@ -774,7 +786,7 @@ fn buffers_wait_for_their_events() {
     if !on_stub!("STUB_CUDA_DEVICES" = "1") {
         return;
     }
-    let pool = cuda_pool(1);
+    let pool = cuda_pool_one_by_one(1);
     let mut buf = pinned(&pool, 1 << 20);
     let address = buf.as_ptr() as usize;
     buf[..4].copy_from_slice(&[1, 2, 3, 4]);

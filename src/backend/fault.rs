@@ -24,7 +24,8 @@ use crate::sync::{Condvar, Mutex, Ordering, StatCounter, Unmodeled};
 ///
 /// let faults = Arc::new(Faults::default());
 /// faults.fail_register(&[1]);
-/// let pool = pinpool::Pool::builder().faults(faults.clone()).build()?;
+/// // Buffers pinned one by one (with regions, a region's registration fails).
+/// let pool = pinpool::Pool::builder().faults(faults.clone()).regions(false).build()?;
 /// drop(pool.take(4096)); // its first registration fails: freed, not pooled
 /// pool.flush();
 /// assert_eq!(pool.stats().registration_failures, 1);
@@ -122,7 +123,7 @@ impl Faults {
     ///
     /// let faults = Arc::new(Faults::default());
     /// faults.fail_spawn("pinpool-cleaner");
-    /// let pool = pinpool::Pool::builder().faults(faults.clone()).build()?;
+    /// let pool = pinpool::Pool::builder().faults(faults.clone()).regions(false).build()?;
     /// drop(pool.take(4096));
     /// pool.flush(); // no worker runs: the flush cleans on this thread
     /// assert_eq!(pool.stats().pooled_buffers, 1);

@@ -48,9 +48,12 @@ pub fn gpu() -> Gpu {
     Gpu { ctx, _alone: alone }
 }
 
+/// A pool on the CUDA backend, four workers, buffers pinned one by one
+/// (`regions` off): the tests through it count each buffer's registration.
 pub fn cuda_pool() -> Pool {
     Pool::builder()
         .backend(BackendKind::Cuda)
+        .regions(false)
         .cleaner_threads(4)
         .build()
         .expect("the CUDA backend builds on a GPU machine")

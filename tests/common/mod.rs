@@ -17,6 +17,7 @@ pub fn host_pool(devices: usize) -> Pool {
         .backend(BackendKind::Host)
         .devices(devices)
         .cleaner_threads(2)
+        .regions(false)
         .build()
         .expect("a host pool always builds")
 }
@@ -52,13 +53,16 @@ pub fn host_pow2(workers: usize) -> Pool {
 }
 
 /// A pool on the fault-injecting backend with `workers` cleaner workers,
-/// and its faults.
+/// and its faults. The helpers below pin buffers one by one (`regions`
+/// off): they test the paths of buffers registered on their own; regions
+/// have tests of their own (`regions`, `working_set`, `defaults`).
 #[cfg(feature = "testing")]
 pub fn faulty(workers: usize) -> (Pool, Arc<Faults>) {
     let faults = Arc::new(Faults::default());
     let pool = Pool::builder()
         .faults(faults.clone())
         .cleaner_threads(workers)
+        .regions(false)
         .build()
         .unwrap();
     (pool, faults)
@@ -73,6 +77,7 @@ pub fn faulty_on(devices: usize) -> (Pool, Arc<Faults>) {
         .faults(faults.clone())
         .devices(devices)
         .cleaner_threads(2)
+        .regions(false)
         .build()
         .unwrap();
     (pool, faults)
@@ -87,6 +92,7 @@ pub fn faulty_with_classes(workers: usize, classes: SizeClasses) -> (Pool, Arc<F
         .faults(faults.clone())
         .cleaner_threads(workers)
         .size_classes(classes)
+        .regions(false)
         .build()
         .unwrap();
     (pool, faults)

@@ -162,6 +162,7 @@ fn copies_in_flight_past_the_recycling_backlog_keep_their_pinned_buffers() {
     const N: usize = 5000;
     let faults = Arc::new(Faults::default());
     let pool = Pool::builder()
+        .regions(false)
         .faults(faults)
         .cleaner_threads(2)
         .provision(false)

@@ -236,6 +236,7 @@ fn check_quiet(pool: &Pool, what: &str) {
 fn borrowing_oracle_under_churn() {
     let faults = Arc::new(Faults::default());
     let pool = Pool::builder()
+        .regions(false)
         .faults(faults.clone())
         .cleaner_threads(2)
         .devices(2)

@@ -239,6 +239,7 @@ fn flush_covers_drops_on_every_path_faults() {
     let faults = Arc::new(pinpool::testing::Faults::default());
     run(
         Pool::builder()
+            .regions(false)
             .faults(faults)
             .cleaner_threads(1)
             .build()

@@ -14,6 +14,7 @@ fn faulty_without_workers() -> (Pool, Arc<Faults>) {
     let faults = Arc::new(Faults::default());
     faults.fail_spawn("pinpool-cleaner");
     let pool = Pool::builder()
+        .regions(false)
         .faults(faults.clone())
         .cleaner_threads(2)
         .build()

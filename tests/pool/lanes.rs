@@ -159,6 +159,7 @@ fn a_take_drop_loop_with_occasional_flushes_collapses_into_misses() {
 fn registrations_progress_under_recycle_load() {
     let faults = Arc::new(Faults::default());
     let pool = Pool::builder()
+        .regions(false)
         .faults(faults.clone())
         .cleaner_threads(2)
         .provision(false)

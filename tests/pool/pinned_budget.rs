@@ -9,6 +9,7 @@ const MIB: usize = 1 << 20;
 
 fn pool(budget: usize) -> Pool {
     Pool::builder()
+        .regions(false)
         .faults(Arc::new(Faults::default()))
         .cleaner_threads(2)
         .provision(false)
@@ -83,6 +84,7 @@ fn reserving_past_the_budget_is_an_error_and_reserves_nothing() {
 #[test]
 fn provisioning_pins_nothing_past_the_budget() {
     let pool = Pool::builder()
+        .regions(false)
         .faults(Arc::new(Faults::default()))
         .cleaner_threads(2)
         .max_pinned_bytes(3 * MIB)

@@ -2399,3 +2399,25 @@ fn each_devices_pooled_bytes_count_its_free_extents() {
     let by_device: usize = stats.per_device.iter().map(|d| d.pooled_bytes).sum();
     assert_eq!(by_device, stats.pooled_bytes, "{stats:#?}");
 }
+
+/// Once the pool is quiet, idle buffers and free extents together fit the
+/// cap, even where an idle buffer of a class in steady use keeps its region
+/// partly carved.
+#[test]
+#[ignore = "fails: an idle buffer kept in its class under the cap keeps its region \
+            registered, and the region's free extents past the cap stay pooled"]
+fn a_quiet_pool_fits_the_cap_with_a_hot_class_in_a_region() {
+    let (pool, _faults) = built(|b| b.regions(true));
+    // A staging loop: the class is hot, its clean buffers go back to it.
+    let until = std::time::Instant::now() + Duration::from_millis(300);
+    while std::time::Instant::now() < until {
+        let buf = pool.take(64 << 10);
+        drop(buf);
+    }
+    pool.flush();
+    pool.set_max_pooled_bytes(256 << 10);
+    std::thread::sleep(Duration::from_millis(300));
+    pool.flush();
+    let stats = pool.stats();
+    assert!(stats.pooled_bytes <= 256 << 10, "{stats:#?}");
+}

@@ -23,6 +23,7 @@ fn faulty_with(
     // Provisioning off: these tests count buffers exactly, and
     // provisioning pins more when a slow run lets a tick see demand.
     let pool = f(Pool::builder()
+        .regions(false)
         .faults(faults.clone())
         .cleaner_threads(2)
         .provision(false))

@@ -370,6 +370,7 @@ fn registrations_are_recorded() {
     let path = TempPath::new("registrations");
     let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
     let pool = Pool::builder()
+        .regions(false)
         .faults(faults.clone())
         .cleaner_threads(1)
         .provision(false)
