@@ -2404,8 +2404,6 @@ fn each_devices_pooled_bytes_count_its_free_extents() {
 /// cap, even where an idle buffer of a class in steady use keeps its region
 /// partly carved.
 #[test]
-#[ignore = "fails: an idle buffer kept in its class under the cap keeps its region \
-            registered, and the region's free extents past the cap stay pooled"]
 fn a_quiet_pool_fits_the_cap_with_a_hot_class_in_a_region() {
     let (pool, _faults) = built(|b| b.regions(true));
     // A staging loop: the class is hot, its clean buffers go back to it.
