@@ -351,9 +351,12 @@ impl Pool {
     /// context current on the calling thread, device 0 if none is (and
     /// always 0 on the host backend).
     ///
-    /// Page-locked on a pool hit; on a miss a fresh pageable buffer, which
-    /// the cleaner registers after it is dropped. Pinning never happens on
-    /// the caller's path.
+    /// Page-locked on a pool hit (a ready buffer, or one carved from a
+    /// region's free extents); on a miss a fresh pageable buffer, which the
+    /// cleaner frees when it is dropped, growing the regions by what the
+    /// takes wanted (or, with [`regions`](crate::PoolBuilder::regions)
+    /// off, registers on its own). Pinning never happens on the caller's
+    /// path.
     ///
     /// # Panics
     ///
