@@ -98,6 +98,35 @@ pub fn faulty_with_classes(workers: usize, classes: SizeClasses) -> (Pool, Arc<F
     (pool, faults)
 }
 
+// === draws ===
+
+/// A xorshift generator: the same draws every run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next draw.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Below `n`.
+    #[allow(dead_code)]
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Log-uniform in `[lo, hi]`.
+    #[allow(dead_code)]
+    pub fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
+        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        (a + u * (b - a)).exp() as usize
+    }
+}
+
 // === buffers ===
 
 /// Whether every byte of `buf` is zero.

@@ -128,21 +128,7 @@ mod shrinking {
     use pinpool::testing::Faults;
     use pinpool::Pool;
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        /// Log-uniform in `[lo, hi]`.
-        fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
-            let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
-            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-            (a + u * (b - a)).exp() as usize
-        }
-    }
+    use crate::common::Rng;
 
     /// Runs segments of `buffers` log-uniform sizes up to `hi` on each of
     /// `threads` threads until `stop`, tracking the bytes held at once.

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[cfg(feature = "testing")]
 use pinpool::testing::{Faults, TestFence};
@@ -497,7 +497,7 @@ fn returned_idle_buffer_is_reused_before_a_miss() {
     a.set_dirty_len(8);
     slow.record(&mut a);
     drop(a);
-    let t0 = Instant::now();
+    let t0 = std::time::Instant::now();
     let next = pool.take(4096);
     let took = t0.elapsed();
     let s = pool.stats();
@@ -537,10 +537,10 @@ fn consumer_returns_are_reused_in_a_pipelined_loop() {
     });
     const ROUNDS: usize = 24;
     let fences: Vec<TestFence> = (0..ROUNDS).map(|_| TestFence::default()).collect();
-    let t0 = Instant::now();
+    let t0 = std::time::Instant::now();
     let mut waits = 0;
     for i in 0..ROUNDS {
-        let t = Instant::now();
+        let t = std::time::Instant::now();
         let mut a = pool.take(4096);
         a[..8].fill(1);
         a.set_dirty_len(8);

@@ -141,7 +141,7 @@ fn a_snapshot_during_a_sweep_counts_each_pooled_buffer_once() {
     let (done, finished) = channel::<()>();
     // Every thread holds its buffers until all have taken theirs, so that
     // none takes another's: as many buffers pooled as taken.
-    let all_taken = Arc::new(std::sync::Barrier::new(THREADS));
+    let all_taken = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
     // Alive and idle between rounds, so that their caches are swept, all
     // at once.
     let workers: Vec<_> = (0..THREADS)

@@ -96,19 +96,7 @@ fn stress_no_buffer_is_handed_out_twice_and_all_come_back_zeroed() {
 }
 
 #[cfg(feature = "testing")]
-struct Rng(u64);
-#[cfg(feature = "testing")]
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::common::Rng;
 
 #[cfg(feature = "testing")]
 const SIZES: &[usize] = &[
