@@ -311,3 +311,165 @@ fn lowering_the_budget_lowers_a_following_cap_at_once() {
     assert_eq!(stats.max_pooled_bytes, 8 * MIB, "{stats:#?}");
     assert_eq!(stats.max_pooled_bytes_from, LimitSource::Default);
 }
+
+/// Failures and limits with the defaults (regions) on the fault backend.
+#[cfg(feature = "testing")]
+mod with_regions {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pinpool::testing::Faults;
+    use pinpool::Pool;
+
+    fn default_pool() -> (Pool, Arc<Faults>) {
+        let faults = Arc::new(Faults::default());
+        let pool = Pool::builder()
+            .faults(faults.clone())
+            .cleaner_threads(2)
+            .build()
+            .unwrap();
+        assert!(pool.config().regions, "regions are the default");
+        (pool, faults)
+    }
+
+    fn carved(pool: &Pool, size: usize) -> pinpool::PinnedBuffer {
+        drop(pool.take(size));
+        pool.flush();
+        let b = pool.take(size);
+        assert!(b.is_pinned() && b.was_pooled(), "{:#?}", pool.stats());
+        b
+    }
+
+    /// A failed device synchronize on a carved, event-less buffer: the buffer
+    /// is leaked, and its region (memory a copy may still read) must never be
+    /// unregistered, not even by shutdown.
+    #[test]
+    fn a_failed_sync_on_a_carved_buffer_never_unregisters_its_region() {
+        let (pool, faults) = default_pool();
+        let buf = carved(&pool, 1 << 16);
+        let next = faults.synchronize_calls() + 1;
+        faults.fail_synchronize(&[next]);
+        drop(buf);
+        pool.flush();
+        let s = pool.stats();
+        assert_eq!(s.fence_failures, 1, "{s:#?}");
+        assert!(s.leaked_bytes >= 1 << 16, "{s:#?}");
+        assert_eq!(faults.unregistered(), 0, "{s:#?}");
+        pool.clear();
+        pool.shutdown();
+        let s = pool.stats();
+        assert!(
+            faults.registered() > faults.unregistered(),
+            "the region of a leaked buffer was unregistered: registered {} unregistered {} {s:#?}",
+            faults.registered(),
+            faults.unregistered()
+        );
+        // The pool still works after it.
+        drop(pool.take(1 << 16));
+        pool.flush();
+    }
+
+    /// A region's unregistration fails (on clear): counted, its bytes leaked,
+    /// left registered; the pool serves on and registers afresh.
+    #[test]
+    fn a_failed_region_unregistration_is_counted_and_leaked() {
+        let (pool, faults) = default_pool();
+        drop(carved(&pool, 1 << 20));
+        pool.flush();
+        let before = pool.stats();
+        assert!(before.regions >= 1, "{before:#?}");
+        let next = faults.unregister_calls() + 1;
+        faults.fail_unregister(&[next]);
+        pool.clear();
+        let s = pool.stats();
+        assert_eq!(s.unregister_failures, 1, "{s:#?}");
+        assert!(s.leaked_bytes as usize >= 1 << 20, "{s:#?}");
+        assert_eq!(faults.registered() - faults.unregistered(), 1, "{s:#?}");
+        assert_eq!(s.regions, 0, "{s:#?}");
+        let again = carved(&pool, 1 << 20);
+        drop(again);
+        pool.shutdown();
+        assert_eq!(faults.registered() - faults.unregistered(), 1);
+    }
+
+    /// Every device synchronize fails, buffers of several sizes carved and
+    /// dropped from several threads: flush and shutdown return; afterwards
+    /// every region is either unregistered or holds leaked memory.
+    #[test]
+    fn failing_syncs_lose_nothing() {
+        let (pool, faults) = default_pool();
+        let bufs: Vec<_> = (0..64).map(|i| pool.take(4096 << (i % 5))).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(bufs);
+        pool.flush();
+        let all: Vec<u64> = (1..100_000).collect();
+        faults.fail_synchronize(&all);
+        let bufs: Vec<_> = (0..64).map(|i| pool.take(4096 << (i % 5))).collect();
+        let pinned = bufs.iter().filter(|b| b.is_pinned()).count() as u64;
+        assert!(pinned > 0);
+        let mut handles = Vec::new();
+        let mut it = bufs.into_iter();
+        for _ in 0..4 {
+            let chunk: Vec<_> = it.by_ref().take(16).collect();
+            handles.push(std::thread::spawn(move || drop(chunk)));
+        }
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        pool.flush();
+        let s = pool.stats();
+        assert_eq!(s.fence_failures, pinned, "{s:#?}");
+        pool.shutdown();
+        let s = pool.stats();
+        assert_eq!(s.in_cleaner, 0, "{s:#?}");
+        assert!(faults.registered() > faults.unregistered(), "{s:#?}");
+    }
+
+    /// A small buffer carved from a large region and held keeps the region
+    /// registered, and its free extents, which count as pooled bytes, past
+    /// the cap (one registration goes whole or not at all); once it comes
+    /// back, the pool fits the cap again.
+    #[test]
+    fn a_held_carve_keeps_its_regions_free_extents_until_it_comes_back() {
+        let (pool, _faults) = default_pool();
+        drop(carved(&pool, 32 << 20));
+        pool.flush();
+        let held = pool.take(1 << 20);
+        assert!(held.is_pinned() && held.was_pooled(), "{:#?}", pool.stats());
+        pool.set_max_pooled_bytes(2 << 20);
+        pool.flush();
+        let s = pool.stats();
+        assert!(s.pooled_bytes > s.max_pooled_bytes, "{s:#?}");
+        assert_eq!(s.regions, 1, "{s:#?}");
+        drop(held);
+        let start = std::time::Instant::now();
+        loop {
+            pool.flush();
+            let s = pool.stats();
+            if s.pooled_bytes <= s.max_pooled_bytes {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "over the cap after the carve came back: {s:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Carved buffers held while the budget drops below what is pinned are
+    /// released when dropped.
+    #[test]
+    fn carved_buffers_in_use_past_a_lowered_budget_are_released_when_dropped() {
+        let (pool, _faults) = default_pool();
+        drop((0..4).map(|_| pool.take(1 << 20)).collect::<Vec<_>>());
+        pool.flush();
+        let held: Vec<_> = (0..4).map(|_| pool.take(1 << 20)).collect();
+        assert!(held.iter().all(|b| b.is_pinned()), "{:#?}", pool.stats());
+        pool.set_max_pinned_bytes(1 << 20);
+        drop(held);
+        pool.flush();
+        std::thread::sleep(Duration::from_millis(300));
+        pool.flush();
+        let s = pool.stats();
+        assert!(s.pinned_bytes <= 1 << 20, "{s:#?}");
+    }
+}
