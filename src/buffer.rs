@@ -106,7 +106,8 @@ impl PinnedBuffer {
     }
 
     /// Whether the buffer is page-locked. `false` for pool-miss buffers
-    /// (until their first trip through the cleaner) and on the host backend.
+    /// (freed when dropped, or, with regions off, registered on their first
+    /// trip through the cleaner) and on the host backend.
     ///
     /// # Examples
     ///

@@ -74,9 +74,10 @@ pub struct Config {
     /// Ready buffers idle longer than this go back to the OS (largest
     /// first, keeping what recent demand needs); `None`: never.
     pub idle_trim: Option<Duration>,
-    /// Whether the cleaner keeps, per class, as many pinned buffers ready
-    /// as recent demand has needed (see [`Pool::reserve`] for explicit
-    /// provisioning).
+    /// Whether the cleaner keeps pinned memory ready for what recent demand
+    /// has needed: with regions, the regions grow ahead of it; with regions
+    /// off, per class, as many pinned buffers (see [`Pool::reserve`] for
+    /// explicit provisioning).
     ///
     /// [`Pool::reserve`]: crate::pool::Pool::reserve
     pub provision: bool,
@@ -286,7 +287,9 @@ impl PoolBuilder {
     /// [`conf`](Self::conf) or by
     /// [`Pool::set_max_pooled_bytes`](crate::Pool::set_max_pooled_bytes)
     /// stays where it is put. [`Stats`](crate::Stats) says the cap in force
-    /// and where it comes from.
+    /// and where it comes from. With regions, free extents count as pooled
+    /// bytes, and a region with a buffer out keeps its free extents past
+    /// the cap until that buffer comes back (see [`regions`](Self::regions)).
     ///
     /// # Examples
     ///
@@ -329,7 +332,8 @@ impl PoolBuilder {
     /// of the memory the process may use, the lesser of the host's
     /// (`MemTotal`) and its control group's limit (cgroup v2 `memory.max`,
     /// or v1 `memory.limit_in_bytes`), read when the pool is built, per
-    /// pool; no bound where neither can be read. A miss buffer whose first registration
+    /// pool; no bound where neither can be read. Regions grow no further
+    /// than it; with regions off, a miss buffer whose first registration
     /// would pass it is freed when it is dropped instead of registered (a
     /// later take of its size misses again: pageable, as every miss);
     /// provisioning pins nothing past it, and

@@ -11,9 +11,11 @@
 //!   out a fresh pageable buffer rather than pin on the caller's path.
 //! - Dropping a [`PinnedBuffer`] never blocks and never calls CUDA: it hands
 //!   the buffer to a pool of cleaner workers, which wait for the copies still
-//!   reading it ([`PinnedBuffer::record_last_use`]), register it on its first
-//!   cycle (touching its pages in parallel first), re-zero the written
-//!   prefix, and make it ready again.
+//!   reading it ([`PinnedBuffer::record_last_use`]), re-zero the written
+//!   prefix, and make it ready again, in its class or back in the region it
+//!   was carved from; a miss buffer is freed, and the regions (a few large
+//!   registrations, their pages touched in parallel first) grow by what
+//!   the takes wanted ([`PoolBuilder::regions`]).
 //! - A byte cap bounds what the pool keeps, evicting the largest buffers
 //!   first; unless one is given, it follows the working set (see
 //!   [`PoolBuilder::max_pooled_bytes`]). A pinned budget bounds every

@@ -338,7 +338,10 @@ pub struct Stats {
     /// Of `recycled`, the buffers takers cleaned themselves (their
     /// drop-to-ready latency is not in the percentiles below).
     pub cleaned_by_takers: u64,
-    /// Successful first registrations (page-locking) of buffers.
+    /// Successful registrations (page-locking): of regions (a growth that
+    /// folds wholly free regions into one registers them again, counted
+    /// again), of slabs, and, with regions off, of buffers on their first
+    /// trip through the cleaner.
     pub registrations: u64,
     /// Bytes page-locked by those registrations.
     pub registered_bytes: u64,
@@ -387,7 +390,9 @@ pub struct Stats {
     pub trimmed_bytes: u64,
     /// Time spent in those registrations.
     pub registration_time: Duration,
-    /// Registrations that failed (the buffer was freed instead of pooled).
+    /// Registrations that failed (a buffer's: it was freed instead of
+    /// pooled; a region's: its mapping was freed, and it is retried
+    /// smaller).
     pub registration_failures: u64,
     /// Miss buffers freed unregistered because registrations were backed up
     /// or the pinned budget was spent, and region growths the budget

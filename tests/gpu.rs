@@ -894,11 +894,25 @@ fn by_default_misses_grow_a_region_that_the_next_takes_carve() {
     pool.flush();
     let again: Vec<_> = sizes.iter().map(|&n| pool.take(n)).collect();
     let stats = pool.stats();
-    assert!(again.iter().all(|b| b.is_pinned()), "{stats:#?}");
+    assert!(
+        again.iter().all(|b| b.is_pinned() && b.was_pooled()),
+        "{stats:#?}"
+    );
     assert!(
         stats.regions >= 1 && stats.registrations < sizes.len() as u64,
         "{stats:#?}"
     );
+    assert!(
+        stats.region_bytes >= sizes.iter().sum::<usize>(),
+        "{stats:#?}"
+    );
     drop(again);
+    pool.flush();
+    assert_eq!(
+        pool.stats().registrations,
+        stats.registrations,
+        "registered again for the same demand"
+    );
     pool.shutdown();
+    assert_eq!(pool.stats().regions, 0);
 }
