@@ -717,6 +717,49 @@ fn registrations_are_portable_one_call_each_and_undone() {
     assert_eq!(stub::wrong_context(), 0);
 }
 
+/// As `driver_failures_are_counted_and_lose_nothing`, with the defaults
+/// (regions): a region's registration that fails is counted and retried
+/// smaller, nothing left registered for it; a region's unregistration
+/// that fails leaks the region, still registered.
+#[test]
+fn region_failures_are_counted_and_lose_nothing() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    let pool = cuda_pool(1);
+    assert!(pool.config().regions);
+    stub::fail("cuMemHostRegister_v2", 1, None, CUDA_ERROR_OUT_OF_MEMORY);
+    drop(pool.take(1 << 20));
+    pool.flush();
+    let stats = pool.stats();
+    assert_eq!(stats.registration_failures, 1, "{stats:?}");
+    assert_eq!(stub::registered(), stats.regions as i64, "{stats:?}");
+    // The next demand is met by a region, whatever the failure left.
+    drop(pool.take(1 << 20));
+    pool.flush();
+    let buf = pool.take(1 << 20);
+    assert!(buf.is_pinned(), "{:?}", pool.stats());
+    drop(buf);
+    pool.flush();
+    let stats = pool.stats();
+    assert!(stats.regions >= 1, "{stats:?}");
+    let listed = stats.regions as i64;
+    stub::fail("cuMemHostUnregister", 1, None, CUDA_ERROR_UNKNOWN);
+    pool.clear();
+    let stats = pool.stats();
+    assert_eq!(stats.unregister_failures, 1, "{stats:?}");
+    assert!(stats.leaked_bytes >= 1 << 20, "{stats:?}");
+    assert_eq!(stats.regions, 0, "{stats:?}");
+    assert_eq!(
+        stub::registered(),
+        1,
+        "the leaked region stays registered ({listed} listed)"
+    );
+    stub::heal();
+    pool.shutdown();
+    assert_eq!(stub::wrong_context(), 0);
+}
+
 #[test]
 fn driver_failures_are_counted_and_lose_nothing() {
     if !on_stub!("STUB_CUDA_DEVICES" = "1") {
