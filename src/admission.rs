@@ -31,9 +31,9 @@
 //! window (the footprints of the buffers in use, as the cap counts them),
 //! and the cap becomes a quarter more than that or a floor, whichever is
 //! more, plus the bytes `reserve` asked for (until `clear`), at most the
-//! pinned budget. Following, reserving and giving a cap all store under one lock
-//! (`follow`), so a cap given while a tick follows is never overwritten by
-//! it.
+//! pinned budget. Following, reserving and giving a cap all store under
+//! one lock (`follow`), so a cap given while a tick follows is never
+//! overwritten by it.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -177,9 +177,9 @@ impl Admission {
     fn move_cap(&self, at: Places<'_>, cap: usize) -> Vec<Block> {
         let now = at.caches.cap();
         if cap > now {
-            // Raising evicts nothing: an admission that read the old cap
-            // evicted or released what the new one would have kept, no
-            // more than a lower cap than this one asks.
+            // Raising needs no fence and evicts nothing: an admission that
+            // reads the old, lower cap evicts or releases more than the new
+            // one needs, and never leaves more pooled than it allows.
             at.caches.set_cap(cap);
             Vec::new()
         } else if cap < now {
