@@ -31,7 +31,7 @@
 //! window (the footprints of the buffers in use, as the cap counts them),
 //! and the cap becomes a quarter more than that or a floor, whichever is
 //! more, plus the bytes `reserve` asked for (until `clear`), at most the
-//! pinned budget. Following, reserving and giving a cap all store under
+//! pinned budget (where the backend pins). Following, reserving and giving a cap all store under
 //! one lock (`follow`), so a cap given while a tick follows is never
 //! overwritten by it.
 
@@ -70,7 +70,8 @@ pub(crate) struct Admission {
 /// What a cap that follows the working set follows.
 #[derive(Debug)]
 struct Follow {
-    /// The least the cap may be (the pinned budget lowers it further).
+    /// The least the cap may be (the pinned budget, where the backend
+    /// pins, lowers it further).
     floor: usize,
     /// Bytes `reserve` asked for since the last `clear`.
     reserved: usize,
@@ -133,7 +134,17 @@ impl Admission {
         follow.recent_in_use = recent_in_use;
         // The budget read under the lock: a setter that changed it then
         // follows again after us (`refollow`).
-        self.move_cap(at, follow.cap(at.caches.counters.max_pinned()))
+        self.move_cap(at, follow.cap(Self::budget(at)))
+    }
+
+    /// The pinned budget that bounds a following cap: none where the
+    /// backend pins nothing (the host backend).
+    fn budget(at: Places<'_>) -> u64 {
+        if at.caches.intake.pins {
+            at.caches.counters.max_pinned()
+        } else {
+            u64::MAX
+        }
     }
 
     /// While the cap follows the working set, sets it again for the
@@ -143,7 +154,7 @@ impl Admission {
         let Some(follow) = follow.as_ref() else {
             return Vec::new();
         };
-        self.move_cap(at, follow.cap(at.caches.counters.max_pinned()))
+        self.move_cap(at, follow.cap(Self::budget(at)))
     }
 
     /// Whether `bytes` that `reserve` asks for fit: under a given cap, if
@@ -165,7 +176,7 @@ impl Admission {
         let mut follow = self.follow.lock();
         if let Some(follow) = follow.as_mut() {
             follow.reserved = follow.reserved.saturating_add(bytes);
-            let cap = follow.cap(at.caches.counters.max_pinned());
+            let cap = follow.cap(Self::budget(at));
             // Raising evicts nothing (see `move_cap`).
             let evicted = self.move_cap(at, cap.max(at.caches.cap()));
             debug_assert!(evicted.is_empty());

@@ -10,7 +10,8 @@ use crate::size_class::SizeClasses;
 
 /// The least the cap on pooled bytes falls to while it follows the working
 /// set, by default (see [`PoolBuilder::min_pooled_bytes`]): 4 GiB, or the
-/// pinned budget if that is less. A pool starts with this cap.
+/// pinned budget if that is less and the backend pins. A pool starts with
+/// this cap.
 pub const DEFAULT_MIN_POOLED_BYTES: usize = 4 << 30;
 
 /// Default cap on the bytes one thread's cache holds: 64 MiB.
@@ -278,7 +279,8 @@ impl PoolBuilder {
     /// [`min_pooled_bytes`](Self::min_pooled_bytes) (4 GiB by default),
     /// whichever is more, plus the bytes
     /// [`Pool::reserve`](crate::Pool::reserve) asked for since the last
-    /// [`clear`](crate::Pool::clear), at most the pinned budget. It
+    /// [`clear`](crate::Pool::clear), at most the pinned budget (on a
+    /// backend that pins: the host backend pins nothing). It
     /// rises as soon as the bytes in use do; it falls once the larger use
     /// is a whole idle-trim time past, evicting down to it then. So a
     /// workload keeps idle what its own steps need (a step up to several
@@ -310,7 +312,7 @@ impl PoolBuilder {
     /// [`max_pooled_bytes`](Self::max_pooled_bytes)): default
     /// [`DEFAULT_MIN_POOLED_BYTES`], 4 GiB. The pool starts with this cap,
     /// before it has seen any bytes in use; the pinned budget, if less,
-    /// bounds it. A given cap ignores it.
+    /// bounds it on a backend that pins. A given cap ignores it.
     ///
     /// # Examples
     ///

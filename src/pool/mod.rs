@@ -289,7 +289,12 @@ impl Pool {
         let budget = config
             .max_pinned_bytes
             .unwrap_or_else(crate::budget::default_budget);
-        let floor = config.min_pooled_bytes.min(budget);
+        // The budget bounds only a backend that pins.
+        let floor = if pins {
+            config.min_pooled_bytes.min(budget)
+        } else {
+            config.min_pooled_bytes
+        };
         let mut caches = Caches::new(
             classes,
             devices,

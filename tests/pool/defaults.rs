@@ -87,10 +87,11 @@ fn the_cap_falls_a_window_after_the_bytes_in_use_do() {
     drop(small);
 }
 
+#[cfg(feature = "testing")]
 #[test]
-fn the_budget_bounds_the_following_cap_and_defaults_to_a_share_of_memory() {
+fn the_budget_bounds_the_following_cap_where_memory_is_pinned() {
     let pool = Pool::builder()
-        .backend(BackendKind::Host)
+        .faults(std::sync::Arc::new(pinpool::testing::Faults::default()))
         .min_pooled_bytes(64 * MIB)
         .max_pinned_bytes(8 * MIB)
         .build()
@@ -98,6 +99,24 @@ fn the_budget_bounds_the_following_cap_and_defaults_to_a_share_of_memory() {
     let stats = pool.stats();
     assert_eq!(stats.max_pooled_bytes, 8 * MIB, "{stats:#?}");
     assert_eq!(stats.max_pinned_bytes_from, LimitSource::Given);
+    // The host backend pins nothing: a budget, even of nothing, leaves its
+    // pooling alone.
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .min_pooled_bytes(64 * MIB)
+        .max_pinned_bytes(0)
+        .build()
+        .unwrap();
+    assert_eq!(pool.stats().max_pooled_bytes, 64 * MIB);
+    pool.set_max_pinned_bytes(0);
+    assert_eq!(pool.stats().max_pooled_bytes, 64 * MIB);
+    drop(pool.take(MIB));
+    pool.flush();
+    assert_eq!(pool.stats().pooled_bytes, MIB);
+}
+
+#[test]
+fn the_budget_defaults_to_a_share_of_memory() {
     let pool = Pool::builder().backend(BackendKind::Host).build().unwrap();
     let stats = pool.stats();
     assert_eq!(stats.max_pinned_bytes_from, LimitSource::Default);
@@ -298,10 +317,11 @@ fn a_following_cap_holds_what_its_buffers_occupy() {
     assert_eq!(hits, 512, "{:#?}", pool.stats());
 }
 
+#[cfg(feature = "testing")]
 #[test]
 fn lowering_the_budget_lowers_a_following_cap_at_once() {
     let pool = Pool::builder()
-        .backend(BackendKind::Host)
+        .faults(std::sync::Arc::new(pinpool::testing::Faults::default()))
         .min_pooled_bytes(64 * MIB)
         .build()
         .unwrap();
