@@ -224,19 +224,22 @@ impl Provisioner {
                 *n += cache.in_use(slot);
             }
         }
-        let in_use_bytes: u64 = in_use
-            .iter()
-            .enumerate()
-            .map(|(slot, &n)| n * classes.size(SizeClass::at(slot % count)) as u64)
-            .sum();
+        // In use at the lengths handed out (the statistics), and at their
+        // footprints: the cap counts those (a class just above a page
+        // occupies two), so the cap that follows the working set follows
+        // them too.
+        let (in_use_bytes, in_use_footprint) =
+            in_use
+                .iter()
+                .enumerate()
+                .fold((0u64, 0u64), |(len, foot), (slot, &n)| {
+                    let class = SizeClass::at(slot % count);
+                    (
+                        len + n * classes.size(class) as u64,
+                        foot + n * classes.footprint(class) as u64,
+                    )
+                });
         at.caches.counters.note_in_use(in_use_bytes);
-        // The cap counts footprints (a class just above a page occupies
-        // two), so the cap that follows the working set follows them too.
-        let in_use_footprint: u64 = in_use
-            .iter()
-            .enumerate()
-            .map(|(slot, &n)| n * classes.footprint(SizeClass::at(slot % count)) as u64)
-            .sum();
         state.recent.note(now, in_use_footprint, window);
         if at.caches.carves() {
             self.mark_hot(at, &mut state);

@@ -97,9 +97,9 @@ impl Cleaner {
         let plan = env
             .provisioner
             .tick(env.places, env.admission, quiet, force);
-        // Already counted in `trimmed_bytes` (by `Admission::trim`).
-        let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
+        // Counted in `trimmed_bytes` already (by `Admission::trim`).
         if let (Some(tracer), false) = (&env.places.caches.trace, plan.trimmed.is_empty()) {
+            let trimmed: u64 = plan.trimmed.iter().map(|b| b.footprint() as u64).sum();
             tracer.event(
                 crate::trace::TRIM,
                 0,

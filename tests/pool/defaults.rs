@@ -6,16 +6,9 @@ use std::time::{Duration, Instant};
 
 use pinpool::{BackendKind, LimitSource, Pool};
 
-const MIB: usize = 1 << 20;
+use crate::common::eventually;
 
-/// Waits up to `limit` for `done`.
-fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+const MIB: usize = 1 << 20;
 
 fn following(floor: usize, window: Duration) -> Pool {
     Pool::builder()
@@ -37,9 +30,12 @@ fn the_cap_rises_with_the_bytes_in_use_and_keeps_what_they_drop() {
     assert_eq!(pool.config().max_pooled_bytes, None);
     let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
     // The cleaner samples the bytes in use every 10 ms.
-    eventually(Duration::from_secs(10), "the cap rising", || {
-        pool.stats().max_pooled_bytes >= 16 * MIB
-    });
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pool.stats().max_pooled_bytes >= 16 * MIB
+        }),
+        "the cap rising"
+    );
     assert_eq!(pool.stats().max_pooled_bytes, 20 * MIB, "a quarter more");
     drop(held);
     pool.flush();
@@ -62,9 +58,12 @@ fn the_cap_falls_a_window_after_the_bytes_in_use_do() {
     let window = Duration::from_millis(400);
     let pool = following(MIB, window);
     let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
-    eventually(Duration::from_secs(10), "the cap rising", || {
-        pool.stats().max_pooled_bytes == 20 * MIB
-    });
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pool.stats().max_pooled_bytes == 20 * MIB
+        }),
+        "the cap rising"
+    );
     let dropped = Instant::now();
     drop(held);
     pool.flush();
@@ -73,9 +72,12 @@ fn the_cap_falls_a_window_after_the_bytes_in_use_do() {
     // past, the cap falls to a quarter more than their 2 MiB, evicting
     // down to it.
     let small: Vec<_> = (0..2).map(|_| pool.take(MIB)).collect();
-    eventually(Duration::from_secs(10), "the cap falling", || {
-        pool.stats().max_pooled_bytes < 16 * MIB
-    });
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pool.stats().max_pooled_bytes < 16 * MIB
+        }),
+        "the cap falling"
+    );
     assert!(
         dropped.elapsed() >= window * 7 / 8,
         "the cap fell {:?} after the bytes in use did, within its window",
@@ -288,9 +290,12 @@ mod shrinking {
 fn a_reservation_raises_a_following_cap_by_its_bytes() {
     let pool = following(MIB, Duration::from_secs(60));
     let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
-    eventually(Duration::from_secs(10), "the cap rising", || {
-        pool.stats().max_pooled_bytes == 20 * MIB
-    });
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pool.stats().max_pooled_bytes == 20 * MIB
+        }),
+        "the cap rising"
+    );
     drop(held);
     pool.flush();
     pool.reserve(0, &[(4 * MIB, 8)]).unwrap();
@@ -309,9 +314,12 @@ fn a_following_cap_holds_what_its_buffers_occupy() {
     let pool = following(MIB, Duration::from_secs(60));
     let held: Vec<_> = (0..512).map(|_| pool.take(4097)).collect();
     assert_eq!(held[0].len(), 4608);
-    eventually(Duration::from_secs(10), "the cap rising", || {
-        pool.stats().max_pooled_bytes > MIB
-    });
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pool.stats().max_pooled_bytes > MIB
+        }),
+        "the cap rising"
+    );
     std::thread::sleep(Duration::from_millis(50));
     drop(held);
     pool.flush();
@@ -463,19 +471,16 @@ mod with_regions {
         assert!(s.pooled_bytes > s.max_pooled_bytes, "{s:#?}");
         assert_eq!(s.regions, 1, "{s:#?}");
         drop(held);
-        let start = std::time::Instant::now();
-        loop {
+        let fits = crate::common::eventually(Duration::from_secs(10), || {
             pool.flush();
             let s = pool.stats();
-            if s.pooled_bytes <= s.max_pooled_bytes {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "over the cap after the carve came back: {s:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            s.pooled_bytes <= s.max_pooled_bytes
+        });
+        assert!(
+            fits,
+            "over the cap after the carve came back: {:#?}",
+            pool.stats()
+        );
     }
 
     /// Carved buffers held while the budget drops below what is pinned are
