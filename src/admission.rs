@@ -485,7 +485,8 @@ impl Admission {
     /// ready at or before `cutoff` (a forced trim passes now: every one),
     /// largest class first, except reserved ones and
     /// the `keep(slot)` most recent of each slot, and counts them in
-    /// `trimmed_bytes`.
+    /// `trimmed_bytes`; buffers carved from a region that drains go
+    /// however recently ready (reserved ones excepted).
     pub(crate) fn trim(
         &self,
         at: Places<'_>,
@@ -517,6 +518,11 @@ impl Admission {
         drop(locked);
         from_lists.into_iter().for_each(&mut gather);
         let mut out = Vec::new();
+        // Buffers carved from a region that drains go back to it, however
+        // recently ready (see `Regions::drain_excess`).
+        let draining: Vec<bool> = at.shards.iter().map(|s| s.regions().draining()).collect();
+        let drains =
+            |block: &Block| draining[block.device()] && block.is_carved() && !block.region_listed();
         for (slot, mut blocks) in by_slot.into_iter().enumerate().rev() {
             // Most recently ready last: keep those, release the longest
             // idle. Every pooled buffer went through `admit`, which noted
@@ -525,7 +531,7 @@ impl Admission {
             let mut keep = keep(slot);
             while let Some(block) = blocks.pop() {
                 let idle = block.ready_since().is_some_and(|t| t <= cutoff);
-                if !idle || block.is_reserved() || keep > 0 {
+                if block.is_reserved() || (!idle || keep > 0) && !drains(&block) {
                     keep = keep.saturating_sub(1);
                     if let Err(block) = at.shards[block.device()].push(block) {
                         out.push(block);

@@ -22,6 +22,12 @@
 //!   tick also keeps the most bytes in use at once over the window, per
 //!   eighth of it, which the cleaner hands to
 //!   [`Admission::follow`](crate::admission::Admission::follow).
+//! - **Draining regions** (a pool that carves from regions, idle trimming
+//!   on): each tick also keeps, per device, the most bytes its regions'
+//!   buffers had in use at once over the window, which the cleaner hands
+//!   to `Regions::drain_excess`: regions that hold far more than that, but
+//!   that a few carves keep from ever being wholly free, are drained and
+//!   given back.
 
 use std::time::{Duration, Instant};
 
@@ -107,6 +113,9 @@ struct State {
     marks: Vec<Option<Mark>>,
     /// The footprint bytes in use at most over the window (all slots).
     recent: RecentPeak,
+    /// Per device, the bytes of carved classes in use, or carved from its
+    /// regions, at most over the window (see `note_demand`).
+    demand: Vec<RecentPeak>,
     /// Per slot, the takes counted at the last tick.
     takes: Vec<u64>,
     last: Instant,
@@ -138,15 +147,28 @@ pub(crate) struct Plan {
     /// The most footprint bytes in use at once over the window, as
     /// sampled by the ticks (when `ticked`).
     pub(crate) recent_in_use: u64,
+    /// Per device, the most bytes its regions' classes had in use at once
+    /// over the window, as sampled by the ticks, or had carved from its
+    /// regions, as counted at each carve (when `ticked` on a pool that
+    /// carves; else empty).
+    pub(crate) recent_demand: Vec<usize>,
 }
 
 impl Provisioner {
-    pub(crate) fn new(slots: usize, provision: bool, idle_trim: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        slots: usize,
+        devices: usize,
+        provision: bool,
+        idle_trim: Option<Duration>,
+    ) -> Self {
         Self {
             hot: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             state: Mutex::new(State {
                 marks: vec![None; slots],
                 recent: RecentPeak::new(Instant::now()),
+                demand: (0..devices)
+                    .map(|_| RecentPeak::new(Instant::now()))
+                    .collect(),
                 takes: vec![0; slots],
                 last: Instant::now(),
                 last_trim: Instant::now(),
@@ -183,15 +205,28 @@ impl Provisioner {
 
     /// Tells each device's regions what is in use of their buffers now
     /// (`in_use`: buffers per slot), so that they can grow ahead of demand
-    /// (see `Regions::note_in_use`).
-    fn note_demand(at: Places<'_>, in_use: &[u64]) {
+    /// (see `Regions::note_in_use`), and keeps it in the device's window
+    /// (`demand`), whose peaks it returns.
+    fn note_demand(
+        at: Places<'_>,
+        in_use: &[u64],
+        demand: &mut [RecentPeak],
+        now: Instant,
+        window: Duration,
+    ) -> Vec<usize> {
         let intake = &at.caches.intake;
-        for (device, shard) in at.shards.iter().enumerate() {
-            let demand = carved_demand(at, device, |slot| in_use[slot]);
-            shard
-                .regions()
-                .note_in_use(demand, intake.misses_out(device));
+        let mut peaks = Vec::with_capacity(at.shards.len());
+        for ((device, shard), recent) in at.shards.iter().enumerate().zip(demand) {
+            let bytes = carved_demand(at, device, |slot| in_use[slot]);
+            let regions = shard.regions();
+            regions.note_in_use(bytes, intake.misses_out(device));
+            // What was carved at once since the last tick counts too: the
+            // ticks alone miss a demand held between them (and run seldom
+            // while the cleaner is busy).
+            recent.note(now, bytes.max(regions.take_out_peak()) as u64, window);
+            peaks.push(usize::try_from(recent.peak()).unwrap_or(usize::MAX));
         }
+        peaks
     }
 
     /// The idle-trim time, if idle trimming is on.
@@ -241,10 +276,12 @@ impl Provisioner {
                 });
         at.caches.counters.note_in_use(in_use_bytes);
         state.recent.note(now, in_use_footprint, window);
-        if at.caches.carves() {
+        let recent_demand = if at.caches.carves() {
             self.mark_hot(at, &mut state);
-            Self::note_demand(at, &in_use);
-        }
+            Self::note_demand(at, &in_use, &mut state.demand, now, window)
+        } else {
+            Vec::new()
+        };
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
                 Some(m) if now_in_use >= m.peak => {
@@ -280,6 +317,7 @@ impl Provisioner {
         let mut plan = Plan {
             ticked: true,
             recent_in_use: state.recent.peak(),
+            recent_demand,
             ..Plan::default()
         };
         // Trimming locks every owner out: a quarter of the idle time apart

@@ -34,6 +34,7 @@ pub(crate) struct Counters {
     pub(crate) device_syncs: StatCounter,
     pub(crate) trimmed_bytes: StatCounter,
     pub(crate) regions_released: StatCounter,
+    pub(crate) regions_drained: StatCounter,
     /// The most bytes registered at once.
     peak_pinned: StatCounter,
     /// The most bytes in use at once, as sampled (see `note_in_use`).
@@ -306,8 +307,15 @@ pub struct Stats {
     pub free_extent_bytes: usize,
     /// The largest free extent of any region.
     pub largest_free_extent: usize,
-    /// Regions unregistered and freed (trimmed, cleared, or shut down).
+    /// Regions unregistered and freed (trimmed, drained, cleared, or shut
+    /// down).
     pub regions_released: u64,
+    /// Regions drained: taken out of use while buffers were carved from
+    /// them, because their device's regions held more than half as much
+    /// again as the most its buffers had in use at once over the idle-trim
+    /// time, and released once those buffers came back (see
+    /// [`PoolBuilder::idle_trim`](crate::PoolBuilder::idle_trim)).
+    pub regions_drained: u64,
     /// Bytes of ready buffers (footprints: whole pages, or a sub-page
     /// buffer's share of its slab), thread caches included, and of the
     /// regions' free extents: what the cap bounds.
@@ -533,6 +541,7 @@ impl Stats {
         self.max_pinned_bytes = c.max_pinned();
         self.trimmed_bytes = load(&c.trimmed_bytes);
         self.regions_released = load(&c.regions_released);
+        self.regions_drained = load(&c.regions_drained);
         self.registration_time = Duration::from_nanos(load(&c.registration_nanos));
         self.registration_failures = load(&c.registration_failures);
         self.fence_failures = load(&c.fence_failures);

@@ -916,3 +916,37 @@ fn by_default_misses_grow_a_region_that_the_next_takes_carve() {
     pool.shutdown();
     assert_eq!(pool.stats().regions, 0);
 }
+
+/// With the defaults (regions; an idle-trim time of 2 s here), a workload
+/// that shrinks, from segments of buffers up to 8 MiB to segments of
+/// buffers up to 256 KiB, gives back what its large segments pinned within
+/// two idle-trim times: at most 1.25 times what the small segments hold at
+/// once, plus one smallest region (2 MiB). Prints the figures.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_shrinking_workload_gives_back_its_large_regions() {
+    use common::shrink::pinned_after;
+    let _ctx = gpu();
+    let pool = || {
+        Pool::builder()
+            .backend(BackendKind::Cuda)
+            .idle_trim(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let (fresh, ..) = pinned_after(&pool(), false, 1);
+    let (shrunk, held, large) = pinned_after(&pool(), true, 1);
+    eprintln!(
+        "shrinking: {} KiB pinned two idle-trim times after shrinking from {} KiB, \
+         {} KiB by a pool that only ran the small segments, {} KiB held at most: {:.3}",
+        shrunk >> 10,
+        large >> 10,
+        fresh >> 10,
+        held >> 10,
+        shrunk as f64 / held as f64
+    );
+    assert!(
+        shrunk <= (held as f64 * 1.25) as u64 + (2 << 20),
+        "{shrunk} bytes pinned after shrinking from {large}, {held} held at once"
+    );
+}

@@ -42,7 +42,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::sync::track::Track;
@@ -88,12 +88,23 @@ pub(crate) struct GrowFailed {
     pub(crate) kept: Option<usize>,
 }
 
+/// A region [`Regions::drain_excess`] unlisted.
+#[derive(Debug)]
+pub(crate) enum Drained {
+    /// Nothing was carved from it: the caller releases it.
+    Free(Unlisted),
+    /// Blocks of it are out: the give-back of the last releases it.
+    WithBlocksOut,
+}
+
 /// One registration that blocks are carved from; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Region {
     base: NonNull<u8>,
     /// The bytes mapped (and registered, when pinned).
     len: usize,
+    /// When it was listed.
+    listed_at: Instant,
     state: Mutex<Extents>,
     totals: Arc<Totals>,
     _track: Track,
@@ -115,6 +126,10 @@ struct Extents {
     registered: bool,
     /// A block of it was leaked: the region is never unmapped.
     leaked: bool,
+    /// Unlisted by [`Regions::drain_excess`] with blocks out, and counted
+    /// in [`Totals::draining`] until its last block comes back (or one
+    /// is leaked).
+    draining: bool,
     /// When the region last became wholly free.
     idle_since: Option<Instant>,
 }
@@ -198,6 +213,11 @@ impl Region {
             return None;
         }
         state.idle_since = Some(Instant::now());
+        if state.draining {
+            state.draining = false;
+            // Relaxed: see `Totals`.
+            this.totals.draining.fetch_sub(1, Ordering::Relaxed);
+        }
         (!state.listed).then_some(Unlisted(region))
     }
 
@@ -219,7 +239,15 @@ impl Region {
     pub(crate) unsafe fn leak_block(region: NonNull<Region>) {
         // SAFETY: a carved block keeps its region alive.
         let this = unsafe { region.as_ref() };
-        this.state.lock().leaked = true;
+        let mut state = this.state.lock();
+        state.leaked = true;
+        if state.draining {
+            // It will never be wholly free: it drains no more, and another
+            // region may be drained instead.
+            state.draining = false;
+            // Relaxed: see `Totals`.
+            this.totals.draining.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -341,6 +369,12 @@ struct Totals {
     /// flush can wait for those under way when it starts.
     growths_begun: AtomicU64,
     growths_ended: AtomicU64,
+    /// Regions unlisted by [`Regions::drain_excess`] whose blocks are not
+    /// all back yet: while one is, no other is drained.
+    draining: AtomicUsize,
+    /// The most of `out` since the last tick took it (see
+    /// [`Regions::take_out_peak`]).
+    out_peak: AtomicUsize,
 }
 
 /// A device's regions; see the module docs.
@@ -681,7 +715,8 @@ impl Regions {
         // Relaxed: see `Totals`. (The peak follows what takes hold, not
         // this: what is carved out includes idle buffers and buffers in
         // the cleaner, which are not demand.)
-        self.totals.out.fetch_add(len, Ordering::Relaxed);
+        let out = self.totals.out.fetch_add(len, Ordering::Relaxed) + len;
+        self.totals.out_peak.fetch_max(out, Ordering::Relaxed);
         let pinned = state.registered;
         drop(state);
         drop(list);
@@ -812,12 +847,14 @@ impl Regions {
             listed: true,
             registered,
             leaked: false,
+            draining: false,
             idle_since: Some(Instant::now()),
         };
         extents.insert(0, len);
         let region = Box::new(Region {
             base: ptr,
             len,
+            listed_at: Instant::now(),
             state: Mutex::new(extents),
             totals: Arc::clone(&self.totals),
             _track: Track::new(),
@@ -845,6 +882,104 @@ impl Regions {
             self.reset_peak();
         }
         out
+    }
+
+    /// Drains a region of a set that holds far more than its takes wanted:
+    /// if the regions with blocks out hold more than half as much again as
+    /// `demand` (the most bytes of this set's buffers in use, or carved, at
+    /// once over the idle-trim `window`), plus
+    /// [`REGION_MIN`](Tuning::REGION_MIN), the one of them listed a
+    /// `window` ago or more with the most bytes free is unlisted. Takes carve from
+    /// it no more, its buffers go back to it as they are dropped (and
+    /// idle ones in their classes are given back: see `cleaner::cool` and
+    /// `Admission::trim`), and the give-back of its last block releases it;
+    /// meanwhile the demand they held is met by growing the rest again
+    /// (the bytes it held count no more, and the peak falls to what takes
+    /// hold now), by one right-sized region. Returned, for the caller to
+    /// release, if nothing was carved from it.
+    ///
+    /// A workload that shrinks keeps some buffers carved from each of its
+    /// large regions (those in use, those idle in their classes), so they
+    /// would never be wholly free for the idle trim: this gives their
+    /// memory back. Wholly free regions are left to the idle trim. One
+    /// region drains at a time. `None` if none was drained.
+    pub(crate) fn drain_excess(&self, demand: usize, window: Duration) -> Option<Drained> {
+        // Relaxed: see `Totals`; a stale count lets a drain start a tick
+        // late, or two overlap (each is released with its last block).
+        if self.totals.draining.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let now = Instant::now();
+        let mut list = self.list.lock();
+        let mut busy = 0;
+        let mut most_free: Option<(usize, usize)> = None;
+        for (i, &region) in list.iter().enumerate() {
+            // SAFETY: listed regions are live.
+            let this = unsafe { region.as_ref() };
+            let state = this.state.lock();
+            if state.out == 0 {
+                continue;
+            }
+            busy += this.len;
+            // A region younger than the window was grown for a demand the
+            // window holds, or one still rising: not one that shrank.
+            let old = now.saturating_duration_since(this.listed_at) >= window;
+            if old && most_free.is_none_or(|(free, _)| state.free > free) {
+                most_free = Some((state.free, i));
+            }
+        }
+        if busy <= demand + demand / 2 + Tune::REGION_MIN {
+            return None;
+        }
+        let (_, i) = most_free?;
+        let region = list.remove(i);
+        // SAFETY: it was listed until now, under the list lock: live.
+        let this = unsafe { region.as_ref() };
+        let mut state = this.state.lock();
+        state.listed = false;
+        // Relaxed: see `Totals`.
+        self.totals.bytes.fetch_sub(this.len, Ordering::Relaxed);
+        self.totals
+            .out
+            .fetch_sub(this.len - state.free, Ordering::Relaxed);
+        let drained = if state.out == 0 {
+            // Its last block came back since the look above.
+            Drained::Free(Unlisted(region))
+        } else {
+            state.draining = true;
+            self.totals.draining.fetch_add(1, Ordering::Relaxed);
+            Drained::WithBlocksOut
+        };
+        tracing::debug!(
+            bytes = this.len,
+            free = state.free,
+            busy,
+            demand,
+            "pinpool: draining a region that holds more than the demand"
+        );
+        drop(state);
+        drop(list);
+        self.reset_peak();
+        Some(drained)
+    }
+
+    /// The most bytes carved from the listed regions at once since the
+    /// last call (buffers in use, idle in their classes, or in the
+    /// cleaner), counted at each carve: the provisioning tick keeps it in
+    /// the window that [`drain_excess`](Self::drain_excess) is given, so
+    /// that a demand held between two ticks counts too.
+    pub(crate) fn take_out_peak(&self) -> usize {
+        // Relaxed: see `Totals`; a carve racing the swap counts in this
+        // peak or the next.
+        let now = self.totals.out.load(Ordering::Relaxed);
+        self.totals.out_peak.swap(now, Ordering::Relaxed).max(now)
+    }
+
+    /// Whether a region drains (see [`drain_excess`](Self::drain_excess)).
+    pub(crate) fn draining(&self) -> bool {
+        // Relaxed: see `Totals`; a stale answer gives a drained region's
+        // idle buffers back a tick later, or looks for them for nothing.
+        self.totals.draining.load(Ordering::Relaxed) > 0
     }
 
     /// The lengths of the wholly free regions a growth of `len` bytes
@@ -1318,6 +1453,41 @@ mod tests {
         // SAFETY: carved above, given back once, untouched.
         let last = unsafe { Region::give_back(a.region, a.ptr.as_ptr(), page()) };
         let last = last.expect("the last block hands the region over");
+        last.free();
+    }
+
+    #[test]
+    fn a_region_far_larger_than_the_demand_drains_and_goes_with_its_last_block() {
+        let regions = Regions::new(None);
+        let len = regions
+            .grow(Tune::REGION_MIN * 4, Vec::new(), &mut Some, None)
+            .unwrap();
+        let a = regions.carve(page()).unwrap();
+        assert!(
+            regions
+                .drain_excess(page(), Duration::from_secs(60))
+                .is_none(),
+            "drained a region younger than the window"
+        );
+        assert!(
+            regions.drain_excess(len, Duration::ZERO).is_none(),
+            "drained a region the demand needs"
+        );
+        let drained = regions.drain_excess(page(), Duration::ZERO);
+        assert!(
+            matches!(drained, Some(Drained::WithBlocksOut)),
+            "{drained:?}"
+        );
+        assert!(regions.draining());
+        assert_eq!(regions.figures().bytes, 0, "still listed");
+        assert!(
+            regions.carve(page()).is_none(),
+            "carved from a draining region"
+        );
+        // SAFETY: carved above, given back once, untouched.
+        let last = unsafe { Region::give_back(a.region, a.ptr.as_ptr(), page()) };
+        let last = last.expect("the last block hands the drained region over");
+        assert!(!regions.draining(), "still draining once released");
         last.free();
     }
 }

@@ -67,7 +67,7 @@ pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
 pub(crate) use release::{
-    cool, fit_regions_to_cap, give_back, release, release_all, release_regions,
+    cool, fit_regions_to_cap, give_back, release, release_all, release_region, release_regions,
     release_regions_over_budget, Releaser,
 };
 

@@ -180,8 +180,10 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
 /// [`Provisioner::is_hot`]) back to their regions, where they coalesce with
 /// their free neighbours: a buffer kept for same-size reuse while its class
 /// was in demand does not hold region memory once the demand moves to
-/// other sizes (the next take of its size carves again). Buffers pinned on
-/// request (`reserve`) or not carved stay in their class.
+/// other sizes (the next take of its size carves again). While a region
+/// drains (see `Regions::drain_excess`), so do the idle buffers of hot
+/// classes carved from it. Buffers pinned on request (`reserve`) or not
+/// carved stay in their class.
 ///
 /// [`Provisioner::is_hot`]: crate::provision::Provisioner::is_hot
 pub(crate) fn cool(
@@ -195,11 +197,15 @@ pub(crate) fn cool(
     // gone (see `Caches::no_moves`).
     let _no_moves = at.caches.no_moves();
     for (device, shard) in at.shards.iter().enumerate() {
+        // While a region drains, the idle buffers carved from it go back
+        // to it from hot classes too: it goes once they are all back.
+        let draining = shard.regions().draining();
         for class in classes.all().filter(|&c| classes.per_slab(c) == 1) {
             // Relaxed reads: a stale one keeps a buffer a tick longer, or
             // gives one back that the next take of its size carves again.
             let held = shard.len(class);
-            if held == 0 || provisioner.is_hot(classes.slot(device, class)) {
+            let hot = provisioner.is_hot(classes.slot(device, class));
+            if held == 0 || hot && !draining {
                 continue;
             }
             // Kept ones go back once the stack is gone through, not on top
@@ -209,7 +215,7 @@ pub(crate) fn cool(
                 let Some(block) = shard.pop(class) else {
                     break;
                 };
-                if !block.is_carved() || block.is_reserved() {
+                if !block.is_carved() || block.is_reserved() || hot && block.region_listed() {
                     kept.push(block);
                     continue;
                 }

@@ -4,11 +4,13 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)).
 
 use crate::admission::Places;
+use crate::alloc::Drained;
+use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
 
-use super::{cool, fit_regions_to_cap, release_all, release_regions, Cleaner, Env};
+use super::{cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env};
 
 /// How long a region must have been wholly free before the provisioning
 /// tick releases it for the cap (see `fit_regions_to_cap`).
@@ -123,6 +125,18 @@ impl Cleaner {
                 |_, idle| force || idle >= idle_trim,
                 false,
             );
+            // And regions that hold far more than the window's demand, but
+            // that a few carves keep from being wholly free, drain.
+            for (device, &demand) in plan.recent_demand.iter().enumerate() {
+                let shard = &env.places.shards[device];
+                let Some(drained) = shard.regions().drain_excess(demand, idle_trim) else {
+                    continue;
+                };
+                Counters::add(&env.counters().regions_drained, 1);
+                if let Drained::Free(region) = drained {
+                    release_region(env.releaser(), device, region);
+                }
+            }
         }
         if self.intake.regions && plan.ticked {
             cool(env.releaser(), env.admission, env.places, env.provisioner);

@@ -320,7 +320,12 @@ impl Pool {
             ),
             budget_given: AtomicBool::new(config.max_pinned_bytes.is_some()),
             cleaner: Cleaner::new(config.cleaner_threads, devices, intake),
-            provisioner: Provisioner::new(devices * count, config.provision, config.idle_trim),
+            provisioner: Provisioner::new(
+                devices * count,
+                devices,
+                config.provision,
+                config.idle_trim,
+            ),
             closed: AtomicBool::new(false),
             device_zero: backend.kind() == BackendKind::Host,
             epoch: Instant::now(),

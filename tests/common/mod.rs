@@ -9,6 +9,8 @@ use pinpool::{BackendKind, Pool, SizeClasses};
 #[cfg(feature = "testing")]
 use std::sync::Arc;
 
+pub mod shrink;
+
 // === pools ===
 
 /// A host-backend pool with `devices` shards and two cleaner workers.

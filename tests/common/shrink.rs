@@ -1,0 +1,92 @@
+//! A workload that shrinks: segments of large buffers, then of small ones
+//! (the defaults tests, and the GPU test of the same).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pinpool::Pool;
+
+use super::Rng;
+
+/// Runs segments of `buffers` log-uniform sizes up to `hi` on each of
+/// `threads` threads until `stop`, tracking the bytes held at once.
+pub fn segments(
+    pool: &Pool,
+    threads: usize,
+    hi: usize,
+    seed: u64,
+    stop: &(dyn Fn(usize) -> bool + Sync),
+    peak_held: &AtomicU64,
+) {
+    let held = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let held = &held;
+            s.spawn(move || {
+                let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9) + t as u64 + 1);
+                let mut segment = 0;
+                while !stop(segment) {
+                    let bufs: Vec<_> = (0..24)
+                        .map(|_| {
+                            let size = rng.log_uniform(4096, hi);
+                            let mut b = pool.take(size);
+                            let written = size / 4;
+                            b[..written].fill(1);
+                            b.set_dirty_len(written);
+                            let now = held.fetch_add(size as u64, Ordering::Relaxed) + size as u64;
+                            peak_held.fetch_max(now, Ordering::Relaxed);
+                            (b, size)
+                        })
+                        .collect();
+                    std::thread::sleep(Duration::from_millis(2));
+                    let asked: usize = bufs.iter().map(|(_, size)| size).sum();
+                    held.fetch_sub(asked as u64, Ordering::Relaxed);
+                    drop(bufs);
+                    std::thread::sleep(Duration::from_millis(2));
+                    segment += 1;
+                }
+            });
+        }
+    });
+}
+
+/// Segments of buffers up to 8 MiB first if `large`, then segments of
+/// buffers up to 256 KiB for two and a quarter of `pool`'s idle-trim
+/// times:
+/// the most pinned over the last quarter, the most bytes the small
+/// segments held at once, and the most the large ones pinned.
+pub fn pinned_after(pool: &Pool, large: bool, seed: u64) -> (u64, u64, u64) {
+    let idle_trim = pool.config().idle_trim.expect("an idle-trim time");
+    let mut large_pinned = 0;
+    if large {
+        let held = AtomicU64::new(0);
+        segments(pool, 4, 8 << 20, seed, &|segment| segment >= 20, &held);
+        assert!(held.into_inner() >= 64 << 20);
+        pool.flush();
+        large_pinned = pool.stats().peak_pinned_bytes;
+    }
+    let small = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let worst = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = Instant::now();
+            while start.elapsed() < idle_trim * 9 / 4 {
+                if start.elapsed() >= 2 * idle_trim {
+                    worst.fetch_max(pool.stats().pinned_bytes, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        segments(
+            pool,
+            4,
+            256 << 10,
+            seed + 7,
+            &|_| stop.load(Ordering::Relaxed),
+            &small,
+        );
+    });
+    (worst.into_inner(), small.into_inner(), large_pinned)
+}
