@@ -934,8 +934,8 @@ fn a_shrinking_workload_gives_back_its_large_regions() {
             .build()
             .unwrap()
     };
-    let (fresh, ..) = pinned_after(&pool(), false, 1);
-    let (shrunk, held, large) = pinned_after(&pool(), true, 1);
+    let (fresh, ..) = pinned_after(&pool(), false, 256 << 10, 1);
+    let (shrunk, held, large) = pinned_after(&pool(), true, 256 << 10, 1);
     eprintln!(
         "shrinking: {} KiB pinned two idle-trim times after shrinking from {} KiB, \
          {} KiB by a pool that only ran the small segments, {} KiB held at most: {:.3}",

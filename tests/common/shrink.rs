@@ -51,11 +51,10 @@ pub fn segments(
 }
 
 /// Segments of buffers up to 8 MiB first if `large`, then segments of
-/// buffers up to 256 KiB for two and a quarter of `pool`'s idle-trim
-/// times:
-/// the most pinned over the last quarter, the most bytes the small
-/// segments held at once, and the most the large ones pinned.
-pub fn pinned_after(pool: &Pool, large: bool, seed: u64) -> (u64, u64, u64) {
+/// buffers up to `small_hi` bytes for two and a quarter of `pool`'s
+/// idle-trim times: the most pinned over the last quarter, the most bytes
+/// the small segments held at once, and the most the large ones pinned.
+pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> (u64, u64, u64) {
     let idle_trim = pool.config().idle_trim.expect("an idle-trim time");
     let mut large_pinned = 0;
     if large {
@@ -82,7 +81,7 @@ pub fn pinned_after(pool: &Pool, large: bool, seed: u64) -> (u64, u64, u64) {
         segments(
             pool,
             4,
-            256 << 10,
+            small_hi,
             seed + 7,
             &|_| stop.load(Ordering::Relaxed),
             &small,

@@ -162,36 +162,35 @@ mod shrinking {
             .unwrap()
     }
 
-    /// What stays pinned of what the large segments pinned, beyond a pool
-    /// that only ran the small segments: at most `1 / part` of it. With
-    /// `ratio`, also at most that many times the bytes the small segments
-    /// held at once, plus one smallest region (2 MiB: what a pool rounds
-    /// its regions to).
-    fn gives_back(regions: bool, part: u64, ratio: Option<f64>) {
-        let (fresh, ..) = pinned_after(&pool(regions), false, 1);
-        let (shrunk, held, large) = pinned_after(&pool(regions), true, 1);
+    /// Runs the small segments of buffers up to `small_hi` on a fresh pool,
+    /// then the large ones and the small ones on another: what each pins
+    /// at the end, what the small segments held at once, and what the
+    /// large ones pinned.
+    fn shrink(regions: bool, small_hi: usize) -> (u64, u64, u64, u64) {
+        let (fresh, ..) = pinned_after(&pool(regions), false, small_hi, 1);
+        let (shrunk, held, large) = pinned_after(&pool(regions), true, small_hi, 1);
         eprintln!(
-            "regions {regions}: {} KiB pinned after shrinking from {} KiB, {} KiB fresh, \
-             {} KiB held at most",
+            "regions {regions}, small buffers up to {} KiB: {} KiB pinned after shrinking \
+             from {} KiB, {} KiB fresh, {} KiB held at most",
+            small_hi >> 10,
             shrunk >> 10,
             large >> 10,
             fresh >> 10,
             held >> 10
         );
+        (fresh, shrunk, held, large)
+    }
+
+    /// What stays pinned of what the large segments pinned, beyond a pool
+    /// that only ran the small segments (buffers up to 256 KiB, a few MiB
+    /// held at once): at most `1 / part` of it.
+    fn gives_back(regions: bool, part: u64) {
+        let (fresh, shrunk, _, large) = shrink(regions, 256 << 10);
         assert!(
             shrunk <= fresh + large / part,
             "regions {regions}: {shrunk} bytes pinned two idle-trim times after the \
              workload shrank from {large}, against {fresh} for the small segments alone"
         );
-        if let Some(ratio) = ratio {
-            let bound = (held as f64 * ratio) as u64 + (2 << 20);
-            assert!(
-                shrunk <= bound,
-                "regions {regions}: {shrunk} bytes pinned two idle-trim times after the \
-                 workload shrank from {large}, over {ratio} times the {held} bytes it \
-                 held at once after (plus 2 MiB)"
-            );
-        }
     }
 
     /// A workload that shrinks, from segments of buffers up to 8 MiB (over
@@ -200,17 +199,18 @@ mod shrinking {
     /// idle-trim times, with the defaults (regions): the regions that the
     /// small segments' carves keep from being wholly free are drained. At
     /// most a sixteenth stays beyond what a pool that only ever ran the
-    /// small segments pins, and at most 1.25 times what the small segments
-    /// hold at once (plus one smallest region).
+    /// small segments pins. (Against the bytes the small segments hold at
+    /// once, a few MiB here, the regions' 2 MiB steps weigh: see
+    /// BENCHMARKS.md, and the GPU test of the same workload.)
     #[test]
     fn a_shrinking_workload_gives_back_what_its_large_regions_pinned() {
-        gives_back(true, 16, Some(1.25));
+        gives_back(true, 16);
     }
 
     /// As above, with buffers pinned one by one: at most an eighth stays.
     #[test]
     fn a_shrinking_workload_gives_back_what_its_large_buffers_pinned() {
-        gives_back(false, 8, None);
+        gives_back(false, 8);
     }
 }
 
