@@ -310,10 +310,12 @@ pub struct Stats {
     /// Regions unregistered and freed (trimmed, drained, cleared, or shut
     /// down).
     pub regions_released: u64,
-    /// Regions drained: taken out of use while buffers were carved from
-    /// them, because their device's regions held more than half as much
-    /// again as the most its buffers had in use at once over the idle-trim
-    /// time, and released once those buffers came back (see
+    /// Regions drained: taken out of use because their device's regions
+    /// held more than half as much again as the most its buffers had in use
+    /// (or carved) at once over the idle-trim time, and released once
+    /// wholly free (at once, if nothing was carved from them); a drain
+    /// that a buffer keeps from ending (held for good, reserved) is given
+    /// up after the idle-trim time, and the region carved from again (see
     /// [`PoolBuilder::idle_trim`](crate::PoolBuilder::idle_trim)).
     pub regions_drained: u64,
     /// Bytes of ready buffers (footprints: whole pages, or a sub-page

@@ -302,6 +302,14 @@ impl Block {
             .is_some_and(|region| unsafe { Region::is_listed(region) })
     }
 
+    /// Whether the block's region drains (see `Regions::drain_excess`).
+    pub(crate) fn region_draining(&self) -> bool {
+        // SAFETY: a carved block keeps its region alive.
+        self.meta()
+            .region
+            .is_some_and(|region| unsafe { Region::is_draining(region) })
+    }
+
     /// Whether the block shares a slab.
     pub(crate) fn in_slab(&self) -> bool {
         self.meta().slab.is_some()

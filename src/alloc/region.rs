@@ -32,7 +32,10 @@
 //! released once it is wholly free and unlisted: by [`Regions::unlist_idle`]
 //! (idle trim, the cap, `clear`) when nothing is carved from it, or, for a
 //! region unlisted with blocks still out (`shutdown` while buffers are
-//! held), by whoever gives back its last block. A block that is leaked
+//! held), by whoever gives back its last block. A region *drained* (see
+//! [`Regions::drain_excess`]) is unlisted with blocks out too, but held
+//! by its set, which releases it once wholly free, or lists it again if it
+//! does not drain within the idle-trim time ([`Regions::settle_drains`]). A block that is leaked
 //! (its copies not known to have finished) stays carved for good, so its
 //! region is never unmapped.
 //!
@@ -126,10 +129,12 @@ struct Extents {
     registered: bool,
     /// A block of it was leaked: the region is never unmapped.
     leaked: bool,
-    /// Unlisted by [`Regions::drain_excess`] with blocks out, and counted
-    /// in [`Totals::draining`] until its last block comes back (or one
-    /// is leaked).
+    /// Unlisted by [`Regions::drain_excess`] with blocks out, and held in
+    /// its set's drains until [`Regions::settle_drains`] releases it
+    /// (wholly free) or lists it again (a drain that did not end in time).
     draining: bool,
+    /// A drain of it was given up: it is never drained again.
+    undrainable: bool,
     /// When the region last became wholly free.
     idle_since: Option<Instant>,
 }
@@ -213,12 +218,8 @@ impl Region {
             return None;
         }
         state.idle_since = Some(Instant::now());
-        if state.draining {
-            state.draining = false;
-            // Relaxed: see `Totals`.
-            this.totals.draining.fetch_sub(1, Ordering::Relaxed);
-        }
-        (!state.listed).then_some(Unlisted(region))
+        // A drained region is released by `settle_drains`, which holds it.
+        (!state.listed && !state.draining).then_some(Unlisted(region))
     }
 
     /// Whether `region` is listed (see `Regions`).
@@ -239,15 +240,17 @@ impl Region {
     pub(crate) unsafe fn leak_block(region: NonNull<Region>) {
         // SAFETY: a carved block keeps its region alive.
         let this = unsafe { region.as_ref() };
-        let mut state = this.state.lock();
-        state.leaked = true;
-        if state.draining {
-            // It will never be wholly free: it drains no more, and another
-            // region may be drained instead.
-            state.draining = false;
-            // Relaxed: see `Totals`.
-            this.totals.draining.fetch_sub(1, Ordering::Relaxed);
-        }
+        // A drain of it never ends: `settle_drains` gives it up in time.
+        this.state.lock().leaked = true;
+    }
+
+    /// Whether `region` drains (see [`Regions::drain_excess`]).
+    ///
+    /// # Safety
+    /// The caller holds a block carved from `region`.
+    pub(crate) unsafe fn is_draining(region: NonNull<Region>) -> bool {
+        // SAFETY: a carved block keeps its region alive.
+        unsafe { region.as_ref() }.state.lock().draining
     }
 }
 
@@ -369,8 +372,8 @@ struct Totals {
     /// flush can wait for those under way when it starts.
     growths_begun: AtomicU64,
     growths_ended: AtomicU64,
-    /// Regions unlisted by [`Regions::drain_excess`] whose blocks are not
-    /// all back yet: while one is, no other is drained.
+    /// Regions draining (the length of [`Regions::drains`]): while one
+    /// is, no other is drained.
     draining: AtomicUsize,
     /// The most of `out` since the last tick took it (see
     /// [`Regions::take_out_peak`]).
@@ -381,6 +384,10 @@ struct Totals {
 #[derive(Debug)]
 pub(crate) struct Regions {
     list: Mutex<Vec<NonNull<Region>>>,
+    /// Regions unlisted by [`drain_excess`](Self::drain_excess), and when:
+    /// owned here until [`settle_drains`](Self::settle_drains) releases or
+    /// lists them again. Locked after `list` when both are.
+    drains: Mutex<Vec<(NonNull<Region>, Instant)>>,
     totals: Arc<Totals>,
     /// Held by the one cleaner worker growing the regions, so that workers
     /// short of memory at once register one region, not one each (the
@@ -421,6 +428,7 @@ impl Regions {
     pub(crate) fn new(node: Option<u32>) -> Self {
         Self {
             list: Mutex::new(Vec::new()),
+            drains: Mutex::new(Vec::new()),
             totals: Arc::new(Totals::default()),
             growth: Mutex::new(()),
             node,
@@ -848,6 +856,7 @@ impl Regions {
             registered,
             leaked: false,
             draining: false,
+            undrainable: false,
             idle_since: Some(Instant::now()),
         };
         extents.insert(0, len);
@@ -896,7 +905,10 @@ impl Regions {
     /// meanwhile the demand they held is met by growing the rest again
     /// (the bytes it held count no more, and the peak falls to what takes
     /// hold now), by one right-sized region. Returned, for the caller to
-    /// release, if nothing was carved from it.
+    /// release, if nothing was carved from it; else the set holds it until
+    /// [`settle_drains`](Self::settle_drains) releases it, or lists it
+    /// again. A region with a leaked block, or whose drain was given up
+    /// once, is never drained.
     ///
     /// A workload that shrinks keeps some buffers carved from each of its
     /// large regions (those in use, those idle in their classes), so they
@@ -904,13 +916,12 @@ impl Regions {
     /// memory back. Wholly free regions are left to the idle trim. One
     /// region drains at a time. `None` if none was drained.
     pub(crate) fn drain_excess(&self, demand: usize, window: Duration) -> Option<Drained> {
-        // Relaxed: see `Totals`; a stale count lets a drain start a tick
-        // late, or two overlap (each is released with its last block).
-        if self.totals.draining.load(Ordering::Relaxed) > 0 {
-            return None;
-        }
         let now = Instant::now();
         let mut list = self.list.lock();
+        let mut drains = self.drains.lock();
+        if !drains.is_empty() {
+            return None;
+        }
         let mut busy = 0;
         let mut most_free: Option<(usize, usize)> = None;
         for (i, &region) in list.iter().enumerate() {
@@ -922,9 +933,12 @@ impl Regions {
             }
             busy += this.len;
             // A region younger than the window was grown for a demand the
-            // window holds, or one still rising: not one that shrank.
+            // window holds, or one still rising: not one that shrank. One
+            // with a leaked block, or whose drain was given up, would not
+            // drain in time.
             let old = now.saturating_duration_since(this.listed_at) >= window;
-            if old && most_free.is_none_or(|(free, _)| state.free > free) {
+            let may = old && !state.leaked && !state.undrainable;
+            if may && most_free.is_none_or(|(free, _)| state.free > free) {
                 most_free = Some((state.free, i));
             }
         }
@@ -947,7 +961,9 @@ impl Regions {
             Drained::Free(Unlisted(region))
         } else {
             state.draining = true;
-            self.totals.draining.fetch_add(1, Ordering::Relaxed);
+            drains.push((region, now));
+            // Relaxed: a hint (see `draining`); `drains` is the truth.
+            self.totals.draining.store(drains.len(), Ordering::Relaxed);
             Drained::WithBlocksOut
         };
         tracing::debug!(
@@ -958,9 +974,59 @@ impl Regions {
             "pinpool: draining a region that holds more than the demand"
         );
         drop(state);
+        drop(drains);
         drop(list);
         self.reset_peak();
         Some(drained)
+    }
+
+    /// Ends the drains that can end: hands over, for the caller to
+    /// release, the drained regions whose last block came back; lists
+    /// again, never to be drained, those that have drained for `limit` or
+    /// longer with blocks still out (a buffer held for good, a reserved
+    /// one idle in its class, a leaked one), so that the set does not grow
+    /// more for the demand while their memory stays pinned and idle.
+    pub(crate) fn settle_drains(&self, limit: Duration) -> Vec<Unlisted> {
+        // Relaxed: see `draining`; a drain begun meanwhile is settled at
+        // the next tick.
+        if self.totals.draining.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut list = self.list.lock();
+        let mut drains = self.drains.lock();
+        let mut released = Vec::new();
+        drains.retain(|&(region, since)| {
+            // SAFETY: a draining region is owned by `drains` until it
+            // leaves it here (or at `unlist(all)` or the set's drop).
+            let this = unsafe { region.as_ref() };
+            let mut state = this.state.lock();
+            if state.out == 0 {
+                state.draining = false;
+                released.push(Unlisted(region));
+                return false;
+            }
+            if now.saturating_duration_since(since) < limit {
+                return true;
+            }
+            state.draining = false;
+            state.undrainable = true;
+            state.listed = true;
+            // Relaxed: see `Totals`.
+            self.totals.bytes.fetch_add(this.len, Ordering::Relaxed);
+            self.totals
+                .out
+                .fetch_add(this.len - state.free, Ordering::Relaxed);
+            list.push(region);
+            tracing::debug!(
+                bytes = this.len,
+                blocks = state.out,
+                "pinpool: a region did not drain in time; it is carved from again"
+            );
+            false
+        });
+        self.totals.draining.store(drains.len(), Ordering::Relaxed);
+        released
     }
 
     /// The most bytes carved from the listed regions at once since the
@@ -1069,7 +1135,21 @@ impl Regions {
             }
             false
         });
-        let unlisted = list.len() < before;
+        let mut unlisted = list.len() < before;
+        if all {
+            // Drains end too: each region goes now, or with its last block.
+            let mut drains = self.drains.lock();
+            unlisted |= !drains.is_empty();
+            for (region, _) in drains.drain(..) {
+                // SAFETY: owned by `drains` until now.
+                let mut state = unsafe { region.as_ref() }.state.lock();
+                state.draining = false;
+                if state.out == 0 {
+                    out.push(Unlisted(region));
+                }
+            }
+            self.totals.draining.store(0, Ordering::Relaxed);
+        }
         (out, unlisted)
     }
 
@@ -1092,13 +1172,16 @@ impl Regions {
 
 impl Drop for Regions {
     fn drop(&mut self) {
-        for region in self.list.get_mut().drain(..) {
+        let drains = self.drains.get_mut().drain(..).map(|(region, _)| region);
+        let list: Vec<_> = self.list.get_mut().drain(..).chain(drains).collect();
+        for region in list {
             // SAFETY: listed regions are live; dropping the list owns them.
             let this = unsafe { region.as_ref() };
             let mut state = this.state.lock();
             if state.out > 0 {
                 // Blocks still out keep it: freed by the last give-back.
                 state.listed = false;
+                state.draining = false;
                 continue;
             }
             drop(state);
@@ -1457,7 +1540,7 @@ mod tests {
     }
 
     #[test]
-    fn a_region_far_larger_than_the_demand_drains_and_goes_with_its_last_block() {
+    fn a_region_far_larger_than_the_demand_drains_and_goes_once_wholly_free() {
         let regions = Regions::new(None);
         let len = regions
             .grow(Tune::REGION_MIN * 4, Vec::new(), &mut Some, None)
@@ -1484,11 +1567,36 @@ mod tests {
             regions.carve(page()).is_none(),
             "carved from a draining region"
         );
+        assert!(regions.settle_drains(Duration::from_secs(60)).is_empty());
         // SAFETY: carved above, given back once, untouched.
         let last = unsafe { Region::give_back(a.region, a.ptr.as_ptr(), page()) };
-        let last = last.expect("the last block hands the drained region over");
+        assert!(last.is_none(), "a drained region is the set's to release");
+        let released = regions.settle_drains(Duration::from_secs(60));
+        assert_eq!(released.len(), 1);
         assert!(!regions.draining(), "still draining once released");
-        last.free();
+        released.into_iter().for_each(Unlisted::free);
+    }
+
+    #[test]
+    fn a_drain_that_does_not_end_in_time_is_given_up() {
+        let regions = Regions::new(None);
+        let len = regions
+            .grow(Tune::REGION_MIN * 4, Vec::new(), &mut Some, None)
+            .unwrap();
+        let a = regions.carve(page()).unwrap();
+        assert!(regions.drain_excess(page(), Duration::ZERO).is_some());
+        assert!(regions.settle_drains(Duration::ZERO).is_empty());
+        assert!(!regions.draining());
+        assert_eq!(regions.figures().bytes, len, "listed again");
+        let b = regions.carve(page()).expect("carved from again");
+        assert!(
+            regions.drain_excess(page(), Duration::ZERO).is_none(),
+            "drained again after a drain was given up"
+        );
+        for at in [a, b] {
+            // SAFETY: carved above, given back once, untouched.
+            assert!(unsafe { Region::give_back(at.region, at.ptr.as_ptr(), page()) }.is_none());
+        }
     }
 }
 

@@ -126,9 +126,14 @@ impl Cleaner {
                 false,
             );
             // And regions that hold far more than the window's demand, but
-            // that a few carves keep from being wholly free, drain.
+            // that a few carves keep from being wholly free, drain: those
+            // drained go once wholly free, or are carved from again if
+            // they have not drained within the idle-trim time.
             for (device, &demand) in plan.recent_demand.iter().enumerate() {
                 let shard = &env.places.shards[device];
+                for region in shard.regions().settle_drains(idle_trim) {
+                    release_region(env.releaser(), device, region);
+                }
                 let Some(drained) = shard.regions().drain_excess(demand, idle_trim) else {
                     continue;
                 };

@@ -21,6 +21,8 @@ mod defaults;
 #[cfg(feature = "testing")]
 mod device_sync;
 mod devices;
+#[cfg(feature = "testing")]
+mod draining;
 mod drops;
 mod exited_threads;
 mod fast_path;

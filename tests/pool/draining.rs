@@ -1,0 +1,355 @@
+//! Draining regions (see `Stats::regions_drained`): regions drained while
+//! a buffer carved from them never comes back, reserved buffers of a
+//! drained region, drains in a workload that did not shrink, and drains
+//! beside trims, clears and shutdowns.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pinpool::testing::Faults;
+use pinpool::{PinnedBuffer, Pool};
+
+use crate::common::eventually;
+
+const MIB: usize = 1 << 20;
+
+/// The defaults (regions, provisioning, a following cap) on the fault
+/// backend, two workers, with an idle-trim time of `idle_trim`.
+fn pool(idle_trim: Duration) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(2)
+        .idle_trim(idle_trim)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// `n` buffers of 1 MiB held at once, over a few ticks, until every one
+/// of them is a hit (the regions grew for them).
+fn large_phase(pool: &Pool, n: usize) {
+    let met = eventually(Duration::from_secs(20), || {
+        let held: Vec<_> = (0..n).map(|_| pool.take(MIB)).collect();
+        std::thread::sleep(Duration::from_millis(30));
+        let all = held.iter().all(|b| b.was_pooled() && b.is_pinned());
+        drop(held);
+        pool.flush();
+        all
+    });
+    assert!(met, "setup: {n} MiB never met: {:#?}", pool.stats());
+}
+
+/// A small workload (4 buffers of 256 KiB at a time) for `time`.
+fn small_phase(pool: &Pool, time: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < time {
+        let held: Vec<_> = (0..4).map(|_| pool.take(256 << 10)).collect();
+        std::thread::sleep(Duration::from_millis(2));
+        drop(held);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The ready buffers of `size` bytes pooled in their class.
+fn pooled_of(pool: &Pool, size: usize) -> usize {
+    pool.stats()
+        .per_class
+        .iter()
+        .find(|c| c.size == size)
+        .map_or(0, |c| c.pooled_buffers)
+}
+
+/// A 32 MiB working set, then `keep` one of its buffers from coming back
+/// (held by the caller, or leaked), a shrink for four idle-trim times, and
+/// the same working set again: it pins no more than the first time (plus
+/// one smallest region for the small workload).
+fn same_working_set_again(keep: impl FnOnce(&Pool, &Faults) -> Option<PinnedBuffer>) {
+    let idle = Duration::from_millis(400);
+    let (pool, faults) = pool(idle);
+    large_phase(&pool, 32);
+    let first = pool.stats();
+    let held = keep(&pool, &faults);
+    small_phase(&pool, idle * 4);
+    let shrunk = pool.stats();
+    large_phase(&pool, 32);
+    let again = pool.stats();
+    // And shrinking once more: does any region drain now?
+    small_phase(&pool, idle * 4);
+    let last = pool.stats();
+    eprintln!(
+        "first: pinned {} KiB, regions {} ({} KiB); shrunk: pinned {} KiB, regions {} \
+         ({} KiB), drained {}; again: pinned {} KiB, regions {} ({} KiB), drained {}, \
+         registrations {}; shrunk again: pinned {} KiB, drained {}",
+        first.pinned_bytes >> 10,
+        first.regions,
+        first.region_bytes >> 10,
+        shrunk.pinned_bytes >> 10,
+        shrunk.regions,
+        shrunk.region_bytes >> 10,
+        shrunk.regions_drained,
+        again.pinned_bytes >> 10,
+        again.regions,
+        again.region_bytes >> 10,
+        again.regions_drained,
+        faults.registered(),
+        last.pinned_bytes >> 10,
+        last.regions_drained,
+    );
+    drop(held);
+    pool.shutdown();
+    assert!(
+        again.pinned_bytes <= first.pinned_bytes + 2 * MIB as u64,
+        "the same 32 MiB working set pinned {} KiB the second time, {} KiB the first",
+        again.pinned_bytes >> 10,
+        first.pinned_bytes >> 10
+    );
+}
+
+/// One buffer of the large phase held for good (a long-lived arena): a
+/// drain of its region cannot end, and is given up within the idle-trim
+/// time, so the same working set later carves from that region again
+/// rather than registering all of it a second time.
+#[test]
+fn a_buffer_held_for_good_does_not_double_what_the_working_set_pins() {
+    same_working_set_again(|pool, _| {
+        let b = pool.take(MIB);
+        assert!(b.was_pooled() && b.is_pinned());
+        Some(b)
+    });
+}
+
+/// One buffer of the large phase leaked (its device synchronize failed):
+/// its region can never be wholly free, so it is not drained.
+#[test]
+fn a_leaked_buffer_does_not_double_what_the_working_set_pins() {
+    same_working_set_again(|pool, faults| {
+        let mut b = pool.take(MIB);
+        assert!(b.was_pooled() && b.is_pinned());
+        b[0] = 1;
+        b.set_dirty_len(1);
+        faults.fail_synchronize(&[faults.synchronize_calls() + 1]);
+        drop(b);
+        pool.flush();
+        assert!(
+            pool.stats().leaked_bytes > 0,
+            "setup: nothing leaked: {:#?}",
+            pool.stats()
+        );
+        None
+    });
+}
+
+/// A buffer `reserve` pinned, idle in its class while its region drains:
+/// idle trimming keeps reserved buffers, so it is still pooled after one
+/// use.
+#[test]
+fn a_reserved_buffer_stays_pooled_after_its_region_drains() {
+    let idle = Duration::from_millis(400);
+    let (pool, faults) = pool(idle);
+    large_phase(&pool, 32);
+    pool.reserve(0, &[(MIB, 1)]).unwrap();
+    pool.flush();
+    // The large phase's idle buffers go back to their region once their
+    // class cools: the reserved one is left.
+    assert!(
+        eventually(Duration::from_secs(5), || pooled_of(&pool, MIB) == 1),
+        "setup: {:#?}",
+        pool.stats()
+    );
+    small_phase(&pool, idle * 4);
+    let s = pool.stats();
+    eprintln!(
+        "after the shrink: drained {}, released {}, pinned {} KiB, regions {} ({} KiB), \
+         reserved pooled {}",
+        s.regions_drained,
+        s.regions_released,
+        s.pinned_bytes >> 10,
+        s.regions,
+        s.region_bytes >> 10,
+        pooled_of(&pool, MIB)
+    );
+    let mut kept = Vec::new();
+    for round in 0..3 {
+        let mut b = pool.take(MIB);
+        let hit = b.was_pooled() && b.is_pinned();
+        b[0] = 1;
+        b.set_dirty_len(1);
+        drop(b);
+        pool.flush();
+        kept.push((round, hit, pooled_of(&pool, MIB)));
+    }
+    let end = pool.stats();
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+    assert!(
+        kept.iter().all(|&(_, hit, pooled)| hit && pooled == 1),
+        "the reserved 1 MiB buffer was lost after its region drained \
+         ((round, hit, pooled after the drop): {kept:?}): {end:#?}"
+    );
+}
+
+/// A burst every 0.99 idle-trim times over a steady small workload: the
+/// burst is within the idle-trim window each time, so no region drains,
+/// nothing registers again once the burst's region is grown, and no burst
+/// misses. (The demand's window keeps a peak for a whole idle-trim time at
+/// least.)
+#[test]
+fn a_burst_within_every_idle_trim_time_drains_nothing() {
+    let idle = Duration::from_millis(800);
+    let (pool, faults) = pool(idle);
+    let period = idle * 99 / 100;
+    let missed = AtomicU64::new(0);
+    let burst = || {
+        let start = Instant::now();
+        let held: Vec<_> = (0..24).map(|_| pool.take(MIB)).collect();
+        {
+            let n = held.iter().filter(|b| !b.was_pooled()).count();
+            missed.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        drop(held);
+        std::thread::sleep(period.saturating_sub(start.elapsed()));
+    };
+    // The burst's region first, so that the small workload carves from it.
+    large_phase(&pool, 24);
+    let stop = AtomicBool::new(false);
+    let (warm, end) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                small_phase(&pool, Duration::from_millis(50));
+            }
+        });
+        let warm = (pool.stats(), faults.registered());
+        for _ in 0..16 {
+            burst();
+        }
+        stop.store(true, Ordering::Relaxed);
+        (warm, (pool.stats(), faults.registered()))
+    });
+    pool.shutdown();
+    let missed = missed.into_inner();
+    eprintln!(
+        "after warm-up: drained {}, registered {}; after 16 bursts: drained {}, \
+         registered {}, burst misses {missed}",
+        warm.0.regions_drained, warm.1, end.0.regions_drained, end.1
+    );
+    assert!(
+        end.0.regions_drained == warm.0.regions_drained && end.1 == warm.1 && missed == 0,
+        "a steady workload (a burst every 0.99 idle-trim times) drained {} regions and \
+         registered {} times after warm-up; {missed} of its bursts' takes missed",
+        end.0.regions_drained - warm.0.regions_drained,
+        end.1 - warm.1
+    );
+}
+
+/// Shrinking and growing workloads on four threads with a short idle-trim
+/// time (regions drain often) while another thread trims, clears and shuts
+/// the pool down: every buffer all-zero and long enough, and nothing left
+/// registered once shut down.
+#[test]
+fn drains_under_trims_clears_and_shutdowns_leave_nothing_registered() {
+    let (pool, faults) = pool(Duration::from_millis(100));
+    let stop = AtomicBool::new(false);
+    let bad = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (pool, stop, bad) = (&pool, &stop, &bad);
+            s.spawn(move || {
+                let mut rng = crate::common::Rng(t + 11);
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    // Alternate large and small phases of 300 ms.
+                    let large = (start.elapsed().as_millis() / 300).is_multiple_of(2);
+                    let hi = if large { 8 << 20 } else { 256 << 10 };
+                    let bufs: Vec<_> = (0..8)
+                        .map(|_| {
+                            let size = rng.log_uniform(4096, hi);
+                            let mut b = pool.take(size);
+                            let zero = if b.len() <= 1 << 20 {
+                                crate::common::all_zero(&b)
+                            } else {
+                                b.iter().step_by(4093).all(|&x| x == 0)
+                                    && crate::common::all_zero(&b[..4096])
+                                    && crate::common::all_zero(&b[b.len() - 4096..])
+                            };
+                            if !zero || b.len() < size {
+                                bad.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let written = size / 3;
+                            b[..written].fill(7);
+                            b.set_dirty_len(written);
+                            b
+                        })
+                        .collect();
+                    std::thread::sleep(Duration::from_millis(1));
+                    drop(bufs);
+                }
+            });
+        }
+        let (pool, stop) = (&pool, &stop);
+        s.spawn(move || {
+            for i in 0..60 {
+                std::thread::sleep(Duration::from_millis(50));
+                match i % 6 {
+                    0 | 3 => pool.trim(),
+                    1 => pool.clear(),
+                    4 => pool.flush(),
+                    5 if i % 12 == 5 => pool.shutdown(),
+                    _ => {}
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    });
+    let before = pool.stats();
+    pool.shutdown();
+    let s = pool.stats();
+    eprintln!(
+        "drained {}, released {}, registered {}, unregistered {}, pinned {}",
+        before.regions_drained,
+        s.regions_released,
+        faults.registered(),
+        faults.unregistered(),
+        s.pinned_bytes
+    );
+    assert_eq!(bad.into_inner(), 0, "a buffer not all-zero or too short");
+    assert_eq!(faults.registered(), faults.unregistered(), "{s:#?}");
+    assert_eq!((s.regions, s.pinned_bytes), (0, 0), "{s:#?}");
+}
+
+/// Under a pinned budget that the large phase's region fills, one of its
+/// buffers held for good: after the shrink, the small workload's takes are
+/// still met from that region (pinned hits), not pageable misses.
+#[test]
+fn a_buffer_held_for_good_under_a_full_budget_does_not_turn_takes_into_misses() {
+    let idle = Duration::from_millis(400);
+    let (pool, _faults) = pool(idle);
+    large_phase(&pool, 32);
+    let pinned = pool.stats().pinned_bytes;
+    pool.set_max_pinned_bytes(pinned as usize);
+    let held = pool.take(MIB);
+    assert!(held.was_pooled() && held.is_pinned());
+    small_phase(&pool, idle * 4);
+    let before = pool.stats();
+    small_phase(&pool, idle);
+    let after = pool.stats();
+    let takes = (after.hits + after.misses) - (before.hits + before.misses);
+    let missed = after.misses - before.misses;
+    eprintln!(
+        "budget {} KiB: drained {}, {missed} of {takes} small takes missed over the last \
+         idle-trim time; pinned {} KiB, regions {} ({} KiB)",
+        pinned >> 10,
+        after.regions_drained,
+        after.pinned_bytes >> 10,
+        after.regions,
+        after.region_bytes >> 10
+    );
+    drop(held);
+    pool.shutdown();
+    assert!(
+        missed * 100 <= takes,
+        "{missed} of {takes} takes missed (pageable) after the workload shrank"
+    );
+}
