@@ -141,8 +141,9 @@ unsafe fn unregister(
 
 /// Releases the regions of `shards` that nothing is carved from and that
 /// `pick` chooses (given a region's length and how long it has been wholly
-/// free); with `all`, unlists the others too, to be released by the
-/// give-back of their last block (see `alloc::region`).
+/// free), and drained ones wholly free; with `all`, unlists the others
+/// too, to be released by the give-back of their last block (see
+/// `alloc::region`).
 pub(crate) fn release_regions(
     with: Releaser<'_>,
     shards: &[Shard],
@@ -150,6 +151,10 @@ pub(crate) fn release_regions(
     all: bool,
 ) {
     for (device, shard) in shards.iter().enumerate() {
+        // Drained regions whose last block came back go too.
+        for region in shard.regions().settle_drains(Duration::MAX) {
+            release_region(with, device, region);
+        }
         for region in shard.regions().unlist_idle(&mut pick, all) {
             release_region(with, device, region);
         }
@@ -164,6 +169,9 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
         return;
     }
     for (device, shard) in shards.iter().enumerate() {
+        for region in shard.regions().settle_drains(Duration::MAX) {
+            release_region(with, device, region);
+        }
         let mut over = counters.pinned().saturating_sub(counters.max_pinned());
         let pick = |len: usize, _| {
             let pick = over > 0;
