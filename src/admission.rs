@@ -31,9 +31,9 @@
 //! window (the footprints of the buffers in use, as the cap counts them),
 //! and the cap becomes a quarter more than that or a floor, whichever is
 //! more, plus the bytes `reserve` asked for (until `clear`), at most the
-//! pinned budget (where the backend pins). Following, reserving and giving a cap all store under
-//! one lock (`follow`), so a cap given while a tick follows is never
-//! overwritten by it.
+//! pinned budget (where the backend pins). Following, reserving and giving
+//! a cap all store under one lock (`follow`), so a cap given while a tick
+//! follows is never overwritten by it.
 
 use std::collections::HashMap;
 use std::time::Instant;

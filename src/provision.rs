@@ -222,10 +222,10 @@ impl Provisioner {
             regions.note_in_use(bytes, intake.misses_out(device));
             // What was carved at once since the last tick counts too: the
             // ticks alone miss a demand held between them (and run seldom
-            // while the cleaner is busy).
-            // Kept a whole window at least (a peak counts for seven to
-            // eight eighths of the window its eighths divide): a demand
-            // that comes back within every window drains nothing.
+            // while the cleaner is busy). Kept a whole window at least (a
+            // peak counts for seven to eight eighths of the window its
+            // eighths divide): a demand that comes back within every
+            // window drains nothing.
             let kept = window * 8 / 7;
             recent.note(now, bytes.max(regions.take_out_peak()) as u64, kept);
             peaks.push(usize::try_from(recent.peak()).unwrap_or(usize::MAX));

@@ -33,9 +33,10 @@
 //! (idle trim, the cap, `clear`) when nothing is carved from it, or, for a
 //! region unlisted with blocks still out (`shutdown` while buffers are
 //! held), by whoever gives back its last block. A region *drained* (see
-//! [`Regions::drain_excess`]) is unlisted with blocks out too, but held
-//! by its set, which releases it once wholly free, or lists it again if it
-//! does not drain within the idle-trim time ([`Regions::settle_drains`]). A block that is leaked
+//! [`Regions::drain_excess`]) is unlisted with blocks out too, but held by
+//! its set, which releases it once wholly free, or lists it again if it
+//! does not drain within the idle-trim time ([`Regions::settle_drains`]).
+//! A block that is leaked
 //! (its copies not known to have finished) stays carved for good, so its
 //! region is never unmapped.
 //!
@@ -96,7 +97,8 @@ pub(crate) struct GrowFailed {
 pub(crate) enum Drained {
     /// Nothing was carved from it: the caller releases it.
     Free(Unlisted),
-    /// Blocks of it are out: the give-back of the last releases it.
+    /// Blocks of it are out: the set holds it until they are back (see
+    /// [`Regions::settle_drains`]).
     WithBlocksOut,
 }
 
@@ -898,11 +900,11 @@ impl Regions {
     /// `demand` (the most bytes of this set's buffers in use, or carved, at
     /// once over the idle-trim `window`), plus
     /// [`REGION_MIN`](Tuning::REGION_MIN), the one of them listed a
-    /// `window` ago or more with the most bytes free is unlisted. Takes carve from
-    /// it no more, its buffers go back to it as they are dropped (and
-    /// idle ones in their classes are given back: see `cleaner::cool` and
-    /// `Admission::trim`), and the give-back of its last block releases it;
-    /// meanwhile the demand they held is met by growing the rest again
+    /// `window` ago or more with the most bytes free is unlisted. Takes
+    /// carve from it no more, and its buffers go back to it as they are
+    /// dropped (idle ones in their classes are given back: see
+    /// `cleaner::cool` and `Admission::trim`); meanwhile the demand they
+    /// held is met by growing the rest again
     /// (the bytes it held count no more, and the peak falls to what takes
     /// hold now), by one right-sized region. Returned, for the caller to
     /// release, if nothing was carved from it; else the set holds it until

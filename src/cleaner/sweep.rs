@@ -126,9 +126,10 @@ impl Cleaner {
                 false,
             );
             // And regions that hold far more than the window's demand, but
-            // that a few carves keep from being wholly free, drain: those
-            // drained go once wholly free, or are carved from again if
-            // they have not drained within the idle-trim time.
+            // that a few carves keep from being wholly free, drain. Those
+            // drained and wholly free went with `release_regions` above;
+            // those not drained within the idle-trim time are carved from
+            // again here.
             for (device, &demand) in plan.recent_demand.iter().enumerate() {
                 let shard = &env.places.shards[device];
                 for region in shard.regions().settle_drains(idle_trim) {
