@@ -91,6 +91,7 @@ impl<'a> Env<'a> {
             backend: self.backend,
             counters: &self.places.caches.counters,
             events: &self.places.caches.events,
+            trace: self.places.caches.trace.as_deref(),
         }
     }
 }

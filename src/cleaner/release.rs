@@ -7,15 +7,19 @@ use crate::backend::Backend;
 use crate::fence::EventPool;
 use crate::shard::Shard;
 use crate::stats::Counters;
-use std::time::Duration;
+use crate::trace::writer::Tracer;
+use crate::trace::{REGISTER_FAILED, REGISTER_REGION, UNREGISTER};
+use std::time::{Duration, Instant};
 
 /// What releasing a pool's buffer needs: its backend (to unregister), its
-/// counters, and its spare events (where the buffer's go back).
+/// counters, its spare events (where the buffer's go back), and its trace
+/// (which records each unregistration).
 #[derive(Clone, Copy)]
 pub(crate) struct Releaser<'a> {
     pub(crate) backend: &'a dyn Backend,
     pub(crate) counters: &'a Counters,
     pub(crate) events: &'a EventPool,
+    pub(crate) trace: Option<&'a Tracer>,
 }
 
 /// Unregisters (if pinned) and frees `block`; a buffer whose unregistration
@@ -35,7 +39,6 @@ pub(crate) fn give_back(with: Releaser<'_>, block: Block) {
 }
 
 fn free(with: Releaser<'_>, mut block: Block) {
-    let (backend, counters) = (with.backend, with.counters);
     block.fences_mut().release(with.events);
     if !block.is_pinned() && !block.is_carved() {
         drop(block);
@@ -46,7 +49,7 @@ fn free(with: Releaser<'_>, mut block: Block) {
         Unpinned::Alone(mut block) => {
             // SAFETY: the block was registered by this backend, and every
             // caller knows its copies have finished (ready, or fences done).
-            if unsafe { unregister(backend, counters, device, block.as_ptr(), block.footprint()) } {
+            if unsafe { unregister(with, device, block.as_ptr(), block.footprint(), false) } {
                 block.set_pinned(false);
                 drop(block);
             } else {
@@ -59,7 +62,7 @@ fn free(with: Releaser<'_>, mut block: Block) {
         Unpinned::Last(slab) if slab.registered() => {
             // SAFETY: the slab was registered by this backend at its base,
             // and no buffer of it is left, so no copy from it is in flight.
-            if unsafe { unregister(backend, counters, device, slab.base(), slab.len()) } {
+            if unsafe { unregister(with, device, slab.base(), slab.len(), false) } {
                 slab.set_unregistered();
                 slab.free();
             } else {
@@ -84,15 +87,7 @@ pub(crate) fn unregister_region(
     if region.registered() {
         // SAFETY: the region was registered by this backend at its base,
         // and no block of it is left, so no copy from it is in flight.
-        let unregistered = unsafe {
-            unregister(
-                with.backend,
-                with.counters,
-                device,
-                region.base(),
-                region.len(),
-            )
-        };
+        let unregistered = unsafe { unregister(with, device, region.base(), region.len(), true) };
         if !unregistered {
             region.leak();
             return None;
@@ -112,20 +107,36 @@ pub(crate) fn release_region(with: Releaser<'_>, device: usize, region: Unlisted
     }
 }
 
-/// Unregisters the `bytes` registered at `ptr`, counting the outcome; false
-/// if it failed, and the caller must leak the memory.
+/// Unregisters the `bytes` registered at `ptr` (a `region`, or a buffer or
+/// slab), counting and tracing the outcome; false if it failed, and the
+/// caller must leak the memory.
 ///
 /// # Safety
 /// As [`Backend::unregister`].
 unsafe fn unregister(
-    backend: &dyn Backend,
-    counters: &Counters,
+    with: Releaser<'_>,
     device: usize,
     ptr: *mut u8,
     bytes: usize,
+    region: bool,
 ) -> bool {
+    let counters = with.counters;
+    let started = with.trace.map(|_| Instant::now());
     // SAFETY: the caller's guarantee.
-    match unsafe { backend.unregister(device, ptr) } {
+    let result = unsafe { with.backend.unregister(device, ptr) };
+    if let (Some(tracer), Some(started)) = (with.trace, started) {
+        let flags = if result.is_err() { REGISTER_FAILED } else { 0 }
+            | if region { REGISTER_REGION } else { 0 };
+        tracer.event(
+            UNREGISTER,
+            flags,
+            device,
+            ptr as u64,
+            bytes as u64,
+            started.elapsed().as_nanos() as u64,
+        );
+    }
+    match result {
         Ok(()) => {
             Counters::add(&counters.unregistered_bytes, bytes as u64);
             true

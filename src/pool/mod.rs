@@ -111,6 +111,7 @@ impl Shared {
             backend: &*self.backend,
             counters: &self.caches.counters,
             events: &self.caches.events,
+            trace: self.caches.trace.as_deref(),
         }
     }
 

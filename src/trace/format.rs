@@ -8,8 +8,9 @@ use std::path::Path;
 /// The first eight bytes of a trace.
 pub const MAGIC: [u8; 8] = *b"PINPOOLT";
 
-/// The format version this crate writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this crate writes; it reads this one and every
+/// earlier one (version 1 lacks the unregistration record).
+pub const VERSION: u32 = 2;
 
 /// The longest header a reader accepts.
 const MAX_HEADER: u32 = 1 << 20;
@@ -29,12 +30,13 @@ pub(crate) const FLUSH: u8 = 6;
 pub(crate) const LOST: u8 = 7;
 pub(crate) const OUTSTANDING: u8 = 8;
 pub(crate) const END: u8 = 9;
+pub(crate) const UNREGISTER: u8 = 10;
 
 /// Drop flags.
 pub(crate) const DROP_COPY: u8 = 1;
 pub(crate) const DROP_PINNED: u8 = 2;
 pub(crate) const DROP_REMOTE: u8 = 4;
-/// Registration flags.
+/// Registration (and unregistration) flags.
 pub(crate) const REGISTER_FAILED: u8 = 1;
 pub(crate) const REGISTER_REGION: u8 = 2;
 
@@ -164,6 +166,26 @@ pub enum Record {
         /// buffer.
         region: bool,
     },
+    /// An unregistration by the pool: of a region (idle-trimmed, over the
+    /// cap, drained, folded into a larger one, cleared, or at shutdown) or
+    /// of a buffer or slab released; with the registrations, what it
+    /// holds pinned at any time.
+    Unregister {
+        /// When it ended.
+        time_ns: u64,
+        /// The device.
+        device: u16,
+        /// The address unregistered.
+        id: u64,
+        /// Bytes.
+        bytes: u64,
+        /// How long it took.
+        took_ns: u64,
+        /// Whether it failed (the memory is leaked, still pinned).
+        failed: bool,
+        /// Whether a region was unregistered, not a buffer or a slab.
+        region: bool,
+    },
     /// Buffers evicted to keep the pooled bytes under the cap.
     Evict {
         /// When.
@@ -193,7 +215,9 @@ pub enum Record {
     Lost {
         /// When the background thread found them lost.
         time_ns: u64,
-        /// The thread.
+        /// The thread; 0 for the pool's shared buffer (which several
+        /// threads write: the orphaned caches' takes and drops, the
+        /// pool's own events).
         thread: u64,
         /// How many.
         records: u64,
@@ -245,6 +269,7 @@ impl Record {
             Record::Take { time_ns, .. }
             | Record::Drop { time_ns, .. }
             | Record::Register { time_ns, .. }
+            | Record::Unregister { time_ns, .. }
             | Record::Evict { time_ns, .. }
             | Record::Trim { time_ns, .. }
             | Record::Flush { time_ns, .. }
@@ -301,6 +326,25 @@ impl Record {
                 let flags = flag(failed, REGISTER_FAILED) | flag(region, REGISTER_REGION);
                 [
                     head(REGISTER, flags, device),
+                    time_ns,
+                    0,
+                    id,
+                    bytes,
+                    took_ns,
+                ]
+            }
+            Record::Unregister {
+                time_ns,
+                device,
+                id,
+                bytes,
+                took_ns,
+                failed,
+                region,
+            } => {
+                let flags = flag(failed, REGISTER_FAILED) | flag(region, REGISTER_REGION);
+                [
+                    head(UNREGISTER, flags, device),
                     time_ns,
                     0,
                     id,
@@ -420,6 +464,20 @@ impl Record {
                     region: flags & REGISTER_REGION != 0,
                 })
             }
+            UNREGISTER => {
+                if flags & !(REGISTER_FAILED | REGISTER_REGION) != 0 {
+                    return Err(format!("unknown unregistration flags {flags:#x}"));
+                }
+                Ok(Record::Unregister {
+                    time_ns,
+                    device,
+                    id,
+                    bytes: a,
+                    took_ns: b,
+                    failed: flags & REGISTER_FAILED != 0,
+                    region: flags & REGISTER_REGION != 0,
+                })
+            }
             EVICT => no_flags(Record::Evict {
                 time_ns,
                 bytes: a,
@@ -517,6 +575,20 @@ impl fmt::Display for Record {
             } => write!(
                 f,
                 "{} register device={device} address={id:#x} bytes={bytes} took_us={} failed={failed} region={region}",
+                us(time_ns),
+                us(took_ns)
+            ),
+            Record::Unregister {
+                time_ns,
+                device,
+                id,
+                bytes,
+                took_ns,
+                failed,
+                region,
+            } => write!(
+                f,
+                "{} unregister device={device} address={id:#x} bytes={bytes} took_us={} failed={failed} region={region}",
                 us(time_ns),
                 us(took_ns)
             ),
@@ -655,10 +727,10 @@ impl std::error::Error for ParseError {
 /// # Examples
 ///
 /// ```
-/// let bytes = b"PINPOOLT\x02\0\0\0\0\0\0\0";
+/// let bytes = b"PINPOOLT\x03\0\0\0\0\0\0\0";
 /// let err = pinpool::trace::Reader::new(&bytes[..]).unwrap_err();
 /// assert_eq!(err.offset, 8);
-/// assert!(err.to_string().contains("version 2"));
+/// assert!(err.to_string().contains("version 3"));
 /// ```
 #[derive(Debug)]
 pub struct Reader<R> {
@@ -668,6 +740,8 @@ pub struct Reader<R> {
     ended: bool,
     failed: bool,
     records: u64,
+    /// The file's format version.
+    version: u32,
 }
 
 /// Reads up to `buf.len()` bytes; the count read (short only at the end).
@@ -711,10 +785,10 @@ impl<R: Read> Reader<R> {
             ));
         }
         let version = u32::from_le_bytes(pre[8..12].try_into().expect("4 bytes"));
-        if version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(ParseError::new(
                 8,
-                format!("version {version}, this reader reads version {VERSION}"),
+                format!("version {version}, this reader reads versions 1 to {VERSION}"),
             ));
         }
         let len = u32::from_le_bytes(pre[12..16].try_into().expect("4 bytes"));
@@ -746,6 +820,7 @@ impl<R: Read> Reader<R> {
             ended: false,
             failed: false,
             records: 0,
+            version,
         })
     }
 
@@ -782,6 +857,12 @@ impl<R: Read> Reader<R> {
             *word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
         }
         let record = Record::from_words(words).map_err(|why| ParseError::new(at, why))?;
+        if self.version < 2 && matches!(record, Record::Unregister { .. }) {
+            return Err(ParseError::new(
+                at,
+                "an unregistration record in a version 1 trace",
+            ));
+        }
         if let Record::End { records, .. } = record {
             if records != self.records {
                 return Err(ParseError::new(

@@ -3,12 +3,13 @@
 //! A pool built with a trace path ([`PoolBuilder::trace`], the `trace`
 //! conf key, or the `PINPOOL_TRACE` environment variable read by
 //! [`PoolBuilder::from_env`]) records every take and drop, and its own
-//! events (registrations, evictions, trims, flushes), into a file. Each
-//! thread writes its records into a buffer of its own (no lock, no system
-//! call; the time is a clock of the trace's that a thread of its advances
-//! every millisecond, so times are whole milliseconds, and records of one
-//! thread keep the order they were written in); a background thread of the pool moves them
-//! to the file every few milliseconds. A full buffer drops records and
+//! events (registrations and unregistrations, evictions, trims, flushes),
+//! into a file. Each thread writes its records into a buffer of its own
+//! (no lock, no system call; the time is a clock of the trace's that a
+//! thread of its advances every millisecond, so times are whole
+//! milliseconds, and records of one thread keep the order they were
+//! written in); a background thread of the pool moves them to the file
+//! every few milliseconds. A full buffer drops records and
 //! counts them (a [`Record::Lost`]): tracing never blocks a take or a drop.
 //! When the pool closes (its last handle is dropped), or when the process
 //! exits for a pool that never closes (the global pool), the buffers taken
@@ -20,14 +21,14 @@
 //! [`PoolBuilder::trace`]: crate::PoolBuilder::trace
 //! [`PoolBuilder::from_env`]: crate::PoolBuilder::from_env
 //!
-//! # The format (version 1)
+//! # The format (version 2)
 //!
 //! All integers are little-endian.
 //!
 //! | offset | bytes | what |
 //! | --- | --- | --- |
 //! | 0 | 8 | the magic `PINPOOLT` |
-//! | 8 | 4 | the version, 1 |
+//! | 8 | 4 | the version, 2 (a reader reads 1 too: a version 1 file has no unregistrations) |
 //! | 12 | 4 | the header's length `n`, at most 1 MiB |
 //! | 16 | `n` | the header: UTF-8 lines `key=value`, each ending with a newline (the crate's version as `pinpool`, the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `clock`, `devices`, `backend`, `started_unix_ms`) |
 //! | 16 + `n` | 48 each | records |
@@ -57,6 +58,7 @@
 //! | 7 | records lost (a thread's buffer was full) | 0 | records | 0 |
 //! | 8 | taken, never dropped while the pool lived (at its take's time) | 0 | bytes asked | length |
 //! | 9 | end (last) | 0 | records before it | records lost |
+//! | 10 | unregistration | 1: failed (the memory is leaked), 2: a region | bytes | nanoseconds it took |
 //!
 //! Records are in time order within each batch the background thread
 //! writes, not across batches: sort by time for a total order (a stable
@@ -94,6 +96,6 @@ pub(crate) mod writer;
 
 pub(crate) use format::{
     head as trace_head, DROP, DROP_COPY, DROP_PINNED, DROP_REMOTE, EVICT, FLUSH, REGISTER,
-    REGISTER_FAILED, REGISTER_REGION, TAKE, TRIM,
+    REGISTER_FAILED, REGISTER_REGION, TAKE, TRIM, UNREGISTER,
 };
 pub use format::{Header, ParseError, Reader, Record, Source, Trace, MAGIC, VERSION};

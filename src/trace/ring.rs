@@ -362,6 +362,13 @@ impl Ring {
         }
     }
 
+    /// The thread the last marker read named (0 before the first): for a
+    /// thread's own ring, its thread. Only the background thread calls it.
+    pub(crate) fn reader_thread(&self) -> u64 {
+        // Relaxed: only the background thread writes it.
+        self.reader_thread.load(Ordering::Relaxed)
+    }
+
     /// How many slots have been written: a bound for [`Ring::drain_to`].
     /// Acquire: pairs with `append`'s Release, so the slots below it are
     /// written, and so is everything the producers did before them (their

@@ -18,11 +18,14 @@ use super::ring::{Ring, SHARED_SLOTS, THREAD_SLOTS};
 /// How often the background thread empties the rings.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 
-/// The trace files this process's pools are writing, by [`file_key`]
-/// (none for a path that names no regular file, such as `/dev/null`,
-/// which any number of pools may write), and their tracers, for
-/// [`finish_all`] at exit.
-static OPEN: Mutex<Vec<(Option<PathBuf>, Weak<Tracer>)>> = Mutex::new(Vec::new());
+/// The trace files this process's pools are writing, by [`key_of`] (none
+/// for a file that is no regular file, such as `/dev/null`, which any
+/// number of pools may write), and their tracers, for [`finish_all`] at
+/// exit.
+static OPEN: Mutex<Vec<(Option<FileKey>, Weak<Tracer>)>> = Mutex::new(Vec::new());
+
+/// A file's device and inode (see [`key_of`]).
+type FileKey = (u64, u64);
 
 /// Registers [`finish_all`] with `atexit` once.
 static AT_EXIT: Once = Once::new();
@@ -30,22 +33,20 @@ static AT_EXIT: Once = Once::new();
 /// Most numbered paths a lenient start tries (`PATH.2` and on).
 const MAX_SUFFIX: usize = 1000;
 
-/// What names the file `path` among the process's trace files: its
-/// directory made absolute and its name; `None` for a path to something
-/// that exists and is no regular file (any number of pools may write it).
-fn file_key(path: &Path) -> Option<PathBuf> {
-    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return None;
-    }
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    Some(match path.file_name() {
-        Some(name) => dir.join(name),
-        None => dir,
-    })
+/// Which file `path` names among the process's trace files: its device
+/// and inode, so that every name of one file (a symbolic or hard link, a
+/// relative path) is one key; `None` for a path that names nothing yet
+/// (no trace is writing it: every trace's file exists from its start, and
+/// a file made at that path later is another file), or something that is
+/// no regular file (any number of pools may write it, as `/dev/null`).
+fn file_key(path: &Path) -> Option<FileKey> {
+    std::fs::metadata(path).ok().and_then(|m| key_of(&m))
+}
+
+/// The key of a file with metadata `m`: see [`file_key`].
+fn key_of(m: &std::fs::Metadata) -> Option<FileKey> {
+    use std::os::unix::fs::MetadataExt;
+    m.is_file().then(|| (m.dev(), m.ino()))
 }
 
 /// Finishes every trace still open: at process exit, for pools that never
@@ -87,9 +88,8 @@ struct FileState {
     records: u64,
     /// Records lost.
     lost: u64,
-    /// Buffers taken and not dropped: by address, takes minus drops and
-    /// the last take's words.
-    live: HashMap<u64, (i64, [u64; 6])>,
+    /// Buffers taken and not dropped (see [`Live`]).
+    live: Live,
     /// Set at the first write that fails: nothing more is written.
     failed: bool,
     finished: bool,
@@ -114,10 +114,9 @@ impl Tracer {
         // cannot both take one path.
         let mut open = lock(&OPEN);
         open.retain(|(_, tracer)| tracer.strong_count() > 0);
-        let taken = |key: &Option<PathBuf>| key.is_some() && open.iter().any(|(k, _)| k == key);
+        let taken = |key: &Option<FileKey>| key.is_some() && open.iter().any(|(k, _)| k == key);
         let mut path = path.to_path_buf();
-        let mut key = file_key(&path);
-        if taken(&key) {
+        if taken(&file_key(&path)) {
             if !lenient {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::AlreadyExists,
@@ -128,10 +127,9 @@ impl Tracer {
                 let mut name = path.clone().into_os_string();
                 name.push(format!(".{n}"));
                 let candidate = PathBuf::from(name);
-                let candidate_key = file_key(&candidate);
-                (!taken(&candidate_key)).then_some((candidate, candidate_key))
+                (!taken(&file_key(&candidate))).then_some(candidate)
             });
-            let Some((free, free_key)) = free else {
+            let Some(free) = free else {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::AlreadyExists,
                     "other pools of this process are writing traces to this file and its numbered siblings",
@@ -144,13 +142,16 @@ impl Tracer {
                 path.display(),
                 free.display()
             );
-            (path, key) = (free, free_key);
+            path = free;
         }
         let clock = Arc::new(Clock::new());
         header
             .entries
             .push(("clock".into(), format!("tick-{}ms", TICK.as_millis())));
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
+        let file = File::create(&path)?;
+        // The file now exists, under every name it has.
+        let key = key_of(&file.metadata()?);
+        let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(&format::preamble(&header))?;
         out.flush()?;
         let tracer = Arc::new(Self {
@@ -168,7 +169,7 @@ impl Tracer {
                 path: path.clone(),
                 records: 0,
                 lost: 0,
-                live: HashMap::new(),
+                live: Live::default(),
                 failed: false,
                 finished: false,
                 batch: Vec::new(),
@@ -282,13 +283,17 @@ impl Tracer {
             .map(|r| (r, None))
             .chain(std::iter::once((&self.shared, Some(shared_head))))
         {
-            let from = batch.len();
             let lost = match head {
                 Some(head) => ring.drain_to(&mut batch, head),
                 None => ring.drain(&mut batch),
             };
             if lost > 0 {
-                let thread = batch[from..].last().map_or(0, |w| w[2]);
+                // A thread's own ring names it; the shared ring, which
+                // several threads write, names none (0).
+                let thread = match head {
+                    Some(_) => 0,
+                    None => ring.reader_thread(),
+                };
                 file.lost += lost;
                 batch.push([u64::from(LOST), now_ticks, thread, 0, lost, 0]);
             }
@@ -299,18 +304,8 @@ impl Tracer {
         batch.sort_by_key(|w| w[1]);
         for words in &batch {
             match words[0] as u8 {
-                TAKE => {
-                    let entry = file.live.entry(words[3]).or_insert((0, *words));
-                    entry.0 += 1;
-                    entry.1 = *words;
-                }
-                DROP => {
-                    let entry = file.live.entry(words[3]).or_insert((0, *words));
-                    entry.0 -= 1;
-                    if entry.0 == 0 {
-                        file.live.remove(&words[3]);
-                    }
-                }
+                TAKE => file.live.take(*words),
+                DROP => file.live.drop(words),
                 _ => {}
             }
             file.write(*words);
@@ -335,14 +330,7 @@ impl Tracer {
         }
         self.drain_locked(&mut file);
         let now = Clock::to_ns(self.clock.elapsed());
-        let mut live: Vec<[u64; 6]> = file
-            .live
-            .values()
-            .filter(|(count, _)| *count > 0)
-            .map(|(_, take)| *take)
-            .collect();
-        live.sort_by_key(|w| w[1]);
-        for take in live {
+        for take in file.live.outstanding() {
             let device = (take[0] >> 16) as u16;
             let words = [
                 format::head(OUTSTANDING, 0, device),
@@ -370,6 +358,52 @@ impl Tracer {
         drop(file);
         // The file is whole: another pool may write it now.
         lock(&OPEN).retain(|(_, t)| !std::ptr::eq(t.as_ptr(), self));
+    }
+}
+
+/// The takes not dropped, as the file's records show them: by address,
+/// the open takes' words (time, thread, device, asked, length).
+///
+/// Several takes of one address may be open at once in a batch: records
+/// of one millisecond are ordered by their rings, not by when they were
+/// written, so another thread's take of a buffer may come before the take
+/// and drop that freed it. A drop closes the open take of its taker (the
+/// drop record names it) at or before its time. A take closes the takes
+/// of its address from earlier milliseconds: one address is not held
+/// twice at once, so their drops were lost (a full ring), or are in a
+/// later batch. A drop whose take was lost closes nothing. So a buffer
+/// held at the end is reported whatever records were lost before its
+/// take; one whose own drop was lost, and whose address no later take
+/// reused, is reported too (the file's lost count says when that can
+/// be).
+#[derive(Debug, Default)]
+struct Live(HashMap<u64, Vec<[u64; 6]>>);
+
+impl Live {
+    fn take(&mut self, words: [u64; 6]) {
+        let open = self.0.entry(words[3]).or_default();
+        open.retain(|t| t[1] >= words[1]);
+        open.push(words);
+    }
+
+    fn drop(&mut self, words: &[u64; 6]) {
+        let (time, taker) = (words[1], words[5]);
+        let Some(open) = self.0.get_mut(&words[3]) else {
+            return;
+        };
+        if let Some(i) = open.iter().rposition(|t| t[2] == taker && t[1] <= time) {
+            open.remove(i);
+        }
+        if open.is_empty() {
+            self.0.remove(&words[3]);
+        }
+    }
+
+    /// The open takes, in time order.
+    fn outstanding(&self) -> Vec<[u64; 6]> {
+        let mut live: Vec<[u64; 6]> = self.0.values().flatten().copied().collect();
+        live.sort_by_key(|w| (w[1], w[3]));
+        live
     }
 }
 
@@ -464,5 +498,82 @@ mod tests {
             drops <= N && drops + lost >= N,
             "{drops} drops, {lost} records lost"
         );
+    }
+
+    /// A take's words: at `ms`, by `thread`, of the buffer at `id`.
+    fn take(ms: u64, thread: u64, id: u64, asked: u64) -> [u64; 6] {
+        [
+            format::head(TAKE, 0, 0),
+            ms * 1_000_000,
+            thread,
+            id,
+            asked,
+            4096,
+        ]
+    }
+
+    /// A drop's words: at `ms`, of the buffer at `id` that `taker` took.
+    fn drop_of(ms: u64, id: u64, taker: u64) -> [u64; 6] {
+        [
+            format::head(DROP, 0, 0),
+            ms * 1_000_000,
+            taker,
+            id,
+            0,
+            taker,
+        ]
+    }
+
+    fn held(live: &Live) -> Vec<(u64, u64, u64)> {
+        live.outstanding()
+            .iter()
+            .map(|w| (w[2], w[3], w[4]))
+            .collect()
+    }
+
+    /// Within one millisecond, B's take of an address can sort before the
+    /// take and drop by A that freed it: the drop closes A's take, and B's
+    /// is the one held.
+    #[test]
+    fn a_drop_closes_its_takers_take_whatever_the_order_within_a_tick() {
+        let mut live = Live::default();
+        live.take(take(5, 2, 0x1000, 4097));
+        live.take(take(5, 1, 0x1000, 5000));
+        live.drop(&drop_of(5, 0x1000, 1));
+        assert_eq!(held(&live), vec![(2, 0x1000, 4097)]);
+    }
+
+    /// A lost take leaves its drop with nothing to close: a later take of
+    /// the address, never dropped, is still reported.
+    #[test]
+    fn a_drop_whose_take_was_lost_closes_nothing() {
+        let mut live = Live::default();
+        live.drop(&drop_of(3, 0x2000, 1));
+        live.take(take(4, 1, 0x2000, 10));
+        live.drop(&drop_of(4, 0x2000, 1));
+        live.take(take(6, 1, 0x2000, 20));
+        assert_eq!(held(&live), vec![(1, 0x2000, 20)]);
+    }
+
+    /// A lost drop leaves its take open until the address is taken again
+    /// at a later millisecond: that take closes it.
+    #[test]
+    fn a_take_of_an_address_closes_its_earlier_takes() {
+        let mut live = Live::default();
+        live.take(take(1, 1, 0x3000, 10));
+        live.take(take(2, 2, 0x3000, 20));
+        live.take(take(2, 3, 0x4000, 30));
+        live.drop(&drop_of(3, 0x3000, 2));
+        assert_eq!(held(&live), vec![(3, 0x4000, 30)]);
+    }
+
+    /// A drop never closes a take later than itself (a take of the
+    /// address by the same thread after a drop read in a later batch).
+    #[test]
+    fn a_drop_never_closes_a_later_take() {
+        let mut live = Live::default();
+        live.take(take(7, 1, 0x5000, 10));
+        live.drop(&drop_of(6, 0x5000, 1));
+        assert_eq!(held(&live), vec![(1, 0x5000, 10)]);
     }
 }

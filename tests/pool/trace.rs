@@ -283,6 +283,15 @@ fn records_past_a_full_buffer_are_counted_as_lost() {
     };
     assert_eq!(lost, *total);
     assert_eq!(recorded + lost, 2 * N);
+    // Each loss names the thread whose buffer was full: the one taking.
+    let Some(&Record::Take { thread, .. }) = takes(&trace).first() else {
+        panic!("no take")
+    };
+    for r in &trace.records {
+        if let Record::Lost { thread: t, .. } = *r {
+            assert_eq!(t, thread, "{r}");
+        }
+    }
 }
 
 #[test]
@@ -998,4 +1007,271 @@ fn every_class_edge_reads_back_exactly() {
         kept_made.sort();
         assert_eq!(out, kept_made, "{classes:?}");
     }
+}
+
+/// A version 1 file (written before unregistrations were recorded) reads
+/// as before; an unregistration record in one is refused at its offset.
+#[test]
+fn a_version_1_trace_reads_but_holds_no_unregistration() {
+    let path = TempPath::new("version-1");
+    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+    let pool = Pool::builder()
+        .regions(false)
+        .faults(faults)
+        .cleaner_threads(1)
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    drop(pool.take(1 << 20));
+    pool.flush();
+    drop(pool);
+    let mut bytes = std::fs::read(&path.0).unwrap();
+    let records_at = 16 + u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let unregistration = (records_at..bytes.len())
+        .step_by(48)
+        .find(|&at| bytes[at] == 10)
+        .expect("the close unregisters the buffer");
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let err = Trace::from_reader(&bytes[..]).unwrap_err();
+    assert_eq!(err.offset, unregistration as u64, "{err}");
+    assert!(err.to_string().contains("version 1"), "{err}");
+    // Without it (and the end record's count one less), it reads.
+    bytes.drain(unregistration..unregistration + 48);
+    let end_at = bytes.len() - 48;
+    let count = u64::from_le_bytes(bytes[end_at + 32..end_at + 40].try_into().unwrap());
+    bytes[end_at + 32..end_at + 40].copy_from_slice(&(count - 1).to_le_bytes());
+    let trace = Trace::from_reader(&bytes[..]).unwrap();
+    assert_eq!(takes(&trace).len(), 1);
+}
+
+/// Two names of one file (a symbolic link, a hard link) are one file: a
+/// strict pool whose trace path names the file another pool writes fails
+/// to build rather than truncate that pool's trace.
+#[test]
+fn a_link_to_a_trace_being_written_is_that_trace() {
+    let real = TempPath::new("linked");
+    let soft = TempPath::new("soft-link");
+    let hard = TempPath::new("hard-link");
+    let a = traced(&real);
+    std::os::unix::fs::symlink(&real.0, &soft.0).unwrap();
+    std::fs::hard_link(&real.0, &hard.0).unwrap();
+    drop(a.take(8192));
+    for link in [&soft, &hard] {
+        let b = Pool::builder()
+            .backend(BackendKind::Host)
+            .trace(&link.0)
+            .build();
+        match b {
+            Err(Error::Trace { path, source }) => {
+                assert_eq!(path, link.0);
+                assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+            }
+            other => panic!("{}: {other:?}", link.0.display()),
+        }
+    }
+    drop(a);
+    let trace = Trace::read(&real.0).unwrap();
+    assert_eq!(takes(&trace).len(), 1, "{:#?}", trace.records);
+}
+
+/// The outstanding records name the take that holds each buffer: a
+/// buffer that thread A took and dropped, then thread B took and never
+/// dropped, often within one millisecond (where the file orders records
+/// by their threads' buffers, B's first), is B's.
+#[test]
+fn an_outstanding_buffer_names_the_take_that_holds_it() {
+    const A_ASKS: usize = 5000;
+    const B_ASKS: usize = 4097;
+    let path = TempPath::new("outstanding-owner");
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .thread_cache_bytes(0)
+        .regions(false)
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    let (to_b, b_rx) = std::sync::mpsc::channel::<()>();
+    let (to_main, main_rx) = std::sync::mpsc::channel::<Option<u64>>();
+    let mut reused = 0;
+    std::thread::scope(|s| {
+        let pool = &pool;
+        // B's buffer is made first, so its records come first within a
+        // millisecond.
+        s.spawn(move || {
+            drop(pool.take(64));
+            to_main.send(None).unwrap();
+            while b_rx.recv().is_ok() {
+                let b = pool.take(B_ASKS);
+                let at = b.as_ptr() as u64;
+                std::mem::forget(b);
+                to_main.send(Some(at)).unwrap();
+            }
+        });
+        main_rx.recv().unwrap();
+        for _ in 0..200 {
+            // A: a thread of its own each time, with a buffer made after B's.
+            let at = std::thread::scope(|a| {
+                a.spawn(|| {
+                    let buf = pool.take(A_ASKS);
+                    let at = buf.as_ptr() as u64;
+                    drop(buf);
+                    pool.flush();
+                    at
+                })
+                .join()
+                .unwrap()
+            });
+            to_b.send(()).unwrap();
+            if main_rx.recv().unwrap() == Some(at) {
+                reused += 1;
+            }
+        }
+        drop(to_b);
+    });
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let outstanding: Vec<&Record> = trace
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Outstanding { .. }))
+        .collect();
+    assert!(reused > 0, "setup: B never took A's buffer");
+    assert_eq!(outstanding.len(), 200);
+    let wrong: Vec<String> = outstanding
+        .iter()
+        .filter(|r| !matches!(r, Record::Outstanding { asked, .. } if *asked == B_ASKS as u64))
+        .map(|r| r.to_string())
+        .collect();
+    assert!(wrong.is_empty(), "{} name A's take: {wrong:?}", wrong.len());
+}
+
+/// Buffers held when the pool closes are reported outstanding even when
+/// records were lost before (full buffers): a drop whose take was lost
+/// does not cancel a later take of the same address. (A held buffer whose
+/// own take was lost cannot be reported: the test asks for those whose
+/// take is in the file, told apart by the bytes asked.)
+#[test]
+fn buffers_held_at_the_close_are_outstanding_after_lost_records() {
+    const HELD_ASKS: u64 = 4000;
+    let path = TempPath::new("lost-outstanding");
+    let pool = traced(&path);
+    let held: Vec<u64> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let pool = &pool;
+                s.spawn(move || {
+                    for _ in 0..300_000 {
+                        drop(pool.take(4096));
+                    }
+                    // Of the same class: most likely the same address.
+                    let buf = pool.take(HELD_ASKS as usize);
+                    let at = buf.as_ptr() as u64;
+                    std::mem::forget(buf);
+                    at
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let Some(&Record::End { lost, .. }) = trace.records.last() else {
+        panic!("no end record");
+    };
+    let outstanding: Vec<u64> = trace
+        .records
+        .iter()
+        .filter_map(|r| match *r {
+            Record::Outstanding { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect();
+    let recorded = |at: u64| {
+        trace
+            .records
+            .iter()
+            .any(|r| matches!(*r, Record::Take { id, asked, .. } if id == at && asked == HELD_ASKS))
+    };
+    for &at in held.iter().filter(|&&at| recorded(at)) {
+        assert!(
+            outstanding.contains(&at),
+            "{at:#x} held, not reported ({lost} records lost; outstanding {outstanding:x?})"
+        );
+    }
+    // Without losses, exactly the buffers held.
+    if lost == 0 {
+        assert_eq!(outstanding.len(), held.len());
+    }
+}
+
+/// Pinned memory given back is in the trace too: with regions (the
+/// default), an idle trim releases them, and every byte registered is
+/// unregistered by the time the trace ends (growths that fold regions,
+/// trims, `clear` and the close included), so the trace tells what was
+/// pinned at any time.
+#[test]
+fn every_unregistration_is_traced() {
+    let path = TempPath::new("unregistrations");
+    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(2)
+        .idle_trim(std::time::Duration::from_millis(100))
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    let mut rng = crate::common::Rng(9);
+    for round in 0..30 {
+        let n = 1 + rng.below(12) as usize;
+        let held: Vec<_> = (0..n)
+            .map(|_| pool.take(rng.log_uniform(1000, 6 << 20)))
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        drop(held);
+        match round % 10 {
+            3 => pool.reserve(0, &[(2 << 20, 3), (100_000, 4)]).unwrap(),
+            5 => pool.trim(),
+            7 => pool.clear(),
+            _ => {}
+        }
+        pool.flush();
+    }
+    // Pinned once more, then left for the idle trim to release.
+    drop((0..8).map(|_| pool.take(1 << 20)).collect::<Vec<_>>());
+    let trimmed = crate::common::eventually(std::time::Duration::from_secs(10), || {
+        pool.stats().pinned_bytes == 0
+    });
+    assert!(trimmed, "setup: {:#?}", pool.stats());
+    let regions_registered = faults.registered();
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let Some(&Record::End { lost, .. }) = trace.records.last() else {
+        panic!("no end record");
+    };
+    assert_eq!(lost, 0);
+    // Bytes, then calls.
+    let (mut registered, mut unregistered) = ((0u64, 0u64), (0u64, 0u64));
+    for r in &trace.records {
+        match *r {
+            Record::Register {
+                bytes,
+                failed: false,
+                ..
+            } => registered = (registered.0 + bytes, registered.1 + 1),
+            Record::Unregister {
+                bytes,
+                failed: false,
+                ..
+            } => unregistered = (unregistered.0 + bytes, unregistered.1 + 1),
+            _ => {}
+        }
+    }
+    assert!(registered.0 > 0);
+    assert_eq!(registered.1, regions_registered);
+    assert_eq!(unregistered.1, faults.unregistered());
+    assert_eq!(
+        registered.0, unregistered.0,
+        "bytes registered and unregistered in the trace"
+    );
 }
