@@ -771,7 +771,7 @@ fn suggest(args: SuggestArgs) {
     match suggestion {
         Some(step) => println!(
             "suggested: PINPOOL_CONF={} (steady byte hits {:.3}%, peak pinned {})",
-            step.conf,
+            with_given(&step.conf, &args.pinpool_conf),
             step.steady_hit_rate_bytes * 100.0,
             human_bytes(step.peak_pinned_bytes)
         ),
@@ -783,11 +783,24 @@ fn suggest(args: SuggestArgs) {
             println!(
                 "no setting tried reached {}% steady byte hits; the closest: PINPOOL_CONF={} ({:.3}%)",
                 args.target * 100.0,
-                closest.conf,
+                with_given(&closest.conf, &args.pinpool_conf),
                 closest.steady_hit_rate_bytes * 100.0
             );
         }
     }
+}
+
+/// A step's pairs, then those of `given` (`--pinpool-conf`, which the
+/// step ran with) whose keys the step does not set: the line to use.
+fn with_given(step: &str, given: &str) -> String {
+    let extra: Vec<&str> = given
+        .split(',')
+        .filter(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(key, _)| step_value(step, key).is_empty())
+        })
+        .collect();
+    join_conf(&[step, &extra.join(",")])
 }
 
 /// The value of `key` in the pairs `conf`.

@@ -611,6 +611,15 @@ fn suggest_finds_the_smallest_cap_that_keeps_a_buffer_reused() {
         )),
         "{text}"
     );
+    // With settings given, the line carries them too (the sweep ran with
+    // them).
+    let out = suggest(&["--host", "--target", "90%", "--pinpool-conf", "borrow=0"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("suggested: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(",borrow=0 "), "{line}");
     let _ = std::fs::remove_file(&path);
     for bad in ["0", "101", "x", "-5%"] {
         let out = suggest(&["--target", bad]);
