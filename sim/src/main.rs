@@ -793,11 +793,13 @@ fn suggest(args: SuggestArgs) {
 /// A step's pairs, then those of `given` (`--pinpool-conf`, which the
 /// step ran with) whose keys the step does not set: the line to use.
 fn with_given(step: &str, given: &str) -> String {
+    // Keys as the pool reads them: trimmed.
     let extra: Vec<&str> = given
         .split(',')
+        .map(str::trim)
         .filter(|pair| {
             pair.split_once('=')
-                .is_some_and(|(key, _)| step_value(step, key).is_empty())
+                .is_some_and(|(key, _)| step_value(step, key.trim()).is_empty())
         })
         .collect();
     join_conf(&[step, &extra.join(",")])

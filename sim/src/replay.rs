@@ -763,6 +763,7 @@ mod tests {
 
     fn trace(records: Vec<Record>) -> Trace {
         Trace {
+            version: pinpool::trace::VERSION,
             header: Header {
                 entries: vec![
                     ("backend".into(), "host".into()),

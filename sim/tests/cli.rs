@@ -475,6 +475,7 @@ fn sim_traces_pinpool_and_replay_runs_the_trace_against_each_strategy() {
         source: Source::Miss,
     };
     let long = Trace {
+        version: pinpool::trace::VERSION,
         header: Header::default(),
         records: vec![take(0, 1), take(u64::MAX / 2, 2)],
     };
@@ -612,14 +613,36 @@ fn suggest_finds_the_smallest_cap_that_keeps_a_buffer_reused() {
         "{text}"
     );
     // With settings given, the line carries them too (the sweep ran with
-    // them).
-    let out = suggest(&["--host", "--target", "90%", "--pinpool-conf", "borrow=0"]);
+    // them), but not one the step overrode (the pool trims keys, and the
+    // last pair of a key wins).
+    let out = suggest(&[
+        "--host",
+        "--target",
+        "90%",
+        "--pinpool-conf",
+        "borrow=0, max_pooled_bytes=1GiB",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
         .find(|l| l.starts_with("suggested: "))
         .unwrap_or_else(|| panic!("{text}"));
-    assert!(line.contains(",borrow=0 "), "{line}");
+    let conf = line["suggested: PINPOOL_CONF=".len()..]
+        .split(" (")
+        .next()
+        .unwrap();
+    let last = |key: &str| {
+        conf.split(',')
+            .filter_map(|p| p.split_once('='))
+            .rfind(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    assert_eq!(last("borrow").as_deref(), Some("0"), "{line}");
+    assert_eq!(
+        last("max_pooled_bytes"),
+        Some((64 << 10).to_string()),
+        "{line}"
+    );
     let _ = std::fs::remove_file(&path);
     for bad in ["0", "101", "x", "-5%"] {
         let out = suggest(&["--target", bad]);

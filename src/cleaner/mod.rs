@@ -905,7 +905,17 @@ impl Cleaner {
                 // SAFETY: a fresh mapping of `n` bytes, which stays mapped
                 // until the region is unregistered in `release_region`.
                 let result = unsafe { env.backend.register(device, ptr, n) };
-                calls.push((ptr, n, started.elapsed(), result.is_ok()));
+                let took = started.elapsed();
+                // Traced here, before the region is listed: its
+                // unregistration (a `clear` may come at once) follows it.
+                let flags = trace::REGISTER_REGION
+                    | if result.is_ok() {
+                        0
+                    } else {
+                        trace::REGISTER_FAILED
+                    };
+                trace_registration(env, device, ptr, n, took, flags);
+                calls.push((ptr, n, took, result.is_ok()));
                 result
             };
             let grown = regions.grow(len, fold, &mut unregister, Some(&mut register));
@@ -919,8 +929,11 @@ impl Cleaner {
                 if held {
                     Counters::add(&counters.registration_nanos, took.as_nanos() as u64);
                     tracing::debug!(bytes, ?took, "pinpool: registered a region");
-                    trace_registration(env, device, at, bytes, took, trace::REGISTER_REGION);
+                } else if !at.is_null() {
+                    Counters::add(&counters.registration_failures, 1);
                 } else {
+                    // It failed to map: counted, and traced, as a failed
+                    // registration.
                     Counters::add(&counters.registration_failures, 1);
                     let flags = trace::REGISTER_REGION | trace::REGISTER_FAILED;
                     trace_registration(env, device, at, bytes, took, flags);

@@ -169,7 +169,9 @@ pub enum Record {
     /// An unregistration by the pool: of a region (idle-trimmed, over the
     /// cap, drained, folded into a larger one, cleared, or at shutdown) or
     /// of a buffer or slab released; with the registrations, what it
-    /// holds pinned at any time.
+    /// holds pinned at any time up to the trace's end (a pool that never
+    /// closes, as the global pool, finishes its trace at the process's
+    /// exit while its cleaner may still release memory: not recorded).
     Unregister {
         /// When it ended.
         time_ns: u64,
@@ -217,7 +219,10 @@ pub enum Record {
         time_ns: u64,
         /// The thread; 0 for the pool's shared buffer (which several
         /// threads write: the orphaned caches' takes and drops, the
-        /// pool's own events).
+        /// pool's own events). When a thread inherits another's buffer
+        /// (its cache) and both lose records before the background
+        /// thread's next pass, each gets a record of its own (a third
+        /// thread within the same pass is counted with the second).
         thread: u64,
         /// How many.
         records: u64,
@@ -829,6 +834,11 @@ impl<R: Read> Reader<R> {
         &self.header
     }
 
+    /// The format version the file was written in.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
     fn next_record(&mut self) -> Result<Option<Record>, ParseError> {
         let mut buf = [0u8; RECORD_BYTES];
         let at = self.offset;
@@ -902,6 +912,8 @@ impl<R: Read> Iterator for Reader<R> {
 /// A whole trace, read into memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
+    /// The format version the file was written in (see [`VERSION`]).
+    pub version: u32,
     /// The header.
     pub header: Header,
     /// The records in file order, the end record last.
@@ -923,6 +935,7 @@ impl Trace {
             records.push(record?);
         }
         Ok(Self {
+            version: reader.version,
             header: reader.header,
             records,
         })
@@ -975,6 +988,7 @@ impl Trace {
         }
         Ok((
             Self {
+                version: reader.version,
                 header: reader.header,
                 records,
             },
@@ -982,10 +996,10 @@ impl Trace {
         ))
     }
 
-    /// The trace's bytes (the header, the records as they are): what the
-    /// pool would have written.
+    /// The trace's bytes (its version, the header, the records as they
+    /// are): what the pool would have written.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = preamble(&self.header);
+        let mut out = preamble(self.version, &self.header);
         for record in &self.records {
             out.extend_from_slice(&record.to_bytes());
         }
@@ -993,12 +1007,12 @@ impl Trace {
     }
 }
 
-/// The magic, the version and the header.
-pub(crate) fn preamble(header: &Header) -> Vec<u8> {
+/// The magic, `version` and the header.
+pub(crate) fn preamble(version: u32, header: &Header) -> Vec<u8> {
     let text = header.to_text();
     let mut out = Vec::with_capacity(PREAMBLE + text.len());
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&(text.len() as u32).to_le_bytes());
     out.extend_from_slice(text.as_bytes());
     out

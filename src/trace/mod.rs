@@ -67,9 +67,11 @@
 //! last), not the order they happened in across threads. Each thread's
 //! records keep its order, a drop it makes while it is torn down (which
 //! goes through the shared buffer) included. A buffer is named by its
-//! address, so a drop belongs to the earliest take of the same address
-//! still open, which may sort after it within one millisecond when two
-//! threads wrote them.
+//! address, so a drop belongs to the earliest take still open of the same
+//! address by the thread the drop names as its taker; within one
+//! millisecond, when two threads wrote them, that take may sort after the
+//! drop, and a drop by another thread may sort after the taker's next
+//! take of the address.
 //!
 //! # Examples
 //!

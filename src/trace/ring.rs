@@ -203,6 +203,13 @@ struct Producer {
     last_tick: AtomicU64,
     /// Records dropped because the ring was full.
     lost: AtomicU64,
+    /// The thread that wrote the last record dropped, and the one before
+    /// it and the count of records lost when it changed (only the
+    /// producer writes them): losses split between the threads that
+    /// wrote the ring between two drains (see [`Ring::split_losses`]).
+    lost_thread: AtomicU64,
+    lost_thread_before: AtomicU64,
+    lost_switched_at: AtomicU64,
 }
 
 /// See the module docs.
@@ -247,6 +254,9 @@ impl Ring {
                 thread: AtomicU64::new(0),
                 last_tick: AtomicU64::new(0),
                 lost: AtomicU64::new(0),
+                lost_thread: AtomicU64::new(0),
+                lost_thread_before: AtomicU64::new(0),
+                lost_switched_at: AtomicU64::new(0),
             }),
             tail: CachePadded::new(AtomicUsize::new(0)),
             reader_thread: AtomicU64::new(0),
@@ -330,8 +340,14 @@ impl Ring {
             let tail = self.tail.load(Ordering::Acquire);
             p.tail_seen.store(tail, Ordering::Relaxed);
             if at.wrapping_sub(tail) + needed > self.mask + 1 {
-                p.lost
-                    .store(p.lost.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                let lost = p.lost.load(Ordering::Relaxed);
+                let before = p.lost_thread.load(Ordering::Relaxed);
+                if before != thread {
+                    p.lost_thread_before.store(before, Ordering::Relaxed);
+                    p.lost_switched_at.store(lost, Ordering::Relaxed);
+                    p.lost_thread.store(thread, Ordering::Relaxed);
+                }
+                p.lost.store(lost + 1, Ordering::Relaxed);
                 return;
             }
         }
@@ -362,11 +378,28 @@ impl Ring {
         }
     }
 
-    /// The thread the last marker read named (0 before the first): for a
-    /// thread's own ring, its thread. Only the background thread calls it.
-    pub(crate) fn reader_thread(&self) -> u64 {
-        // Relaxed: only the background thread writes it.
-        self.reader_thread.load(Ordering::Relaxed)
+    /// The `lost` records a drain just counted, by the threads that wrote
+    /// them: the last thread that lost records, and the one before it if
+    /// it lost some of these (a thread that inherited the ring's cache);
+    /// a thread before those two, in one drain's interval, is counted
+    /// with the second. Only the background thread calls it, after the
+    /// drain.
+    pub(crate) fn split_losses(&self, lost: u64) -> [(u64, u64); 2] {
+        let p = &self.producer;
+        // Relaxed: written by the producer alone; read after the drain's
+        // Relaxed read of the count, so a loss racing the drain may be
+        // named by the thread before it (only when a thread inherited
+        // the ring meanwhile).
+        let total = self.lost_reported.load(Ordering::Relaxed);
+        let since = total.saturating_sub(lost);
+        let switched = p.lost_switched_at.load(Ordering::Relaxed);
+        let last = p.lost_thread.load(Ordering::Relaxed);
+        if switched > since && switched <= total {
+            let before = p.lost_thread_before.load(Ordering::Relaxed);
+            [(before, switched - since), (last, total - switched)]
+        } else {
+            [(last, lost), (last, 0)]
+        }
     }
 
     /// How many slots have been written: a bound for [`Ring::drain_to`].
@@ -446,6 +479,33 @@ mod tests {
 
     fn ring(capacity: usize, clock: Arc<Clock>, shared: bool) -> Ring {
         Ring::new(capacity, clock, Arc::from(SIZES), shared)
+    }
+
+    /// Losses of a thread and of the one that inherited its ring, between
+    /// two drains, are told apart; those of one thread alone are its.
+    #[test]
+    fn losses_are_split_between_the_threads_that_wrote_the_ring() {
+        let ring = ring(8, Arc::new(Clock::new()), false);
+        let mut out = Vec::new();
+        for i in 0..5 {
+            ring.push(1, 7, i, 0, 0);
+        }
+        assert_eq!(ring.drain(&mut out), 2);
+        assert_eq!(ring.split_losses(2), [(7, 2), (7, 0)]);
+        for i in 0..6 {
+            ring.push(1, 7, i, 0, 0);
+        }
+        for i in 0..3 {
+            ring.push(1, 9, i, 0, 0);
+        }
+        // Four fit: 7 loses two, 9 (a marker and two slots each) three.
+        assert_eq!(ring.drain(&mut out), 5);
+        assert_eq!(ring.split_losses(5), [(7, 2), (9, 3)]);
+        for i in 0..5 {
+            ring.push(1, 9, i, 0, 0);
+        }
+        assert_eq!(ring.drain(&mut out), 2);
+        assert_eq!(ring.split_losses(2), [(9, 2), (9, 0)]);
     }
 
     #[test]

@@ -33,17 +33,11 @@ static AT_EXIT: Once = Once::new();
 /// Most numbered paths a lenient start tries (`PATH.2` and on).
 const MAX_SUFFIX: usize = 1000;
 
-/// Which file `path` names among the process's trace files: its device
-/// and inode, so that every name of one file (a symbolic or hard link, a
-/// relative path) is one key; `None` for a path that names nothing yet
-/// (no trace is writing it: every trace's file exists from its start, and
-/// a file made at that path later is another file), or something that is
-/// no regular file (any number of pools may write it, as `/dev/null`).
-fn file_key(path: &Path) -> Option<FileKey> {
-    std::fs::metadata(path).ok().and_then(|m| key_of(&m))
-}
-
-/// The key of a file with metadata `m`: see [`file_key`].
+/// Which file, with metadata `m`, a trace writes among the process's
+/// trace files: its device and inode, so that every name of one file (a
+/// symbolic or hard link, a relative path) is one key; `None` for
+/// something that is no regular file (any number of pools may write it,
+/// as `/dev/null`).
 fn key_of(m: &std::fs::Metadata) -> Option<FileKey> {
     use std::os::unix::fs::MetadataExt;
     m.is_file().then(|| (m.dev(), m.ino()))
@@ -115,44 +109,66 @@ impl Tracer {
         let mut open = lock(&OPEN);
         open.retain(|(_, tracer)| tracer.strong_count() > 0);
         let taken = |key: &Option<FileKey>| key.is_some() && open.iter().any(|(k, _)| k == key);
+        // Opened before it is truncated, so that the file checked is the
+        // one written, whatever its path names meanwhile.
+        let unshared = |path: &Path| -> std::io::Result<Option<(File, Option<FileKey>)>> {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)?;
+            let key = key_of(&file.metadata()?);
+            if taken(&key) {
+                return Ok(None);
+            }
+            if key.is_some() {
+                file.set_len(0)?;
+            }
+            Ok(Some((file, key)))
+        };
         let mut path = path.to_path_buf();
-        if taken(&file_key(&path)) {
-            if !lenient {
+        let (file, key) = match unshared(&path)? {
+            Some(opened) => opened,
+            None if !lenient => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::AlreadyExists,
                     "another pool of this process is writing a trace to this file",
                 ));
             }
-            let free = (2..=MAX_SUFFIX).find_map(|n| {
-                let mut name = path.clone().into_os_string();
-                name.push(format!(".{n}"));
-                let candidate = PathBuf::from(name);
-                (!taken(&file_key(&candidate))).then_some(candidate)
-            });
-            let Some(free) = free else {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "other pools of this process are writing traces to this file and its numbered siblings",
-                ));
-            };
-            tracing::warn!(path = %path.display(), instead = %free.display(),
-                "pinpool: another pool of this process is writing this trace file");
-            eprintln!(
-                "pinpool: another pool of this process is writing the trace {}; this one writes {}",
-                path.display(),
-                free.display()
-            );
-            path = free;
-        }
+            None => {
+                let mut free = None;
+                for n in 2..=MAX_SUFFIX {
+                    let mut name = path.clone().into_os_string();
+                    name.push(format!(".{n}"));
+                    let candidate = PathBuf::from(name);
+                    if let Some(opened) = unshared(&candidate)? {
+                        free = Some((candidate, opened));
+                        break;
+                    }
+                }
+                let Some((free, opened)) = free else {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "other pools of this process are writing traces to this file and its numbered siblings",
+                    ));
+                };
+                tracing::warn!(path = %path.display(), instead = %free.display(),
+                    "pinpool: another pool of this process is writing this trace file");
+                eprintln!(
+                    "pinpool: another pool of this process is writing the trace {}; this one writes {}",
+                    path.display(),
+                    free.display()
+                );
+                path = free;
+                opened
+            }
+        };
         let clock = Arc::new(Clock::new());
         header
             .entries
             .push(("clock".into(), format!("tick-{}ms", TICK.as_millis())));
-        let file = File::create(&path)?;
-        // The file now exists, under every name it has.
-        let key = key_of(&file.metadata()?);
         let mut out = BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&format::preamble(&header))?;
+        out.write_all(&format::preamble(format::VERSION, &header))?;
         out.flush()?;
         let tracer = Arc::new(Self {
             shared: Arc::new(Ring::new(
@@ -288,14 +304,17 @@ impl Tracer {
                 None => ring.drain(&mut batch),
             };
             if lost > 0 {
-                // A thread's own ring names it; the shared ring, which
-                // several threads write, names none (0).
-                let thread = match head {
-                    Some(_) => 0,
-                    None => ring.reader_thread(),
-                };
                 file.lost += lost;
-                batch.push([u64::from(LOST), now_ticks, thread, 0, lost, 0]);
+                // A thread's own ring names the threads that lost them;
+                // the shared ring, which several threads write, names
+                // none (0).
+                let split = match head {
+                    Some(_) => [(0, lost), (0, 0)],
+                    None => ring.split_losses(lost),
+                };
+                for (thread, n) in split.into_iter().filter(|&(_, n)| n > 0) {
+                    batch.push([u64::from(LOST), now_ticks, thread, 0, n, 0]);
+                }
             }
         }
         for words in &mut batch {
@@ -362,28 +381,36 @@ impl Tracer {
 }
 
 /// The takes not dropped, as the file's records show them: by address,
-/// the open takes' words (time, thread, device, asked, length).
+/// the takes not yet closed (their words: time, thread, device, asked,
+/// length), each with whether a later take of the address superseded it.
 ///
-/// Several takes of one address may be open at once in a batch: records
-/// of one millisecond are ordered by their rings, not by when they were
-/// written, so another thread's take of a buffer may come before the take
-/// and drop that freed it. A drop closes the open take of its taker (the
-/// drop record names it) at or before its time. A take closes the takes
-/// of its address from earlier milliseconds: one address is not held
-/// twice at once, so their drops were lost (a full ring), or are in a
-/// later batch. A drop whose take was lost closes nothing. So a buffer
-/// held at the end is reported whatever records were lost before its
-/// take; one whose own drop was lost, and whose address no later take
-/// reused, is reported too (the file's lost count says when that can
-/// be).
+/// Several takes of one address may be open at once: records of one
+/// millisecond are ordered by their rings, not by when they were written,
+/// so another thread's take of a buffer may come before the take and drop
+/// that freed it, and a drop by another thread than the taker's may come
+/// after the taker's next take of the address. A drop closes its taker's
+/// earliest take (the drop record names the taker; one thread's takes of
+/// an address follow each other) at or before its time. A take of an
+/// address supersedes its takes from earlier milliseconds (one address is
+/// not held twice at once: they were dropped, their drops still to come
+/// or lost to a full ring); a superseded take is never reported, and goes
+/// at its drop or at the next take of the address. A drop whose take was
+/// lost closes nothing. So a buffer held at the close is reported whatever
+/// records were lost before its take; one whose own drop was lost, and
+/// whose address no later take reused, is reported too (the file's lost
+/// count says when that can be).
 #[derive(Debug, Default)]
-struct Live(HashMap<u64, Vec<[u64; 6]>>);
+struct Live(HashMap<u64, Vec<([u64; 6], bool)>>);
 
 impl Live {
     fn take(&mut self, words: [u64; 6]) {
         let open = self.0.entry(words[3]).or_default();
-        open.retain(|t| t[1] >= words[1]);
-        open.push(words);
+        // Superseded at an earlier take: their drops had a millisecond.
+        open.retain(|(_, superseded)| !superseded);
+        for (take, superseded) in open.iter_mut() {
+            *superseded = take[1] < words[1];
+        }
+        open.push((words, false));
     }
 
     fn drop(&mut self, words: &[u64; 6]) {
@@ -391,7 +418,7 @@ impl Live {
         let Some(open) = self.0.get_mut(&words[3]) else {
             return;
         };
-        if let Some(i) = open.iter().rposition(|t| t[2] == taker && t[1] <= time) {
+        if let Some(i) = open.iter().position(|(t, _)| t[2] == taker && t[1] <= time) {
             open.remove(i);
         }
         if open.is_empty() {
@@ -399,9 +426,15 @@ impl Live {
         }
     }
 
-    /// The open takes, in time order.
+    /// The takes open and not superseded, in time order.
     fn outstanding(&self) -> Vec<[u64; 6]> {
-        let mut live: Vec<[u64; 6]> = self.0.values().flatten().copied().collect();
+        let mut live: Vec<[u64; 6]> = self
+            .0
+            .values()
+            .flatten()
+            .filter(|(_, superseded)| !superseded)
+            .map(|(take, _)| *take)
+            .collect();
         live.sort_by_key(|w| (w[1], w[3]));
         live
     }
@@ -575,5 +608,34 @@ mod tests {
         live.take(take(7, 1, 0x5000, 10));
         live.drop(&drop_of(6, 0x5000, 1));
         assert_eq!(held(&live), vec![(1, 0x5000, 10)]);
+    }
+
+    /// A thread takes an address, another drops it (its record read after
+    /// the taker's ring), and the taker takes it again and holds it, all
+    /// in one millisecond: the drop closes the first take.
+    #[test]
+    fn a_remote_drop_after_its_takers_next_take_in_one_tick_closes_the_first() {
+        let mut live = Live::default();
+        live.take(take(5, 1, 0x6000, 5000));
+        live.take(take(5, 1, 0x6000, 4097));
+        live.drop(&drop_of(5, 0x6000, 1));
+        assert_eq!(held(&live), vec![(1, 0x6000, 4097)]);
+    }
+
+    /// As above, the next take a millisecond later: it supersedes the
+    /// first take, which the drop then closes.
+    #[test]
+    fn a_remote_drop_after_its_takers_next_take_a_tick_later_closes_the_first() {
+        let mut live = Live::default();
+        live.take(take(5, 1, 0x7000, 5000));
+        live.take(take(6, 1, 0x7000, 4097));
+        live.drop(&drop_of(6, 0x7000, 1));
+        assert_eq!(held(&live), vec![(1, 0x7000, 4097)]);
+        // A superseded take whose drop was lost goes at the next take.
+        live.take(take(8, 2, 0x7000, 10));
+        assert_eq!(live.0[&0x7000].len(), 2);
+        live.take(take(9, 2, 0x7000, 20));
+        assert_eq!(live.0[&0x7000].len(), 2);
+        assert_eq!(held(&live), vec![(2, 0x7000, 20)]);
     }
 }

@@ -629,6 +629,7 @@ fn the_headers_settings_rebuild_the_same_pool() {
 #[test]
 fn a_record_with_an_unused_word_set_is_refused() {
     let trace = Trace {
+        version: pinpool::trace::VERSION,
         header: pinpool::trace::Header::default(),
         records: vec![Record::End {
             time_ns: 1,
@@ -1042,6 +1043,9 @@ fn a_version_1_trace_reads_but_holds_no_unregistration() {
     bytes[end_at + 32..end_at + 40].copy_from_slice(&(count - 1).to_le_bytes());
     let trace = Trace::from_reader(&bytes[..]).unwrap();
     assert_eq!(takes(&trace).len(), 1);
+    // And it writes back as it was: a version 1 file.
+    assert_eq!(trace.version, 1);
+    assert!(trace.to_bytes() == bytes, "written back, the bytes differ");
 }
 
 /// Two names of one file (a symbolic link, a hard link) are one file: a
@@ -1273,5 +1277,345 @@ fn every_unregistration_is_traced() {
     assert_eq!(
         registered.0, unregistered.0,
         "bytes registered and unregistered in the trace"
+    );
+}
+/// A buffer taken by A, dropped by B (in B's buffer), taken again by A
+/// and held, often within one millisecond: the outstanding record is A's
+/// second take. A's buffer was made first, so within a millisecond the
+/// file orders A's two takes before B's drop.
+#[test]
+fn a_remote_drop_sorted_after_its_takers_next_take_closes_the_first() {
+    const FIRST: usize = 5000;
+    const SECOND: usize = 4097;
+    let path = TempPath::new("remote-retake");
+    let pool = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .thread_cache_bytes(0)
+        .regions(false)
+        .trace(&path.0)
+        .build()
+        .unwrap();
+    // The main thread's ring first.
+    drop(pool.take(64));
+    let (to_b, b_rx) = std::sync::mpsc::channel::<pinpool::PinnedBuffer>();
+    let (ack, acked) = std::sync::mpsc::channel::<()>();
+    let mut reused = 0;
+    let rounds = 300;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for buf in b_rx {
+                drop(buf);
+                ack.send(()).unwrap();
+            }
+        });
+        for _ in 0..rounds {
+            let a = pool.take(FIRST);
+            let at = a.as_ptr() as u64;
+            to_b.send(a).unwrap();
+            acked.recv().unwrap();
+            pool.flush();
+            let again = pool.take(SECOND);
+            if again.as_ptr() as u64 == at {
+                reused += 1;
+            }
+            std::mem::forget(again);
+        }
+        drop(to_b);
+    });
+    drop(pool);
+    let trace = Trace::read(&path.0).unwrap();
+    let Some(&Record::End { lost, .. }) = trace.records.last() else {
+        panic!("no end")
+    };
+    assert_eq!(lost, 0);
+    let outstanding: Vec<&Record> = trace
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Outstanding { .. }))
+        .collect();
+    assert!(reused > 0, "setup: never reused");
+    let wrong: Vec<String> = outstanding
+        .iter()
+        .filter(|r| !matches!(r, Record::Outstanding { asked, .. } if *asked == SECOND as u64))
+        .map(|r| r.to_string())
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {} outstanding name the dropped take ({reused} reused): {:?}",
+        wrong.len(),
+        outstanding.len(),
+        &wrong[..wrong.len().min(3)]
+    );
+    assert_eq!(outstanding.len(), rounds);
+}
+
+/// A thread fills its buffer and exits; the next thread inherits its cache
+/// (and buffer) and loses records into it before the background thread
+/// empties it: each thread's records in the file and the losses named
+/// after it are at most what it wrote.
+#[test]
+fn losses_name_the_thread_that_lost_them_after_its_cache_passed_on() {
+    const A_PAIRS: u64 = 100_000;
+    const B_PAIRS: u64 = 100_000;
+    let mut failures = Vec::new();
+    for round in 0..5 {
+        let path = TempPath::new(&format!("lost-inherit-{round}"));
+        let pool = Pool::builder()
+            .backend(BackendKind::Host)
+            .cleaner_threads(1)
+            .trace(&path.0)
+            .build()
+            .unwrap();
+        for pairs in [A_PAIRS, B_PAIRS] {
+            let p = pool.clone();
+            std::thread::spawn(move || {
+                for _ in 0..pairs {
+                    drop(p.take(4096));
+                }
+            })
+            .join()
+            .unwrap();
+        }
+        drop(pool);
+        let trace = Trace::read(&path.0).unwrap();
+        let mut threads: Vec<u64> = Vec::new();
+        for r in &trace.records {
+            if let Record::Take { thread, .. } = *r {
+                if !threads.contains(&thread) {
+                    threads.push(thread);
+                }
+            }
+        }
+        let Some(&Record::End { lost, .. }) = trace.records.last() else {
+            panic!("no end")
+        };
+        for (i, &t) in threads.iter().enumerate() {
+            let written = [A_PAIRS, B_PAIRS].get(i).copied().unwrap_or(0) * 2;
+            let in_file = trace
+                .records
+                .iter()
+                .filter(|r| matches!(**r, Record::Take { thread, .. } | Record::Drop { thread, .. } if thread == t))
+                .count() as u64;
+            let named: u64 = trace
+                .records
+                .iter()
+                .filter_map(|r| match *r {
+                    Record::Lost {
+                        thread, records, ..
+                    } if thread == t => Some(records),
+                    _ => None,
+                })
+                .sum();
+            if in_file + named > written {
+                failures.push(format!(
+                    "round {round}: thread {t} wrote {written} records, {in_file} in the file, \
+                     {named} named lost ({lost} lost in all)"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Registrations that fail now and then (growths that folded regions
+/// register them again on their own), unregistrations that fail, trims,
+/// clears, a cap and budget lowered, from several threads with a clear
+/// racing them: in the trace sorted by time (stable), every successful
+/// unregistration follows a successful registration of its address and
+/// bytes still open, the running total never goes below zero, and at the
+/// end it equals what the pool holds pinned.
+#[test]
+fn registrations_and_unregistrations_pair_up_in_order() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut problems = Vec::new();
+    for round in 0..2u64 {
+        let path = TempPath::new(&format!("pairs-{round}"));
+        let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+        faults.fail_register(&(1..400).filter(|c| c % 5 == round % 5).collect::<Vec<_>>());
+        faults.fail_unregister(&[7, 19]);
+        let pool = Pool::builder()
+            .faults(faults.clone())
+            .cleaner_threads(2)
+            .idle_trim(std::time::Duration::from_millis(20))
+            .trace(&path.0)
+            .build()
+            .unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let pool = &pool;
+                s.spawn(move || {
+                    let mut seed = 0x9e37_79b9 ^ (round * 7 + t);
+                    let mut rnd = move || {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        seed
+                    };
+                    for _ in 0..60 {
+                        let n = 1 + rnd() % 8;
+                        let held: Vec<_> = (0..n)
+                            .map(|_| pool.take(1000 + (rnd() % (4 << 20)) as usize))
+                            .collect();
+                        std::thread::sleep(std::time::Duration::from_millis(rnd() % 4));
+                        drop(held);
+                    }
+                });
+            }
+            let pool = &pool;
+            let stop = &stop;
+            s.spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    match i % 4 {
+                        0 => pool.clear(),
+                        1 => pool.trim(),
+                        _ => {}
+                    }
+                    i += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(3));
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(1000));
+            stop.store(true, Ordering::Relaxed);
+        });
+        pool.flush();
+        let pinned_at_end = pool.stats().pinned_bytes;
+        drop(pool);
+        let trace = Trace::read(&path.0).unwrap();
+        let mut records = trace.records.clone();
+        records.sort_by_key(|r| r.time_ns());
+        let mut open: HashMap<(u64, u64), i64> = HashMap::new();
+        let mut total: i64 = 0;
+        let mut min_total = 0;
+        let mut unmatched = Vec::new();
+        for r in &records {
+            match *r {
+                Record::Register {
+                    id,
+                    bytes,
+                    failed: false,
+                    ..
+                } => {
+                    *open.entry((id, bytes)).or_default() += 1;
+                    total += bytes as i64;
+                }
+                Record::Unregister {
+                    id,
+                    bytes,
+                    failed: false,
+                    ..
+                } => {
+                    let e = open.entry((id, bytes)).or_default();
+                    *e -= 1;
+                    if *e < 0 {
+                        unmatched.push(r.to_string());
+                    }
+                    total -= bytes as i64;
+                    min_total = min_total.min(total);
+                }
+                _ => {}
+            }
+        }
+        // Failed unregistrations leave memory pinned (leaked): still held.
+        if !unmatched.is_empty() || min_total < 0 {
+            problems.push(format!(
+                "round {round}: {} unregistrations before their registration ({:?}), lowest total {min_total}",
+                unmatched.len(),
+                &unmatched[..unmatched.len().min(3)]
+            ));
+        }
+        // What the trace says is pinned after the last flush, and what the
+        // close released. (The close's unregistrations are in the trace.)
+        let _ = pinned_at_end;
+        if total != 0 {
+            let leaked: u64 = records
+                .iter()
+                .filter_map(|r| match *r {
+                    Record::Unregister {
+                        bytes,
+                        failed: true,
+                        ..
+                    } => Some(bytes),
+                    _ => None,
+                })
+                .sum();
+            if total as u64 != leaked {
+                problems.push(format!(
+                    "round {round}: {total} bytes registered and not unregistered at the end, {leaked} leaked"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// The path strict pools are built with keeps being replaced by a
+/// symbolic link to another pool's trace and back: no build truncates
+/// that trace (the file is checked once opened, before it is truncated).
+#[test]
+fn a_path_swapped_to_a_link_while_a_pool_starts_never_truncates_a_trace() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let real = TempPath::new("swap-real");
+    let swapped = TempPath::new("swap-path");
+    let sym = TempPath::new("swap-sym");
+    let reg = TempPath::new("swap-reg");
+    let a = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .trace(&real.0)
+        .build()
+        .unwrap();
+    drop(a.take(8192));
+    a.flush();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let stop = AtomicBool::new(false);
+    let mut built = 0;
+    let mut hijacked = 0;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if n.is_multiple_of(2) {
+                    let _ = std::fs::remove_file(&sym.0);
+                    std::os::unix::fs::symlink(&real.0, &sym.0).unwrap();
+                    std::fs::rename(&sym.0, &swapped.0).unwrap();
+                } else {
+                    std::fs::write(&reg.0, b"x").unwrap();
+                    std::fs::rename(&reg.0, &swapped.0).unwrap();
+                }
+                n += 1;
+            }
+        });
+        let real_len = || std::fs::metadata(&real.0).map(|m| m.len()).unwrap_or(0);
+        for _ in 0..1000 {
+            let before = real_len();
+            if let Ok(b) = Pool::builder()
+                .backend(BackendKind::Host)
+                .cleaner_threads(1)
+                .trace(&swapped.0)
+                .build()
+            {
+                built += 1;
+                if real_len() < before {
+                    hijacked += 1;
+                }
+                drop(b);
+                if hijacked > 0 {
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    drop(a);
+    let _ = std::fs::remove_file(&swapped.0);
+    let read = Trace::read(&real.0);
+    assert!(
+        hijacked == 0 && read.is_ok(),
+        "{built} pools built, {hijacked} truncated the first pool's trace; it reads: {:?}",
+        read.map(|t| t.records.len())
     );
 }
