@@ -21,13 +21,16 @@
 //! - **The cap that follows the working set** (with no cap given): each
 //!   tick also keeps the most bytes in use at once over the window, per
 //!   eighth of it, which the cleaner hands to
-//!   [`Admission::follow`](crate::admission::Admission::follow).
+//!   [`Admission::follow`](crate::admission::Admission::follow), with the
+//!   regions' demand below when it is more (it counts what a tick's
+//!   sample misses).
 //! - **Draining regions** (a pool that carves from regions, idle trimming
 //!   on): each tick also keeps, per device, the most bytes its regions'
-//!   buffers had in use at once over the window, which the cleaner hands
-//!   to `Regions::drain_excess`: regions that hold far more than that, but
-//!   that a few carves keep from ever being wholly free, are drained and
-//!   given back.
+//!   buffers had in use at once over the window (sampled at the ticks,
+//!   and counted at each miss and carve in between), which the cleaner
+//!   hands to `Regions::drain_excess`: regions that hold far more than
+//!   that, but that a few carves keep from ever being wholly free, are
+//!   drained and given back.
 
 use std::time::{Duration, Instant};
 
@@ -148,9 +151,9 @@ pub(crate) struct Plan {
     /// sampled by the ticks (when `ticked`).
     pub(crate) recent_in_use: u64,
     /// Per device, the most bytes its regions' classes had in use at once
-    /// over the window, as sampled by the ticks, or had carved from its
-    /// regions, as counted at each carve (when `ticked` on a pool that
-    /// carves; else empty).
+    /// over the window, as sampled by the ticks and counted at each miss,
+    /// or had carved from its regions, as counted at each carve (when
+    /// `ticked` on a pool that carves; else empty).
     pub(crate) recent_demand: Vec<usize>,
 }
 
@@ -220,14 +223,15 @@ impl Provisioner {
             let bytes = carved_demand(at, device, |slot| in_use[slot]);
             let regions = shard.regions();
             regions.note_in_use(bytes, intake.misses_out(device));
-            // What was carved at once since the last tick counts too: the
-            // ticks alone miss a demand held between them (and run seldom
-            // while the cleaner is busy). Kept a whole window at least (a
-            // peak counts for seven to eight eighths of the window its
-            // eighths divide): a demand that comes back within every
-            // window drains nothing.
+            // What was carved at once since the last tick counts too, and
+            // what misses found wanted at their takes: the ticks alone miss
+            // a demand held between them (and run seldom while the cleaner
+            // is busy). Kept a whole window at least (a peak counts for
+            // seven to eight eighths of the window its eighths divide): a
+            // demand that comes back within every window drains nothing.
             let kept = window * 8 / 7;
-            recent.note(now, bytes.max(regions.take_out_peak()) as u64, kept);
+            let between = regions.take_out_peak().max(regions.take_demand_peak());
+            recent.note(now, bytes.max(between) as u64, kept);
             peaks.push(usize::try_from(recent.peak()).unwrap_or(usize::MAX));
         }
         peaks

@@ -365,6 +365,10 @@ struct Totals {
     /// The largest footprint a take found no free extent for since a
     /// grower last took the shortfall.
     largest_miss: AtomicUsize,
+    /// The most wanted at once since the last tick took it (see
+    /// [`Regions::take_demand_peak`]): unlike `peak`, never reset by an
+    /// unlisting.
+    demand_since_tick: AtomicUsize,
     /// A take missed, or the demand passed what the regions hold, since a
     /// grower last took the shortfall (see
     /// [`take_shortfall`](Regions::take_shortfall)): only then may the
@@ -555,6 +559,9 @@ impl Regions {
     /// Raises the most wanted at once to `demand`, noting when it rose.
     fn raise_peak(&self, demand: usize) {
         // Relaxed: see `Totals`.
+        self.totals
+            .demand_since_tick
+            .fetch_max(demand, Ordering::Relaxed);
         if self.totals.peak.fetch_max(demand, Ordering::Relaxed) < demand {
             let now = since_epoch();
             let last = self.totals.peak_rose.swap(now, Ordering::Relaxed);
@@ -1041,6 +1048,19 @@ impl Regions {
         // peak or the next.
         let now = self.totals.out.load(Ordering::Relaxed);
         self.totals.out_peak.swap(now, Ordering::Relaxed).max(now)
+    }
+
+    /// The most bytes of this set's buffers wanted at once since the last
+    /// call: in use, misses included, as noted at each miss (and at a
+    /// carve while misses are out) and at each tick (see
+    /// [`note_miss`](Self::note_miss) and
+    /// [`note_in_use`](Self::note_in_use)). The provisioning tick keeps it
+    /// in its window with [`take_out_peak`](Self::take_out_peak), so that
+    /// a burst of takes held between two ticks counts whole.
+    pub(crate) fn take_demand_peak(&self) -> usize {
+        // Relaxed: see `Totals`; a note racing the swap counts in this
+        // peak or the next.
+        self.totals.demand_since_tick.swap(0, Ordering::Relaxed)
     }
 
     /// Whether a region drains (see [`drain_excess`](Self::drain_excess)).

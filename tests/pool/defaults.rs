@@ -429,3 +429,45 @@ mod with_regions {
         assert!(s.pinned_bytes <= 1 << 20, "{s:#?}");
     }
 }
+
+/// Demand held between two of the cleaner's ticks (a burst of takes over
+/// in less than a tick, or while the cleaner is busy, as a prover's step
+/// begins while the cleaner registers) counts for the cap that follows the
+/// working set as it counts for the regions it grew: the cap does not
+/// release those regions once the burst is over, to register them again
+/// at the next.
+#[test]
+fn a_burst_between_ticks_keeps_its_regions() {
+    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .min_pooled_bytes(MIB)
+        .build()
+        .unwrap();
+    let burst = || {
+        let held: Vec<_> = (0..16).map(|_| pool.take(4 * MIB)).collect();
+        drop(held);
+        pool.flush();
+        // Longer than a wholly free region waits before the cap may
+        // release it.
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // The first bursts miss, and grow the regions once their misses come
+    // back.
+    for _ in 0..4 {
+        burst();
+    }
+    let (registered, released) = (faults.registered(), pool.stats().regions_released);
+    for _ in 0..8 {
+        burst();
+    }
+    let stats = pool.stats();
+    assert!(stats.region_bytes >= 64 * MIB, "{stats:#?}");
+    assert_eq!(
+        (faults.registered(), stats.regions_released),
+        (registered, released),
+        "registrations and regions released over eight more bursts; the cap {} MiB: {stats:#?}",
+        stats.max_pooled_bytes / MIB
+    );
+}
