@@ -135,7 +135,8 @@ struct Extents {
     /// its set's drains until [`Regions::settle_drains`] releases it
     /// (wholly free) or lists it again (a drain that did not end in time).
     draining: bool,
-    /// A drain of it was given up: it is never drained again.
+    /// A drain of it was given up: it is not drained again until it has
+    /// been wholly free (what kept the drain from ending is gone then).
     undrainable: bool,
     /// When the region last became wholly free.
     idle_since: Option<Instant>,
@@ -220,6 +221,9 @@ impl Region {
             return None;
         }
         state.idle_since = Some(Instant::now());
+        // What kept a drain from ending (a buffer held for good, reserved,
+        // or idle in a hot class) is gone: it may drain again.
+        state.undrainable = false;
         // A drained region is released by `settle_drains`, which holds it.
         (!state.listed && !state.draining).then_some(Unlisted(region))
     }
@@ -917,7 +921,7 @@ impl Regions {
     /// release, if nothing was carved from it; else the set holds it until
     /// [`settle_drains`](Self::settle_drains) releases it, or lists it
     /// again. A region with a leaked block, or whose drain was given up
-    /// once, is never drained.
+    /// and that has not been wholly free since, is not drained.
     ///
     /// A workload that shrinks keeps some buffers carved from each of its
     /// large regions (those in use, those idle in their classes), so they
@@ -943,8 +947,8 @@ impl Regions {
             busy += this.len;
             // A region younger than the window was grown for a demand the
             // window holds, or one still rising: not one that shrank. One
-            // with a leaked block, or whose drain was given up, would not
-            // drain in time.
+            // with a leaked block, or whose drain was given up (and that
+            // has not been wholly free since), would not drain in time.
             let old = now.saturating_duration_since(this.listed_at) >= window;
             let may = old && !state.leaked && !state.undrainable;
             if may && most_free.is_none_or(|(free, _)| state.free > free) {
@@ -991,7 +995,8 @@ impl Regions {
 
     /// Ends the drains that can end: hands over, for the caller to
     /// release, the drained regions whose last block came back; lists
-    /// again, never to be drained, those that have drained for `limit` or
+    /// again, not to be drained until they have been wholly free, those
+    /// that have drained for `limit` or
     /// longer with blocks still out (a buffer held for good, a reserved
     /// one idle in its class, a leaked one), so that the set does not grow
     /// more for the demand while their memory stays pinned and idle.
@@ -1619,6 +1624,18 @@ mod tests {
             // SAFETY: carved above, given back once, untouched.
             assert!(unsafe { Region::give_back(at.region, at.ptr.as_ptr(), page()) }.is_none());
         }
+        // Once wholly free, what held it is gone: carved from again, it
+        // may drain again.
+        let c = regions.carve(page()).unwrap();
+        assert!(
+            regions.drain_excess(page(), Duration::ZERO).is_some(),
+            "a region wholly free since its drain was given up is never drained"
+        );
+        // SAFETY: as above.
+        assert!(unsafe { Region::give_back(c.region, c.ptr.as_ptr(), page()) }.is_none());
+        let released = regions.settle_drains(Duration::MAX);
+        assert_eq!(released.len(), 1);
+        released.into_iter().for_each(Unlisted::free);
     }
 }
 
