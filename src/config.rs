@@ -275,9 +275,8 @@ impl PoolBuilder {
     /// working set: with no cap given, the cap is a quarter more than the
     /// most bytes in use at once over the last idle-trim time (30 s by
     /// default; the bytes their buffers occupy, sampled every 10 ms while
-    /// the pool is in use, and, with regions, counted at each miss and
-    /// carve in between, so that a burst of takes shorter than a sample's
-    /// interval counts) or
+    /// the pool is in use, and, with regions, as each miss found them in
+    /// between, so that a burst of takes between two samples counts) or
     /// [`min_pooled_bytes`](Self::min_pooled_bytes) (4 GiB by default),
     /// whichever is more, plus the bytes
     /// [`Pool::reserve`](crate::Pool::reserve) asked for since the last

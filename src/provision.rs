@@ -21,14 +21,14 @@
 //! - **The cap that follows the working set** (with no cap given): each
 //!   tick also keeps the most bytes in use at once over the window, per
 //!   eighth of it, which the cleaner hands to
-//!   [`Admission::follow`](crate::admission::Admission::follow), with the
-//!   regions' demand below when it is more (it counts what a tick's
-//!   sample misses).
+//!   [`Admission::follow`](crate::admission::Admission::follow); with
+//!   regions, the bytes in use that misses found between two ticks count
+//!   too (a burst that a tick's sample misses).
 //! - **Draining regions** (a pool that carves from regions, idle trimming
 //!   on): each tick also keeps, per device, the most bytes its regions'
-//!   buffers had in use at once over the window (sampled at the ticks,
-//!   and counted at each miss and carve in between), which the cleaner
-//!   hands to `Regions::drain_excess`: regions that hold far more than
+//!   buffers had in use, or had carved, at once over the window (sampled
+//!   at the ticks, and counted at each miss and carve in between), which
+//!   the cleaner hands to `Regions::drain_excess`: regions that hold far more than
 //!   that, but that a few carves keep from ever being wholly free, are
 //!   drained and given back.
 
@@ -148,12 +148,14 @@ pub(crate) struct Plan {
     /// The tick ran (it runs at most every 10 ms): the hot slots are new.
     pub(crate) ticked: bool,
     /// The most footprint bytes in use at once over the window, as
-    /// sampled by the ticks (when `ticked`).
+    /// sampled by the ticks and, with regions, as misses found them in
+    /// between (when `ticked`).
     pub(crate) recent_in_use: u64,
     /// Per device, the most bytes its regions' classes had in use at once
-    /// over the window, as sampled by the ticks and counted at each miss,
-    /// or had carved from its regions, as counted at each carve (when
-    /// `ticked` on a pool that carves; else empty).
+    /// over the window and a seventh more, as sampled by the ticks and
+    /// counted at each miss, or had carved from its regions, as counted at
+    /// each carve (when `ticked` on a pool that carves; else empty): what
+    /// draining compares the regions with.
     pub(crate) recent_demand: Vec<usize>,
 }
 
@@ -209,32 +211,41 @@ impl Provisioner {
     /// Tells each device's regions what is in use of their buffers now
     /// (`in_use`: buffers per slot), so that they can grow ahead of demand
     /// (see `Regions::note_in_use`), and keeps it in the device's window
-    /// (`demand`), whose peaks it returns.
+    /// (`demand`). Returns those windows' peaks, and by how much the bytes
+    /// in use that misses found since the last tick (see
+    /// `Regions::take_demand_peak`) pass those sampled now, summed over
+    /// the devices: a burst of takes between two ticks, which the cap
+    /// that follows the working set must count (else it would release
+    /// the regions the burst grew, to register them again at the next).
     fn note_demand(
         at: Places<'_>,
         in_use: &[u64],
         demand: &mut [RecentPeak],
         now: Instant,
         window: Duration,
-    ) -> Vec<usize> {
+    ) -> (Vec<usize>, u64) {
         let intake = &at.caches.intake;
         let mut peaks = Vec::with_capacity(at.shards.len());
+        let mut missed = 0;
         for ((device, shard), recent) in at.shards.iter().enumerate().zip(demand) {
             let bytes = carved_demand(at, device, |slot| in_use[slot]);
             let regions = shard.regions();
             regions.note_in_use(bytes, intake.misses_out(device));
-            // What was carved at once since the last tick counts too, and
-            // what misses found wanted at their takes: the ticks alone miss
-            // a demand held between them (and run seldom while the cleaner
+            let asked = regions.take_demand_peak();
+            missed += asked.saturating_sub(bytes) as u64;
+            // What was carved at once since the last tick counts too (for
+            // draining, which asks what the regions held, idle buffers
+            // and buffers in the cleaner included): the ticks alone miss a
+            // demand held between them (and run seldom while the cleaner
             // is busy). Kept a whole window at least (a peak counts for
             // seven to eight eighths of the window its eighths divide): a
             // demand that comes back within every window drains nothing.
             let kept = window * 8 / 7;
-            let between = regions.take_out_peak().max(regions.take_demand_peak());
+            let between = regions.take_out_peak().max(asked);
             recent.note(now, bytes.max(between) as u64, kept);
             peaks.push(usize::try_from(recent.peak()).unwrap_or(usize::MAX));
         }
-        peaks
+        (peaks, missed)
     }
 
     /// The idle-trim time, if idle trimming is on.
@@ -283,13 +294,13 @@ impl Provisioner {
                     )
                 });
         at.caches.counters.note_in_use(in_use_bytes);
-        state.recent.note(now, in_use_footprint, window);
-        let recent_demand = if at.caches.carves() {
+        let (recent_demand, missed) = if at.caches.carves() {
             self.mark_hot(at, &mut state);
             Self::note_demand(at, &in_use, &mut state.demand, now, window)
         } else {
-            Vec::new()
+            (Vec::new(), 0)
         };
+        state.recent.note(now, in_use_footprint + missed, window);
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
                 Some(m) if now_in_use >= m.peak => {

@@ -1059,9 +1059,11 @@ impl Regions {
     /// call: in use, misses included, as noted at each miss (and at a
     /// carve while misses are out) and at each tick (see
     /// [`note_miss`](Self::note_miss) and
-    /// [`note_in_use`](Self::note_in_use)). The provisioning tick keeps it
-    /// in its window with [`take_out_peak`](Self::take_out_peak), so that
-    /// a burst of takes held between two ticks counts whole.
+    /// [`note_in_use`](Self::note_in_use)). The provisioning tick keeps
+    /// it in the window the cap that follows the working set follows, and
+    /// in the device's window for draining (with
+    /// [`take_out_peak`](Self::take_out_peak)), so that a burst of takes
+    /// held between two ticks counts whole.
     pub(crate) fn take_demand_peak(&self) -> usize {
         // Relaxed: see `Totals`; a note racing the swap counts in this
         // peak or the next.

@@ -113,13 +113,8 @@ impl Cleaner {
         }
         release_all(env.releaser(), plan.trimmed);
         if plan.ticked {
-            // Nothing while a cap is given. The regions' demand counts
-            // what the ticks' samples miss (a burst of takes between two
-            // ticks): a following cap below it would release the regions
-            // the burst grew, to be registered again at the next.
-            let demand: usize = plan.recent_demand.iter().sum();
-            let recent = plan.recent_in_use.max(demand as u64);
-            let evicted = env.admission.follow(env.places, recent);
+            // Nothing while a cap is given.
+            let evicted = env.admission.follow(env.places, plan.recent_in_use);
             release_all(env.releaser(), evicted);
         }
         if let Some(idle_trim) = env.provisioner.idle_trim() {

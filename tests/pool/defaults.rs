@@ -2,8 +2,10 @@
 //! pooled bytes follows the bytes in use; with no budget given, the pinned
 //! budget is a share of the memory the process may use.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pinpool::testing::Faults;
 use pinpool::{BackendKind, LimitSource, Pool};
 
 use crate::common::eventually;
@@ -469,5 +471,171 @@ fn a_burst_between_ticks_keeps_its_regions() {
         (registered, released),
         "registrations and regions released over eight more bursts; the cap {} MiB: {stats:#?}",
         stats.max_pooled_bytes / MIB
+    );
+}
+
+/// A pool on the fault backend (it carves from regions, and emulates
+/// pinning) following the working set over `window`, with a floor of 1 MiB.
+fn carving(window: Duration, devices: usize) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(2)
+        .provision(false)
+        .devices(devices)
+        .min_pooled_bytes(MIB)
+        .idle_trim(window)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
+/// Warm device `d`'s regions for `n` buffers of 1 MiB, so that later takes hit.
+fn warm(pool: &Pool, d: usize, n: usize) {
+    for _ in 0..3 {
+        let held: Vec<_> = (0..n).map(|_| pool.take_on(d, MIB).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(30));
+        drop(held);
+        pool.flush();
+    }
+}
+
+/// As `the_cap_falls_a_window_after_the_bytes_in_use_do`, on a pool that
+/// carves from regions: once 16 MiB in use are a window past, with 2 MiB
+/// in use since, the cap falls (within a quarter window of the tick's
+/// lag).
+#[test]
+fn with_regions_the_cap_falls_a_window_after_the_bytes_in_use_do() {
+    let window = Duration::from_millis(400);
+    let (pool, _f) = carving(window, 1);
+    warm(&pool, 0, 16);
+    let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
+    assert!(
+        eventually(Duration::from_secs(10), || pool.stats().max_pooled_bytes
+            >= 20 * MIB),
+        "the cap rising: {:#?}",
+        pool.stats()
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let dropped = Instant::now();
+    drop(held);
+    pool.flush();
+    let small: Vec<_> = (0..2).map(|_| pool.take(MIB)).collect();
+    let fell = eventually(window * 10, || pool.stats().max_pooled_bytes < 16 * MIB);
+    let after = dropped.elapsed();
+    let s = pool.stats();
+    assert!(fell, "the cap never fell within 10 windows: {s:#?}");
+    assert!(
+        after <= window + window / 4,
+        "the cap fell {after:?} after the bytes in use did, window {window:?}"
+    );
+    drop(small);
+}
+
+/// The cap is a quarter more than the most bytes in use *at once*: 16 MiB
+/// on device 0, then (after they are dropped) 16 MiB on device 1, never
+/// more than 16 MiB at once.
+#[test]
+fn with_regions_two_devices_in_turn_do_not_add_up() {
+    let (pool, _f) = carving(Duration::from_secs(60), 2);
+    warm(&pool, 0, 16);
+    warm(&pool, 1, 16);
+    // Let the warm-up's peaks (16 MiB each, in turn too) be the only ones.
+    let a: Vec<_> = (0..16).map(|_| pool.take_on(0, MIB).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(a);
+    pool.flush();
+    let b: Vec<_> = (0..16).map(|_| pool.take_on(1, MIB).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let s = pool.stats();
+    drop(b);
+    assert_eq!(
+        s.max_pooled_bytes,
+        20 * MIB,
+        "never more than 16 MiB in use at once: {s:#?}"
+    );
+}
+
+/// A reservation raises a following cap by its bytes (Pool::reserve), and
+/// by those only: it is not in use.
+#[test]
+fn with_regions_a_reservation_raises_the_cap_by_its_bytes_once() {
+    let (pool, _f) = carving(Duration::from_secs(60), 1);
+    pool.reserve(0, &[(4 * MIB, 8)]).unwrap();
+    pool.flush();
+    std::thread::sleep(Duration::from_millis(200));
+    let s = pool.stats();
+    assert_eq!(s.max_pooled_bytes, MIB + 32 * MIB, "{s:#?}");
+}
+
+/// After a burst of 16 MiB, a staging loop goes on taking one buffer of the
+/// same size at a time (hot): at most 1 MiB in use at once from then on.
+/// Once the burst is a window past, the cap falls to the floor-or-1.25x of
+/// what the loop holds (a few MiB), evicting the burst's idle buffers.
+#[test]
+fn with_regions_a_hot_loop_after_a_burst_lets_the_cap_fall() {
+    let window = Duration::from_millis(400);
+    let (pool, _f) = carving(window, 1);
+    warm(&pool, 0, 16);
+    let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let dropped = Instant::now();
+    let mut fell_after = None;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = pool.take(MIB);
+                std::hint::black_box(&b);
+                drop(b);
+            }
+        });
+        drop(held);
+        while dropped.elapsed() < window * 8 {
+            let st = pool.stats();
+            if st.max_pooled_bytes < 16 * MIB {
+                fell_after = Some(dropped.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let s = pool.stats();
+    let fell =
+        fell_after.unwrap_or_else(|| panic!("the cap did not fall within 8 windows: {s:#?}"));
+    assert!(
+        fell <= window * 5 / 4,
+        "the cap fell {fell:?} after the burst, window {window:?}"
+    );
+}
+
+/// One thread takes and drops a 1 MiB buffer in a loop for a second: one
+/// buffer in use at a time (two while a drop races its next take). The
+/// following cap is a quarter more than the most bytes in use at once or
+/// the floor (1 MiB): buffers dropped and still in the cleaner are not in
+/// use.
+#[test]
+fn with_regions_a_staging_loop_keeps_the_cap_near_what_it_holds() {
+    let (pool, _f) = carving(Duration::from_secs(60), 1);
+    let start = Instant::now();
+    let mut most_cap = 0;
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_secs(1) {
+        let b = pool.take(MIB);
+        std::hint::black_box(&b);
+        drop(b);
+        n += 1;
+        if n.is_multiple_of(64) {
+            most_cap = most_cap.max(pool.stats().max_pooled_bytes);
+        }
+    }
+    let s = pool.stats();
+    let in_use = s.peak_in_use_bytes as usize;
+    assert!(
+        most_cap <= (in_use + in_use / 4).max(MIB),
+        "cap {} MiB against {} MiB in use at most ({n} takes): {s:#?}",
+        most_cap / MIB,
+        in_use / MIB
     );
 }
