@@ -327,17 +327,9 @@ impl Record {
                 took_ns,
                 failed,
                 region,
-            } => {
-                let flags = flag(failed, REGISTER_FAILED) | flag(region, REGISTER_REGION);
-                [
-                    head(REGISTER, flags, device),
-                    time_ns,
-                    0,
-                    id,
-                    bytes,
-                    took_ns,
-                ]
-            }
+            } => registration_words(
+                REGISTER, time_ns, device, id, bytes, took_ns, failed, region,
+            ),
             Record::Unregister {
                 time_ns,
                 device,
@@ -346,17 +338,9 @@ impl Record {
                 took_ns,
                 failed,
                 region,
-            } => {
-                let flags = flag(failed, REGISTER_FAILED) | flag(region, REGISTER_REGION);
-                [
-                    head(UNREGISTER, flags, device),
-                    time_ns,
-                    0,
-                    id,
-                    bytes,
-                    took_ns,
-                ]
-            }
+            } => registration_words(
+                UNREGISTER, time_ns, device, id, bytes, took_ns, failed, region,
+            ),
             Record::Evict {
                 time_ns,
                 bytes,
@@ -455,32 +439,32 @@ impl Record {
                     remote: flags & DROP_REMOTE != 0,
                 })
             }
-            REGISTER => {
+            REGISTER | UNREGISTER => {
                 if flags & !(REGISTER_FAILED | REGISTER_REGION) != 0 {
-                    return Err(format!("unknown registration flags {flags:#x}"));
+                    return Err(format!("unknown (un)registration flags {flags:#x}"));
                 }
-                Ok(Record::Register {
-                    time_ns,
-                    device,
-                    id,
-                    bytes: a,
-                    took_ns: b,
-                    failed: flags & REGISTER_FAILED != 0,
-                    region: flags & REGISTER_REGION != 0,
-                })
-            }
-            UNREGISTER => {
-                if flags & !(REGISTER_FAILED | REGISTER_REGION) != 0 {
-                    return Err(format!("unknown unregistration flags {flags:#x}"));
-                }
-                Ok(Record::Unregister {
-                    time_ns,
-                    device,
-                    id,
-                    bytes: a,
-                    took_ns: b,
-                    failed: flags & REGISTER_FAILED != 0,
-                    region: flags & REGISTER_REGION != 0,
+                let (failed, region) = (flags & REGISTER_FAILED != 0, flags & REGISTER_REGION != 0);
+                let (bytes, took_ns) = (a, b);
+                Ok(if kind == REGISTER {
+                    Record::Register {
+                        time_ns,
+                        device,
+                        id,
+                        bytes,
+                        took_ns,
+                        failed,
+                        region,
+                    }
+                } else {
+                    Record::Unregister {
+                        time_ns,
+                        device,
+                        id,
+                        bytes,
+                        took_ns,
+                        failed,
+                        region,
+                    }
                 })
             }
             EVICT => no_flags(Record::Evict {
@@ -525,6 +509,42 @@ impl Record {
     }
 }
 
+/// A registration's or an unregistration's words.
+#[allow(clippy::too_many_arguments)]
+fn registration_words(
+    kind: u8,
+    time_ns: u64,
+    device: u16,
+    id: u64,
+    bytes: u64,
+    took_ns: u64,
+    failed: bool,
+    region: bool,
+) -> [u64; 6] {
+    let flags = flag(failed, REGISTER_FAILED) | flag(region, REGISTER_REGION);
+    [head(kind, flags, device), time_ns, 0, id, bytes, took_ns]
+}
+
+/// Nanoseconds as microseconds, to the nanosecond.
+fn us(ns: u64) -> String {
+    format!("{:.3}", ns as f64 / 1e3)
+}
+
+/// A registration's or an unregistration's fields as text: device,
+/// address, bytes, time taken, failed, region.
+struct Registration(u16, u64, u64, u64, bool, bool);
+
+impl fmt::Display for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self(device, id, bytes, took_ns, failed, region) = *self;
+        write!(
+            f,
+            "device={device} address={id:#x} bytes={bytes} took_us={} failed={failed} region={region}",
+            us(took_ns)
+        )
+    }
+}
+
 /// Six words as 48 little-endian bytes.
 pub(crate) fn words_to_bytes(words: [u64; 6]) -> [u8; RECORD_BYTES] {
     let mut out = [0; RECORD_BYTES];
@@ -538,7 +558,6 @@ impl fmt::Display for Record {
     /// One line: the time in microseconds, the kind, then `key=value`
     /// fields (`trace-dump`'s text).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let us = |ns: u64| format!("{:.3}", ns as f64 / 1e3);
         match *self {
             Record::Take {
                 time_ns,
@@ -579,9 +598,9 @@ impl fmt::Display for Record {
                 region,
             } => write!(
                 f,
-                "{} register device={device} address={id:#x} bytes={bytes} took_us={} failed={failed} region={region}",
+                "{} register {}",
                 us(time_ns),
-                us(took_ns)
+                Registration(device, id, bytes, took_ns, failed, region)
             ),
             Record::Unregister {
                 time_ns,
@@ -593,9 +612,9 @@ impl fmt::Display for Record {
                 region,
             } => write!(
                 f,
-                "{} unregister device={device} address={id:#x} bytes={bytes} took_us={} failed={failed} region={region}",
+                "{} unregister {}",
                 us(time_ns),
-                us(took_ns)
+                Registration(device, id, bytes, took_ns, failed, region)
             ),
             Record::Evict {
                 time_ns,

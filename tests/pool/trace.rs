@@ -32,6 +32,19 @@ impl Drop for TempPath {
     }
 }
 
+/// A traced host pool without thread caches: a buffer dropped goes to the
+/// shard at once, where any thread's next take finds it.
+fn without_caches(path: &TempPath) -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(1)
+        .thread_cache_bytes(0)
+        .regions(false)
+        .trace(&path.0)
+        .build()
+        .unwrap()
+}
+
 fn traced(path: &TempPath) -> Pool {
     Pool::builder()
         .backend(BackendKind::Host)
@@ -1087,14 +1100,7 @@ fn an_outstanding_buffer_names_the_take_that_holds_it() {
     const A_ASKS: usize = 5000;
     const B_ASKS: usize = 4097;
     let path = TempPath::new("outstanding-owner");
-    let pool = Pool::builder()
-        .backend(BackendKind::Host)
-        .cleaner_threads(1)
-        .thread_cache_bytes(0)
-        .regions(false)
-        .trace(&path.0)
-        .build()
-        .unwrap();
+    let pool = without_caches(&path);
     let (to_b, b_rx) = std::sync::mpsc::channel::<()>();
     let (to_main, main_rx) = std::sync::mpsc::channel::<Option<u64>>();
     let mut reused = 0;
@@ -1279,6 +1285,7 @@ fn every_unregistration_is_traced() {
         "bytes registered and unregistered in the trace"
     );
 }
+
 /// A buffer taken by A, dropped by B (in B's buffer), taken again by A
 /// and held, often within one millisecond: the outstanding record is A's
 /// second take. A's buffer was made first, so within a millisecond the
@@ -1288,14 +1295,7 @@ fn a_remote_drop_sorted_after_its_takers_next_take_closes_the_first() {
     const FIRST: usize = 5000;
     const SECOND: usize = 4097;
     let path = TempPath::new("remote-retake");
-    let pool = Pool::builder()
-        .backend(BackendKind::Host)
-        .cleaner_threads(1)
-        .thread_cache_bytes(0)
-        .regions(false)
-        .trace(&path.0)
-        .build()
-        .unwrap();
+    let pool = without_caches(&path);
     // The main thread's ring first.
     drop(pool.take(64));
     let (to_b, b_rx) = std::sync::mpsc::channel::<pinpool::PinnedBuffer>();
