@@ -275,8 +275,10 @@ impl PoolBuilder {
     /// working set: with no cap given, the cap is a quarter more than the
     /// most bytes in use at once over the last idle-trim time (30 s by
     /// default; the bytes their buffers occupy, sampled every 10 ms while
-    /// the pool is in use, and, with regions, as each miss found them in
-    /// between, so that a burst of takes between two samples counts) or
+    /// the pool is in use, and as each take that found no memory saw them
+    /// in between, so that a burst of misses between two samples counts;
+    /// a burst served from the pool between two samples does not, so the
+    /// cap may fall a window after the last burst that missed) or
     /// [`min_pooled_bytes`](Self::min_pooled_bytes) (4 GiB by default),
     /// whichever is more, plus the bytes
     /// [`Pool::reserve`](crate::Pool::reserve) asked for since the last

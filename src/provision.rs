@@ -21,9 +21,9 @@
 //! - **The cap that follows the working set** (with no cap given): each
 //!   tick also keeps the most bytes in use at once over the window, per
 //!   eighth of it, which the cleaner hands to
-//!   [`Admission::follow`](crate::admission::Admission::follow); with
-//!   regions, the bytes in use that misses found between two ticks count
-//!   too (a burst that a tick's sample misses).
+//!   [`Admission::follow`](crate::admission::Admission::follow); the
+//!   bytes in use that takes which found no memory saw between two ticks
+//!   count too (a burst of misses that a tick's sample misses).
 //! - **Draining regions** (a pool that carves from regions, idle trimming
 //!   on): each tick also keeps, per device, the most bytes its regions'
 //!   buffers had in use, or had carved, at once over the window (sampled
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use crate::admission::{Admission, Places};
 use crate::alloc::Block;
 use crate::size_class::SizeClass;
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// How often a tick does its work, at most.
 const TICK: Duration = Duration::from_millis(10);
@@ -134,6 +134,10 @@ pub(crate) struct Provisioner {
     /// its class for same-size reuse; of any other, to its region (see
     /// `alloc::region`).
     hot: Box<[AtomicBool]>,
+    /// The most footprint bytes in use at once that a take found since
+    /// the last tick took it (a miss, or a carve while misses are out:
+    /// see [`note_found`](Self::note_found)).
+    found: AtomicU64,
     provision: bool,
     idle_trim: Option<Duration>,
 }
@@ -148,8 +152,8 @@ pub(crate) struct Plan {
     /// The tick ran (it runs at most every 10 ms): the hot slots are new.
     pub(crate) ticked: bool,
     /// The most footprint bytes in use at once over the window, as
-    /// sampled by the ticks and, with regions, as misses found them in
-    /// between (when `ticked`).
+    /// sampled by the ticks and as misses found them in between (when
+    /// `ticked`).
     pub(crate) recent_in_use: u64,
     /// Per device, the most bytes its regions' classes had in use at once
     /// over the window and a seventh more, as sampled by the ticks and
@@ -178,9 +182,30 @@ impl Provisioner {
                 last: Instant::now(),
                 last_trim: Instant::now(),
             }),
+            found: AtomicU64::new(0),
             provision,
             idle_trim,
         }
+    }
+
+    /// Notes the footprint bytes in use now, over every device and class,
+    /// for a take on the slow path that found no memory (a miss, or a
+    /// carve while misses are out), its own buffer counted: the cap that
+    /// follows the working set counts them at the next tick, so that a
+    /// burst of takes that miss between two ticks counts whole (the ticks'
+    /// samples miss it, and run seldom while the cleaner is busy).
+    pub(crate) fn note_found(&self, at: Places<'_>) {
+        let classes = &at.caches.classes;
+        let count = classes.count();
+        let bytes: u64 = (0..at.caches.slots())
+            .map(|slot| {
+                let n: u64 = at.caches.iter().map(|cache| cache.in_use(slot)).sum();
+                n * classes.footprint(SizeClass::at(slot % count)) as u64
+            })
+            .sum();
+        // Relaxed: a figure for the next tick; one racing its swap counts
+        // in that tick or the next.
+        self.found.fetch_max(bytes, Ordering::Relaxed);
     }
 
     /// Whether `slot` is hot (see the field).
@@ -211,41 +236,34 @@ impl Provisioner {
     /// Tells each device's regions what is in use of their buffers now
     /// (`in_use`: buffers per slot), so that they can grow ahead of demand
     /// (see `Regions::note_in_use`), and keeps it in the device's window
-    /// (`demand`). Returns those windows' peaks, and by how much the bytes
-    /// in use that misses found since the last tick (see
-    /// `Regions::take_demand_peak`) pass those sampled now, summed over
-    /// the devices: a burst of takes between two ticks, which the cap
-    /// that follows the working set must count (else it would release
-    /// the regions the burst grew, to register them again at the next).
+    /// (`demand`), whose peaks it returns.
     fn note_demand(
         at: Places<'_>,
         in_use: &[u64],
         demand: &mut [RecentPeak],
         now: Instant,
         window: Duration,
-    ) -> (Vec<usize>, u64) {
+    ) -> Vec<usize> {
         let intake = &at.caches.intake;
         let mut peaks = Vec::with_capacity(at.shards.len());
-        let mut missed = 0;
         for ((device, shard), recent) in at.shards.iter().enumerate().zip(demand) {
             let bytes = carved_demand(at, device, |slot| in_use[slot]);
             let regions = shard.regions();
             regions.note_in_use(bytes, intake.misses_out(device));
-            let asked = regions.take_demand_peak();
-            missed += asked.saturating_sub(bytes) as u64;
-            // What was carved at once since the last tick counts too (for
-            // draining, which asks what the regions held, idle buffers
-            // and buffers in the cleaner included): the ticks alone miss a
-            // demand held between them (and run seldom while the cleaner
-            // is busy). Kept a whole window at least (a peak counts for
-            // seven to eight eighths of the window its eighths divide): a
-            // demand that comes back within every window drains nothing.
+            // What was carved at once since the last tick counts too, and
+            // what misses found in use: draining asks what the regions
+            // held (idle buffers and buffers in the cleaner included), and
+            // the ticks alone miss a demand held between them (and run
+            // seldom while the cleaner is busy). Kept a whole window at
+            // least (a peak counts for seven to eight eighths of the window
+            // its eighths divide): a demand that comes back within every
+            // window drains nothing.
             let kept = window * 8 / 7;
-            let between = regions.take_out_peak().max(asked);
+            let between = regions.take_out_peak().max(regions.take_demand_peak());
             recent.note(now, bytes.max(between) as u64, kept);
             peaks.push(usize::try_from(recent.peak()).unwrap_or(usize::MAX));
         }
-        (peaks, missed)
+        peaks
     }
 
     /// The idle-trim time, if idle trimming is on.
@@ -294,13 +312,15 @@ impl Provisioner {
                     )
                 });
         at.caches.counters.note_in_use(in_use_bytes);
-        let (recent_demand, missed) = if at.caches.carves() {
+        // Relaxed: see `note_found`.
+        let found = self.found.swap(0, Ordering::Relaxed);
+        state.recent.note(now, in_use_footprint.max(found), window);
+        let recent_demand = if at.caches.carves() {
             self.mark_hot(at, &mut state);
             Self::note_demand(at, &in_use, &mut state.demand, now, window)
         } else {
-            (Vec::new(), 0)
+            Vec::new()
         };
-        state.recent.note(now, in_use_footprint + missed, window);
         for (mark, &now_in_use) in state.marks.iter_mut().zip(&in_use) {
             match mark {
                 Some(m) if now_in_use >= m.peak => {

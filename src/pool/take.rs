@@ -182,6 +182,7 @@ impl Shared {
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
         cache.count_miss(block.slot());
+        this.provisioner.note_found(this.places());
         let mut set = None;
         if this.caches.carves() && !block.in_slab() {
             let footprint = block.footprint();
@@ -252,6 +253,11 @@ impl Shared {
             // in it.
             taker.count_hit(block.slot(), 0);
             taker.count_carved();
+            if missed > 0 {
+                // For the cap that follows the working set, this take
+                // counted.
+                self.provisioner.note_found(self.places());
+            }
             Some(block)
         };
         if let Some(block) = carve() {
