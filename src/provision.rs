@@ -197,11 +197,10 @@ impl Provisioner {
     pub(crate) fn note_found(&self, at: Places<'_>) {
         let classes = &at.caches.classes;
         let count = classes.count();
-        let bytes: u64 = (0..at.caches.slots())
-            .map(|slot| {
-                let n: u64 = at.caches.iter().map(|cache| cache.in_use(slot)).sum();
-                n * classes.footprint(SizeClass::at(slot % count)) as u64
-            })
+        let bytes: u64 = in_use_now(at)
+            .iter()
+            .enumerate()
+            .map(|(slot, &n)| n * classes.footprint(SizeClass::at(slot % count)) as u64)
             .sum();
         // Relaxed: a figure for the next tick; one racing its swap counts
         // in that tick or the next.
@@ -290,12 +289,7 @@ impl Provisioner {
         let window = self.idle_trim.unwrap_or(DEFAULT_WINDOW);
         let classes = &at.caches.classes;
         let count = classes.count();
-        let mut in_use = vec![0u64; state.marks.len()];
-        for cache in at.caches.iter() {
-            for (slot, n) in in_use.iter_mut().enumerate() {
-                *n += cache.in_use(slot);
-            }
-        }
+        let in_use = in_use_now(at);
         // In use at the lengths handed out (the statistics), and at their
         // footprints: the cap counts those (a class just above a page
         // occupies two), so the cap that follows the working set follows
@@ -451,9 +445,21 @@ fn carved_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -
 /// is counted. Relaxed counts read while other threads take and drop: a
 /// little off either way, which the next tick or miss corrects.
 pub(crate) fn demand_now(at: Places<'_>, device: usize) -> usize {
-    carved_demand(at, device, |slot| {
-        at.caches.iter().map(|cache| cache.in_use(slot)).sum()
-    })
+    // One pass over the caches (each pass walks every thread's slot), not
+    // one per class: a miss waits for this.
+    let in_use = in_use_now(at);
+    carved_demand(at, device, |slot| in_use[slot])
+}
+
+/// The buffers in use now per slot, summed over the thread caches.
+fn in_use_now(at: Places<'_>) -> Vec<u64> {
+    let mut in_use = vec![0u64; at.caches.slots()];
+    for cache in at.caches.iter() {
+        for (slot, n) in in_use.iter_mut().enumerate() {
+            *n += cache.in_use(slot);
+        }
+    }
+    in_use
 }
 
 #[cfg(all(test, not(pinpool_loom)))]
