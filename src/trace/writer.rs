@@ -329,6 +329,7 @@ impl Tracer {
             }
             file.write(*words);
         }
+        file.live.end_batch();
         batch.clear();
         file.batch = batch;
         if !file.failed {
@@ -395,16 +396,36 @@ impl Tracer {
 /// not held twice at once: they were dropped, their drops still to come
 /// or lost to a full ring); a superseded take is never reported, and goes
 /// at its drop or at the next take of the address. A drop whose take was
-/// lost closes nothing. So a buffer held at the close is reported whatever
+/// lost closes nothing. A drop by another thread than the taker's can be
+/// read a batch before its take (the background thread reads the rings
+/// one after the other): a drop that closes nothing waits, through the
+/// next batch, for a take of its taker at or before its time, which it
+/// then closes. So a buffer held at the close is reported whatever
 /// records were lost before its take; one whose own drop was lost, and
 /// whose address no later take reused, is reported too (the file's lost
 /// count says when that can be).
 #[derive(Debug, Default)]
-struct Live(HashMap<u64, Vec<([u64; 6], bool)>>);
+struct Live {
+    /// By address, the takes open and whether each is superseded.
+    open: HashMap<u64, Vec<([u64; 6], bool)>>,
+    /// Drops that closed nothing, and the batch they were read in.
+    waiting: Vec<([u64; 6], u64)>,
+    /// Batches written.
+    batch: u64,
+}
 
 impl Live {
     fn take(&mut self, words: [u64; 6]) {
-        let open = self.0.entry(words[3]).or_default();
+        // A drop of this take read before it (see above).
+        let waiting = &mut self.waiting;
+        if let Some(i) = waiting
+            .iter()
+            .position(|(d, _)| d[3] == words[3] && d[5] == words[2] && words[1] <= d[1])
+        {
+            waiting.swap_remove(i);
+            return;
+        }
+        let open = self.open.entry(words[3]).or_default();
         // Superseded at an earlier take: their drops had a millisecond.
         open.retain(|(_, superseded)| !superseded);
         for (take, superseded) in open.iter_mut() {
@@ -415,21 +436,34 @@ impl Live {
 
     fn drop(&mut self, words: &[u64; 6]) {
         let (time, taker) = (words[1], words[5]);
-        let Some(open) = self.0.get_mut(&words[3]) else {
-            return;
-        };
-        if let Some(i) = open.iter().position(|(t, _)| t[2] == taker && t[1] <= time) {
+        let closed = self.open.get_mut(&words[3]).and_then(|open| {
+            let i = open
+                .iter()
+                .position(|(t, _)| t[2] == taker && t[1] <= time)?;
             open.remove(i);
+            Some(open.is_empty())
+        });
+        match closed {
+            Some(true) => {
+                self.open.remove(&words[3]);
+            }
+            Some(false) => {}
+            None => self.waiting.push((*words, self.batch)),
         }
-        if open.is_empty() {
-            self.0.remove(&words[3]);
-        }
+    }
+
+    /// A batch is written: drops that waited through a whole batch more
+    /// for their take stop waiting (their takes were lost).
+    fn end_batch(&mut self) {
+        let batch = self.batch;
+        self.waiting.retain(|&(_, since)| since == batch);
+        self.batch += 1;
     }
 
     /// The takes open and not superseded, in time order.
     fn outstanding(&self) -> Vec<[u64; 6]> {
         let mut live: Vec<[u64; 6]> = self
-            .0
+            .open
             .values()
             .flatten()
             .filter(|(_, superseded)| !superseded)
@@ -633,9 +667,28 @@ mod tests {
         assert_eq!(held(&live), vec![(1, 0x7000, 4097)]);
         // A superseded take whose drop was lost goes at the next take.
         live.take(take(8, 2, 0x7000, 10));
-        assert_eq!(live.0[&0x7000].len(), 2);
+        assert_eq!(live.open[&0x7000].len(), 2);
         live.take(take(9, 2, 0x7000, 20));
-        assert_eq!(live.0[&0x7000].len(), 2);
+        assert_eq!(live.open[&0x7000].len(), 2);
         assert_eq!(held(&live), vec![(2, 0x7000, 20)]);
+    }
+
+    /// A remote drop read a batch before its take (the background thread
+    /// read the dropper's ring first): the take, read next, is closed by
+    /// it; a drop whose take never comes stops waiting after a batch.
+    #[test]
+    fn a_drop_read_a_batch_before_its_take_closes_it() {
+        let mut live = Live::default();
+        live.drop(&drop_of(5, 0x8000, 1));
+        live.end_batch();
+        live.take(take(5, 1, 0x8000, 5000));
+        live.take(take(5, 1, 0x8000, 4097));
+        live.end_batch();
+        assert_eq!(held(&live), vec![(1, 0x8000, 4097)]);
+        live.drop(&drop_of(7, 0x9000, 2));
+        live.end_batch();
+        live.end_batch();
+        live.take(take(6, 2, 0x9000, 10));
+        assert_eq!(held(&live), vec![(1, 0x8000, 4097), (2, 0x9000, 10)]);
     }
 }
