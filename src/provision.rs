@@ -188,16 +188,17 @@ impl Provisioner {
         }
     }
 
-    /// Notes the footprint bytes in use now, over every device and class,
-    /// for a take on the slow path that found no memory (a miss, or a
-    /// carve while misses are out), its own buffer counted: the cap that
-    /// follows the working set counts them at the next tick, so that a
-    /// burst of takes that miss between two ticks counts whole (the ticks'
-    /// samples miss it, and run seldom while the cleaner is busy).
-    pub(crate) fn note_found(&self, at: Places<'_>) {
+    /// Notes the footprint bytes in use now (`in_use`: buffers per slot,
+    /// [`in_use_now`]), over every device and class, for a take on the
+    /// slow path that found no memory (a miss, or a carve while misses
+    /// are out), its own buffer counted: the cap that follows the working
+    /// set counts them at the next tick, so that a burst of takes that
+    /// miss between two ticks counts whole (the ticks' samples miss it,
+    /// and run seldom while the cleaner is busy).
+    pub(crate) fn note_found(&self, at: Places<'_>, in_use: &[u64]) {
         let classes = &at.caches.classes;
         let count = classes.count();
-        let bytes: u64 = in_use_now(at)
+        let bytes: u64 = in_use
             .iter()
             .enumerate()
             .map(|(slot, &n)| n * classes.footprint(SizeClass::at(slot % count)) as u64)
@@ -439,20 +440,19 @@ fn carved_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -
         .sum()
 }
 
-/// The demand on `device`'s regions now: as the provisioning tick counts
-/// it (see [`Provisioner::tick`]), summed over the thread caches at the
-/// call, for a take that found no memory (the slow path), whose own buffer
-/// is counted. Relaxed counts read while other threads take and drop: a
-/// little off either way, which the next tick or miss corrects.
-pub(crate) fn demand_now(at: Places<'_>, device: usize) -> usize {
-    // One pass over the caches (each pass walks every thread's slot), not
-    // one per class: a miss waits for this.
-    let in_use = in_use_now(at);
+/// The demand on `device`'s regions, as the provisioning tick counts it
+/// (see [`Provisioner::tick`]), from `in_use` ([`in_use_now`]), for a take
+/// that found no memory (the slow path).
+pub(crate) fn demand_from(at: Places<'_>, device: usize, in_use: &[u64]) -> usize {
     carved_demand(at, device, |slot| in_use[slot])
 }
 
-/// The buffers in use now per slot, summed over the thread caches.
-fn in_use_now(at: Places<'_>) -> Vec<u64> {
+/// The buffers in use now per slot, summed over the thread caches in one
+/// pass (each pass walks every thread's slot): for a take that found no
+/// memory, whose own buffer is counted once it is. Relaxed counts read
+/// while other threads take and drop: a little off either way, which the
+/// next tick or miss corrects.
+pub(crate) fn in_use_now(at: Places<'_>) -> Vec<u64> {
     let mut in_use = vec![0u64; at.caches.slots()];
     for cache in at.caches.iter() {
         for (slot, n) in in_use.iter_mut().enumerate() {

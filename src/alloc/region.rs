@@ -525,7 +525,7 @@ impl Regions {
     /// Notes a take that found no memory (a pool miss), or one that carved
     /// while misses were out, with `demand` bytes of this set's buffers
     /// held now, the take's own included (counted as the provisioning tick
-    /// counts them, at the take: see `provision::demand_now`): the demand
+    /// counts them, at the take: see `provision::demand_from`): the demand
     /// the regions should have met. Counted at the take, not at the last
     /// tick, so that a burst of takes held for less than a tick still
     /// counts whole.

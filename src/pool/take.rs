@@ -182,14 +182,17 @@ impl Shared {
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;
         cache.count_miss(block.slot());
-        this.provisioner.note_found(this.places());
+        // What is in use now, this buffer included: for the cap that
+        // follows the working set, and for the regions' demand below.
+        let in_use = crate::provision::in_use_now(this.places());
+        this.provisioner.note_found(this.places(), &in_use);
         let mut set = None;
         if this.caches.carves() && !block.in_slab() {
             let footprint = block.footprint();
             let regions = this.shards[device].regions();
             let out = this.caches.intake.note_miss(device, footprint);
             regions.note_miss(
-                crate::provision::demand_now(this.places(), device),
+                crate::provision::demand_from(this.places(), device, &in_use),
                 footprint,
             );
             set = Some((regions, out));
@@ -236,27 +239,26 @@ impl Shared {
         let regions = shard.regions();
         let carve = || {
             let at = regions.carve(footprint)?;
-            let missed = self.caches.intake.misses_out(device);
-            // (A stale 0 from a racing miss skips the note: that miss
-            // noted the demand itself.)
-            if missed > 0 {
-                // Misses of the device are still out: the regions hold less
-                // than is wanted now, this take included (not counted
-                // yet), and must grow by the difference once the misses
-                // come back (else the same demand misses again, the space
-                // grown for the misses having gone to this take).
-                let demand = crate::provision::demand_now(self.places(), device);
-                regions.note_miss(demand + footprint, 0);
-            }
             let block = Block::carved(classes, class, device, at);
             // Not from the pooled buffers' estimate: free extents are not
             // in it.
             taker.count_hit(block.slot(), 0);
             taker.count_carved();
-            if missed > 0 {
-                // For the cap that follows the working set, this take
-                // counted.
-                self.provisioner.note_found(self.places());
+            // (A stale 0 from a racing miss skips the notes: that miss
+            // noted the demand itself.)
+            if self.caches.intake.misses_out(device) > 0 {
+                // Misses of the device are still out: the regions hold less
+                // than is wanted now, this take included, and must grow by
+                // the difference once the misses come back (else the same
+                // demand misses again, the space grown for the misses
+                // having gone to this take). The cap that follows the
+                // working set counts it too.
+                let in_use = crate::provision::in_use_now(self.places());
+                regions.note_miss(
+                    crate::provision::demand_from(self.places(), device, &in_use),
+                    0,
+                );
+                self.provisioner.note_found(self.places(), &in_use);
             }
             Some(block)
         };
