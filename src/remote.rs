@@ -21,27 +21,43 @@ use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 pub(crate) struct RemoteList {
     head: AtomicPtr<Meta>,
     /// Footprint bytes of the blocks on the list: raised before a push and
-    /// lowered by the swap that takes them.
+    /// lowered by the swap that takes them (a counted list only).
     bytes: AtomicUsize,
     /// Blocks on the list per slot, counted the same way (written by
-    /// pushers and the owner's swap: on lines of its own).
-    per_slot: Slots<AtomicU32>,
+    /// pushers and the owner's swap: on lines of its own); `None` for a
+    /// list whose counts nobody reads, whose pushes then write only the
+    /// head: each counter a push writes is a line the taker writes too,
+    /// moved between their cores at every push.
+    per_slot: Option<Slots<AtomicU32>>,
 }
 
 impl RemoteList {
-    /// An empty list for a pool of `slots` slots.
+    /// An empty list for a pool of `slots` slots, counting its bytes and
+    /// its blocks per slot.
     pub(crate) fn new(slots: usize) -> Self {
         Self {
             head: AtomicPtr::new(std::ptr::null_mut()),
             bytes: AtomicUsize::new(0),
-            per_slot: Slots::new(slots),
+            per_slot: Some(Slots::new(slots)),
+        }
+    }
+
+    /// An empty list that counts nothing ([`bytes`](Self::bytes) and
+    /// [`count_in`](Self::count_in) read 0).
+    pub(crate) fn uncounted() -> Self {
+        Self {
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            bytes: AtomicUsize::new(0),
+            per_slot: None,
         }
     }
 
     /// Blocks of `slot` on the list (a statistic or a hint).
     pub(crate) fn count_in(&self, slot: usize) -> u32 {
         // Relaxed: a statistic or a hint.
-        self.per_slot[slot].load(Ordering::Relaxed)
+        self.per_slot
+            .as_ref()
+            .map_or(0, |counts| counts[slot].load(Ordering::Relaxed))
     }
 
     /// Whether the list looks empty. Relaxed: a stale answer either way
@@ -61,9 +77,11 @@ impl RemoteList {
 
     /// Pushes `block`; returns whether the list was empty before.
     pub(crate) fn push(&self, block: Block) -> bool {
-        // Relaxed: counts; see `bytes`.
-        self.bytes.fetch_add(block.footprint(), Ordering::Relaxed);
-        self.per_slot[block.slot()].fetch_add(1, Ordering::Relaxed);
+        if let Some(counts) = &self.per_slot {
+            // Relaxed: counts; see `bytes`.
+            self.bytes.fetch_add(block.footprint(), Ordering::Relaxed);
+            counts[block.slot()].fetch_add(1, Ordering::Relaxed);
+        }
         let node = block.into_raw();
         // Relaxed: only the expected value of the CAS, which re-checks it.
         let mut head = self.head.load(Ordering::Relaxed);
@@ -92,11 +110,30 @@ impl RemoteList {
         // Acquire pairs with the Release CAS of every push it takes.
         let head = self.head.swap(std::ptr::null_mut(), Ordering::Acquire);
         let taken = Taken { next: head };
+        let Some(counts) = &self.per_slot else {
+            return taken;
+        };
         let mut bytes = 0;
+        // One decrement per run of blocks of one slot, not one per block:
+        // pushers write the same counter, so each write here is a transfer
+        // of its line between cores.
+        let mut run: Option<(usize, u32)> = None;
         for meta in taken.peek() {
             bytes += meta.footprint_bytes();
+            let slot = meta.slot();
+            match &mut run {
+                Some((s, n)) if *s == slot => *n += 1,
+                _ => {
+                    if let Some((s, n)) = run.replace((slot, 1)) {
+                        // Relaxed: see `bytes`.
+                        counts[s].fetch_sub(n, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if let Some((s, n)) = run {
             // Relaxed: see `bytes`.
-            self.per_slot[meta.slot()].fetch_sub(1, Ordering::Relaxed);
+            counts[s].fetch_sub(n, Ordering::Relaxed);
         }
         // Relaxed: see `bytes`.
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
@@ -128,7 +165,7 @@ impl Inbox {
     pub(crate) fn new(slots: usize, limit: usize) -> Self {
         Self {
             ready: RemoteList::new(slots),
-            released: RemoteList::new(slots),
+            released: RemoteList::uncounted(),
             listed: CachePadded::new(AtomicUsize::new(0)),
             limit,
         }
@@ -209,5 +246,59 @@ impl Drop for Taken {
         for block in self.by_ref() {
             drop(block);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::size_class::{page_size, Classes, SizeClasses};
+
+    fn blocks(classes: &Classes, sizes: &[usize]) -> Vec<Block> {
+        sizes
+            .iter()
+            .map(|&size| {
+                let class = classes.class_for(size).expect("a class");
+                Block::allocate(classes, class, 0, None).expect("map a block")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_counted_list_counts_runs_of_slots_and_an_uncounted_one_nothing() {
+        let classes = Classes::new(SizeClasses::Fine, page_size());
+        let sizes = [8192, 8192, 65536, 8192, 65536, 65536, 8192];
+        let small = blocks(&classes, &[8192])[0].slot();
+        let large = blocks(&classes, &[65536])[0].slot();
+        assert_ne!(small, large);
+        let slots = classes.count();
+
+        let counted = RemoteList::new(slots);
+        let mut footprint = 0;
+        for block in blocks(&classes, &sizes) {
+            footprint += block.footprint();
+            counted.push(block);
+        }
+        assert_eq!((counted.count_in(small), counted.count_in(large)), (4, 3));
+        assert_eq!(counted.bytes(), footprint);
+        // Newest first, every block, and the counts back to zero.
+        let lens: Vec<usize> = counted.take_all().map(|b| b.len()).collect();
+        let mut expected: Vec<usize> = sizes.iter().rev().copied().collect();
+        for (len, asked) in lens.iter().zip(&mut expected) {
+            assert!(len >= asked, "{lens:?}");
+            *asked = *len;
+        }
+        assert_eq!(lens.len(), sizes.len());
+        assert_eq!((counted.count_in(small), counted.count_in(large)), (0, 0));
+        assert_eq!(counted.bytes(), 0);
+        assert!(counted.is_empty());
+
+        let uncounted = RemoteList::uncounted();
+        assert!(uncounted.push(blocks(&classes, &[8192]).remove(0)));
+        assert!(!uncounted.push(blocks(&classes, &[65536]).remove(0)));
+        assert_eq!((uncounted.count_in(small), uncounted.bytes()), (0, 0));
+        assert!(!uncounted.is_empty());
+        assert_eq!(uncounted.take_all().count(), 2);
+        assert!(uncounted.is_empty());
     }
 }

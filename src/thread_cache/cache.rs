@@ -47,7 +47,11 @@ pub(super) struct OwnerPart {
     /// The owning thread's token ([`per_thread::current_token`]), set by
     /// the owner when it looks its cache up without its memo (see
     /// [`PerThread::get_or`](crate::sync::per_thread::PerThread::get_or)).
-    pub(super) token: AtomicU64,
+    /// On a line of its own: every drop reads it (is the dropper the
+    /// owner?), and a thread dropping another's buffers would otherwise
+    /// pull the line the owner writes at every take (`active`) to its core
+    /// and back, once a drop.
+    pub(super) token: CachePadded<AtomicU64>,
     pub(super) lists: UnsafeCell<Lists>,
     /// Per slot.
     slots: Slots<SlotCounts>,
@@ -80,10 +84,13 @@ pub(super) struct SharedPart {
     /// What the cleaner hands this cache: ready buffers for the owner,
     /// and pinned buffers to release in bulk.
     inbox: Inbox,
-    /// Buffers other threads dropped (not yet cleaned).
-    pub(super) returns: RemoteList,
+    /// Buffers other threads dropped (not yet cleaned). With `busy`, on
+    /// lines of their own: a thread dropping another's buffers writes them
+    /// at every drop, and the owner reads `request` and the inbox at every
+    /// take.
+    pub(super) returns: CachePadded<RemoteList>,
     /// Drops by other threads in progress (closing waits for them).
-    pub(super) busy: AtomicUsize,
+    pub(super) busy: CachePadded<AtomicUsize>,
     /// Footprint bytes taken through the orphan cache (no owner).
     taken_bytes: Counter,
     /// Buffers counted as dropped through this cache without a take: those
@@ -128,7 +135,7 @@ impl ThreadCache {
             owner: CachePadded::new(OwnerPart {
                 active: AtomicBool::new(false),
                 orphan,
-                token: AtomicU64::new(per_thread::NOBODY),
+                token: CachePadded::new(AtomicU64::new(per_thread::NOBODY)),
                 lists: UnsafeCell::new(Lists::default()),
                 slots: Slots::new(slots),
                 taken_bytes: Counter::default(),
@@ -144,8 +151,8 @@ impl ThreadCache {
                 request: AtomicU32::new(0),
                 lock: Mutex::new(()),
                 inbox: Inbox::new(slots, limit),
-                returns: RemoteList::new(slots),
-                busy: AtomicUsize::new(0),
+                returns: CachePadded::new(RemoteList::uncounted()),
+                busy: CachePadded::new(AtomicUsize::new(0)),
                 taken_bytes: Counter::default(),
                 ahead: Counter::default(),
                 drops: Slots::new(slots),
