@@ -180,6 +180,7 @@ impl Fence {
 /// A buffer's fences and spare events (boxed: see [`EventPool`]).
 #[derive(Debug, Default)]
 #[allow(clippy::vec_box)] // see `EventPool`
+#[repr(C)] // the lists a take and a drop read first, the spares last (see `Meta`)
 pub(crate) struct Fences {
     /// Fences still to wait on before reuse.
     pending: Vec<Fence>,

@@ -55,27 +55,37 @@ use region::Region;
 use slab::{LastShare, Slab};
 
 /// A buffer's side-table entry. Its owner writes it on every take and drop,
-/// so it gets cache lines of its own (128 bytes: two lines, as adjacent
-/// lines are fetched in pairs): metadata of buffers used by different
-/// threads must not share a line.
+/// so it gets cache lines of its own (256 bytes: two pairs of lines, as
+/// adjacent lines are fetched in pairs): metadata of buffers used by
+/// different threads must not share a line. In declaration order
+/// (`repr(C)`): what a take and a drop touch (a drop by another thread
+/// included: the link, the ticket, the dirty prefix, the fences) comes
+/// first, in the first pair of lines, so that a buffer moving between
+/// threads moves one pair, not two; what the cleaner, regions and
+/// tracing use comes after.
 #[derive(Debug)]
-#[repr(align(128))]
+#[repr(C, align(128))]
 pub(crate) struct Meta {
-    ptr: NonNull<u8>,
-    len: usize,
-    footprint: usize,
-    class: SizeClass,
-    device: u16,
-    /// The (device, class) slot index (`Classes::slot`), so that the
-    /// caches find a block's lists without the class table.
-    slot: u32,
-    pinned: bool,
+    /// The next entry of the remote list, or of the cache's deferred list,
+    /// that this block is on.
+    pub(crate) next: *mut Meta,
+    /// While the buffer is dropped and not yet ready, released or leaked:
+    /// its drop's flush ticket (see `flush`).
+    ticket: Option<Ticket>,
     /// The prefix written since the take (the whole buffer until the
     /// guard narrows it).
     pub(crate) dirty: usize,
+    footprint: usize,
+    ptr: NonNull<u8>,
     /// While the buffer is out: the length its guard shows (its class's,
     /// or less for a block borrowed by a smaller class).
     pub(crate) shown: usize,
+    /// The (device, class) slot index (`Classes::slot`), so that the
+    /// caches find a block's lists without the class table.
+    slot: u32,
+    device: u16,
+    class: SizeClass,
+    pinned: bool,
     /// While the buffer is out: whether the take was served from the pool.
     pub(crate) pooled: bool,
     /// While the buffer is out: the copies made through cudarc since host
@@ -83,24 +93,22 @@ pub(crate) struct Meta {
     /// the guard, so that the guard is two pointers that moves keep in
     /// registers.
     pub(crate) copies_pending: AtomicU8,
+    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
+    /// trimming keeps it.
+    pub(crate) reserved: bool,
     /// What the copies reading the buffer left behind, and spare events;
     /// locked only by copies made through cudarc, which see the buffer
     /// through `&`.
     fences: Mutex<Fences>,
-    /// While the buffer is dropped and not yet ready, released or leaked:
-    /// its drop's flush ticket (see `flush`).
-    ticket: Option<Ticket>,
-    /// For a pinned buffer dropped without events: the device synchronizes
-    /// started before the drop (see `cleaner::device_sync`).
-    pub(crate) sync_gen: u64,
     /// While the buffer is out of a pool that traces: the name of the
     /// thread that took it (see `trace`), which its drop record names.
     pub(crate) taker: u64,
+    len: usize,
+    /// For a pinned buffer dropped without events: the device synchronizes
+    /// started before the drop (see `cleaner::device_sync`).
+    pub(crate) sync_gen: u64,
     /// When a buffer on its way to the cleaner was dropped.
     pub(crate) dropped_at: Option<Instant>,
-    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
-    /// trimming keeps it.
-    pub(crate) reserved: bool,
     /// Bytes of the pinned budget that `reserve` admitted for this block
     /// when it was asked for, held until the block's registration takes
     /// them over (or they are given back): so that a second `reserve`
@@ -108,9 +116,6 @@ pub(crate) struct Meta {
     pub(crate) reserve_share: u64,
     /// When the buffer last became ready (admission), for idle trimming.
     pub(crate) ready_since: Option<Instant>,
-    /// The next entry of the remote list, or of the cache's deferred list,
-    /// that this block is on.
-    pub(crate) next: *mut Meta,
     /// The slab a sub-page block was carved from (the block holds one
     /// share of it).
     slab: Option<NonNull<Slab>>,
@@ -658,6 +663,23 @@ impl Drop for Block {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(not(pinpool_loom))]
+    fn what_takes_and_drops_touch_sits_in_the_first_pair_of_lines() {
+        // The fences' lists a take and a drop read (`pending`, `copies`)
+        // end within the first 128 bytes; the spares may spill.
+        let fences = std::mem::offset_of!(Meta, fences);
+        eprintln!(
+            "fences at {fences}, meta {} bytes",
+            std::mem::size_of::<Meta>()
+        );
+        assert!(
+            fences + std::mem::size_of::<Mutex<Fences>>() - 24 <= 128,
+            "{fences}"
+        );
+        assert_eq!(std::mem::size_of::<Meta>(), 256);
+    }
 
     #[test]
     fn page_sizes_come_from_the_system() {
