@@ -61,10 +61,16 @@ use super::mmap::{huge_page_size, map, map_huge, move_pages};
 /// in one extent): a growth for a miss of another size keeps `need` of it
 /// when the budget or a failed registration makes it smaller. Both 0 when
 /// nothing is short.
+///
+/// `merge`: the footprint of a missed buffer that no free extent holds
+/// while the regions hold the bytes the demand needs: one extent for it
+/// may be made of wholly free regions, moved together, adding no bytes
+/// (see [`Regions::merge_plan`]); 0 otherwise.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Shortfall {
     pub(crate) want: usize,
     pub(crate) need: usize,
+    pub(crate) merge: usize,
 }
 
 impl Shortfall {
@@ -647,6 +653,9 @@ impl Regions {
     /// unless a free extent holds it now.
     fn with_extent(&self, mut short: Shortfall, len: usize) -> Shortfall {
         if len > short.need && len > self.figures().largest_free {
+            if short.need == 0 {
+                short.merge = len;
+            }
             short.want = short.want.max(len);
             short.need = len;
         }
@@ -672,6 +681,7 @@ impl Regions {
             short => Shortfall {
                 want: short.max(bytes / 8),
                 need: peak.saturating_sub(bytes),
+                merge: 0,
             },
         }
     }
@@ -753,7 +763,9 @@ impl Regions {
     /// Maps a region of `len` bytes plus the wholly free regions of the
     /// lengths `fold` names (see [`fold_plan`](Self::fold_plan)), registers
     /// it through `register` (if given), lists it, wholly free, and returns
-    /// its length.
+    /// its length. With `len` 0 it only merges the regions `fold` names
+    /// (see [`merge_plan`](Self::merge_plan)); 0 if none of them was still
+    /// wholly free.
     ///
     /// What the growth adds is pre-faulted first, with the regions to fold
     /// still listed (and carved from, meanwhile, by any take). Then they
@@ -807,6 +819,11 @@ impl Regions {
             // SAFETY: the unused end of the fresh mapping, which nothing
             // holds.
             unsafe { libc::munmap(ptr.as_ptr().add(total).cast(), planned - total) };
+        }
+        if total == 0 {
+            // A merge (`len` 0) whose regions were all carved from since
+            // its plan: nothing moved, nothing to register.
+            return Ok(0);
         }
         let registered = match register {
             Some(register) => {
@@ -1108,6 +1125,51 @@ impl Regions {
             fold.push(l);
         }
         fold
+    }
+
+    /// The lengths of wholly free regions that, moved together (a growth
+    /// of 0 bytes that folds them: see [`grow`](Self::grow)), make one
+    /// extent of at least `len` bytes: of the sets of them that do, the one
+    /// with the fewest bytes (so the fewest to unregister and register
+    /// again), within [`REGION_MAX`](Tuning::REGION_MAX). `None` if the
+    /// wholly free regions together hold less, or if one of them holds
+    /// `len` alone (no merge needed).
+    pub(crate) fn merge_plan(&self, len: usize) -> Option<Vec<usize>> {
+        let mut lens = Vec::new();
+        {
+            let list = self.list.lock();
+            for &region in list.iter() {
+                // SAFETY: listed regions are live.
+                let this = unsafe { region.as_ref() };
+                if this.state.lock().out == 0 {
+                    lens.push(this.len);
+                }
+            }
+        }
+        if lens.iter().any(|&l| l >= len) {
+            return None;
+        }
+        // The smallest first; past 16 of them, only the 16 largest are
+        // looked at (the search is over their subsets).
+        lens.sort_unstable();
+        let lens = &lens[lens.len().saturating_sub(16)..];
+        let mut best: Option<(usize, u32)> = None;
+        for set in 1u32..(1 << lens.len()) {
+            let total: usize = (0..lens.len())
+                .filter(|i| set & (1 << i) != 0)
+                .map(|i| lens[i])
+                .sum();
+            if total >= len && total <= Tune::REGION_MAX && best.is_none_or(|(b, _)| total < b) {
+                best = Some((total, set));
+            }
+        }
+        let (_, set) = best?;
+        Some(
+            (0..lens.len())
+                .filter(|i| set & (1 << i) != 0)
+                .map(|i| lens[i])
+                .collect(),
+        )
     }
 
     /// Unlists wholly free regions of the lengths `plan` names (one each),
@@ -1434,6 +1496,37 @@ mod tests {
         let f = regions.figures();
         assert_eq!((f.regions, f.bytes, f.free), (1, 4 * huge, 4 * huge));
         only_the_end_is_resident(&regions, 4 * huge, 2 * huge);
+    }
+
+    /// A merge moves wholly free regions together, the fewest bytes that
+    /// hold the length asked, and adds nothing; none is planned when one
+    /// region holds it alone, or when all of them together do not.
+    #[test]
+    fn a_merge_moves_the_fewest_free_bytes_that_hold_a_buffer() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut registered = |_: *mut u8, _: usize| Ok(());
+        let mut unregister = unregistered;
+        for n in [2, 3, 5] {
+            regions
+                .grow(n * huge, Vec::new(), &mut unregister, Some(&mut registered))
+                .unwrap();
+        }
+        assert_eq!(regions.merge_plan(5 * huge), None, "one region holds it");
+        assert_eq!(regions.merge_plan(11 * huge), None, "all of them hold less");
+        let mut plan = regions.merge_plan(6 * huge).unwrap();
+        plan.sort_unstable();
+        assert_eq!(plan, [2 * huge, 5 * huge], "7 huge pages, not 8 or 10");
+        let len = regions.grow(0, plan, &mut unregister, None).unwrap();
+        assert_eq!(len, 7 * huge);
+        let f = regions.figures();
+        assert_eq!(
+            (f.regions, f.bytes, f.largest_free),
+            (2, 10 * huge, 7 * huge)
+        );
+        for r in regions.unlist_idle(|_, _| true, false) {
+            r.free();
+        }
     }
 
     /// Carves the whole of the one region of `regions`, `len` bytes, and

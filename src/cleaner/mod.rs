@@ -804,7 +804,7 @@ impl Cleaner {
         // budget or a failed registration that makes the growth smaller
         // does not leave out what other misses wait for; failing that,
         // this buffer alone, and the shortfall stays unmet.
-        if short.want > 0 {
+        if short.want > 0 && !Self::merge(env, device, regions, short) {
             let least = short.need.max(footprint);
             if !Self::grow(env, device, regions, short.want, least, None) {
                 regions.unmet();
@@ -832,6 +832,30 @@ impl Cleaner {
         Replacement::Freed
     }
 
+    /// Makes one extent for a buffer of `short.merge` bytes out of wholly
+    /// free regions of `device`, moved together and registered again as
+    /// one region, if the regions hold the bytes the demand needs (see
+    /// [`Shortfall`]): no bytes added, where a growth would add the
+    /// buffer's whole footprint (which the cap would then release once
+    /// idle, the pinned bytes past what the working set needs). Whether it
+    /// did; else the caller grows.
+    ///
+    /// [`Shortfall`]: crate::alloc::Shortfall
+    pub(crate) fn merge(
+        env: Env<'_>,
+        device: usize,
+        regions: &Regions,
+        short: crate::alloc::Shortfall,
+    ) -> bool {
+        if short.merge == 0 {
+            return false;
+        }
+        let Some(plan) = regions.merge_plan(short.merge) else {
+            return false;
+        };
+        Self::grow_with(env, device, regions, 0, 0, None, Some(plan))
+    }
+
     /// Registers a region of `device` of at least `want` bytes (see
     /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
     /// the pinned budget or the registration fails; within the budget, with
@@ -845,7 +869,21 @@ impl Cleaner {
         regions: &Regions,
         want: usize,
         least: usize,
+        reserved: Option<&mut Claim<'_>>,
+    ) -> bool {
+        Self::grow_with(env, device, regions, want, least, reserved, None)
+    }
+
+    /// As [`grow`](Self::grow); with `merge`, adds no bytes and folds the
+    /// regions of the lengths it names (see `Regions::merge_plan`), once.
+    fn grow_with(
+        env: Env<'_>,
+        device: usize,
+        regions: &Regions,
+        want: usize,
+        least: usize,
         mut reserved: Option<&mut Claim<'_>>,
+        mut merge: Option<Vec<usize>>,
     ) -> bool {
         let counters = env.counters();
         // Growths of a set run one at a time, under its growth lock, which
@@ -853,7 +891,11 @@ impl Cleaner {
         debug_assert!(regions.growth_running(), "a growth outside the growth lock");
         let _under_way = regions.growth_begins();
         let footprint = least;
-        let mut len = regions.next_len(want, least);
+        let mut len = if merge.is_some() {
+            0
+        } else {
+            regions.next_len(want, least)
+        };
         // The set's wholly free regions go into the new one (see
         // `Regions::grow`): a set grown in steps keeps a few large regions,
         // and a buffer as large as the set's largest still finds one
@@ -867,7 +909,10 @@ impl Cleaner {
         // again on its own, or frees it).
         let mut first = true;
         loop {
-            if !counters.fits_pinned(len as u64) && len > regions.fit_len(footprint) {
+            if merge.is_none()
+                && !counters.fits_pinned(len as u64)
+                && len > regions.fit_len(footprint)
+            {
                 len = regions.fit_len(footprint);
                 continue;
             }
@@ -882,10 +927,10 @@ impl Cleaner {
                 );
                 return false;
             };
-            let fold = if std::mem::take(&mut first) {
-                regions.fold_plan(len)
-            } else {
-                Vec::new()
+            let fold = match (merge.take(), std::mem::take(&mut first)) {
+                (Some(plan), _) => plan,
+                (None, true) => regions.fold_plan(len),
+                (None, false) => Vec::new(),
             };
             // The regions it folds are registered now, and will be again
             // within its registration: their bytes are admitted from now to
@@ -946,6 +991,8 @@ impl Cleaner {
                     release_regions_over_budget(env.releaser(), env.places.shards);
                     return false;
                 }
+                // A merge whose regions were all carved from meanwhile.
+                Ok(0) => return false,
                 Ok(_) => return true,
                 Err(failed) => {
                     tracing::warn!(

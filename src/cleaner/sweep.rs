@@ -219,7 +219,10 @@ impl Cleaner {
             // registration makes the growth smaller (the shortfall is taken:
             // the misses coming back find nothing left to grow for); growth
             // ahead of demand all or nothing.
-            if short.want > 0 && Self::grow(env, device, regions, short.want, short.least(), None) {
+            if short.want > 0
+                && (Self::merge(env, device, regions, short)
+                    || Self::grow(env, device, regions, short.want, short.least(), None))
+            {
                 room = Some(left.saturating_sub(short.want));
             }
         }

@@ -685,3 +685,52 @@ fn with_regions_a_burst_then_sub_page_buffers_do_not_add_up() {
         before / MIB
     );
 }
+
+/// A buffer larger than any region, in a workload whose regions hold
+/// enough bytes for it: the regions make one extent for it out of wholly
+/// free regions, moved together, adding no bytes, so that nothing is past
+/// the cap that follows the working set once it is dropped: it misses once,
+/// and neither it nor the steps between its takes miss again; the
+/// regions hold no more than before.
+#[test]
+fn a_buffer_larger_than_any_region_gets_an_extent_made_of_free_regions() {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .min_pooled_bytes(MIB)
+        .build()
+        .unwrap();
+    let step = |n: usize, large: bool| {
+        let mut held: Vec<_> = (0..n).map(|_| pool.take(4 * MIB)).collect();
+        if large {
+            held.push(pool.take(96 * MIB));
+        }
+        drop(held);
+        pool.flush();
+        // Longer than a wholly free region waits before the cap may
+        // release it.
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // Two regions (each grown for a step of its own), each smaller than
+    // the large buffer, and together larger.
+    for n in [16, 16, 32, 32] {
+        step(n, false);
+    }
+    let before = pool.stats();
+    assert!(before.region_bytes >= 128 * MIB, "{before:#?}");
+    for _ in 0..4 {
+        step(0, true);
+        step(32, false);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.misses,
+        before.misses + 1,
+        "misses after the first take of the large buffer; regions {} MiB, then {} MiB, {} released: {stats:#?}",
+        before.region_bytes / MIB,
+        stats.region_bytes / MIB,
+        stats.regions_released - before.regions_released,
+    );
+    assert!(stats.region_bytes <= before.region_bytes, "{stats:#?}");
+}
