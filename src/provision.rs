@@ -271,6 +271,12 @@ impl Provisioner {
         self.idle_trim
     }
 
+    /// The window of the high-water marks: the idle-trim time, or 30 s
+    /// when idle trimming is off.
+    pub(crate) fn window(&self) -> Duration {
+        self.idle_trim.unwrap_or(DEFAULT_WINDOW)
+    }
+
     /// One tick: updates the marks and plans provisioning (if `quiet`: the
     /// cleaner has nothing in flight) and idle trimming. `force` trims now,
     /// whatever the buffers' idle time (`Pool::trim`).
@@ -287,7 +293,7 @@ impl Provisioner {
             return Plan::default();
         }
         state.last = now;
-        let window = self.idle_trim.unwrap_or(DEFAULT_WINDOW);
+        let window = self.window();
         let classes = &at.caches.classes;
         let count = classes.count();
         let in_use = in_use_now(at);

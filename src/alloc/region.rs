@@ -904,13 +904,13 @@ impl Regions {
     }
 
     /// Unlists the regions that nothing is carved from and that `pick`
-    /// chooses (given each one's length and how long it has been wholly
-    /// free), for the caller to unregister and free; with `all`, unlists
-    /// every other region too, each to be released by the give-back of its
-    /// last block.
+    /// chooses (given each one's length, how long it has been wholly
+    /// free, and how long it has been listed), for the caller to
+    /// unregister and free; with `all`, unlists every other region too,
+    /// each to be released by the give-back of its last block.
     pub(crate) fn unlist_idle(
         &self,
-        pick: impl FnMut(usize, std::time::Duration) -> bool,
+        pick: impl FnMut(usize, Duration, Duration) -> bool,
         all: bool,
     ) -> Vec<Unlisted> {
         let (out, unlisted) = self.unlist(pick, all);
@@ -1178,7 +1178,7 @@ impl Regions {
     /// (only wholly free ones are offered); another free one of the same
     /// length may go in its place.
     fn unlist_folded(&self, mut plan: Vec<usize>) -> Vec<Unlisted> {
-        let pick = |region_len: usize, _| match plan.iter().position(|&l| l == region_len) {
+        let pick = |region_len: usize, _, _| match plan.iter().position(|&l| l == region_len) {
             Some(i) => {
                 plan.swap_remove(i);
                 true
@@ -1193,7 +1193,7 @@ impl Regions {
     /// returned).
     fn unlist(
         &self,
-        mut pick: impl FnMut(usize, std::time::Duration) -> bool,
+        mut pick: impl FnMut(usize, Duration, Duration) -> bool,
         all: bool,
     ) -> (Vec<Unlisted>, bool) {
         let now = Instant::now();
@@ -1208,8 +1208,9 @@ impl Regions {
                 .idle_since
                 .filter(|_| state.out == 0)
                 .map(|at| now.saturating_duration_since(at));
+            let age = now.saturating_duration_since(this.listed_at);
             let unlist = match idle {
-                Some(idle) => pick(this.len, idle) || all,
+                Some(idle) => pick(this.len, idle, age) || all,
                 None => all,
             };
             if !unlist {
@@ -1434,7 +1435,7 @@ mod tests {
         let f = regions.figures();
         assert_eq!((f.free, f.largest_free), (16 * page(), 16 * page()));
         assert!(regions.carve(17 * page()).is_none());
-        let unlisted = regions.unlist_idle(|_, _| true, false);
+        let unlisted = regions.unlist_idle(|_, _, _| true, false);
         assert_eq!(unlisted.len(), 1);
         unlisted.into_iter().for_each(Unlisted::free);
         assert_eq!(regions.figures().regions, 0);
@@ -1459,7 +1460,7 @@ mod tests {
             Region::give_back(long.region, long.ptr.as_ptr(), Tune::TOP_CARVE_BELOW);
             Region::give_back(short.region, short.ptr.as_ptr(), page());
         }
-        for r in regions.unlist_idle(|_, _| true, false) {
+        for r in regions.unlist_idle(|_, _, _| true, false) {
             r.free();
         }
     }
@@ -1524,7 +1525,7 @@ mod tests {
             (f.regions, f.bytes, f.largest_free),
             (2, 10 * huge, 7 * huge)
         );
-        for r in regions.unlist_idle(|_, _| true, false) {
+        for r in regions.unlist_idle(|_, _, _| true, false) {
             r.free();
         }
     }
@@ -1545,7 +1546,7 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         // SAFETY: carved above, given back once, all-zero.
         unsafe { Region::give_back(all.region, base, len) };
-        for r in regions.unlist_idle(|_, _| true, false) {
+        for r in regions.unlist_idle(|_, _, _| true, false) {
             r.free();
         }
     }
@@ -1638,7 +1639,7 @@ mod tests {
         assert_eq!((f.regions, f.bytes), (2, 4 * huge));
         // SAFETY: carved above, given back once, untouched.
         unsafe { Region::give_back(held.region, held.ptr.as_ptr(), page()) };
-        for r in regions.unlist_idle(|_, _| true, false) {
+        for r in regions.unlist_idle(|_, _, _| true, false) {
             r.free();
         }
     }
@@ -1650,7 +1651,7 @@ mod tests {
             .grow(2 * page(), Vec::new(), &mut Some, None)
             .unwrap();
         let a = regions.carve(page()).unwrap();
-        assert!(regions.unlist_idle(|_, _| true, true).is_empty());
+        assert!(regions.unlist_idle(|_, _, _| true, true).is_empty());
         assert!(
             regions.carve(page()).is_none(),
             "carved from an unlisted region"

@@ -151,14 +151,14 @@ unsafe fn unregister(
 }
 
 /// Releases the regions of `shards` that nothing is carved from and that
-/// `pick` chooses (given a region's length and how long it has been wholly
-/// free), and drained ones wholly free; with `all`, unlists the others
+/// `pick` chooses (given a region's length, how long it has been wholly
+/// free and how long it has been listed), and drained ones wholly free; with `all`, unlists the others
 /// too, to be released by the give-back of their last block (see
 /// `alloc::region`).
 pub(crate) fn release_regions(
     with: Releaser<'_>,
     shards: &[Shard],
-    mut pick: impl FnMut(usize, Duration) -> bool,
+    mut pick: impl FnMut(usize, Duration, Duration) -> bool,
     all: bool,
 ) {
     for (device, shard) in shards.iter().enumerate() {
@@ -184,7 +184,7 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
             release_region(with, device, region);
         }
         let mut over = counters.pinned().saturating_sub(counters.max_pinned());
-        let pick = |len: usize, _| {
+        let pick = |len: usize, _, _| {
             let pick = over > 0;
             over = over.saturating_sub(len as u64);
             pick
@@ -259,12 +259,19 @@ pub(crate) fn cool(
 /// with a buffer in use, or idle in its class, keeps its free extents. Only
 /// regions wholly free for `min_idle` or more go: a region a workload
 /// empties between two of its steps is not released only to be registered
-/// again at the next.
+/// again at the next; nor, while the cap follows the working set, do
+/// regions listed less than `min_age` ago (`Duration::ZERO` for a given
+/// cap): a region grown for misses is wholly free from its registration
+/// until their sizes are taken again, and the cap, which counts the bytes
+/// in use at their peak, would otherwise release it whenever the bytes in
+/// use dip between two steps of the workload, to grow it again at the
+/// next.
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,
     at: Places<'_>,
     min_idle: Duration,
+    min_age: Duration,
 ) {
     let over = || {
         let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
@@ -275,8 +282,8 @@ pub(crate) fn fit_regions_to_cap(
     }
     let mut left = over() as u64;
     for (device, shard) in at.shards.iter().enumerate() {
-        let pick = |len: usize, idle: Duration| {
-            let pick = left > 0 && idle >= min_idle;
+        let pick = |len: usize, idle: Duration, age: Duration| {
+            let pick = left > 0 && idle >= min_idle && age >= min_age;
             if pick {
                 left = left.saturating_sub(len as u64);
             }

@@ -8,7 +8,7 @@ use crate::alloc::Drained;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env};
 
@@ -122,7 +122,7 @@ impl Cleaner {
             release_regions(
                 env.releaser(),
                 env.places.shards,
-                |_, idle| force || idle >= idle_trim,
+                |_, idle, _| force || idle >= idle_trim,
                 false,
             );
             // And regions that hold far more than the window's demand, but
@@ -148,7 +148,21 @@ impl Cleaner {
             cool(env.releaser(), env.admission, env.places, env.provisioner);
         }
         if self.intake.regions {
-            fit_regions_to_cap(env.releaser(), env.admission, env.places, CAP_RELEASE_AFTER);
+            // A following cap keeps regions younger than an eighth of its
+            // window (see `fit_regions_to_cap`).
+            let (_, follows) = env.admission.cap_and_follows(env.places);
+            let min_age = if follows {
+                env.provisioner.window() / 8
+            } else {
+                Duration::ZERO
+            };
+            fit_regions_to_cap(
+                env.releaser(),
+                env.admission,
+                env.places,
+                CAP_RELEASE_AFTER,
+                min_age,
+            );
         }
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full

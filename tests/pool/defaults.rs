@@ -734,3 +734,54 @@ fn a_buffer_larger_than_any_region_gets_an_extent_made_of_free_regions() {
     );
     assert!(stats.region_bytes <= before.region_bytes, "{stats:#?}");
 }
+
+/// As `a_buffer_larger_than_any_region_gets_an_extent_made_of_free_regions`,
+/// where no region is wholly free (a buffer held throughout): the regions
+/// grow by a region that holds the large buffer, past what the cap that
+/// follows the working set leaves room for once it is dropped, and the cap
+/// keeps that region (younger than an eighth of the window, it was grown
+/// for a demand the window holds) until the buffer comes back: it misses
+/// once, and nothing is registered or released after.
+#[test]
+fn a_region_grown_for_a_buffer_is_kept_for_its_next_take() {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .min_pooled_bytes(MIB)
+        .build()
+        .unwrap();
+    let step = |n: usize, large: bool| {
+        let mut held: Vec<_> = (0..n).map(|_| pool.take(4 * MIB)).collect();
+        if large {
+            held.push(pool.take(96 * MIB));
+        }
+        drop(held);
+        pool.flush();
+        // Longer than a wholly free region waits before the cap may
+        // release it.
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    step(16, false);
+    step(16, false);
+    let kept = pool.take(4 * MIB);
+    assert!(kept.is_pinned());
+    let first = pool.stats();
+    step(0, true);
+    let before = pool.stats();
+    assert_eq!(before.misses, first.misses + 1, "{before:#?}");
+    let registered = faults.registered();
+    for _ in 0..4 {
+        step(16, false);
+        step(0, true);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.misses, faults.registered(), stats.regions_released),
+        (before.misses, registered, before.regions_released),
+        "misses, registrations and regions released after the first take of the large buffer; regions {} MiB, then {} MiB: {stats:#?}",
+        before.region_bytes / MIB,
+        stats.region_bytes / MIB,
+    );
+    drop(kept);
+}
