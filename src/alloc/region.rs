@@ -59,7 +59,7 @@ use super::mmap::{huge_page_size, map, map_huge, move_pages};
 /// `want` bytes to grow by, headroom included, of which `need` at the
 /// least (what the demand itself passes them by, or a buffer that must fit
 /// in one extent): a growth for a miss of another size keeps `need` of it
-/// when the budget or a failed registration makes it smaller. Both 0 when
+/// when the budget or a failed registration makes it smaller. All 0 when
 /// nothing is short.
 ///
 /// `merge`: the footprint of a missed buffer that no free extent holds
@@ -668,6 +668,16 @@ impl Regions {
         self.totals.missed.store(true, Ordering::Relaxed);
     }
 
+    /// As [`unmet`](Self::unmet), for a shortfall whose buffer that no
+    /// extent held (`short.merge`) counts again too.
+    pub(crate) fn unmet_merge(&self, short: Shortfall) {
+        // Relaxed: see `Totals`.
+        self.totals
+            .largest_miss
+            .fetch_max(short.merge, Ordering::Relaxed);
+        self.unmet();
+    }
+
     /// What the regions fall short of the peak plus its headroom; at least
     /// an eighth of what they hold once they fall short at all, so that a
     /// demand creeping up registers a few growing regions, not one small
@@ -764,8 +774,8 @@ impl Regions {
     /// lengths `fold` names (see [`fold_plan`](Self::fold_plan)), registers
     /// it through `register` (if given), lists it, wholly free, and returns
     /// its length. With `len` 0 it only merges the regions `fold` names
-    /// (see [`merge_plan`](Self::merge_plan)); 0 if none of them was still
-    /// wholly free.
+    /// (see [`merge_plan`](Self::merge_plan)), those still wholly free and
+    /// unregistered; 0 if none was (nothing registered then).
     ///
     /// What the growth adds is pre-faulted first, with the regions to fold
     /// still listed (and carved from, meanwhile, by any take). Then they
@@ -1131,9 +1141,9 @@ impl Regions {
     /// of 0 bytes that folds them: see [`grow`](Self::grow)), make one
     /// extent of at least `len` bytes: of the sets of them that do, the one
     /// with the fewest bytes (so the fewest to unregister and register
-    /// again), within [`REGION_MAX`](Tuning::REGION_MAX). `None` if the
-    /// wholly free regions together hold less, or if one of them holds
-    /// `len` alone (no merge needed).
+    /// again), within [`REGION_MAX`](Tuning::REGION_MAX), looking at the
+    /// 16 largest only. `None` if those together hold less, or if one of
+    /// them holds `len` alone (no merge needed).
     pub(crate) fn merge_plan(&self, len: usize) -> Option<Vec<usize>> {
         let mut lens = Vec::new();
         {

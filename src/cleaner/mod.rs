@@ -853,7 +853,7 @@ impl Cleaner {
         let Some(plan) = regions.merge_plan(short.merge) else {
             return false;
         };
-        Self::grow_with(env, device, regions, 0, 0, None, Some(plan))
+        Self::grow_with(env, device, regions, 0, 0, None, Some((plan, short.merge)))
     }
 
     /// Registers a region of `device` of at least `want` bytes (see
@@ -874,8 +874,13 @@ impl Cleaner {
         Self::grow_with(env, device, regions, want, least, reserved, None)
     }
 
-    /// As [`grow`](Self::grow); with `merge`, adds no bytes and folds the
-    /// regions of the lengths it names (see `Regions::merge_plan`), once.
+    /// As [`grow`](Self::grow); with `merge` (a plan of
+    /// `Regions::merge_plan`, and the length it is for), adds no bytes and
+    /// folds the regions of the lengths the plan names, once: whether the
+    /// region it made (or, its registration failing, the one the folded
+    /// regions were registered again as) holds that length (a region of
+    /// the plan carved from, or whose unregistration failed, since the
+    /// plan is left out).
     fn grow_with(
         env: Env<'_>,
         device: usize,
@@ -883,15 +888,16 @@ impl Cleaner {
         want: usize,
         least: usize,
         mut reserved: Option<&mut Claim<'_>>,
-        mut merge: Option<Vec<usize>>,
+        mut merge: Option<(Vec<usize>, usize)>,
     ) -> bool {
+        let merging = merge.as_ref().map(|(_, len)| *len);
         let counters = env.counters();
         // Growths of a set run one at a time, under its growth lock, which
         // `Regions::wait_for_growths` relies on.
         debug_assert!(regions.growth_running(), "a growth outside the growth lock");
         let _under_way = regions.growth_begins();
         let footprint = least;
-        let mut len = if merge.is_some() {
+        let mut len = if merging.is_some() {
             0
         } else {
             regions.next_len(want, least)
@@ -909,7 +915,7 @@ impl Cleaner {
         // again on its own, or frees it).
         let mut first = true;
         loop {
-            if merge.is_none()
+            if merging.is_none()
                 && !counters.fits_pinned(len as u64)
                 && len > regions.fit_len(footprint)
             {
@@ -928,7 +934,7 @@ impl Cleaner {
                 return false;
             };
             let fold = match (merge.take(), std::mem::take(&mut first)) {
-                (Some(plan), _) => plan,
+                (Some((plan, _)), _) => plan,
                 (None, true) => regions.fold_plan(len),
                 (None, false) => Vec::new(),
             };
@@ -964,8 +970,9 @@ impl Cleaner {
                 result
             };
             let grown = regions.grow(len, fold, &mut unregister, Some(&mut register));
-            if calls.is_empty() {
-                // It failed to map: counted as a failed registration.
+            if calls.is_empty() && grown.is_err() {
+                // It failed to map: counted as a failed registration (a
+                // merge that moved nothing made no call, and failed none).
                 calls.push((std::ptr::null_mut(), len, Duration::ZERO, false));
             }
             let held: Vec<u64> = calls.iter().filter(|c| c.3).map(|c| c.1 as u64).collect();
@@ -991,9 +998,19 @@ impl Cleaner {
                     release_regions_over_budget(env.releaser(), env.places.shards);
                     return false;
                 }
-                // A merge whose regions were all carved from meanwhile.
-                Ok(0) => return false,
-                Ok(_) => return true,
+                Ok(total) => return merging.is_none_or(|asked| total >= asked),
+                Err(failed) if merging.is_some() => {
+                    tracing::warn!(
+                        error = %failed.error,
+                        kept = ?failed.kept,
+                        "pinpool: registering merged regions failed"
+                    );
+                    // Registered again as one region, they hold it still.
+                    return failed
+                        .kept
+                        .zip(merging)
+                        .is_some_and(|(kept, asked)| kept >= asked);
+                }
                 Err(failed) => {
                     tracing::warn!(
                         error = %failed.error,

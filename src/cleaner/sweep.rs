@@ -207,6 +207,16 @@ impl Cleaner {
             if regions.rising() {
                 continue;
             }
+            // A merge adds no bytes: neither the cap's room nor the pinned
+            // budget holds it back (a miss it is for may have been freed on
+            // its way back, the budget having no room for its own bytes).
+            if peek.merge > 0 {
+                let short = regions.take_shortfall();
+                if Self::merge(env, device, regions, short) {
+                    continue;
+                }
+                regions.unmet_merge(short);
+            }
             // Relaxed: see `Intake::misses_out`; a stale 0 holds a growth
             // for misses back until they return (`carve_for`).
             let missed = self.intake.misses_out(device);
@@ -233,10 +243,7 @@ impl Cleaner {
             // registration makes the growth smaller (the shortfall is taken:
             // the misses coming back find nothing left to grow for); growth
             // ahead of demand all or nothing.
-            if short.want > 0
-                && (Self::merge(env, device, regions, short)
-                    || Self::grow(env, device, regions, short.want, short.least(), None))
-            {
+            if short.want > 0 && Self::grow(env, device, regions, short.want, short.least(), None) {
                 room = Some(left.saturating_sub(short.want));
             }
         }

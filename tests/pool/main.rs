@@ -38,6 +38,8 @@ mod inline_cleaning;
 mod lanes;
 mod lifecycle;
 #[cfg(feature = "testing")]
+mod merges;
+#[cfg(feature = "testing")]
 mod pinned_budget;
 mod provision;
 #[cfg(feature = "testing")]

@@ -1,0 +1,244 @@
+//! Merges: a buffer larger than any free extent, while the regions hold
+//! the bytes the demand needs, gets one extent made of wholly free regions
+//! moved together and registered again as one, adding no bytes; and what
+//! happens when a merge moves less than planned, fails to register, or
+//! meets a pinned budget with no room for the buffer's own bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pinpool::testing::Faults;
+use pinpool::Pool;
+
+const MIB: usize = 1 << 20;
+
+/// The set-up of `a_buffer_larger_than_any_region_gets_an_extent_made_of_free_regions`:
+/// two wholly free regions of 72 MiB, each smaller than 96 MiB, together larger.
+fn two_free_regions() -> (Pool, Arc<Faults>) {
+    two_free_regions_with(|b| b)
+}
+
+fn two_free_regions_with(
+    settings: impl FnOnce(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
+) -> (Pool, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let pool = settings(
+        Pool::builder()
+            .faults(faults.clone())
+            .cleaner_threads(1)
+            .min_pooled_bytes(MIB),
+    )
+    .build()
+    .unwrap();
+    for n in [16, 16, 32, 32] {
+        step(&pool, n, false);
+    }
+    let s = pool.stats();
+    assert_eq!((s.regions, s.region_bytes), (2, 144 * MIB), "{s:#?}");
+    (pool, faults)
+}
+
+fn step(pool: &Pool, n: usize, large: bool) {
+    let mut held: Vec<_> = (0..n).map(|_| pool.take(4 * MIB)).collect();
+    if large {
+        held.push(pool.take(96 * MIB));
+    }
+    drop(held);
+    pool.flush();
+    std::thread::sleep(Duration::from_millis(250));
+}
+
+/// A merge whose planned regions both fail to unregister (leaked, so
+/// nothing moves, and nothing is registered): no registration failure is
+/// counted, as no registration call failed.
+#[test]
+fn a_merge_that_moves_nothing_counts_no_registration_failure() {
+    let (pool, faults) = two_free_regions();
+    let next = faults.unregister_calls() + 1;
+    faults.fail_unregister(&[next, next + 1]);
+    let before = pool.stats();
+    let calls_before = (faults.register_calls(), faults.registered());
+    drop(pool.take(96 * MIB));
+    pool.flush();
+    let s = pool.stats();
+    let failed_calls =
+        (faults.register_calls() - calls_before.0) - (faults.registered() - calls_before.1);
+    assert_eq!(
+        s.unregister_failures - before.unregister_failures,
+        2,
+        "{s:#?}"
+    );
+    assert_eq!(
+        s.registration_failures - before.registration_failures,
+        failed_calls,
+        "registration failures counted vs registration calls that failed: {s:#?}"
+    );
+}
+
+/// A merge of which one planned region fails to unregister: the other one
+/// alone is merged (registered again as it was, 72 MiB, no extent for 96
+/// MiB); that is not enough, so the regions grow: after the miss and a
+/// flush, the same take hits.
+#[test]
+fn a_merge_that_moves_too_little_still_meets_the_miss() {
+    let (pool, faults) = two_free_regions();
+    let next = faults.unregister_calls() + 1;
+    faults.fail_unregister(&[next]);
+    let miss = pool.take(96 * MIB);
+    assert!(!miss.was_pooled());
+    drop(miss);
+    pool.flush();
+    let again = pool.take(96 * MIB);
+    let s = pool.stats();
+    assert!(
+        again.was_pooled(),
+        "the same 96 MiB take missed again after a flush; {} registration calls, {} unregister calls: {s:#?}",
+        faults.register_calls(),
+        faults.unregister_calls(),
+    );
+}
+
+/// A merge whose registration fails once: the regions it folded are
+/// registered again as one 144 MiB region, which holds the buffer, so the
+/// regions do not also grow by a region of the buffer's own size.
+#[test]
+fn a_merge_whose_registration_fails_keeps_the_regions_whole_and_adds_none() {
+    let (pool, faults) = two_free_regions();
+    let before = pool.stats();
+    let next = faults.register_calls() + 1;
+    faults.fail_register(&[next]);
+    drop(pool.take(96 * MIB));
+    pool.flush();
+    let s = pool.stats();
+    assert!(
+        s.region_bytes <= before.region_bytes,
+        "regions {} MiB -> {} MiB, {} regions, {} registration calls since: {s:#?}",
+        before.region_bytes / MIB,
+        s.region_bytes / MIB,
+        s.regions,
+        faults.register_calls() - next + 1,
+    );
+}
+
+/// A pinned budget with room left (200 MiB, 144 MiB pinned in two wholly
+/// free regions), though not for the buffer's whole footprint (its miss is
+/// freed on its way back): the merge adds no bytes, so the provisioning
+/// tick still makes it, and the 96 MiB buffer misses once.
+#[test]
+fn a_merge_needs_no_room_in_the_budget() {
+    let budget = 200 * MIB;
+    let (pool, faults) = two_free_regions_with(|b| b.max_pinned_bytes(budget));
+    let before = pool.stats();
+    for _ in 0..4 {
+        drop(pool.take(96 * MIB));
+        pool.flush();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let s = pool.stats();
+    assert!(s.peak_pinned_bytes <= budget as u64, "{s:#?}");
+    assert_eq!(
+        faults.registered() - faults.unregistered(),
+        s.regions as u64
+    );
+    assert_eq!(
+        s.misses - before.misses,
+        1,
+        "misses of four 96 MiB takes; regions {} MiB, {} released, {} registrations skipped: {s:#?}",
+        s.region_bytes / MIB,
+        s.regions_released,
+        s.registrations_skipped,
+    );
+}
+
+/// A given cap: a young wholly free region past it goes at the next tick
+/// (no age hold).
+#[test]
+fn a_given_cap_releases_a_young_region() {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .max_pooled_bytes(8 * MIB)
+        .build()
+        .unwrap();
+    let held: Vec<_> = (0..16).map(|_| pool.take(4 * MIB)).collect();
+    drop(held);
+    pool.flush();
+    let held: Vec<_> = (0..16).map(|_| pool.take(4 * MIB)).collect();
+    drop(held);
+    pool.flush();
+    std::thread::sleep(Duration::from_millis(400));
+    let s = pool.stats();
+    assert!(s.pooled_bytes <= 8 * MIB, "{s:#?}");
+}
+
+/// A merge whose registration fails, and so does the registration of the
+/// folded regions on their own: they are freed; the books still balance
+/// and the buffer is met by a growth.
+#[test]
+fn a_merge_failing_twice_balances_its_books() {
+    let (pool, faults) = two_free_regions();
+    let next = faults.register_calls() + 1;
+    faults.fail_register(&[next, next + 1]);
+    drop(pool.take(96 * MIB));
+    pool.flush();
+    let again = pool.take(96 * MIB);
+    let s = pool.stats();
+    assert!(again.was_pooled(), "{s:#?}");
+    assert_eq!(
+        faults.registered() - faults.unregistered(),
+        s.regions as u64,
+        "{s:#?}"
+    );
+    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
+    assert_eq!(s.registration_failures, 2, "{s:#?}");
+    drop(again);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// Merges racing takes that carve from the regions planned: every buffer
+/// handed out zeroed, the books balanced at the end.
+#[test]
+fn merges_racing_carves_keep_the_books() {
+    let (pool, faults) = two_free_regions();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut k = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                k += 1;
+                let size = (1 + k % 13) * 256 * 1024;
+                let mut b = pool.take(size);
+                if b.was_pooled() {
+                    assert!(b.iter().all(|&x| x == 0), "a hit not zeroed");
+                }
+                b.fill(7);
+                drop(b);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        for i in 0..12 {
+            let mut b = pool.take(96 * MIB + (i % 3) * 8 * MIB);
+            if b.was_pooled() {
+                assert!(b.iter().all(|&x| x == 0), "a large hit not zeroed");
+            }
+            b.fill(9);
+            drop(b);
+            pool.flush();
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    pool.flush();
+    let s = pool.stats();
+    assert_eq!(
+        faults.registered() - faults.unregistered(),
+        s.regions as u64,
+        "{s:#?}"
+    );
+    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
+    assert_eq!(s.registration_failures, 0, "{s:#?}");
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
