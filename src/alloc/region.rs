@@ -933,6 +933,68 @@ impl Regions {
         out
     }
 
+    /// Unlists wholly free regions that `eligible` accepts (given how long
+    /// each has been wholly free and how long it has been listed), of
+    /// `bytes` or more in all if they hold that much, choosing the fewest
+    /// bytes: the smallest region that holds `bytes` alone, else regions
+    /// smallest first (the largest, which hold the largest buffers, go
+    /// last). For the caller to unregister and free; the demand peak
+    /// falls as with [`unlist_idle`](Self::unlist_idle).
+    pub(crate) fn unlist_to_cover(
+        &self,
+        bytes: usize,
+        mut eligible: impl FnMut(Duration, Duration) -> bool,
+    ) -> Vec<Unlisted> {
+        if bytes == 0 {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut lens = Vec::new();
+        {
+            let list = self.list.lock();
+            for &region in list.iter() {
+                // SAFETY: listed regions are live.
+                let this = unsafe { region.as_ref() };
+                let state = this.state.lock();
+                let Some(since) = state.idle_since.filter(|_| state.out == 0) else {
+                    continue;
+                };
+                let idle = now.saturating_duration_since(since);
+                let age = now.saturating_duration_since(this.listed_at);
+                if eligible(idle, age) {
+                    lens.push(this.len);
+                }
+            }
+        }
+        lens.sort_unstable();
+        let plan = match lens.iter().find(|&&l| l >= bytes) {
+            Some(&one) => vec![one],
+            None => {
+                let mut left = bytes;
+                lens.into_iter()
+                    .take_while(|&l| {
+                        let take = left > 0;
+                        left = left.saturating_sub(l);
+                        take
+                    })
+                    .collect()
+            }
+        };
+        // Picked again under the list lock, by length: one carved from
+        // since the look above is not wholly free, and is passed over
+        // (another of the same length and still eligible may go instead).
+        let mut plan = plan;
+        let pick =
+            |len: usize, idle: Duration, age: Duration| match plan.iter().position(|&l| l == len) {
+                Some(i) if eligible(idle, age) => {
+                    plan.swap_remove(i);
+                    true
+                }
+                _ => false,
+            };
+        self.unlist_idle(pick, false)
+    }
+
     /// Drains a region of a set that holds far more than its takes wanted:
     /// if the regions with blocks out hold more than half as much again as
     /// `demand` (the most bytes of this set's buffers in use, or carved, at
@@ -1538,6 +1600,48 @@ mod tests {
         for r in regions.unlist_idle(|_, _, _| true, false) {
             r.free();
         }
+    }
+
+    /// Regions released to cover an excess: the smallest that holds it
+    /// alone, else the smallest first; none that `eligible` refuses.
+    #[test]
+    fn an_excess_is_covered_by_the_fewest_bytes() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut unregister = unregistered;
+        let grow = |n: usize, unregister: &mut dyn FnMut(Unlisted) -> Option<Unlisted>| {
+            regions
+                .grow(n * huge, Vec::new(), unregister, None)
+                .unwrap();
+        };
+        let lens = |out: Vec<Unlisted>| {
+            let mut lens: Vec<usize> = out
+                .into_iter()
+                .map(|r| {
+                    let len = r.len() / huge;
+                    r.free();
+                    len
+                })
+                .collect();
+            lens.sort_unstable();
+            lens
+        };
+        for n in [5, 2, 3] {
+            grow(n, &mut unregister);
+        }
+        assert!(regions.unlist_to_cover(huge, |_, _| false).is_empty());
+        assert_eq!(lens(regions.unlist_to_cover(4 * huge, |_, _| true)), [5]);
+        grow(5, &mut unregister);
+        assert_eq!(lens(regions.unlist_to_cover(1, |_, _| true)), [2]);
+        grow(2, &mut unregister);
+        assert_eq!(lens(regions.unlist_to_cover(4 * huge, |_, _| true)), [5]);
+        grow(5, &mut unregister);
+        // 9 huge pages: no one region holds them; 2 + 3 fall short.
+        assert_eq!(
+            lens(regions.unlist_to_cover(9 * huge, |_, _| true)),
+            [2, 3, 5]
+        );
+        assert_eq!(regions.figures().regions, 0);
     }
 
     /// Carves the whole of the one region of `regions`, `len` bytes, and

@@ -173,7 +173,8 @@ pub(crate) fn release_regions(
 }
 
 /// Releases wholly free regions of `shards` while the pinned bytes exceed
-/// the pinned budget (after it was lowered).
+/// the pinned budget (after it was lowered): the fewest bytes that cover
+/// the excess.
 pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) {
     let counters = with.counters;
     if counters.pinned() <= counters.max_pinned() {
@@ -183,13 +184,11 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
         for region in shard.regions().settle_drains(Duration::MAX) {
             release_region(with, device, region);
         }
-        let mut over = counters.pinned().saturating_sub(counters.max_pinned());
-        let pick = |len: usize, _, _| {
-            let pick = over > 0;
-            over = over.saturating_sub(len as u64);
-            pick
-        };
-        for region in shard.regions().unlist_idle(pick, false) {
+        // The fewest bytes that cover the excess (the largest regions go
+        // last: see `Regions::unlist_to_cover`).
+        let over = counters.pinned().saturating_sub(counters.max_pinned());
+        let over = usize::try_from(over).unwrap_or(usize::MAX);
+        for region in shard.regions().unlist_to_cover(over, |_, _| true) {
             release_region(with, device, region);
         }
     }
@@ -255,7 +254,10 @@ pub(crate) fn cool(
 /// together exceed the cap, releases wholly free regions until the excess
 /// is covered. Idle buffers are left to
 /// the cap's own eviction (`Admission`): giving them back to regions that
-/// other buffers keep in use would bring nothing under the cap. A region
+/// other buffers keep in use would bring nothing under the cap. The
+/// regions released cover the excess with the fewest bytes (see
+/// `Regions::unlist_to_cover`): the largest, which hold the largest
+/// buffers, go last. A region
 /// with a buffer in use, or idle in its class, keeps its free extents. Only
 /// regions wholly free for `min_idle` or more go: a region a workload
 /// empties between two of its steps is not released only to be registered
@@ -277,19 +279,14 @@ pub(crate) fn fit_regions_to_cap(
         let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
         (admission.pooled_bytes(at) + free).saturating_sub(at.caches.cap())
     };
-    if over() == 0 {
-        return;
-    }
-    let mut left = over() as u64;
+    let mut left = over();
     for (device, shard) in at.shards.iter().enumerate() {
-        let pick = |len: usize, idle: Duration, age: Duration| {
-            let pick = left > 0 && idle >= min_idle && age >= min_age;
-            if pick {
-                left = left.saturating_sub(len as u64);
-            }
-            pick
-        };
-        for region in shard.regions().unlist_idle(pick, false) {
+        if left == 0 {
+            break;
+        }
+        let eligible = |idle: Duration, age: Duration| idle >= min_idle && age >= min_age;
+        for region in shard.regions().unlist_to_cover(left, eligible) {
+            left = left.saturating_sub(region.len());
             release_region(with, device, region);
         }
     }

@@ -242,3 +242,37 @@ fn merges_racing_carves_keep_the_books() {
     pool.shutdown();
     assert_eq!(faults.registered(), faults.unregistered());
 }
+
+/// A cap that leaves room for all but a few MiB of two wholly free
+/// regions releases the one that covers the excess with the fewest bytes,
+/// not whichever was listed first: the large region, which holds the
+/// largest buffers, stays.
+#[test]
+fn the_cap_releases_the_smallest_region_that_covers_its_excess() {
+    let faults = Arc::new(Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .max_pooled_bytes(1 << 30)
+        .build()
+        .unwrap();
+    // A large region, then a second, smaller one grown for a little more.
+    step(&pool, 40, false);
+    step(&pool, 40, false);
+    let large = pool.stats().region_bytes;
+    step(&pool, 48, false);
+    step(&pool, 48, false);
+    let s = pool.stats();
+    assert_eq!(s.regions, 2, "{s:#?}");
+    let small = s.region_bytes - large;
+    assert!(small < large, "{s:#?}");
+    pool.set_max_pooled_bytes(s.region_bytes - 4 * MIB);
+    let after = pool.stats();
+    assert_eq!(
+        after.region_bytes,
+        large,
+        "regions of {} and {} MiB, the cap 4 MiB short of both: {after:#?}",
+        large / MIB,
+        small / MIB
+    );
+}
