@@ -18,7 +18,13 @@ fn two_free_regions() -> (Pool, Arc<Faults>) {
     two_free_regions_with(|b| b)
 }
 
-fn two_free_regions_with(
+/// A pool on the fault backend (it carves from regions and emulates
+/// pinning) whose cap follows the working set, with a floor of 1 MiB.
+fn following() -> (Pool, Arc<Faults>) {
+    following_with(|b| b)
+}
+
+fn following_with(
     settings: impl FnOnce(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
 ) -> (Pool, Arc<Faults>) {
     let faults = Arc::new(Faults::default());
@@ -30,6 +36,13 @@ fn two_free_regions_with(
     )
     .build()
     .unwrap();
+    (pool, faults)
+}
+
+fn two_free_regions_with(
+    settings: impl FnOnce(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
+) -> (Pool, Arc<Faults>) {
+    let (pool, faults) = following_with(settings);
     for n in [16, 16, 32, 32] {
         step(&pool, n, false);
     }
@@ -38,6 +51,9 @@ fn two_free_regions_with(
     (pool, faults)
 }
 
+/// One step of a workload: `n` buffers of 4 MiB, and one of 96 MiB if
+/// `large`, held at once, then dropped; then a flush, and a pause longer
+/// than a wholly free region waits before the cap may release it.
 fn step(pool: &Pool, n: usize, large: bool) {
     let mut held: Vec<_> = (0..n).map(|_| pool.take(4 * MIB)).collect();
     if large {
@@ -275,4 +291,72 @@ fn the_cap_releases_the_smallest_region_that_covers_its_excess() {
         large / MIB,
         small / MIB
     );
+}
+
+/// A buffer larger than any region, in a workload whose regions hold
+/// enough bytes for it: the regions make one extent for it out of wholly
+/// free regions, moved together, adding no bytes, so that nothing is past
+/// the cap that follows the working set once it is dropped: it misses once,
+/// and neither it nor the steps between its takes miss again; the
+/// regions hold no more than before.
+#[test]
+fn a_buffer_larger_than_any_region_gets_an_extent_made_of_free_regions() {
+    let (pool, _faults) = following();
+    let step = |n: usize, large: bool| step(&pool, n, large);
+    // Two regions (each grown for a step of its own), each smaller than
+    // the large buffer, and together larger.
+    for n in [16, 16, 32, 32] {
+        step(n, false);
+    }
+    let before = pool.stats();
+    assert!(before.region_bytes >= 128 * MIB, "{before:#?}");
+    for _ in 0..4 {
+        step(0, true);
+        step(32, false);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.misses,
+        before.misses + 1,
+        "misses after the first take of the large buffer; regions {} MiB, then {} MiB, {} released: {stats:#?}",
+        before.region_bytes / MIB,
+        stats.region_bytes / MIB,
+        stats.regions_released - before.regions_released,
+    );
+    assert!(stats.region_bytes <= before.region_bytes, "{stats:#?}");
+}
+
+/// As `a_buffer_larger_than_any_region_gets_an_extent_made_of_free_regions`,
+/// where no region is wholly free (a buffer held throughout): the regions
+/// grow by a region that holds the large buffer, past what the cap that
+/// follows the working set leaves room for once it is dropped, and the cap
+/// keeps that region (younger than an eighth of the window, it was grown
+/// for a demand the window holds) until the buffer comes back: it misses
+/// once, and nothing is registered or released after.
+#[test]
+fn a_region_grown_for_a_buffer_is_kept_for_its_next_take() {
+    let (pool, faults) = following();
+    let step = |n: usize, large: bool| step(&pool, n, large);
+    step(16, false);
+    step(16, false);
+    let kept = pool.take(4 * MIB);
+    assert!(kept.is_pinned());
+    let first = pool.stats();
+    step(0, true);
+    let before = pool.stats();
+    assert_eq!(before.misses, first.misses + 1, "{before:#?}");
+    let registered = faults.registered();
+    for _ in 0..4 {
+        step(16, false);
+        step(0, true);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.misses, faults.registered(), stats.regions_released),
+        (before.misses, registered, before.regions_released),
+        "misses, registrations and regions released after the first take of the large buffer; regions {} MiB, then {} MiB: {stats:#?}",
+        before.region_bytes / MIB,
+        stats.region_bytes / MIB,
+    );
+    drop(kept);
 }
