@@ -807,7 +807,7 @@ impl Cleaner {
         if short.want > 0 && !Self::merge(env, device, regions, short) {
             let least = short.need.max(footprint);
             if !Self::grow(env, device, regions, short.want, least, None) {
-                regions.unmet();
+                regions.unmet_merge(short);
                 if least > footprint {
                     Self::grow(env, device, regions, footprint, footprint, None);
                 }

@@ -39,16 +39,26 @@ fn following_with(
     (pool, faults)
 }
 
+/// As `two_free_regions`, with `settings`. A burst whose misses come
+/// back over a loaded box's scheduling may grow its regions in two steps
+/// (three regions, the same bytes): such a pool is built again, up to five
+/// times.
 fn two_free_regions_with(
-    settings: impl FnOnce(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
+    settings: impl Fn(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
 ) -> (Pool, Arc<Faults>) {
-    let (pool, faults) = following_with(settings);
-    for n in [16, 16, 32, 32] {
-        step(&pool, n, false);
+    let mut last = None;
+    for _ in 0..5 {
+        let (pool, faults) = following_with(&settings);
+        for n in [16, 16, 32, 32] {
+            step(&pool, n, false);
+        }
+        let s = pool.stats();
+        if (s.regions, s.region_bytes) == (2, 144 * MIB) {
+            return (pool, faults);
+        }
+        last = Some(s);
     }
-    let s = pool.stats();
-    assert_eq!((s.regions, s.region_bytes), (2, 144 * MIB), "{s:#?}");
-    (pool, faults)
+    panic!("no two regions of 72 MiB in five tries: {last:#?}");
 }
 
 /// One step of a workload: `n` buffers of 4 MiB, and one of 96 MiB if
@@ -265,21 +275,26 @@ fn merges_racing_carves_keep_the_books() {
 /// largest buffers, stays.
 #[test]
 fn the_cap_releases_the_smallest_region_that_covers_its_excess() {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(1)
-        .max_pooled_bytes(1 << 30)
-        .build()
-        .unwrap();
-    // A large region, then a second, smaller one grown for a little more.
-    step(&pool, 40, false);
-    step(&pool, 40, false);
-    let large = pool.stats().region_bytes;
-    step(&pool, 48, false);
-    step(&pool, 48, false);
-    let s = pool.stats();
-    assert_eq!(s.regions, 2, "{s:#?}");
+    // A large region, then a second, smaller one grown for a little more
+    // (built again, up to five times, where a loaded box's scheduling
+    // split a growth in two).
+    let (pool, large, s) = (0..5)
+        .find_map(|_| {
+            let pool = Pool::builder()
+                .faults(Arc::new(Faults::default()))
+                .cleaner_threads(1)
+                .max_pooled_bytes(1 << 30)
+                .build()
+                .unwrap();
+            step(&pool, 40, false);
+            step(&pool, 40, false);
+            let large = pool.stats();
+            step(&pool, 48, false);
+            step(&pool, 48, false);
+            let s = pool.stats();
+            (large.regions == 1 && s.regions == 2).then_some((pool, large.region_bytes, s))
+        })
+        .expect("a large region and a smaller one in five tries");
     let small = s.region_bytes - large;
     assert!(small < large, "{s:#?}");
     pool.set_max_pooled_bytes(s.region_bytes - 4 * MIB);
@@ -359,4 +374,54 @@ fn a_region_grown_for_a_buffer_is_kept_for_its_next_take() {
         stats.region_bytes / MIB,
     );
     drop(kept);
+}
+
+/// A merge whose registration fails, the folded regions kept as one 144
+/// MiB region: the same take hits after a flush, and the books balance
+/// (one failed call).
+#[test]
+fn a_kept_merge_is_listed_registered_and_hit() {
+    let (pool, faults) = two_free_regions();
+    let next = faults.register_calls() + 1;
+    faults.fail_register(&[next]);
+    drop(pool.take(96 * MIB));
+    pool.flush();
+    let again = pool.take(96 * MIB);
+    let s = pool.stats();
+    assert!(again.was_pooled(), "{s:#?}");
+    assert_eq!(
+        faults.registered() - faults.unregistered(),
+        s.regions as u64,
+        "{s:#?}"
+    );
+    assert_eq!(s.registration_failures, 1, "{s:#?}");
+    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
+    drop(again);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// A budget lowered below the pinned bytes while one region is in use:
+/// only the wholly free one goes, and that reaches the budget; lowered
+/// below the region in use, it goes once its buffer is back.
+#[test]
+fn a_lowered_budget_releases_only_wholly_free_regions() {
+    let (pool, faults) = two_free_regions();
+    let held = pool.take(4 * MIB);
+    assert!(held.was_pooled());
+    pool.set_max_pinned_bytes(100 * MIB);
+    let s = pool.stats();
+    assert!(s.pinned_bytes <= 100 * MIB as u64, "{s:#?}");
+    assert_eq!(s.regions, 1, "{s:#?}");
+    pool.set_max_pinned_bytes(10 * MIB);
+    drop(held);
+    pool.flush();
+    std::thread::sleep(Duration::from_millis(300));
+    let s = pool.stats();
+    assert!(s.pinned_bytes <= 10 * MIB as u64, "{s:#?}");
+    assert_eq!(
+        faults.registered() - faults.unregistered(),
+        s.regions as u64,
+        "{s:#?}"
+    );
 }
