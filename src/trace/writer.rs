@@ -398,9 +398,10 @@ impl Tracer {
 /// at its drop or at the next take of the address. A drop whose take was
 /// lost closes nothing. A drop by another thread than the taker's can be
 /// read a batch before its take (the background thread reads the rings
-/// one after the other): a drop that closes nothing waits, through the
-/// next batch, for a take of its taker at or before its time, which it
-/// then closes. So a buffer held at the close is reported whatever
+/// one after the other): such a drop that closes nothing waits, through
+/// the next batch, for a take of its taker at or before its time, which
+/// it then closes (a drop by the taker itself never waits: its take
+/// cannot come after it). So a buffer held at the close is reported whatever
 /// records were lost before its take; one whose own drop was lost, and
 /// whose address no later take reused, is reported too (the file's lost
 /// count says when that can be).
@@ -448,7 +449,11 @@ impl Live {
                 self.open.remove(&words[3]);
             }
             Some(false) => {}
-            None => self.waiting.push((*words, self.batch)),
+            // Only a drop by another thread than the taker's can be read
+            // before its take; the taker's own records keep their order,
+            // so a drop of its own that closes nothing had its take lost.
+            None if words[2] != taker => self.waiting.push((*words, self.batch)),
+            None => {}
         }
     }
 
@@ -579,16 +584,15 @@ mod tests {
         ]
     }
 
-    /// A drop's words: at `ms`, of the buffer at `id` that `taker` took.
+    /// A drop's words: at `ms`, of the buffer at `id` that `taker` took,
+    /// by `taker`.
     fn drop_of(ms: u64, id: u64, taker: u64) -> [u64; 6] {
-        [
-            format::head(DROP, 0, 0),
-            ms * 1_000_000,
-            taker,
-            id,
-            0,
-            taker,
-        ]
+        remote_drop_of(ms, id, taker, taker)
+    }
+
+    /// As [`drop_of`], by thread `by`.
+    fn remote_drop_of(ms: u64, id: u64, taker: u64, by: u64) -> [u64; 6] {
+        [format::head(DROP, 0, 0), ms * 1_000_000, by, id, 0, taker]
     }
 
     fn held(live: &Live) -> Vec<(u64, u64, u64)> {
@@ -679,16 +683,32 @@ mod tests {
     #[test]
     fn a_drop_read_a_batch_before_its_take_closes_it() {
         let mut live = Live::default();
-        live.drop(&drop_of(5, 0x8000, 1));
+        live.drop(&remote_drop_of(5, 0x8000, 1, 3));
         live.end_batch();
         live.take(take(5, 1, 0x8000, 5000));
         live.take(take(5, 1, 0x8000, 4097));
         live.end_batch();
         assert_eq!(held(&live), vec![(1, 0x8000, 4097)]);
-        live.drop(&drop_of(7, 0x9000, 2));
+        live.drop(&remote_drop_of(7, 0x9000, 2, 3));
         live.end_batch();
         live.end_batch();
         live.take(take(6, 2, 0x9000, 10));
         assert_eq!(held(&live), vec![(1, 0x8000, 4097), (2, 0x9000, 10)]);
+    }
+
+    /// A drop by the thread that took the buffer, whose take was lost (a
+    /// full ring), closes nothing and waits for nothing: that thread's
+    /// records keep their order, so its take cannot come later. Its next
+    /// take of the address in the same millisecond, read in the next
+    /// batch and held, is reported (the waiting drop closed it, and a
+    /// buffer held at the close went unreported under heavy losses).
+    #[test]
+    fn a_drop_by_its_taker_whose_take_was_lost_waits_for_nothing() {
+        let mut live = Live::default();
+        live.drop(&drop_of(5, 0xa000, 1));
+        live.end_batch();
+        live.take(take(5, 1, 0xa000, 4000));
+        live.end_batch();
+        assert_eq!(held(&live), vec![(1, 0xa000, 4000)]);
     }
 }
