@@ -114,26 +114,10 @@ impl RemoteList {
             return taken;
         };
         let mut bytes = 0;
-        // One decrement per run of blocks of one slot, not one per block:
-        // pushers write the same counter, so each write here is a transfer
-        // of its line between cores.
-        let mut run: Option<(usize, u32)> = None;
         for meta in taken.peek() {
             bytes += meta.footprint_bytes();
-            let slot = meta.slot();
-            match &mut run {
-                Some((s, n)) if *s == slot => *n += 1,
-                _ => {
-                    if let Some((s, n)) = run.replace((slot, 1)) {
-                        // Relaxed: see `bytes`.
-                        counts[s].fetch_sub(n, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
-        if let Some((s, n)) = run {
             // Relaxed: see `bytes`.
-            counts[s].fetch_sub(n, Ordering::Relaxed);
+            counts[meta.slot()].fetch_sub(1, Ordering::Relaxed);
         }
         // Relaxed: see `bytes`.
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
@@ -265,7 +249,7 @@ mod tests {
     }
 
     #[test]
-    fn a_counted_list_counts_runs_of_slots_and_an_uncounted_one_nothing() {
+    fn a_counted_list_counts_its_slots_and_an_uncounted_one_nothing() {
         let classes = Classes::new(SizeClasses::Fine, page_size());
         let sizes = [8192, 8192, 65536, 8192, 65536, 65536, 8192];
         let small = blocks(&classes, &[8192])[0].slot();

@@ -87,23 +87,37 @@ impl Shortfall {
     }
 }
 
-/// Which of `lens` (ascending) to release to cover `bytes`: the set with
-/// the fewest bytes of at least `bytes` among the 16 smallest (of equal
-/// sets, the one whose largest is smallest), else the smallest first until
-/// covered, or all of them if they hold less. Positions in `lens`.
-fn cover(lens: &[usize], bytes: usize) -> Vec<usize> {
-    let small = &lens[..lens.len().min(16)];
+/// The positions in `lens` of the set whose lengths add up to at least
+/// `at_least` and at most `at_most` with the fewest bytes (of equal sets,
+/// the one whose largest is smallest); `None` if no set does. A search
+/// over every set: at most 16 lengths.
+fn fewest_covering(lens: &[usize], at_least: usize, at_most: usize) -> Option<Vec<usize>> {
+    assert!(
+        lens.len() <= 16,
+        "a search over every set of {} lengths",
+        lens.len()
+    );
+    let members = |set: u32| (0..lens.len()).filter(move |i| set & (1 << i) != 0);
     let mut best: Option<(usize, usize, u32)> = None;
-    for set in 1u32..(1 << small.len()) {
-        let members = (0..small.len()).filter(|i| set & (1 << i) != 0);
-        let total: usize = members.clone().map(|i| small[i]).sum();
-        let largest = members.map(|i| small[i]).max().unwrap_or(0);
-        if total >= bytes && best.is_none_or(|(t, l, _)| (total, largest) < (t, l)) {
+    for set in 1u32..(1 << lens.len()) {
+        let total: usize = members(set).map(|i| lens[i]).sum();
+        let largest = members(set).map(|i| lens[i]).max().unwrap_or(0);
+        let fits = (at_least..=at_most).contains(&total);
+        if fits && best.is_none_or(|(t, l, _)| (total, largest) < (t, l)) {
             best = Some((total, largest, set));
         }
     }
-    if let Some((_, _, set)) = best {
-        return (0..small.len()).filter(|i| set & (1 << i) != 0).collect();
+    best.map(|(_, _, set)| members(set).collect())
+}
+
+/// Which of `lens` (ascending) to release to cover `bytes`: the fewest
+/// bytes that do among the 16 smallest (see [`fewest_covering`]), else
+/// the smallest first until covered, or all of them if they hold less.
+/// Positions in `lens`.
+fn cover(lens: &[usize], bytes: usize) -> Vec<usize> {
+    let small = &lens[..lens.len().min(16)];
+    if let Some(set) = fewest_covering(small, bytes, usize::MAX) {
+        return set;
     }
     let mut left = bytes;
     (0..lens.len())
@@ -942,13 +956,13 @@ impl Regions {
     }
 
     /// Unlists the regions that nothing is carved from and that `pick`
-    /// chooses (given each one's length, how long it has been wholly
-    /// free, and how long it has been listed), for the caller to
-    /// unregister and free; with `all`, unlists every other region too,
-    /// each to be released by the give-back of its last block.
+    /// chooses (given each one's length and how long it has been wholly
+    /// free), for the caller to unregister and free; with `all`, unlists
+    /// every other region too, each to be released by the give-back of its
+    /// last block.
     pub(crate) fn unlist_idle(
         &self,
-        pick: impl FnMut(usize, Duration, Duration) -> bool,
+        pick: impl FnMut(usize, Duration) -> bool,
         all: bool,
     ) -> Vec<Unlisted> {
         let (out, unlisted) = self.unlist(pick, all);
@@ -1251,27 +1265,11 @@ impl Regions {
         if lens.iter().any(|&l| l >= len) {
             return None;
         }
-        // The smallest first; past 16 of them, only the 16 largest are
-        // looked at (the search is over their subsets).
+        // Past 16 of them, only the 16 largest are looked at.
         lens.sort_unstable();
         let lens = &lens[lens.len().saturating_sub(16)..];
-        let mut best: Option<(usize, u32)> = None;
-        for set in 1u32..(1 << lens.len()) {
-            let total: usize = (0..lens.len())
-                .filter(|i| set & (1 << i) != 0)
-                .map(|i| lens[i])
-                .sum();
-            if total >= len && total <= Tune::REGION_MAX && best.is_none_or(|(b, _)| total < b) {
-                best = Some((total, set));
-            }
-        }
-        let (_, set) = best?;
-        Some(
-            (0..lens.len())
-                .filter(|i| set & (1 << i) != 0)
-                .map(|i| lens[i])
-                .collect(),
-        )
+        let set = fewest_covering(lens, len, Tune::REGION_MAX)?;
+        Some(set.into_iter().map(|i| lens[i]).collect())
     }
 
     /// Unlists wholly free regions of the lengths `plan` names (one each),
@@ -1280,7 +1278,7 @@ impl Regions {
     /// (only wholly free ones are offered); another free one of the same
     /// length may go in its place.
     fn unlist_folded(&self, mut plan: Vec<usize>) -> Vec<Unlisted> {
-        let pick = |region_len: usize, _, _| match plan.iter().position(|&l| l == region_len) {
+        let pick = |region_len: usize, _| match plan.iter().position(|&l| l == region_len) {
             Some(i) => {
                 plan.swap_remove(i);
                 true
@@ -1295,7 +1293,7 @@ impl Regions {
     /// returned).
     fn unlist(
         &self,
-        mut pick: impl FnMut(usize, Duration, Duration) -> bool,
+        mut pick: impl FnMut(usize, Duration) -> bool,
         all: bool,
     ) -> (Vec<Unlisted>, bool) {
         let now = Instant::now();
@@ -1310,9 +1308,8 @@ impl Regions {
                 .idle_since
                 .filter(|_| state.out == 0)
                 .map(|at| now.saturating_duration_since(at));
-            let age = now.saturating_duration_since(this.listed_at);
             let unlist = match idle {
-                Some(idle) => pick(this.len, idle, age) || all,
+                Some(idle) => pick(this.len, idle) || all,
                 None => all,
             };
             if !unlist {
@@ -1537,7 +1534,7 @@ mod tests {
         let f = regions.figures();
         assert_eq!((f.free, f.largest_free), (16 * page(), 16 * page()));
         assert!(regions.carve(17 * page()).is_none());
-        let unlisted = regions.unlist_idle(|_, _, _| true, false);
+        let unlisted = regions.unlist_idle(|_, _| true, false);
         assert_eq!(unlisted.len(), 1);
         unlisted.into_iter().for_each(Unlisted::free);
         assert_eq!(regions.figures().regions, 0);
@@ -1562,7 +1559,7 @@ mod tests {
             Region::give_back(long.region, long.ptr.as_ptr(), Tune::TOP_CARVE_BELOW);
             Region::give_back(short.region, short.ptr.as_ptr(), page());
         }
-        for r in regions.unlist_idle(|_, _, _| true, false) {
+        for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
         }
     }
@@ -1627,7 +1624,7 @@ mod tests {
             (f.regions, f.bytes, f.largest_free),
             (2, 10 * huge, 7 * huge)
         );
-        for r in regions.unlist_idle(|_, _, _| true, false) {
+        for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
         }
     }
@@ -1783,7 +1780,7 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         // SAFETY: carved above, given back once, all-zero.
         unsafe { Region::give_back(all.region, base, len) };
-        for r in regions.unlist_idle(|_, _, _| true, false) {
+        for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
         }
     }
@@ -1876,7 +1873,7 @@ mod tests {
         assert_eq!((f.regions, f.bytes), (2, 4 * huge));
         // SAFETY: carved above, given back once, untouched.
         unsafe { Region::give_back(held.region, held.ptr.as_ptr(), page()) };
-        for r in regions.unlist_idle(|_, _, _| true, false) {
+        for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
         }
     }
@@ -1888,7 +1885,7 @@ mod tests {
             .grow(2 * page(), Vec::new(), &mut Some, None)
             .unwrap();
         let a = regions.carve(page()).unwrap();
-        assert!(regions.unlist_idle(|_, _, _| true, true).is_empty());
+        assert!(regions.unlist_idle(|_, _| true, true).is_empty());
         assert!(
             regions.carve(page()).is_none(),
             "carved from an unlisted region"

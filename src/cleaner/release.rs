@@ -151,14 +151,14 @@ unsafe fn unregister(
 }
 
 /// Releases the regions of `shards` that nothing is carved from and that
-/// `pick` chooses (given a region's length, how long it has been wholly
-/// free and how long it has been listed), and drained ones wholly free; with `all`, unlists the others
+/// `pick` chooses (given a region's length and how long it has been wholly
+/// free), and drained ones wholly free; with `all`, unlists the others
 /// too, to be released by the give-back of their last block (see
 /// `alloc::region`).
 pub(crate) fn release_regions(
     with: Releaser<'_>,
     shards: &[Shard],
-    mut pick: impl FnMut(usize, Duration, Duration) -> bool,
+    mut pick: impl FnMut(usize, Duration) -> bool,
     all: bool,
 ) {
     for (device, shard) in shards.iter().enumerate() {

@@ -122,7 +122,7 @@ impl Cleaner {
             release_regions(
                 env.releaser(),
                 env.places.shards,
-                |_, idle, _| force || idle >= idle_trim,
+                |_, idle| force || idle >= idle_trim,
                 false,
             );
             // And regions that hold far more than the window's demand, but

@@ -160,14 +160,14 @@ impl Shared {
             tracing::debug!(buffers = blocks.len(), "pinpool: clearing the pool");
         }
         cleaner::release_all(self.releaser(), blocks);
-        cleaner::release_regions(self.releaser(), &self.shards, |_, _, _| true, false);
+        cleaner::release_regions(self.releaser(), &self.shards, |_, _| true, false);
     }
 
     /// As [`clear`](Self::clear), and every region goes too: at once if
     /// nothing is carved from it, else with its last buffer.
     fn clear_all(&self) {
         self.clear();
-        cleaner::release_regions(self.releaser(), &self.shards, |_, _, _| true, true);
+        cleaner::release_regions(self.releaser(), &self.shards, |_, _| true, true);
     }
 
     pub(crate) fn set_max_pinned_bytes(&self, bytes: usize) {

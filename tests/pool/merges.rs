@@ -61,6 +61,23 @@ fn two_free_regions_with(
     panic!("no two regions of 72 MiB in five tries: {last:#?}");
 }
 
+/// Every registration is of a region listed now, and the pinned bytes are
+/// the regions' (no buffer pinned on its own, none leaked).
+fn books_balance(s: &pinpool::Stats, faults: &Faults) {
+    assert_eq!(
+        faults.registered() - faults.unregistered(),
+        s.regions as u64,
+        "{s:#?}"
+    );
+    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
+}
+
+/// Shuts `pool` down: every registration is undone.
+fn shut_down_balanced(pool: Pool, faults: &Faults) {
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
 /// One step of a workload: `n` buffers of 4 MiB, and one of 96 MiB if
 /// `large`, held at once, then dropped; then a flush, and a pause longer
 /// than a wholly free region waits before the cap may release it.
@@ -162,10 +179,7 @@ fn a_merge_needs_no_room_in_the_budget() {
     }
     let s = pool.stats();
     assert!(s.peak_pinned_bytes <= budget as u64, "{s:#?}");
-    assert_eq!(
-        faults.registered() - faults.unregistered(),
-        s.regions as u64
-    );
+    books_balance(&s, &faults);
     assert_eq!(
         s.misses - before.misses,
         1,
@@ -198,29 +212,34 @@ fn a_given_cap_releases_a_young_region() {
     assert!(s.pooled_bytes <= 8 * MIB, "{s:#?}");
 }
 
-/// A merge whose registration fails, and so does the registration of the
-/// folded regions on their own: they are freed; the books still balance
-/// and the buffer is met by a growth.
-#[test]
-fn a_merge_failing_twice_balances_its_books() {
+/// A merge whose registration fails `fails` times: once, the folded
+/// regions are registered again as one 144 MiB region, which holds the
+/// buffer; twice, they are freed too, and a growth meets it. Either way the
+/// same take hits after a flush, the books balance, and each failed call
+/// is counted.
+fn a_failed_merge_is_met(fails: u64) {
     let (pool, faults) = two_free_regions();
     let next = faults.register_calls() + 1;
-    faults.fail_register(&[next, next + 1]);
+    faults.fail_register(&(next..next + fails).collect::<Vec<_>>());
     drop(pool.take(96 * MIB));
     pool.flush();
     let again = pool.take(96 * MIB);
     let s = pool.stats();
     assert!(again.was_pooled(), "{s:#?}");
-    assert_eq!(
-        faults.registered() - faults.unregistered(),
-        s.regions as u64,
-        "{s:#?}"
-    );
-    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
-    assert_eq!(s.registration_failures, 2, "{s:#?}");
+    books_balance(&s, &faults);
+    assert_eq!(s.registration_failures, fails, "{s:#?}");
     drop(again);
-    pool.shutdown();
-    assert_eq!(faults.registered(), faults.unregistered());
+    shut_down_balanced(pool, &faults);
+}
+
+#[test]
+fn a_kept_merge_is_listed_registered_and_hit() {
+    a_failed_merge_is_met(1);
+}
+
+#[test]
+fn a_merge_failing_twice_balances_its_books() {
+    a_failed_merge_is_met(2);
 }
 
 /// Merges racing takes that carve from the regions planned: every buffer
@@ -258,15 +277,9 @@ fn merges_racing_carves_keep_the_books() {
     });
     pool.flush();
     let s = pool.stats();
-    assert_eq!(
-        faults.registered() - faults.unregistered(),
-        s.regions as u64,
-        "{s:#?}"
-    );
-    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
+    books_balance(&s, &faults);
     assert_eq!(s.registration_failures, 0, "{s:#?}");
-    pool.shutdown();
-    assert_eq!(faults.registered(), faults.unregistered());
+    shut_down_balanced(pool, &faults);
 }
 
 /// A cap that leaves room for all but a few MiB of two wholly free
@@ -376,31 +389,6 @@ fn a_region_grown_for_a_buffer_is_kept_for_its_next_take() {
     drop(kept);
 }
 
-/// A merge whose registration fails, the folded regions kept as one 144
-/// MiB region: the same take hits after a flush, and the books balance
-/// (one failed call).
-#[test]
-fn a_kept_merge_is_listed_registered_and_hit() {
-    let (pool, faults) = two_free_regions();
-    let next = faults.register_calls() + 1;
-    faults.fail_register(&[next]);
-    drop(pool.take(96 * MIB));
-    pool.flush();
-    let again = pool.take(96 * MIB);
-    let s = pool.stats();
-    assert!(again.was_pooled(), "{s:#?}");
-    assert_eq!(
-        faults.registered() - faults.unregistered(),
-        s.regions as u64,
-        "{s:#?}"
-    );
-    assert_eq!(s.registration_failures, 1, "{s:#?}");
-    assert_eq!(s.pinned_bytes, s.region_bytes as u64, "{s:#?}");
-    drop(again);
-    pool.shutdown();
-    assert_eq!(faults.registered(), faults.unregistered());
-}
-
 /// A budget lowered below the pinned bytes while one region is in use:
 /// only the wholly free one goes, and that reaches the budget; lowered
 /// below the region in use, it goes once its buffer is back.
@@ -419,9 +407,5 @@ fn a_lowered_budget_releases_only_wholly_free_regions() {
     std::thread::sleep(Duration::from_millis(300));
     let s = pool.stats();
     assert!(s.pinned_bytes <= 10 * MIB as u64, "{s:#?}");
-    assert_eq!(
-        faults.registered() - faults.unregistered(),
-        s.regions as u64,
-        "{s:#?}"
-    );
+    books_balance(&s, &faults);
 }
