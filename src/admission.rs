@@ -44,14 +44,36 @@ use crate::alloc::Block;
 use crate::remote::Inbox;
 use crate::shard::Shard;
 use crate::size_class::SizeClass;
-use crate::sync::{fence, AtomicUsize, Mutex, Ordering};
-use crate::thread_cache::{Caches, ThreadCache};
+use crate::sync::{fence, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::thread_cache::{Caches, LockedOut, ThreadCache};
 
 /// Where pooled buffers live.
 #[derive(Clone, Copy)]
 pub(crate) struct Places<'a> {
     pub(crate) shards: &'a [Shard],
     pub(crate) caches: &'a Caches,
+}
+
+/// What an eviction holds from the first class that needs it to its end:
+/// the buffers it took out of the caches' inboxes and has not evicted (put
+/// back when it ends), the caches' owners locked out, and
+/// `Caches::no_moves` (taken first, released last: the fields drop in
+/// this order, after the inboxes' buffers are back).
+#[derive(Default)]
+struct Held<'a> {
+    inboxes: Option<Vec<(&'a ThreadCache, Vec<Block>)>>,
+    locked: Option<LockedOut<'a>>,
+    moving: Option<MutexGuard<'a, ()>>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for (cache, blocks) in self.inboxes.take().into_iter().flatten() {
+            for block in blocks {
+                cache.inbox().ready.push(block);
+            }
+        }
+    }
 }
 
 /// The cap and the estimate; see the module docs.
@@ -374,12 +396,19 @@ impl Admission {
         let mut evicted = Vec::new();
         let over = |this: &Self| this.estimate.load(Ordering::Relaxed) + incoming > cap;
         let classes = &at.caches.classes;
+        // The caches are locked out once, at the first class whose shards
+        // and inboxes leave the pool over the cap, and stay locked out to
+        // the last class looked at: a lock-out costs a process-wide
+        // barrier, and a cap below what is pooled in use would otherwise
+        // pay one per class at every admission.
+        let mut held = Held::default();
         for class in classes.all().rev() {
             if !over(self) {
                 break;
             }
-            self.evict_class(at, class, &mut evicted, &over);
+            self.evict_class(at, class, &mut evicted, &mut held, &over);
         }
+        drop(held);
         if !evicted.is_empty() {
             let bytes: usize = evicted.iter().map(Block::footprint).sum();
             self.evictions.fetch_add(evicted.len(), Ordering::Relaxed);
@@ -404,12 +433,14 @@ impl Admission {
     }
 
     /// Evicts buffers of `class` while `over`: shards first, then remote
-    /// lists, then thread caches' ready lists (locking their owners out).
-    fn evict_class(
+    /// lists, then thread caches' ready lists (locking their owners out,
+    /// into `held`, unless an earlier class did).
+    fn evict_class<'a>(
         &self,
-        at: Places<'_>,
+        at: Places<'a>,
         class: SizeClass,
         evicted: &mut Vec<Block>,
+        held: &mut Held<'a>,
         over: &impl Fn(&Self) -> bool,
     ) {
         let take = |block: Block, evicted: &mut Vec<Block>| {
@@ -425,38 +456,42 @@ impl Admission {
                 }
             }
         }
-        // Every cache, not only those whose counts show the class: the
-        // counts are hints that a racing collection can leave low, and
-        // eviction must see every pooled buffer (see the module docs).
-        for cache in at.caches.iter() {
-            if !over(self) {
-                return;
-            }
-            if cache.inbox().ready.is_empty() {
-                continue;
-            }
-            // The buffers kept go back at once. Only one thread evicts at
-            // a time (the admission lock); a steal that swaps the list
-            // meanwhile adopts it inside its owner's operation, which the
-            // lock-out below waits for.
-            let mut keep = Vec::new();
-            // Out of a snapshot's sight until the kept ones are back.
-            let _moving = at.caches.no_moves();
-            for block in cache.inbox().ready.take_all() {
-                if over(self) && block.class() == class {
-                    take(block, evicted);
-                } else {
-                    keep.push(block);
-                }
-            }
-            for block in keep {
-                cache.inbox().ready.push(block);
-            }
-        }
         if !over(self) {
             return;
         }
-        let mut locked = at.caches.lock_out(at.caches.iter());
+        // Every cache, not only those whose counts show the class: the
+        // counts are hints that a racing collection can leave low, and
+        // eviction must see every pooled buffer (see the module docs). The
+        // inboxes are emptied once, at the first class that needs them,
+        // and what is not evicted goes back when the eviction ends (see
+        // `Held`), out of a snapshot's sight until then. Only one thread
+        // evicts at a time (the admission lock); a steal that swaps a list
+        // meanwhile adopts it inside its owner's operation, which the
+        // lock-out below waits for.
+        let inboxes = held.inboxes.get_or_insert_with(|| {
+            held.moving.get_or_insert_with(|| at.caches.no_moves());
+            at.caches
+                .iter()
+                .filter(|cache| !cache.inbox().ready.is_empty())
+                .map(|cache| (cache, cache.inbox().ready.take_all().collect()))
+                .collect()
+        });
+        for (_, blocks) in inboxes.iter_mut() {
+            // Lazy: each buffer is looked at after the previous one's
+            // eviction is counted.
+            for block in blocks.extract_if(.., |b| b.class() == class && over(self)) {
+                take(block, evicted);
+            }
+            if !over(self) {
+                return;
+            }
+        }
+        // The lock order is `moving`, then the caches' locks, as a sweep's
+        // and a trim's.
+        held.moving.get_or_insert_with(|| at.caches.no_moves());
+        let locked = held
+            .locked
+            .get_or_insert_with(|| at.caches.lock_out(at.caches.iter()));
         locked.each(|cache, lists| {
             for device in 0..at.shards.len() {
                 while over(self) {
@@ -478,7 +513,6 @@ impl Admission {
                 }
             }
         }
-        drop(locked);
     }
 
     /// Takes out, for the caller to release, pooled buffers that became
