@@ -202,6 +202,7 @@ fn a_reserved_buffer_stays_pooled_after_its_region_drains() {
               AddressSanitizer on 2 cores a burst grew the regions once after warm-up"
 )]
 fn a_burst_within_every_idle_trim_time_drains_nothing() {
+    const BURSTS: usize = 8;
     let idle = Duration::from_millis(800);
     let (pool, faults) = pool(idle);
     let period = idle * 99 / 100;
@@ -227,7 +228,7 @@ fn a_burst_within_every_idle_trim_time_drains_nothing() {
             }
         });
         let warm = (pool.stats(), faults.registered());
-        for _ in 0..16 {
+        for _ in 0..BURSTS {
             burst();
         }
         stop.store(true, Ordering::Relaxed);
@@ -236,7 +237,7 @@ fn a_burst_within_every_idle_trim_time_drains_nothing() {
     pool.shutdown();
     let missed = missed.into_inner();
     eprintln!(
-        "after warm-up: drained {}, registered {}; after 16 bursts: drained {}, \
+        "after warm-up: drained {}, registered {}; after {BURSTS} bursts: drained {}, \
          registered {}, burst misses {missed}",
         warm.0.regions_drained, warm.1, end.0.regions_drained, end.1
     );

@@ -507,7 +507,7 @@ fn returned_idle_buffer_is_reused_before_a_miss() {
     pool.flush();
     assert!(
         reused && s.misses == 2,
-        "the idle returned buffer was not reused: misses {} (2 expected), took {took:?}",
+        "the idle returned buffer was not reused: misses {} (2 expected), took {took:?}: {s:#?}",
         s.misses
     );
 }

@@ -1673,6 +1673,12 @@ fn a_growth_registered_past_a_budget_lowered_meanwhile_is_released() {
 /// its space: every 8 MiB buffer the class held is still there for the
 /// staging loop afterwards.
 #[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "timing-bound: a class is hot at 16 takes in a 10 ms provisioning tick; under \
+              AddressSanitizer on 2 cores the set-up's loop took 4 buffers of 8 MiB every 7 ms \
+              and the class never kept one"
+)]
 fn a_small_take_leaves_a_hot_classs_idle_buffers_whole() {
     const LARGE: usize = 8 * MIB_;
     const SMALL: usize = 128 << 10;
