@@ -267,19 +267,28 @@ pub(crate) fn cool(
 /// until their sizes are taken again, and the cap, which counts the bytes
 /// in use at their peak, would otherwise release it whenever the bytes in
 /// use dip between two steps of the workload, to grow it again at the
-/// next.
+/// next. Nor does an excess of `slack` bytes or less release anything:
+/// a following cap passes `cap / 8`, since its regions, grown for what
+/// takes asked, cover an excess of a few MiB only by whole regions of
+/// GiB, which the next peak of the working set (still rising while a
+/// workload draws new sizes) misses and grows again.
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,
     at: Places<'_>,
     min_idle: Duration,
     min_age: Duration,
+    slack: impl FnOnce(usize) -> usize,
 ) {
+    let cap = at.caches.cap();
     let over = || {
         let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
-        (admission.pooled_bytes(at) + free).saturating_sub(at.caches.cap())
+        (admission.pooled_bytes(at) + free).saturating_sub(cap)
     };
     let mut left = over();
+    if left <= slack(cap) {
+        return;
+    }
     for (device, shard) in at.shards.iter().enumerate() {
         if left == 0 {
             break;

@@ -149,7 +149,8 @@ impl Cleaner {
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its
-            // window (see `fit_regions_to_cap`).
+            // window, and an excess of an eighth of itself (see
+            // `fit_regions_to_cap`).
             let (_, follows) = env.admission.cap_and_follows(env.places);
             let min_age = if follows {
                 env.provisioner.window() / 8
@@ -162,6 +163,7 @@ impl Cleaner {
                 env.places,
                 CAP_RELEASE_AFTER,
                 min_age,
+                |cap| if follows { cap / 8 } else { 0 },
             );
         }
         // Regions that fell short of what takes wanted at once grow by the

@@ -196,6 +196,7 @@ impl Shared {
                 self.places(),
                 std::time::Duration::ZERO,
                 std::time::Duration::ZERO,
+                |_| 0,
             );
         }
     }

@@ -409,3 +409,44 @@ fn a_lowered_budget_releases_only_wholly_free_regions() {
     assert!(s.pinned_bytes <= 10 * MIB as u64, "{s:#?}");
     books_balance(&s, &faults);
 }
+
+/// A cap that follows the working set, a little under the regions once the
+/// window's larger peak has passed (16 buffers of 4 MiB held, then 14): the
+/// excess, a few MiB and less than an eighth of the cap, releases no region,
+/// and the smaller steady workload keeps hitting. (A whole region went to
+/// cover it, and the next step missed what that region held.)
+#[test]
+fn a_following_cap_a_little_under_the_regions_releases_none() {
+    let (pool, faults) = following_with(|b| b.idle_trim(Duration::from_millis(800)));
+    // Held across provisioning ticks, which see them in use.
+    let step = |n: usize| {
+        let held: Vec<_> = (0..n).map(|_| pool.take(4 * MIB)).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        pool.flush();
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for _ in 0..3 {
+        step(16);
+    }
+    let before = pool.stats();
+    let registered = faults.registered();
+    // The window's peak passes (after four steps or so), and the cap falls.
+    for _ in 0..10 {
+        step(14);
+    }
+    let after = pool.stats();
+    eprintln!(
+        "regions {} MiB, cap {} MiB; after: regions {} MiB, cap {} MiB",
+        before.region_bytes / MIB,
+        before.max_pooled_bytes / MIB,
+        after.region_bytes / MIB,
+        after.max_pooled_bytes / MIB
+    );
+    assert_eq!(
+        (after.misses, after.regions_released, faults.registered()),
+        (before.misses, before.regions_released, registered),
+        "misses, regions released and registrations over ten steady steps: {after:#?}"
+    );
+    shut_down_balanced(pool, &faults);
+}
