@@ -478,7 +478,10 @@ impl PoolBuilder {
     /// pooled bytes ([`Stats::free_extent_bytes`](crate::Stats::free_extent_bytes)
     /// says how many): while idle buffers and free extents together exceed
     /// the cap, wholly free regions are released (when the cap is set, and
-    /// by the cleaner once they have been wholly free for 100 ms); a region
+    /// by the cleaner once they have been wholly free for 100 ms; while the
+    /// cap follows the working set, only regions listed an eighth of its
+    /// window ago or more, and, if idle trimming is on, only for an excess
+    /// of more than an eighth of the cap); a region
     /// with a buffer in use, or idle in its class, keeps its free extents
     /// (one registration is released whole or not at all).
     ///

@@ -320,7 +320,10 @@ pub struct Stats {
     pub regions_drained: u64,
     /// Bytes of ready buffers (footprints: whole pages, or a sub-page
     /// buffer's share of its slab), thread caches included, and of the
-    /// regions' free extents: what the cap bounds.
+    /// regions' free extents: what the cap bounds (a cap that follows the
+    /// working set leaves up to an eighth of itself past it in wholly free
+    /// regions while idle trimming is on: see
+    /// [`PoolBuilder::regions`](crate::PoolBuilder::regions)).
     pub pooled_bytes: usize,
     /// Ready buffers, thread caches included: each counted once while no
     /// take runs (the cleaner's own moves between caches and shards hold

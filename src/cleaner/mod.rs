@@ -67,8 +67,8 @@ pub(crate) use job::Returned;
 use job::{Chunked, Job};
 use parking::Parking;
 pub(crate) use release::{
-    cool, fit_regions_to_cap, give_back, release, release_all, release_region, release_regions,
-    release_regions_over_budget, Releaser,
+    cap_slack, cool, fit_regions_to_cap, give_back, release, release_all, release_region,
+    release_regions, release_regions_over_budget, Releaser,
 };
 
 /// What the cleaner reaches of its pool.

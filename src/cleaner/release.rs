@@ -267,11 +267,8 @@ pub(crate) fn cool(
 /// until their sizes are taken again, and the cap, which counts the bytes
 /// in use at their peak, would otherwise release it whenever the bytes in
 /// use dip between two steps of the workload, to grow it again at the
-/// next. Nor does an excess of `slack` bytes or less release anything:
-/// a following cap passes `cap / 8`, since its regions, grown for what
-/// takes asked, cover an excess of a few MiB only by whole regions of
-/// GiB, which the next peak of the working set (still rising while a
-/// workload draws new sizes) misses and grows again.
+/// next. Nor does an excess of `slack(cap)` bytes or less release
+/// anything (see [`cap_slack`]).
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,
@@ -301,9 +298,41 @@ pub(crate) fn fit_regions_to_cap(
     }
 }
 
+/// The excess over `cap` that [`fit_regions_to_cap`] leaves in wholly free
+/// regions: an eighth of a cap that `follows` the working set while idle
+/// trimming is on (`idle_trim`), else none. Regions grown for what takes
+/// asked cover an excess of a few MiB only by a whole region of GiB, which
+/// the next peak of the working set (still rising while a workload draws
+/// new sizes) misses and grows again; idle trimming still releases a
+/// region left wholly free for its time, so the excess kept is bounded in
+/// time. A cap given, or a pool that does not trim, keeps nothing past it.
+pub(crate) fn cap_slack(follows: bool, idle_trim: Option<Duration>, cap: usize) -> usize {
+    if follows && idle_trim.is_some() {
+        cap / 8
+    } else {
+        0
+    }
+}
+
 /// Releases every block of `blocks` (evicted or cleared: quiescent).
 pub(crate) fn release_all(with: Releaser<'_>, blocks: Vec<Block>) {
     for block in blocks {
         release(with, block);
+    }
+}
+
+#[cfg(all(test, not(pinpool_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_following_cap_that_trims_keeps_an_excess() {
+        let trim = Some(Duration::from_secs(30));
+        assert_eq!(cap_slack(true, trim, 80 << 20), 10 << 20);
+        // Nothing else would release a wholly free region past the cap.
+        assert_eq!(cap_slack(true, None, 80 << 20), 0);
+        // A cap given is a bound.
+        assert_eq!(cap_slack(false, trim, 80 << 20), 0);
+        assert_eq!(cap_slack(false, None, 80 << 20), 0);
     }
 }

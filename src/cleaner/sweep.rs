@@ -10,7 +10,9 @@ use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::{Duration, Instant};
 
-use super::{cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env};
+use super::{
+    cap_slack, cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env,
+};
 
 /// How long a region must have been wholly free before the provisioning
 /// tick releases it for the cap (see `fit_regions_to_cap`).
@@ -149,9 +151,10 @@ impl Cleaner {
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its
-            // window, and an excess of an eighth of itself (see
-            // `fit_regions_to_cap`).
+            // window, and, while idle trimming is on, an excess of an
+            // eighth of itself (see `fit_regions_to_cap`).
             let (_, follows) = env.admission.cap_and_follows(env.places);
+            let idle_trim = env.provisioner.idle_trim();
             let min_age = if follows {
                 env.provisioner.window() / 8
             } else {
@@ -163,7 +166,7 @@ impl Cleaner {
                 env.places,
                 CAP_RELEASE_AFTER,
                 min_age,
-                |cap| if follows { cap / 8 } else { 0 },
+                |cap| cap_slack(follows, idle_trim, cap),
             );
         }
         // Regions that fell short of what takes wanted at once grow by the
