@@ -1021,13 +1021,7 @@ impl Regions {
             let region = list.remove(i);
             // SAFETY: it was listed until now, under the list lock: live.
             let this = unsafe { region.as_ref() };
-            let mut state = this.state.lock();
-            state.listed = false;
-            // Relaxed: see `Totals`.
-            self.totals.bytes.fetch_sub(this.len, Ordering::Relaxed);
-            self.totals
-                .out
-                .fetch_sub(this.len - state.free, Ordering::Relaxed);
+            self.take_off(this, &mut this.state.lock());
             out.push(Unlisted(region));
         }
         drop(list);
@@ -1096,12 +1090,7 @@ impl Regions {
         // SAFETY: it was listed until now, under the list lock: live.
         let this = unsafe { region.as_ref() };
         let mut state = this.state.lock();
-        state.listed = false;
-        // Relaxed: see `Totals`.
-        self.totals.bytes.fetch_sub(this.len, Ordering::Relaxed);
-        self.totals
-            .out
-            .fetch_sub(this.len - state.free, Ordering::Relaxed);
+        self.take_off(this, &mut state);
         let drained = if state.out == 0 {
             // Its last block came back since the look above.
             Drained::Free(Unlisted(region))
@@ -1288,9 +1277,21 @@ impl Regions {
         self.unlist(pick, false).0
     }
 
-    /// [`unlist_idle`](Self::unlist_idle), the demand peak left as it is;
-    /// also whether any region was unlisted (those with blocks out are not
-    /// returned).
+    /// Marks `this`, just removed from the list (whose lock the caller
+    /// holds, with `state`, its extents' lock), as no longer listed, and
+    /// takes its bytes out of the totals.
+    fn take_off(&self, this: &Region, state: &mut Extents) {
+        state.listed = false;
+        // Relaxed: see `Totals`.
+        self.totals.bytes.fetch_sub(this.len, Ordering::Relaxed);
+        self.totals
+            .out
+            .fetch_sub(this.len - state.free, Ordering::Relaxed);
+    }
+
+    /// As [`unlist_idle`](Self::unlist_idle), the demand peak left as it
+    /// is; also whether any region was unlisted (those with blocks out are
+    /// not returned).
     fn unlist(
         &self,
         mut pick: impl FnMut(usize, Duration) -> bool,
@@ -1315,12 +1316,7 @@ impl Regions {
             if !unlist {
                 return true;
             }
-            state.listed = false;
-            // Relaxed: see `Totals`.
-            self.totals.bytes.fetch_sub(this.len, Ordering::Relaxed);
-            self.totals
-                .out
-                .fetch_sub(this.len - state.free, Ordering::Relaxed);
+            self.take_off(this, &mut state);
             if state.out == 0 {
                 out.push(Unlisted(region));
             }
@@ -1736,10 +1732,6 @@ mod tests {
         );
     }
 
-    /// Review control (the code before 070421c): two regions, 2 and 8 pages, with a thread carving one page
-    /// and giving it back in a loop (always from the 2-page region while it
-    /// is listed): at any instant at least one of the two is wholly free and
-    /// covers an excess of one page, so every call must release one.
     /// Regions of 2, 3, 4 and 10 pages, an excess of 9 pages: the three
     /// small ones cover it exactly, and the largest stays (the smallest
     /// region that held it alone, 10 pages, went).

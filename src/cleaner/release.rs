@@ -278,11 +278,8 @@ pub(crate) fn fit_regions_to_cap(
     slack: impl FnOnce(usize) -> usize,
 ) {
     let cap = at.caches.cap();
-    let over = || {
-        let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
-        (admission.pooled_bytes(at) + free).saturating_sub(cap)
-    };
-    let mut left = over();
+    let free: usize = at.shards.iter().map(Shard::free_extent_bytes).sum();
+    let mut left = (admission.pooled_bytes(at) + free).saturating_sub(cap);
     if left <= slack(cap) {
         return;
     }
