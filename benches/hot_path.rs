@@ -223,7 +223,12 @@ const BATCH: usize = 64;
 /// Sends `iters` buffers (rounded up to whole batches of `BATCH`) from
 /// this thread, which makes each with `take`, to another, which hands
 /// each batch to `drop_batch`, through a channel of four batches; the time
-/// per buffer, counted over `iters`.
+/// per buffer, counted over `iters`. Both threads spin while the channel is
+/// full or empty instead of sleeping: with sleeps, a run's figure depended
+/// on whether the two threads fell into step (a few thousand context
+/// switches in a run) or woke each other for every batch (some 90,000 on
+/// the 2-core box, three to four times the time per buffer), not on what
+/// the buffers cost.
 fn pipeline<T: Send + 'static>(
     iters: u64,
     mut take: impl FnMut() -> T,
@@ -231,14 +236,28 @@ fn pipeline<T: Send + 'static>(
 ) -> Duration {
     let batches = iters.div_ceil(BATCH as u64);
     let (tx, rx) = crossbeam_channel::bounded::<Vec<T>>(4);
-    let dropper = std::thread::spawn(move || {
-        for batch in rx {
-            drop_batch(batch);
+    let dropper = std::thread::spawn(move || loop {
+        match rx.try_recv() {
+            Ok(batch) => drop_batch(batch),
+            Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => break,
         }
     });
     let start = Instant::now();
     for _ in 0..batches {
-        tx.send((0..BATCH).map(|_| take()).collect()).unwrap();
+        let mut batch: Vec<T> = (0..BATCH).map(|_| take()).collect();
+        loop {
+            match tx.try_send(batch) {
+                Ok(()) => break,
+                Err(crossbeam_channel::TrySendError::Full(back)) => {
+                    batch = back;
+                    std::hint::spin_loop();
+                }
+                Err(crossbeam_channel::TrySendError::Disconnected(_)) => {
+                    unreachable!("the dropper runs until the channel closes")
+                }
+            }
+        }
     }
     drop(tx);
     dropper.join().unwrap();
