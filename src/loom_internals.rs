@@ -1,6 +1,6 @@
 //! Internals exposed to the `loom-tests` crate, in loom builds only.
 
-use crate::stack;
+use crate::{remote, stack};
 
 /// Does what a thread's per-thread guard does when its teardown reaches
 /// it: the thread stops owning its caches (its takes go through the orphan
@@ -40,5 +40,39 @@ impl Stack {
     /// Whether the stack is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A thread cache's batched returns, over `u64` values (batches of two in
+/// loom builds).
+#[derive(Debug)]
+pub struct Returns(remote::Returns<u64>);
+
+impl Returns {
+    /// No values.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self(remote::Returns::new())
+    }
+
+    /// Appends `value` to the open batch.
+    pub fn push(&self, value: u64) {
+        self.0.push(value)
+    }
+
+    /// Takes the full batches' values (as the owner's take does).
+    pub fn take_full(&self) -> Vec<u64> {
+        self.0.take_full().collect()
+    }
+
+    /// Takes the open batch's values (as the owner's take does when its
+    /// slot is empty).
+    pub fn take_open(&self) -> Vec<u64> {
+        self.0.take_open().collect()
+    }
+
+    /// Takes every value (as a sweep, a steal or closing does).
+    pub fn take_all(&self) -> Vec<u64> {
+        self.0.take_all().collect()
     }
 }

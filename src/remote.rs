@@ -1,6 +1,6 @@
 //! A thread cache's remote lists: where other threads (and the cleaner)
-//! hand buffers to the cache's owner, and the [`Inbox`] of the lists the
-//! cleaner fills.
+//! hand buffers to the cache's owner, the [`Inbox`] of the lists the
+//! cleaner fills, and the [`Returns`] of buffers other threads drop.
 //!
 //! A multi-producer stack of blocks linked through their metadata (never
 //! through the buffers' bytes): a return is one CAS onto the head, and the
@@ -14,7 +14,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::alloc::{Block, Meta};
 use crate::slots::Slots;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering, UnsafeCell};
+use crate::tune::{Tune, Tuning};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -233,6 +234,303 @@ impl Drop for Taken {
     }
 }
 
+/// Values other threads hand one owner, in batches: what a thread that
+/// did not take a buffer writes when it drops it (the buffer and its flush
+/// ticket), so that a run of such drops shares its cache lines between
+/// threads once per batch, not once per buffer.
+///
+/// A [`push`](Self::push) appends to the *open* batch, which the pusher
+/// holds alone while it appends: it swaps the batch out of `open` and puts
+/// it back (or, once full, pushes it onto `full`, a stack the owner takes
+/// whole with one swap, as a [`RemoteList`]). Nothing is written to the
+/// values' own memory (a buffer's metadata stays in its taker's cache),
+/// and the owner reads a batch's values from consecutive lines instead of
+/// following a link per buffer. A batch is never out of every taker's
+/// sight for longer than one push: [`take_open`](Self::take_open) takes
+/// the open batch, and a batch a pusher holds is back in `open` or on
+/// `full` when its push returns. One emptied batch is kept in `spare` for
+/// the next pusher that needs one.
+#[derive(Debug)]
+pub(crate) struct Returns<T> {
+    /// Batches to take, newest first (full ones, and open ones a racing
+    /// pusher could not put back).
+    full: CachePadded<AtomicPtr<Batch<T>>>,
+    /// The batch pushers append to; null while none is open or while a
+    /// pusher holds it.
+    open: CachePadded<AtomicPtr<Batch<T>>>,
+    /// An emptied batch for the next pusher that finds none open.
+    spare: AtomicPtr<Batch<T>>,
+}
+
+/// One batch of [`Returns`], on cache lines of its own: a batch a taker
+/// empties must not share a line with one a pusher fills (two batches in
+/// one line, or a batch's values spilling into the next's, move that line
+/// between the two threads at every value).
+#[derive(Debug)]
+#[repr(align(128))]
+struct Batch<T> {
+    /// The next batch on `full`.
+    next: *mut Batch<T>,
+    /// Written only by whoever holds the batch alone (a pusher after its
+    /// swap, a taker after its swap).
+    values: UnsafeCell<Values<T>>,
+}
+
+/// A batch's values: the first `len` of `values` are `Some`.
+#[derive(Debug)]
+struct Values<T> {
+    len: usize,
+    values: [Option<T>; Tune::RETURNS_BATCH],
+}
+
+impl<T> Values<T> {
+    /// Appends `value` (the caller checks there is room); returns the
+    /// values held now.
+    fn push(&mut self, value: T) -> usize {
+        self.values[self.len] = Some(value);
+        self.len += 1;
+        self.len
+    }
+
+    /// Takes the newest value.
+    fn pop(&mut self) -> Option<T> {
+        self.len = self.len.checked_sub(1)?;
+        self.values[self.len].take()
+    }
+}
+
+// SAFETY: the batches' values are touched only by the one thread that holds
+// each batch (see `Returns`), and sent between threads with it.
+unsafe impl<T: Send> Send for Returns<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Returns<T> {}
+
+impl<T> Returns<T> {
+    /// No values; batches of [`RETURNS_BATCH`] values.
+    ///
+    /// [`RETURNS_BATCH`]: crate::tune::Tuning::RETURNS_BATCH
+    pub(crate) fn new() -> Self {
+        Self {
+            full: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
+            open: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
+            spare: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Whether a batch is waiting on `full`. Relaxed: a stale answer
+    /// either way only moves a collection to the next take.
+    #[inline]
+    pub(crate) fn has_full(&self) -> bool {
+        !self.full.load(Ordering::Relaxed).is_null()
+    }
+
+    /// Whether a batch is open. Relaxed, as `has_full`; a batch a pusher
+    /// holds reads as none.
+    #[inline]
+    pub(crate) fn has_open(&self) -> bool {
+        !self.open.load(Ordering::Relaxed).is_null()
+    }
+
+    /// Whether anything looks waiting (as `has_full` and `has_open`).
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.has_full() && !self.has_open()
+    }
+
+    /// Appends `value` to the open batch.
+    pub(crate) fn push(&self, value: T) {
+        // Acquire pairs with the Release that put the batch in `open` (the
+        // last pusher's), so its values are this thread's to extend.
+        let mut batch = self.open.swap(std::ptr::null_mut(), Ordering::Acquire);
+        if batch.is_null() {
+            // Acquire pairs with the Release in `recycle`: the taker's
+            // clearing of the batch happens before this push.
+            batch = self.spare.swap(std::ptr::null_mut(), Ordering::Acquire);
+        }
+        if batch.is_null() {
+            batch = Box::into_raw(Box::new(Batch {
+                next: std::ptr::null_mut(),
+                values: UnsafeCell::new(Values {
+                    len: 0,
+                    values: std::array::from_fn(|_| None),
+                }),
+            }));
+        }
+        // SAFETY: the swap (or the allocation) made this thread the batch's
+        // only holder: it is in neither `open` nor `spare` nor `full`. A
+        // batch held is never full: one that fills leaves `open` below.
+        let len = unsafe { (*batch).values.with_mut(|values| (*values).push(value)) };
+        // Release publishes the values to the next holder's Acquire swap
+        // of `open`. Failing, another pusher opened a batch meanwhile: this
+        // one goes to the takers as it is.
+        if len >= Tune::RETURNS_BATCH
+            || self
+                .open
+                .compare_exchange(
+                    std::ptr::null_mut(),
+                    batch,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            self.push_full(batch);
+        }
+    }
+
+    /// Pushes a batch this thread holds onto `full`.
+    fn push_full(&self, batch: *mut Batch<T>) {
+        // Relaxed: only the expected value of the CAS, which re-checks it.
+        let mut head = self.full.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the caller holds the batch alone until the CAS.
+            unsafe { (*batch).next = head };
+            // Release publishes the batch (values and link) to the Acquire
+            // swap in `take_full`.
+            match self
+                .full
+                .compare_exchange_weak(head, batch, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Takes the batches on `full`: every value pushed before the last
+    /// batch that filled, and open batches put there by racing pushers.
+    pub(crate) fn take_full(&self) -> Drained<'_, T> {
+        let head = if self.has_full() {
+            // Acquire pairs with the Release CAS of every batch it takes.
+            self.full.swap(std::ptr::null_mut(), Ordering::Acquire)
+        } else {
+            std::ptr::null_mut()
+        };
+        Drained {
+            returns: self,
+            batch: head,
+            next_open: false,
+        }
+    }
+
+    /// Takes the open batch, if one is open (a batch a pusher holds now
+    /// reaches `open` or `full` when its push returns).
+    pub(crate) fn take_open(&self) -> Drained<'_, T> {
+        let batch = if self.has_open() {
+            // Acquire pairs with the Release CAS that opened it.
+            let batch = self.open.swap(std::ptr::null_mut(), Ordering::Acquire);
+            if !batch.is_null() {
+                // SAFETY: the swap made this thread its only holder. An
+                // open batch's link is stale (from its last time on
+                // `full`): it is taken alone.
+                unsafe { (*batch).next = std::ptr::null_mut() };
+            }
+            batch
+        } else {
+            std::ptr::null_mut()
+        };
+        Drained {
+            returns: self,
+            batch,
+            next_open: false,
+        }
+    }
+
+    /// Takes every batch: `full`, then the open one.
+    pub(crate) fn take_all(&self) -> Drained<'_, T> {
+        let mut drained = self.take_full();
+        drained.next_open = true;
+        drained
+    }
+
+    /// Keeps an emptied batch for the next pusher, or frees it.
+    fn recycle(&self, batch: *mut Batch<T>) {
+        // Release: the batch's clearing happens before the Acquire swap of
+        // the pusher that takes it.
+        if self
+            .spare
+            .compare_exchange(
+                std::ptr::null_mut(),
+                batch,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            // SAFETY: the caller held the batch alone and no longer uses
+            // it; it came from `Box::into_raw`.
+            drop(unsafe { Box::from_raw(batch) });
+        }
+    }
+}
+
+impl<T> Drop for Returns<T> {
+    fn drop(&mut self) {
+        // Batches are drained before a pool goes away; values left here are
+        // dropped with them.
+        drop(self.take_all());
+        // Relaxed: `&mut self`, nothing races.
+        let spare = self.spare.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        if !spare.is_null() {
+            // SAFETY: a batch in `spare` is held by nobody else and came
+            // from `Box::into_raw`.
+            drop(unsafe { Box::from_raw(spare) });
+        }
+    }
+}
+
+/// The values of the batches a [`Returns`] take took, as an iterator
+/// (each batch's newest first); emptied batches go back to the spare slot
+/// or are freed.
+#[derive(Debug)]
+pub(crate) struct Drained<'a, T> {
+    returns: &'a Returns<T>,
+    /// The batch being emptied, then the ones linked from it.
+    batch: *mut Batch<T>,
+    /// Whether to take the open batch once these run out.
+    next_open: bool,
+}
+
+impl<T> Iterator for Drained<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        loop {
+            if self.batch.is_null() {
+                if !std::mem::take(&mut self.next_open) {
+                    return None;
+                }
+                self.batch = self.returns.take_open().take_batch();
+                continue;
+            }
+            let batch = self.batch;
+            // SAFETY: the take's swap made this value the batch's only
+            // holder (and of every batch linked from it).
+            let value = unsafe { (*batch).values.with_mut(|values| (*values).pop()) };
+            if value.is_some() {
+                return value;
+            }
+            // SAFETY: as above; the batch is empty and leaves the chain.
+            self.batch = unsafe { (*batch).next };
+            self.returns.recycle(batch);
+        }
+    }
+}
+
+impl<T> Drained<'_, T> {
+    /// The batch this value holds (and its chain), leaving it empty.
+    fn take_batch(mut self) -> *mut Batch<T> {
+        std::mem::replace(&mut self.batch, std::ptr::null_mut())
+    }
+}
+
+impl<T> Drop for Drained<'_, T> {
+    fn drop(&mut self) {
+        for value in self.by_ref() {
+            drop(value);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +544,36 @@ mod tests {
                 Block::allocate(classes, class, 0, None).expect("map a block")
             })
             .collect()
+    }
+
+    /// Batches fill, are taken, and come back through the spare slot as
+    /// open batches: every value comes out once, whichever take takes it.
+    /// (An open batch keeps the link it had on `full`: taking it without
+    /// cutting that link walked into a batch already taken and freed.)
+    #[test]
+    fn returns_hand_out_each_value_once_through_reused_batches() {
+        let batch = Tune::RETURNS_BATCH as u64;
+        let returns = Returns::new();
+        let mut taken = Vec::new();
+        let mut next = 0;
+        for round in 0..4 {
+            // Two full batches (linked on `full`) and one open.
+            for _ in 0..2 * batch + 1 {
+                returns.push(next);
+                next += 1;
+            }
+            assert!(returns.has_full() && returns.has_open());
+            taken.extend(returns.take_full());
+            assert_eq!(taken.len() as u64, next - 1, "round {round}");
+            // The open batch came from the spare slot after the first round.
+            taken.extend(returns.take_open());
+            assert!(returns.is_empty());
+        }
+        taken.sort_unstable();
+        assert_eq!(taken, (0..next).collect::<Vec<_>>());
+        // Left in the list when it goes: dropped with it.
+        returns.push(next);
+        drop(returns);
     }
 
     #[test]

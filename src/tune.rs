@@ -46,6 +46,11 @@ pub(crate) trait Tuning {
     /// their owner; more go to the cleaner.
     const MAX_DEFERRED: usize;
 
+    /// Buffers per batch of a cache's returns (what threads other than
+    /// its owner drop into it): the lines they share with the owner move
+    /// once per batch.
+    const RETURNS_BATCH: usize;
+
     /// How long a take waits for its own oldest dropped buffer of the
     /// class to be released by its copy, when at least
     /// [`SELF_WAIT_BEHIND`](Self::SELF_WAIT_BEHIND) more of the class are
@@ -169,6 +174,7 @@ impl Tuning for Production {
     const STACK_FIRST_PAGE_SHIFT: u32 = 5;
     const SELF_CLEAN_BYTES: usize = 64 << 10;
     const MAX_DEFERRED: usize = 64;
+    const RETURNS_BATCH: usize = 32;
     const SELF_WAIT: Duration = Duration::from_millis(20);
     const SELF_WAIT_BEHIND: usize = 2;
     const STEAL_EVERY: Duration = Duration::from_millis(1);
@@ -196,6 +202,8 @@ impl Tuning for Small {
     const STACK_FIRST_PAGE_SHIFT: u32 = 0;
     const SELF_CLEAN_BYTES: usize = Production::SELF_CLEAN_BYTES;
     const MAX_DEFERRED: usize = 2;
+    // Two: a model's two drops fill a batch, or one stays open.
+    const RETURNS_BATCH: usize = 2;
     const SELF_WAIT: Duration = Duration::ZERO;
     const SELF_WAIT_BEHIND: usize = Production::SELF_WAIT_BEHIND;
     const STEAL_EVERY: Duration = Duration::ZERO;
@@ -224,7 +232,7 @@ impl Tuning for Small {
 /// granules, the largest class and the stack's first page fit their
 /// shifts, and each range is not reversed (`clamp` panics on one).
 const fn check<T: Tuning>() {
-    assert!(T::CHUNK > 0 && T::SLAB_GRANULE > 0);
+    assert!(T::CHUNK > 0 && T::SLAB_GRANULE > 0 && T::RETURNS_BATCH > 0);
     if let Some(slab) = T::SLAB_BYTES {
         assert!(slab > 0 && slab % T::SLAB_GRANULE == 0);
     }

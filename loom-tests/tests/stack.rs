@@ -1,9 +1,10 @@
-//! Loom models of the lock-free size-class stack.
+//! Loom models of the lock-free size-class stack and of a thread cache's
+//! batched returns.
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use pinpool::loom_internals::Stack;
+use pinpool::loom_internals::{Returns, Stack};
 
 /// Collects what is left on `stack` plus what threads popped, and checks
 /// that every pushed value comes out exactly once.
@@ -70,5 +71,41 @@ fn pop_is_aba_safe() {
         let mut popped = stalled.join().unwrap();
         popped.extend(b);
         assert_exactly_once(&stack, popped, &[1, 2, 3]);
+    });
+}
+
+/// Two threads drop into one cache's returns (batches of two, so batches
+/// fill, open and pass between the pushers) while its owner takes the full
+/// batches and then the open one, as its takes do.
+///
+/// Catches: a batch two threads append to at once, or one whose values a
+/// taker reads before they are published (the swap out of `open` with its
+/// Acquire weakened: loom reports the race on the batch's values; seen
+/// failing so); a value lost (a pusher putting its batch back into `open`
+/// with a store over a batch another pusher opened, not a CAS: seen failing
+/// so).
+#[test]
+fn returns_hand_out_each_value_once() {
+    loom::model(|| {
+        let returns = Arc::new(Returns::new());
+        let pushers: Vec<_> = [vec![1u64, 2, 5], vec![3, 4]]
+            .into_iter()
+            .map(|values| {
+                let returns = returns.clone();
+                thread::spawn(move || {
+                    for v in values {
+                        returns.push(v);
+                    }
+                })
+            })
+            .collect();
+        let mut taken = returns.take_full();
+        taken.extend(returns.take_open());
+        for pusher in pushers {
+            pusher.join().unwrap();
+        }
+        taken.extend(returns.take_all());
+        taken.sort_unstable();
+        assert_eq!(taken, [1, 2, 3, 4, 5], "a value was lost or taken twice");
     });
 }

@@ -43,7 +43,7 @@ impl Cleaner {
         drop(sweep);
         let mut moved = 0;
         for cache in &candidates {
-            for block in cache.returns().take_all() {
+            for block in cache.take_returns() {
                 self.intake
                     .submit_swept(cache.origin(cap, false), block, only_idle);
                 moved += 1;

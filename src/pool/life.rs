@@ -223,7 +223,7 @@ impl Shared {
             .map(Returned::into_block)
             .collect();
         for cache in this.caches.iter() {
-            returned.extend(cache.returns().take_all());
+            returned.extend(cache.take_returns());
             // Emptied by the drain above; a buffer still there waits with
             // the reaper like any other.
             returned.extend(cache.inbox().released.take_all());

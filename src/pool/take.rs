@@ -49,6 +49,7 @@ impl Shared {
             }
             Some(Found::Deferred(block, behind)) => this
                 .reuse_own(cache, block, behind)
+                .or_else(|| this.reuse_returned(cache, device, class))
                 .map(|b| (b, Source::Deferred)),
             None => None,
         };
@@ -89,6 +90,21 @@ impl Shared {
         if behind >= Tune::SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
             Self::wait_briefly(&mut block);
         }
+        self.reuse(cache, cache, block)
+    }
+
+    /// The owner's take when its own buffer of the class is still being
+    /// copied from: one another thread dropped, waiting in the batch not
+    /// yet full (see [`ThreadCache::take_returned`]).
+    #[cold]
+    #[inline(never)]
+    fn reuse_returned(
+        &self,
+        cache: &ThreadCache,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        let block = cache.take_returned(device, class)?;
         self.reuse(cache, cache, block)
     }
 
@@ -379,6 +395,10 @@ impl Shared {
         let mut ready = None;
         let mut deferred = None;
         locked.each(|cache, lists| {
+            // Buffers other threads dropped into the cache wait in its
+            // batches until its owner collects them, which a busy owner
+            // whose own classes never run out does not.
+            lists.collect_returns(cache);
             if ready.is_none() {
                 ready = lists.steal_ready(cache, device, class);
             }

@@ -9,8 +9,8 @@ use crossbeam_utils::CachePadded;
 use crate::alloc::Block;
 use crate::cleaner::intake::Origin;
 use crate::counter::Counter;
-use crate::flush::{Books, Counts, Flush};
-use crate::remote::{Inbox, RemoteList};
+use crate::flush::{Books, Counts, Flush, Ticket};
+use crate::remote::{Inbox, Returns};
 use crate::size_class::{Classes, SizeClass};
 use crate::slots::Slots;
 use crate::sync::per_thread::{self};
@@ -41,9 +41,6 @@ pub(crate) enum Found {
 pub(super) struct OwnerPart {
     /// Inside an operation on the lists.
     pub(super) active: AtomicBool,
-    /// Whether this is the orphan cache (no owner: its counters are updated
-    /// with read-modify-writes).
-    orphan: bool,
     /// The owning thread's token ([`per_thread::current_token`]), set by
     /// the owner when it looks its cache up without its memo (see
     /// [`PerThread::get_or`](crate::sync::per_thread::PerThread::get_or)).
@@ -70,10 +67,6 @@ pub(super) struct OwnerPart {
     borrowed: Counter,
     /// Takes served by carving from a region.
     carved: Counter,
-    pub(super) caches: NonNull<Caches>,
-    /// Where this cache's owner writes its trace records, if the pool
-    /// traces (the orphan cache's is shared, and locked).
-    ring: Option<std::sync::Arc<Ring>>,
 }
 
 /// State other threads write.
@@ -84,11 +77,11 @@ pub(super) struct SharedPart {
     /// What the cleaner hands this cache: ready buffers for the owner,
     /// and pinned buffers to release in bulk.
     inbox: Inbox,
-    /// Buffers other threads dropped (not yet cleaned). With `busy`, on
-    /// lines of their own: a thread dropping another's buffers writes them
-    /// at every drop, and the owner reads `request` and the inbox at every
-    /// take.
-    pub(super) returns: CachePadded<RemoteList>,
+    /// Buffers other threads dropped (not yet cleaned), with their flush
+    /// tickets, in batches. With `busy`, on lines of their own: a thread
+    /// dropping another's buffers writes them at every drop, and the owner
+    /// reads `request` and the inbox at every take.
+    pub(super) returns: Returns<(Block, Ticket)>,
     /// Drops by other threads in progress (closing waits for them).
     pub(super) busy: CachePadded<AtomicUsize>,
     /// Footprint bytes taken through the orphan cache (no owner).
@@ -102,9 +95,24 @@ pub(super) struct SharedPart {
     drops: Slots<Counter>,
 }
 
+/// State set when the cache is made and only read after: on lines of its
+/// own, which every thread that drops a buffer taken through the cache
+/// reads, and nobody writes.
+#[derive(Debug)]
+pub(super) struct FixedPart {
+    pub(super) caches: NonNull<Caches>,
+    /// Whether this is the orphan cache (no owner: its counters are updated
+    /// with read-modify-writes).
+    orphan: bool,
+    /// Where this cache's owner writes its trace records, if the pool
+    /// traces (the orphan cache's is shared, and locked).
+    ring: Option<std::sync::Arc<Ring>>,
+}
+
 /// One thread's cache; see the module docs.
 #[derive(Debug)]
 pub(crate) struct ThreadCache {
+    pub(super) fixed: CachePadded<FixedPart>,
     pub(super) owner: CachePadded<OwnerPart>,
     pub(super) shared: CachePadded<SharedPart>,
     /// The flush counters of the drops through this cache.
@@ -132,9 +140,13 @@ impl ThreadCache {
     ) -> Self {
         let slots = classes.count() * devices;
         Self {
+            fixed: CachePadded::new(FixedPart {
+                caches,
+                orphan,
+                ring,
+            }),
             owner: CachePadded::new(OwnerPart {
                 active: AtomicBool::new(false),
-                orphan,
                 token: CachePadded::new(AtomicU64::new(per_thread::NOBODY)),
                 lists: UnsafeCell::new(Lists::default()),
                 slots: Slots::new(slots),
@@ -144,14 +156,12 @@ impl ThreadCache {
                 cleaned: Counter::default(),
                 borrowed: Counter::default(),
                 carved: Counter::default(),
-                caches,
-                ring,
             }),
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
                 lock: Mutex::new(()),
                 inbox: Inbox::new(slots, limit),
-                returns: CachePadded::new(RemoteList::uncounted()),
+                returns: Returns::new(),
                 busy: CachePadded::new(AtomicUsize::new(0)),
                 taken_bytes: Counter::default(),
                 ahead: Counter::default(),
@@ -164,7 +174,7 @@ impl ThreadCache {
     #[inline]
     pub(crate) fn caches(&self) -> &Caches {
         // SAFETY: a cache lives inside its `Caches` and never outlives it.
-        unsafe { self.owner.caches.as_ref() }
+        unsafe { self.fixed.caches.as_ref() }
     }
 
     /// Runs `f` on the lists as their owner: the fast path when no thief is
@@ -211,21 +221,69 @@ impl ThreadCache {
         let caches = self.caches();
         let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
-            if !self.shared.inbox.ready.is_empty() || !self.shared.returns.is_empty() {
+            if !self.shared.inbox.ready.is_empty() || self.shared.returns.has_full() {
                 self.collect(lists);
             }
-            let found = lists.slot(caches.slots, slot);
-            if let Some(block) = found.ready.pop() {
-                self.unready(slot, &block);
-                return Some(Found::Ready(block));
+            if let Some(found) = self.take_listed(lists, slot) {
+                return Some(found);
             }
-            let block = found.deferred.pop_front()?;
-            let behind = found.deferred.len();
-            lists.deferred -= 1;
-            self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
-            Some(Found::Deferred(block, behind))
+            // The batch other threads' drops still fill, only when the
+            // slot is empty: taken at every take, it would hold one buffer.
+            if !self.shared.returns.has_open() {
+                return None;
+            }
+            self.defer_returns(lists, self.shared.returns.take_open());
+            self.take_listed(lists, slot)
         })
         .flatten()
+    }
+
+    /// The owner's take from the batch other threads' drops still fill,
+    /// when its own buffer of the class is still being copied from: moves
+    /// the batch into the lists and hands out its newest buffer of
+    /// (`device`, `class`), if it has one (a deferred buffer: the caller
+    /// re-zeroes it once its copies, if any, are done).
+    #[cold]
+    pub(crate) fn take_returned(&self, device: usize, class: SizeClass) -> Option<Block> {
+        if !self.shared.returns.has_open() {
+            return None;
+        }
+        let caches = self.caches();
+        let slot = caches.classes.slot(device, class);
+        self.as_owner(|lists| {
+            let mut found = None;
+            let returns = self
+                .shared
+                .returns
+                .take_open()
+                .filter_map(|(mut block, ticket)| {
+                    if found.is_none() && block.slot() == slot {
+                        block.set_ticket(ticket);
+                        found = Some(block);
+                        return None;
+                    }
+                    Some((block, ticket))
+                });
+            self.defer_returns(lists, returns);
+            found
+        })
+        .flatten()
+    }
+
+    /// The owner's take from its lists of `slot`: a ready buffer, else its
+    /// oldest deferred one.
+    #[inline(always)]
+    fn take_listed(&self, lists: &mut Lists, slot: usize) -> Option<Found> {
+        let found = lists.slot(self.caches().slots, slot);
+        if let Some(block) = found.ready.pop() {
+            self.unready(slot, &block);
+            return Some(Found::Ready(block));
+        }
+        let block = found.deferred.pop_front()?;
+        let behind = found.deferred.len();
+        lists.deferred -= 1;
+        self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+        Some(Found::Deferred(block, behind))
     }
 
     /// The owner's borrow: a ready buffer of one of `classes` (larger than
@@ -271,10 +329,16 @@ impl ThreadCache {
     /// other).
     fn collect(&self, lists: &mut Lists) {
         self.adopt(lists, self.shared.inbox.ready.take_all());
+        self.defer_returns(lists, self.shared.returns.take_full());
+    }
+
+    /// Adds buffers other threads dropped to the deferred lists, each
+    /// carrying its drop's flush ticket again.
+    fn defer_returns(&self, lists: &mut Lists, returns: impl Iterator<Item = (Block, Ticket)>) {
         let classes = &self.caches().classes;
-        for block in self.shared.returns.take_all() {
-            let (device, class) = (block.device(), block.class());
-            let slot = classes.slot(device, class);
+        for (mut block, ticket) in returns {
+            block.set_ticket(ticket);
+            let slot = classes.slot(block.device(), block.class());
             lists.slot(self.caches().slots, slot).defer(block);
             lists.deferred += 1;
         }
@@ -369,13 +433,13 @@ impl ThreadCache {
 
     /// Gives the cache a trace ring (before its first take).
     pub(super) fn trace_to(&mut self, ring: std::sync::Arc<Ring>) {
-        self.owner.ring = Some(ring);
+        self.fixed.ring = Some(ring);
     }
 
     /// The trace's ring of this cache, if the pool traces.
     #[inline]
     pub(crate) fn ring(&self) -> Option<&Ring> {
-        self.owner.ring.as_deref()
+        self.fixed.ring.as_deref()
     }
 
     /// Records a take through this cache (`owned`: the caller owns it;
@@ -491,11 +555,15 @@ impl ThreadCache {
             caches.intake.late(block);
             return;
         }
-        block.set_ticket(self.books.open(false));
+        let ticket = self.books.open(false);
         self.shared.drops[block.slot()].add(1);
         if keep {
-            shared.returns.push(block);
+            // The ticket waits beside the buffer, not in its metadata: this
+            // thread only reads the metadata, whose lines so stay where the
+            // owner last wrote them.
+            shared.returns.push((block, ticket));
         } else {
+            block.set_ticket(ticket);
             caches
                 .intake
                 .submit(self.origin(caches.cap(), false), block);
@@ -615,7 +683,7 @@ impl ThreadCache {
 
     #[inline]
     fn is_orphan(&self) -> bool {
-        self.owner.orphan
+        self.fixed.orphan
     }
 
     /// Buffers of `slot` taken through this cache and not yet dropped (a
@@ -717,10 +785,13 @@ impl ThreadCache {
         &self.shared.inbox
     }
 
-    /// The remote list of buffers dropped by other threads, for flushes,
-    /// sweeps and closing: a swap takes it whole.
-    pub(crate) fn returns(&self) -> &RemoteList {
-        &self.shared.returns
+    /// Takes every buffer other threads dropped into this cache (for
+    /// flushes, sweeps and closing), each carrying its flush ticket.
+    pub(crate) fn take_returns(&self) -> impl Iterator<Item = Block> + '_ {
+        self.shared.returns.take_all().map(|(mut block, ticket)| {
+            block.set_ticket(ticket);
+            block
+        })
     }
 }
 
@@ -765,6 +836,13 @@ impl Lists {
         let slot = cache.caches().classes.slot(block.device(), block.class());
         cache.enready(slot, &block);
         self.slot(cache.caches().slots, slot).push_ready(block);
+    }
+
+    /// Moves every buffer other threads dropped into a locked-out cache to
+    /// its deferred lists (as its owner's collection would), so that a
+    /// thief can reach them there.
+    pub(crate) fn collect_returns(&mut self, cache: &ThreadCache) {
+        cache.defer_returns(self, cache.shared.returns.take_all());
     }
 
     /// Takes every deferred buffer of a locked-out cache.

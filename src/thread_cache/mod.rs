@@ -12,9 +12,13 @@
 //!   take / write / drop loop therefore never leaves its own cache. The
 //!   owner's counters (hits, misses, flush counts) are written with a load
 //!   and a store, no read-modify-write.
-//! - The shared part holds two [remote lists](crate::remote): buffers the
-//!   cleaner made ready for this owner, and buffers other threads dropped;
-//!   the owner collects each with one swap on its next take.
+//! - The shared part holds a [remote list](crate::remote) of buffers the
+//!   cleaner made ready for this owner, which the owner collects with one
+//!   swap on its next take, and the [`Returns`](crate::remote::Returns) of
+//!   buffers other threads dropped, in batches: the owner collects the full
+//!   batches on its next take, and the batch still filling when the slot it
+//!   takes from has nothing it can hand out now (a steal, a sweep, a flush
+//!   or closing take every batch).
 //!
 //! A take or a drop by the owner takes no lock, writes no cache line another
 //! thread writes, reads no clock and touches no reference count: it marks
@@ -198,7 +202,7 @@ impl Caches {
             trace: None,
         });
         // The box gave `Caches` its address: point the orphan at it.
-        caches.orphan.owner.caches = NonNull::from(&*caches);
+        caches.orphan.fixed.caches = NonNull::from(&*caches);
         let flush = NonNull::from(&caches.flush);
         caches.orphan.books.set_flush(flush);
         caches
