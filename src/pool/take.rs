@@ -48,8 +48,7 @@ impl Shared {
                 Some((block, Source::Ready))
             }
             Some(Found::Deferred(block, behind)) => this
-                .reuse_own(cache, block, behind)
-                .or_else(|| this.reuse_returned(cache, device, class))
+                .reuse_own(cache, block, behind, device, class)
                 .map(|b| (b, Source::Deferred)),
             None => None,
         };
@@ -80,22 +79,38 @@ impl Shared {
         Ok(PinnedBuffer::new(block, cache, source.is_hit(), len))
     }
 
-    /// The owner's reuse of its own oldest deferred buffer: if its copies
-    /// are still running and more of the class are in flight behind it,
+    /// The owner's reuse of its own oldest deferred buffer of (`device`,
+    /// `class`). If its copies are still running, an idle buffer of the
+    /// class that another thread dropped, waiting in the batch not yet full,
+    /// serves the take instead (the own one goes back first in line);
+    /// failing that, if more of the class are in flight behind it, the take
     /// waits for it a little (see [`SELF_WAIT`]) rather than miss.
     ///
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[inline]
-    fn reuse_own(&self, cache: &ThreadCache, mut block: Block, behind: usize) -> Option<Block> {
-        if behind >= Tune::SELF_WAIT_BEHIND && matches!(block.fences_mut().poll(), Ok(false)) {
-            Self::wait_briefly(&mut block);
+    fn reuse_own(
+        &self,
+        cache: &ThreadCache,
+        mut block: Block,
+        behind: usize,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<Block> {
+        if matches!(block.fences_mut().poll(), Ok(false)) {
+            if let Some(returned) = self.reuse_returned(cache, device, class) {
+                cache.put_back(block);
+                return Some(returned);
+            }
+            if behind >= Tune::SELF_WAIT_BEHIND {
+                Self::wait_briefly(&mut block);
+            }
         }
         self.reuse(cache, cache, block)
     }
 
     /// The owner's take when its own buffer of the class is still being
-    /// copied from: one another thread dropped, waiting in the batch not
-    /// yet full (see [`ThreadCache::take_returned`]).
+    /// copied from: an idle one another thread dropped, waiting in the
+    /// batch not yet full (see [`ThreadCache::take_returned`]).
     #[cold]
     #[inline(never)]
     fn reuse_returned(

@@ -241,8 +241,8 @@ impl ThreadCache {
     /// The owner's take from the batch other threads' drops still fill,
     /// when its own buffer of the class is still being copied from: moves
     /// the batch into the lists and hands out its newest buffer of
-    /// (`device`, `class`), if it has one (a deferred buffer: the caller
-    /// re-zeroes it once its copies, if any, are done).
+    /// (`device`, `class`) whose copies are done, if it has one (a deferred
+    /// buffer: the caller re-zeroes it).
     #[cold]
     pub(crate) fn take_returned(&self, device: usize, class: SizeClass) -> Option<Block> {
         if !self.shared.returns.has_open() {
@@ -257,7 +257,10 @@ impl ThreadCache {
                 .returns
                 .take_open()
                 .filter_map(|(mut block, ticket)| {
-                    if found.is_none() && block.slot() == slot {
+                    if found.is_none()
+                        && block.slot() == slot
+                        && matches!(block.fences_mut().poll(), Ok(true))
+                    {
                         block.set_ticket(ticket);
                         found = Some(block);
                         return None;

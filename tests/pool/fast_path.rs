@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use pinpool::testing::{Faults, TestFence};
@@ -637,5 +637,160 @@ fn idle_returns_of_a_busy_owner_are_stealable() {
     assert_eq!(
         hits, N,
         "the thief reused {hits} of {N} idle Y buffers on the busy owner's returns list"
+    );
+}
+
+/// Hands `bufs` to another thread, which drops them (the taker's returns).
+fn drop_elsewhere(bufs: Vec<PinnedBuffer>) {
+    std::thread::spawn(move || drop(bufs)).join().unwrap();
+}
+
+/// The owner's own buffers of a class are all still being copied from
+/// (three deferred, so its take would wait for the oldest), and one it
+/// handed to another thread, dropped there, is idle in its returns' batch
+/// still filling. The take must hand out that one at once. (A take that
+/// looked at the filling batch only once its slot was empty, or after
+/// waiting for its own oldest buffer, waited 20 ms here.) Three tries, for
+/// a loaded machine's preemptions.
+#[cfg(feature = "testing")]
+#[test]
+fn an_idle_return_is_taken_before_waiting_on_own_copies() {
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        let pool = host_pow2(1);
+        const X: usize = 4096;
+        const Z: usize = 1 << 16;
+        let z = pool.take(Z);
+        let mut own: Vec<_> = (0..3).map(|_| pool.take(X)).collect();
+        let c = pool.take(X);
+        let idle = c.as_ptr() as usize;
+        // The owner's deferred Z serves its next take of Z.
+        drop(z);
+        drop_elsewhere(vec![c]);
+        // A take between the return and the owner's own drops.
+        let z2 = pool.take(Z);
+        let slow = TestFence::default();
+        for b in &mut own {
+            b[..8].fill(1);
+            b.set_dirty_len(8);
+            slow.record(b);
+        }
+        drop(own);
+        let t0 = Instant::now();
+        let next = pool.take(X);
+        let took = t0.elapsed();
+        let reused = next.as_ptr() as usize == idle;
+        assert!(all_zero(&next));
+        best = best.min(took);
+        slow.complete();
+        drop((next, z2));
+        pool.flush();
+        if reused && took < Duration::from_millis(10) {
+            return;
+        }
+    }
+    panic!("the take waited {best:?} (best of three) behind its own buffers in flight, or did not reuse the idle returned one");
+}
+
+/// A staging loop three copies deep with a consumer thread: each round the
+/// owner takes a buffer for its own copy (done three rounds later) and one
+/// it hands to a consumer, which drops it at once. The consumer's buffers
+/// are idle when the owner's own are not, so rounds must not wait. (A take
+/// that reached the returns' filling batch only after waiting for its own
+/// oldest buffer stalled 76 of 80 rounds, 20 ms each.) The bound leaves
+/// room for the pipeline's filling and a loaded machine's preemptions.
+#[cfg(feature = "testing")]
+#[test]
+fn consumer_returns_keep_a_deeper_pipeline_from_waiting() {
+    let pool = Arc::new(host_pow2(1));
+    let (tx, rx) = mpsc::channel::<PinnedBuffer>();
+    let (ack_tx, ack_rx) = mpsc::channel::<()>();
+    let consumer = std::thread::spawn(move || {
+        for b in rx {
+            drop(b);
+            ack_tx.send(()).unwrap();
+        }
+    });
+    const ROUNDS: usize = 80;
+    const DEPTH: usize = 3;
+    let fences: Vec<TestFence> = (0..ROUNDS).map(|_| TestFence::default()).collect();
+    let t0 = Instant::now();
+    let mut waits = 0;
+    for i in 0..ROUNDS {
+        let t = Instant::now();
+        let mut a = pool.take(4096);
+        assert!(all_zero(&a));
+        a[..8].fill(1);
+        a.set_dirty_len(8);
+        fences[i].record(&mut a);
+        drop(a);
+        let mut c = pool.take(4096);
+        assert!(all_zero(&c));
+        c[..8].fill(2);
+        c.set_dirty_len(8);
+        tx.send(c).unwrap();
+        ack_rx.recv().unwrap();
+        if i >= DEPTH {
+            fences[i - DEPTH].complete();
+        }
+        if t.elapsed() > Duration::from_millis(15) {
+            waits += 1;
+        }
+    }
+    let took = t0.elapsed();
+    let s = pool.stats();
+    drop(tx);
+    consumer.join().unwrap();
+    for f in &fences {
+        f.complete();
+    }
+    pool.flush();
+    assert!(
+        s.misses <= 10 && waits <= 10,
+        "{ROUNDS} rounds took {took:?}: {} misses, {waits} rounds waited",
+        s.misses
+    );
+}
+
+/// The owner's own buffer is in flight; another thread dropped two of its
+/// buffers, an idle one and then one still being copied from (the newest,
+/// in the returns' filling batch). The take must find the idle one, not
+/// try the newest, find it in flight and miss.
+#[cfg(feature = "testing")]
+#[test]
+fn a_take_from_the_returns_skips_a_buffer_in_flight() {
+    let pool = Arc::new(host_pow2(1));
+    const X: usize = 4096;
+    let mut f = pool.take(X);
+    let c1 = pool.take(X);
+    let mut c2 = pool.take(X);
+    let idle = c1.as_ptr() as usize;
+    let slow = TestFence::default();
+    f[..8].fill(1);
+    f.set_dirty_len(8);
+    slow.record(&mut f);
+    // The owner's own, in flight, nothing behind it (no wait).
+    drop(f);
+    let slow2 = slow.clone();
+    std::thread::spawn(move || {
+        drop(c1);
+        c2[..8].fill(2);
+        c2.set_dirty_len(8);
+        slow2.record(&mut c2);
+        drop(c2);
+    })
+    .join()
+    .unwrap();
+    let before = pool.stats().misses;
+    let next = pool.take(X);
+    let missed = pool.stats().misses - before;
+    let reused = next.as_ptr() as usize == idle;
+    assert!(all_zero(&next));
+    slow.complete();
+    drop(next);
+    pool.flush();
+    assert!(
+        reused && missed == 0,
+        "missed {missed}, reused the idle return: {reused}"
     );
 }
