@@ -52,7 +52,7 @@ impl Returns {
     /// No values.
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
-        Self(remote::Returns::new())
+        Self(remote::Returns::new(|_| {}))
     }
 
     /// Appends `value` to the open batch.

@@ -577,6 +577,25 @@ impl Block {
         self.meta_mut().dirty = 0;
     }
 
+    /// Asks the CPU to fetch the block's metadata (the pair of lines a take
+    /// and a drop touch) for writing, ahead of a loop that reaches many
+    /// blocks: their misses then overlap. A hint only: nothing if the CPU
+    /// has no such instruction.
+    #[inline]
+    pub(crate) fn prefetch(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+            let meta = self.meta.as_ptr().cast::<i8>().cast_const();
+            // SAFETY: a prefetch never faults and changes no memory; the
+            // second line is inside the metadata (aligned to 128 bytes).
+            unsafe {
+                _mm_prefetch::<_MM_HINT_ET0>(meta);
+                _mm_prefetch::<_MM_HINT_ET0>(meta.wrapping_add(64));
+            }
+        }
+    }
+
     /// Gives up the block's ownership as a metadata pointer (remote lists).
     pub(crate) fn into_raw(self) -> *mut Meta {
         let ptr = self.meta.as_ptr();

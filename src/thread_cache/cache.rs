@@ -161,7 +161,7 @@ impl ThreadCache {
                 request: AtomicU32::new(0),
                 lock: Mutex::new(()),
                 inbox: Inbox::new(slots, limit),
-                returns: Returns::new(),
+                returns: Returns::new(|(block, _)| block.prefetch()),
                 busy: CachePadded::new(AtomicUsize::new(0)),
                 taken_bytes: Counter::default(),
                 ahead: Counter::default(),
