@@ -17,6 +17,32 @@ use crate::slots::Slots;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicUsize, Ordering, UnsafeCell};
 use crate::tune::{Tune, Tuning};
 
+/// Pushes `node` onto the stack whose top is `head` (nodes linked by
+/// `link(node, next)`), with a Release CAS; returns the top it replaced.
+/// Takers swap the whole stack out with Acquire.
+///
+/// # Safety
+///
+/// `node` is valid, and the caller holds it alone until the push (`link`
+/// writes it before it is shared).
+unsafe fn push_linked<N>(
+    head: &AtomicPtr<N>,
+    node: *mut N,
+    link: impl Fn(*mut N, *mut N),
+) -> *mut N {
+    // Relaxed: only the expected value of the CAS, which re-checks it.
+    let mut top = head.load(Ordering::Relaxed);
+    loop {
+        link(node, top);
+        // Release publishes what the caller wrote to `node` (and its
+        // link) to the taker's Acquire swap.
+        match head.compare_exchange_weak(top, node, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return top,
+            Err(actual) => top = actual,
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct RemoteList {
@@ -84,21 +110,11 @@ impl RemoteList {
             counts[block.slot()].fetch_add(1, Ordering::Relaxed);
         }
         let node = block.into_raw();
-        // Relaxed: only the expected value of the CAS, which re-checks it.
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: `node` came from `into_raw` and is not yet shared.
-            unsafe { (*node).next = head };
-            // Release publishes the block's metadata (and `next`) to the
-            // swap in `take_all`, whose Acquire pairs with it.
-            match self
-                .head
-                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return head.is_null(),
-                Err(actual) => head = actual,
-            }
-        }
+        // SAFETY: `node` came from `into_raw` and is not yet shared. The
+        // push's Release publishes the block's metadata (and `next`) to the
+        // swap in `take_all`, whose Acquire pairs with it.
+        let head = unsafe { push_linked(&self.head, node, |node, next| (*node).next = next) };
+        head.is_null()
     }
 
     /// Takes every block on the list, newest first.
@@ -405,21 +421,10 @@ impl<T> Returns<T> {
 
     /// Pushes a batch this thread holds onto `full`.
     fn push_full(&self, batch: *mut Batch<T>) {
-        // Relaxed: only the expected value of the CAS, which re-checks it.
-        let mut head = self.full.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the caller holds the batch alone until the CAS.
-            unsafe { (*batch).next = head };
-            // Release publishes the batch (values and link) to the Acquire
-            // swap in `take_full`.
-            match self
-                .full
-                .compare_exchange_weak(head, batch, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(actual) => head = actual,
-            }
-        }
+        // SAFETY: the caller holds the batch alone until the push, whose
+        // Release publishes it (values and link) to the Acquire swap in
+        // `take_full`.
+        unsafe { push_linked(&self.full, batch, |batch, next| (*batch).next = next) };
     }
 
     /// Takes the batches on `full`: every value pushed before the last
