@@ -51,20 +51,6 @@ pub(crate) trait Tuning {
     /// once per batch.
     const RETURNS_BATCH: usize;
 
-    /// The first pause between a waiting take's polls of its buffer's
-    /// fences, doubled after each poll up to
-    /// [`SELF_WAIT_POLL_MAX`](Self::SELF_WAIT_POLL_MAX): measured on the
-    /// clock, not in spin iterations, whose length differs tenfold between
-    /// CPUs (a pause instruction takes about 140 cycles on recent Intel
-    /// cores: with up to 4,096 of them between polls, the 4 KiB staging
-    /// loop's takes at 16 threads on an H100's Xeon host had a p99 of 115 us
-    /// where the hand-written loop's event synchronize had 33 us).
-    const SELF_WAIT_POLL_MIN: Duration;
-
-    /// The longest pause between a waiting take's polls (see
-    /// [`SELF_WAIT_POLL_MIN`](Self::SELF_WAIT_POLL_MIN)).
-    const SELF_WAIT_POLL_MAX: Duration;
-
     /// How long a take waits for its own oldest dropped buffer of the
     /// class to be released by its copy, when at least
     /// [`SELF_WAIT_BEHIND`](Self::SELF_WAIT_BEHIND) more of the class are
@@ -190,8 +176,6 @@ impl Tuning for Production {
     const MAX_DEFERRED: usize = 64;
     const RETURNS_BATCH: usize = 32;
     const SELF_WAIT: Duration = Duration::from_millis(20);
-    const SELF_WAIT_POLL_MIN: Duration = Duration::from_micros(1);
-    const SELF_WAIT_POLL_MAX: Duration = Duration::from_micros(8);
     const SELF_WAIT_BEHIND: usize = 2;
     const STEAL_EVERY: Duration = Duration::from_millis(1);
     const POLL: Duration = Duration::from_micros(100);
@@ -221,8 +205,6 @@ impl Tuning for Small {
     // Two: a model's two drops fill a batch, or one stays open.
     const RETURNS_BATCH: usize = 2;
     const SELF_WAIT: Duration = Duration::ZERO;
-    const SELF_WAIT_POLL_MIN: Duration = Production::SELF_WAIT_POLL_MIN;
-    const SELF_WAIT_POLL_MAX: Duration = Production::SELF_WAIT_POLL_MAX;
     const SELF_WAIT_BEHIND: usize = Production::SELF_WAIT_BEHIND;
     const STEAL_EVERY: Duration = Duration::ZERO;
     const POLL: Duration = Production::POLL;
@@ -257,8 +239,6 @@ const fn check<T: Tuning>() {
     assert!(T::MAX_SHIFT < usize::BITS && T::STACK_FIRST_PAGE_SHIFT < 32);
     assert!(T::ZERO_BACKLOG_MIN <= T::ZERO_BACKLOG);
     assert!(T::SWEEP_MIN.as_nanos() <= T::SWEEP_MAX.as_nanos());
-    assert!(T::SELF_WAIT_POLL_MIN.as_nanos() > 0);
-    assert!(T::SELF_WAIT_POLL_MIN.as_nanos() <= T::SELF_WAIT_POLL_MAX.as_nanos());
     assert!(T::REGION_MIN <= T::REGION_MAX);
 }
 

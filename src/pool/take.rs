@@ -123,35 +123,22 @@ impl Shared {
         self.reuse(cache, cache, block)
     }
 
-    /// Polls `block`'s fences with pauses growing on the clock from
-    /// [`SELF_WAIT_POLL_MIN`] to [`SELF_WAIT_POLL_MAX`] (so that many
-    /// threads do not hammer the driver, and none overshoots its copy's end
-    /// by much), for at most [`SELF_WAIT`].
-    ///
-    /// [`SELF_WAIT_POLL_MIN`]: crate::tune::Tuning::SELF_WAIT_POLL_MIN
-    /// [`SELF_WAIT_POLL_MAX`]: crate::tune::Tuning::SELF_WAIT_POLL_MAX
+    /// Polls `block`'s fences with growing pauses (so that many threads do
+    /// not hammer the driver), for at most [`SELF_WAIT`].
     ///
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[cold]
     fn wait_briefly(block: &mut Block) {
-        let start = Instant::now();
-        let deadline = start + Tune::SELF_WAIT;
-        let mut pause = Tune::SELF_WAIT_POLL_MIN;
-        let mut next = start + pause;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return;
-            }
-            if now < next {
+        let deadline = Instant::now() + Tune::SELF_WAIT;
+        let mut pause = 64u32;
+        while Instant::now() < deadline {
+            for _ in 0..pause {
                 std::hint::spin_loop();
-                continue;
             }
+            pause = (pause * 2).min(4096);
             if !matches!(block.fences_mut().poll(), Ok(false)) {
                 return;
             }
-            pause = (pause * 2).min(Tune::SELF_WAIT_POLL_MAX);
-            next = now + pause;
         }
     }
 
