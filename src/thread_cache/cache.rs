@@ -241,8 +241,9 @@ impl ThreadCache {
     /// The owner's take from the batch other threads' drops still fill,
     /// when its own buffer of the class is still being copied from: moves
     /// the batch into the lists and hands out its newest buffer of
-    /// (`device`, `class`) whose copies are done, if it has one (a deferred
-    /// buffer: the caller re-zeroes it).
+    /// (`device`, `class`) whose copies are done, if one of the first two
+    /// of the class it polls is (a deferred buffer: the caller re-zeroes
+    /// it).
     #[cold]
     pub(crate) fn take_returned(&self, device: usize, class: SizeClass) -> Option<Block> {
         if !self.shared.returns.has_open() {
@@ -252,18 +253,21 @@ impl ThreadCache {
         let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
             let mut found = None;
+            // Polls run inside the owner's operation, where thieves wait for
+            // it: a few at most (a poll may be a driver call).
+            let mut polls = 2;
             let returns = self
                 .shared
                 .returns
                 .take_open()
                 .filter_map(|(mut block, ticket)| {
-                    if found.is_none()
-                        && block.slot() == slot
-                        && matches!(block.fences_mut().poll(), Ok(true))
-                    {
-                        block.set_ticket(ticket);
-                        found = Some(block);
-                        return None;
+                    if found.is_none() && polls > 0 && block.slot() == slot {
+                        polls -= 1;
+                        if matches!(block.fences_mut().poll(), Ok(true)) {
+                            block.set_ticket(ticket);
+                            found = Some(block);
+                            return None;
+                        }
                     }
                     Some((block, ticket))
                 });
