@@ -327,11 +327,10 @@ unsafe impl<T: Send> Send for Returns<T> {}
 unsafe impl<T: Send> Sync for Returns<T> {}
 
 impl<T> Returns<T> {
-    /// No values; batches of [`RETURNS_BATCH`] values.
+    /// No values; batches of [`RETURNS_BATCH`] values. `hint` is called on
+    /// each value a take takes, before the taker reads any of them.
     ///
     /// [`RETURNS_BATCH`]: crate::tune::Tuning::RETURNS_BATCH
-    /// `hint` is called on each value a take takes, before the taker reads
-    /// any of them.
     pub(crate) fn new(hint: fn(&T)) -> Self {
         Self {
             full: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
