@@ -43,6 +43,20 @@ unsafe fn push_linked<N>(
     }
 }
 
+/// Puts `batch`, which the caller holds alone, into `slot` if it is empty;
+/// returns whether it did. Release publishes what the caller wrote to the
+/// batch (its values, or its clearing) to the next holder's Acquire swap
+/// of the slot.
+fn put_if_empty<T>(slot: &AtomicPtr<T>, batch: *mut T) -> bool {
+    slot.compare_exchange(
+        std::ptr::null_mut(),
+        batch,
+        Ordering::Release,
+        Ordering::Relaxed,
+    )
+    .is_ok()
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct RemoteList {
@@ -400,20 +414,9 @@ impl<T> Returns<T> {
         // only holder: it is in neither `open` nor `spare` nor `full`. A
         // batch held is never full: one that fills leaves `open` below.
         let len = unsafe { (*batch).values.with_mut(|values| (*values).push(value)) };
-        // Release publishes the values to the next holder's Acquire swap
-        // of `open`. Failing, another pusher opened a batch meanwhile: this
-        // one goes to the takers as it is.
-        if len >= Tune::RETURNS_BATCH
-            || self
-                .open
-                .compare_exchange(
-                    std::ptr::null_mut(),
-                    batch,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-        {
+        // Failing to reopen it, another pusher opened a batch meanwhile:
+        // this one goes to the takers as it is.
+        if len >= Tune::RETURNS_BATCH || !put_if_empty(&self.open, batch) {
             self.push_full(batch);
         }
     }
@@ -429,38 +432,36 @@ impl<T> Returns<T> {
     /// Takes the batches on `full`: every value pushed before the last
     /// batch that filled, and open batches put there by racing pushers.
     pub(crate) fn take_full(&self) -> Drained<'_, T> {
-        let head = if self.has_full() {
-            // Acquire pairs with the Release CAS of every batch it takes.
-            let head = self.full.swap(std::ptr::null_mut(), Ordering::Acquire);
-            self.hint_all(head);
-            head
-        } else {
-            std::ptr::null_mut()
-        };
-        Drained {
-            returns: self,
-            batch: head,
-            next_open: false,
-        }
+        self.take(false)
     }
 
     /// Takes the open batch, if one is open (a batch a pusher holds now
     /// reaches `open` or `full` when its push returns).
     pub(crate) fn take_open(&self) -> Drained<'_, T> {
-        let batch = if self.has_open() {
-            // Acquire pairs with the Release CAS that opened it.
-            let batch = self.open.swap(std::ptr::null_mut(), Ordering::Acquire);
-            if !batch.is_null() {
+        self.take(true)
+    }
+
+    /// Takes what `open` (if `open`) or `full` holds, and hints every
+    /// value taken.
+    fn take(&self, open: bool) -> Drained<'_, T> {
+        let (slot, any) = if open {
+            (&*self.open, self.has_open())
+        } else {
+            (&*self.full, self.has_full())
+        };
+        let mut batch = std::ptr::null_mut();
+        if any {
+            // Acquire pairs with the Release CAS that put each batch taken
+            // there (`put_if_empty`, `push_linked`).
+            batch = slot.swap(std::ptr::null_mut(), Ordering::Acquire);
+            if open && !batch.is_null() {
                 // SAFETY: the swap made this thread its only holder. An
                 // open batch's link is stale (from its last time on
                 // `full`): it is taken alone.
                 unsafe { (*batch).next = std::ptr::null_mut() };
             }
             self.hint_all(batch);
-            batch
-        } else {
-            std::ptr::null_mut()
-        };
+        }
         Drained {
             returns: self,
             batch,
@@ -477,18 +478,7 @@ impl<T> Returns<T> {
 
     /// Keeps an emptied batch for the next pusher, or frees it.
     fn recycle(&self, batch: *mut Batch<T>) {
-        // Release: the batch's clearing happens before the Acquire swap of
-        // the pusher that takes it.
-        if self
-            .spare
-            .compare_exchange(
-                std::ptr::null_mut(),
-                batch,
-                Ordering::Release,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
+        if !put_if_empty(&self.spare, batch) {
             // SAFETY: the caller held the batch alone and no longer uses
             // it; it came from `Box::into_raw`.
             drop(unsafe { Box::from_raw(batch) });
