@@ -526,6 +526,33 @@ fn returned_idle_buffer_is_reused_before_a_miss() {
 #[cfg(feature = "testing")]
 #[test]
 fn consumer_returns_are_reused_in_a_pipelined_loop() {
+    let run = consumer_pipeline(24, 1);
+    assert!(
+        run.misses <= 6 && run.waits <= 24 / 3,
+        "{run:?}: too many misses or rounds that waited"
+    );
+}
+
+/// What [`consumer_pipeline`] saw (all of it printed when a test fails).
+#[cfg(feature = "testing")]
+#[derive(Debug)]
+#[allow(dead_code)] // `took`, `hits`, `pooled_after`: read through `Debug`
+struct PipelineRun {
+    took: Duration,
+    /// Rounds over 15 ms.
+    waits: usize,
+    misses: u64,
+    hits: u64,
+    /// Buffers pooled once the loop's copies completed and a flush ran.
+    pooled_after: u64,
+}
+
+/// A staging loop with a consumer thread, `rounds` rounds: each round the
+/// owner takes a buffer for its own copy (dropped with the copy in flight,
+/// done `depth` rounds later) and one it hands to a consumer, which drops
+/// it at once (the owner's returns). Every buffer handed out must be zero.
+#[cfg(feature = "testing")]
+fn consumer_pipeline(rounds: usize, depth: usize) -> PipelineRun {
     let pool = Arc::new(host_pow2(1));
     let (tx, rx) = mpsc::channel::<PinnedBuffer>();
     let (ack_tx, ack_rx) = mpsc::channel::<()>();
@@ -535,24 +562,25 @@ fn consumer_returns_are_reused_in_a_pipelined_loop() {
             ack_tx.send(()).unwrap();
         }
     });
-    const ROUNDS: usize = 24;
-    let fences: Vec<TestFence> = (0..ROUNDS).map(|_| TestFence::default()).collect();
-    let t0 = std::time::Instant::now();
+    let fences: Vec<TestFence> = (0..rounds).map(|_| TestFence::default()).collect();
+    let t0 = Instant::now();
     let mut waits = 0;
-    for i in 0..ROUNDS {
-        let t = std::time::Instant::now();
+    for i in 0..rounds {
+        let t = Instant::now();
         let mut a = pool.take(4096);
+        assert!(all_zero(&a));
         a[..8].fill(1);
         a.set_dirty_len(8);
         fences[i].record(&mut a);
         drop(a);
         let mut c = pool.take(4096);
+        assert!(all_zero(&c));
         c[..8].fill(2);
         c.set_dirty_len(8);
         tx.send(c).unwrap();
         ack_rx.recv().unwrap();
-        if i > 0 {
-            fences[i - 1].complete();
+        if i >= depth {
+            fences[i - depth].complete();
         }
         if t.elapsed() > Duration::from_millis(15) {
             waits += 1;
@@ -566,18 +594,15 @@ fn consumer_returns_are_reused_in_a_pipelined_loop() {
         f.complete();
     }
     pool.flush();
-    let after = pool.stats();
-    eprintln!(
-        "{ROUNDS} rounds: {took:?}, {waits} rounds over 15 ms, misses {}, hits {}, in_cleaner {}, \
-         pooled after flush {}",
-        s.misses, s.hits, s.in_cleaner, after.pooled_buffers
-    );
-    assert!(
-        s.misses <= 6 && waits <= ROUNDS / 3,
-        "{ROUNDS} rounds took {took:?}: {} misses, {waits} rounds waited; {} buffers pooled once flushed",
-        s.misses,
-        after.pooled_buffers
-    );
+    let run = PipelineRun {
+        took,
+        waits,
+        misses: s.misses,
+        hits: s.hits,
+        pooled_after: pool.stats().pooled_buffers as u64,
+    };
+    eprintln!("{rounds} rounds, copies {depth} deep: {run:?}");
+    run
 }
 
 /// The owner took buffers of class Y and handed them to another thread,
@@ -702,53 +727,10 @@ fn an_idle_return_is_taken_before_waiting_on_own_copies() {
 #[cfg(feature = "testing")]
 #[test]
 fn consumer_returns_keep_a_deeper_pipeline_from_waiting() {
-    let pool = Arc::new(host_pow2(1));
-    let (tx, rx) = mpsc::channel::<PinnedBuffer>();
-    let (ack_tx, ack_rx) = mpsc::channel::<()>();
-    let consumer = std::thread::spawn(move || {
-        for b in rx {
-            drop(b);
-            ack_tx.send(()).unwrap();
-        }
-    });
-    const ROUNDS: usize = 80;
-    const DEPTH: usize = 3;
-    let fences: Vec<TestFence> = (0..ROUNDS).map(|_| TestFence::default()).collect();
-    let t0 = Instant::now();
-    let mut waits = 0;
-    for i in 0..ROUNDS {
-        let t = Instant::now();
-        let mut a = pool.take(4096);
-        assert!(all_zero(&a));
-        a[..8].fill(1);
-        a.set_dirty_len(8);
-        fences[i].record(&mut a);
-        drop(a);
-        let mut c = pool.take(4096);
-        assert!(all_zero(&c));
-        c[..8].fill(2);
-        c.set_dirty_len(8);
-        tx.send(c).unwrap();
-        ack_rx.recv().unwrap();
-        if i >= DEPTH {
-            fences[i - DEPTH].complete();
-        }
-        if t.elapsed() > Duration::from_millis(15) {
-            waits += 1;
-        }
-    }
-    let took = t0.elapsed();
-    let s = pool.stats();
-    drop(tx);
-    consumer.join().unwrap();
-    for f in &fences {
-        f.complete();
-    }
-    pool.flush();
+    let run = consumer_pipeline(80, 3);
     assert!(
-        s.misses <= 10 && waits <= 10,
-        "{ROUNDS} rounds took {took:?}: {} misses, {waits} rounds waited",
-        s.misses
+        run.misses <= 10 && run.waits <= 10,
+        "{run:?}: too many misses or rounds that waited"
     );
 }
 
