@@ -50,6 +50,11 @@ impl Shared {
             Some(Found::Deferred(block, behind)) => this
                 .reuse_own(cache, block, behind, device, class)
                 .map(|b| (b, Source::Deferred)),
+            // Nothing of the class in its lists: one another thread dropped,
+            // waiting in the batch not yet full.
+            None if owned => this
+                .reuse_returned(cache, device, class)
+                .map(|b| (b, Source::Deferred)),
             None => None,
         };
         if let Some((mut block, source)) = block {
@@ -101,16 +106,21 @@ impl Shared {
                 cache.put_back(block);
                 return Some(returned);
             }
-            if behind >= Tune::SELF_WAIT_BEHIND {
-                Self::wait_briefly(&mut block);
+            if behind < Tune::SELF_WAIT_BEHIND {
+                // Polled just now: `reuse` would poll again only to put it
+                // back.
+                cache.put_back(block);
+                return None;
             }
+            Self::wait_briefly(&mut block);
         }
         self.reuse(cache, cache, block)
     }
 
-    /// The owner's take when its own buffer of the class is still being
-    /// copied from: an idle one another thread dropped, waiting in the
-    /// batch not yet full (see [`ThreadCache::take_returned`]).
+    /// The owner's take when its lists have no buffer of the class it can
+    /// hand out now (none, or its own still being copied from): an idle one
+    /// another thread dropped, waiting in the batch not yet full (see
+    /// [`ThreadCache::take_returned`]).
     #[cold]
     #[inline(never)]
     fn reuse_returned(

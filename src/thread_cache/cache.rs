@@ -213,9 +213,9 @@ impl ThreadCache {
         Some(self.owner.lists.with_mut(|lists| f(unsafe { &mut *lists })))
     }
 
-    /// The owner's take: a ready buffer of (`device`, `class`), else one of
-    /// its own deferred buffers, collecting the remote list first if the
-    /// slot is empty.
+    /// The owner's take: a ready buffer of (`device`, `class`), else its
+    /// oldest deferred one, after collecting the buffers the cleaner made
+    /// ready for it and the full batches of its returns, if there are any.
     #[inline]
     pub(crate) fn take(&self, device: usize, class: SizeClass) -> Option<Found> {
         let caches = self.caches();
@@ -224,23 +224,24 @@ impl ThreadCache {
             if !self.shared.inbox.ready.is_empty() || self.shared.returns.has_full() {
                 self.collect(lists);
             }
-            if let Some(found) = self.take_listed(lists, slot) {
-                return Some(found);
+            let found = lists.slot(caches.slots, slot);
+            if let Some(block) = found.ready.pop() {
+                self.unready(slot, &block);
+                return Some(Found::Ready(block));
             }
-            // The batch other threads' drops still fill, only when the
-            // slot is empty: taken at every take, it would hold one buffer.
-            if !self.shared.returns.has_open() {
-                return None;
-            }
-            self.defer_returns(lists, self.shared.returns.take_open());
-            self.take_listed(lists, slot)
+            let block = found.deferred.pop_front()?;
+            let behind = found.deferred.len();
+            lists.deferred -= 1;
+            self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+            Some(Found::Deferred(block, behind))
         })
         .flatten()
     }
 
     /// The owner's take from the batch other threads' drops still fill,
-    /// when its own buffer of the class is still being copied from: moves
-    /// the batch into the lists and hands out its newest buffer of
+    /// when its lists have no buffer of the class it can hand out now (not
+    /// at every take: the batch would hold one buffer): moves the batch
+    /// into the lists and hands out its newest buffer of
     /// (`device`, `class`) whose copies are done, if one of the first two
     /// of the class it polls is (a deferred buffer: the caller re-zeroes
     /// it).
@@ -275,22 +276,6 @@ impl ThreadCache {
             found
         })
         .flatten()
-    }
-
-    /// The owner's take from its lists of `slot`: a ready buffer, else its
-    /// oldest deferred one.
-    #[inline(always)]
-    fn take_listed(&self, lists: &mut Lists, slot: usize) -> Option<Found> {
-        let found = lists.slot(self.caches().slots, slot);
-        if let Some(block) = found.ready.pop() {
-            self.unready(slot, &block);
-            return Some(Found::Ready(block));
-        }
-        let block = found.deferred.pop_front()?;
-        let behind = found.deferred.len();
-        lists.deferred -= 1;
-        self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
-        Some(Found::Deferred(block, behind))
     }
 
     /// The owner's borrow: a ready buffer of one of `classes` (larger than
