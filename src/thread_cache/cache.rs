@@ -439,7 +439,9 @@ impl ThreadCache {
     /// thread's name in `block`, for its drop's record. `class`: the index
     /// of the class whose length the take handed out, if it handed out its
     /// class's length (a compact record names it).
-    #[inline]
+    /// Inlined into the take: the compact record's case is written in
+    /// line, a full record's out of line ([`ThreadCache::trace_full_take`]).
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn trace_take(
         &self,
@@ -457,14 +459,24 @@ impl ThreadCache {
         let compact = class.and_then(|c| compact_take(source.code(), device, c, id, asked as u64));
         match compact {
             Some(words) => ring.push_compact(thread, words),
-            None => ring.push(
-                trace_head(TAKE, source.code(), device as u16),
-                thread,
-                id,
-                asked as u64,
-                len as u64,
-            ),
+            None => Self::trace_full_take(ring, thread, id, device, asked, len, source),
         }
+    }
+
+    /// A take's full record (a value too large for a compact one).
+    #[cold]
+    #[inline(never)]
+    fn trace_full_take(
+        ring: &Ring,
+        thread: u64,
+        id: u64,
+        device: usize,
+        asked: usize,
+        len: usize,
+        source: Source,
+    ) {
+        let head = trace_head(TAKE, source.code(), device as u16);
+        ring.push(head, thread, id, asked as u64, len as u64);
     }
 
     /// The calling thread's name: the owner's token, which is its name,
@@ -485,7 +497,7 @@ impl ThreadCache {
     /// Records the drop of `block` by the owner of this cache, which took
     /// it, in a compact record, if its values fit; returns whether it did
     /// (else [`ThreadCache::trace_drop`] records it).
-    #[inline]
+    #[inline(always)]
     fn trace_own_drop(&self, ring: &Ring, block: &mut Block) -> bool {
         let thread = self.thread_name(true);
         if block.meta_mut().taker != thread {

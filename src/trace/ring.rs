@@ -284,8 +284,37 @@ impl Ring {
     /// [`Ring::push`] writes them, if 2^24 ticks or more have passed since
     /// the ring's last record written, or the clock went back); the caller
     /// as for [`Ring::push`].
-    #[inline]
+    ///
+    /// The common case (a thread's own ring, the same thread as its last
+    /// record, room known without reading the reader's `tail`) is written
+    /// here, inlined into the take and the drop; every other case goes to
+    /// [`Ring::push_compact_slow`], kept out of line so that the common
+    /// case saves and restores few registers.
+    #[inline(always)]
     pub(crate) fn push_compact(&self, thread: u64, words: [u64; 2]) {
+        let p = &self.producer;
+        let tick = self.clock.now();
+        // Relaxed: only the producer writes these (a shared ring, whose
+        // producers take the lock, goes to the slow path first).
+        let at = p.head.load(Ordering::Relaxed);
+        let fast = self.lock.is_none()
+            && p.thread.load(Ordering::Relaxed) == thread
+            && tick.wrapping_sub(p.last_tick.load(Ordering::Relaxed)) <= LOW24
+            && at.wrapping_sub(p.tail_seen.load(Ordering::Relaxed)) <= self.mask;
+        if !fast {
+            return self.push_compact_slow(thread, words);
+        }
+        self.write(at, [words[0] | (tick & LOW24) << 24, words[1]]);
+        p.last_tick.store(tick, Ordering::Relaxed);
+        self.publish(at.wrapping_add(1));
+    }
+
+    /// [`Ring::push_compact`]'s every case, the lock, a marker naming a
+    /// new thread, a full record, a look at the reader's `tail` and a
+    /// record lost included.
+    #[cold]
+    #[inline(never)]
+    fn push_compact_slow(&self, thread: u64, words: [u64; 2]) {
         let _guard = self.lock();
         let tick = self.clock.now();
         // Relaxed: only the producer (or the lock's holder) writes it.
@@ -361,13 +390,20 @@ impl Ring {
             at = at.wrapping_add(1);
         }
         p.last_tick.store(tick, Ordering::Relaxed);
+        self.publish(at);
+    }
+
+    /// Makes the slots below `at` the reader's, after asking for the line
+    /// [`AHEAD`] slots on for writing.
+    #[inline(always)]
+    fn publish(&self, at: usize) {
         if self.prefetch {
             // SAFETY: `prefetch` is `has_prefetch_for_write()`.
             unsafe { prefetch_for_write(&self.slots[at.wrapping_add(AHEAD) & self.mask]) };
         }
         // Release: publishes the slots' words to the reader's Acquire load
         // of `head`.
-        p.head.store(at, Ordering::Release);
+        self.producer.head.store(at, Ordering::Release);
     }
 
     #[inline(always)]
