@@ -15,6 +15,7 @@ use crate::fence::TestFence;
 use crate::fence::{must_sync, Fence, Fences};
 use crate::sync::{AtomicU8, Ordering};
 use crate::thread_cache::ThreadCache;
+use crate::tune::{Tune, Tuning};
 
 /// [`PinnedBuffer::copies_pending`]: a copy through cudarc reads the buffer.
 const READS: u8 = 1;
@@ -25,6 +26,12 @@ const WRITES: u8 = 2;
 // one is copied through memory, and reading back fields just written
 // stalls the copy on store forwarding).
 const _: () = assert!(std::mem::size_of::<PinnedBuffer>() == 2 * std::mem::size_of::<usize>());
+
+/// Set in the address `PinnedBuffer::home` holds while the dirty prefix is
+/// at most [`Tuning::SELF_CLEAN_BYTES`] (a cache's address has the bit
+/// clear: it is aligned to more than 2).
+const SMALL_DIRTY: usize = 1;
+const _: () = assert!(std::mem::align_of::<ThreadCache>() > SMALL_DIRTY);
 
 /// A host staging buffer owned by a pool, handed out by
 /// [`Pool::take`](crate::Pool::take).
@@ -64,6 +71,11 @@ pub struct PinnedBuffer {
     /// cudarc since the last wait for them (bits [`READS`], copies from the
     /// buffer, and [`WRITES`], copies into it).
     block: ManuallyDrop<Block>,
+    /// The cache the buffer goes back to, with [`SMALL_DIRTY`] set in the
+    /// address while the dirty prefix is small enough for the taker to
+    /// re-zero: so that a drop, by another thread too, chooses where the
+    /// buffer goes without reading the metadata line the prefix is written
+    /// in (which its owner writes on every trip).
     home: NonNull<ThreadCache>,
 }
 
@@ -90,7 +102,7 @@ impl PinnedBuffer {
         meta.copies_pending.store(0, Ordering::Relaxed);
         Self {
             block: ManuallyDrop::new(block),
-            home: NonNull::from(home),
+            home: Self::tag(NonNull::from(home), len),
         }
     }
 
@@ -173,8 +185,7 @@ impl PinnedBuffer {
     /// ```
     #[inline]
     pub fn set_dirty_len(&mut self, len: usize) {
-        let shown = self.shown();
-        self.block.meta_mut().dirty = len.min(shown);
+        self.set_dirty(len.min(self.shown()));
     }
 
     /// The prefix the cleaner will re-zero.
@@ -212,9 +223,8 @@ impl PinnedBuffer {
     /// Widens the dirty prefix to at least `len` bytes (a copy into them).
     #[inline]
     pub(crate) fn widen_dirty(&mut self, len: usize) {
-        let shown = self.shown();
-        let meta = self.block.meta_mut();
-        meta.dirty = meta.dirty.max(len.min(shown));
+        let dirty = self.block.dirty().max(len.min(self.shown()));
+        self.set_dirty(dirty);
     }
 
     /// Records the point on `stream` after which the buffer is no longer
@@ -303,9 +313,10 @@ impl PinnedBuffer {
         ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
         stream: sys::CUstream,
     ) -> Result<(), Error> {
+        let home = self.home_ptr();
         // SAFETY: as in `home` (the caches outlive every buffer out); read
         // through the pointer so that the block can be borrowed mutably.
-        let events = &unsafe { self.home.as_ref() }.caches().events;
+        let events = &unsafe { home.as_ref() }.caches().events;
         let fences = self.block.fences_mut();
         let event = fences.event(ctx, events)?;
         // SAFETY: `stream` is a live stream of the event's context (the
@@ -445,7 +456,34 @@ impl PinnedBuffer {
 
     fn home(&self) -> &ThreadCache {
         // SAFETY: see the `Send` impl.
-        unsafe { self.home.as_ref() }
+        unsafe { self.home_ptr().as_ref() }
+    }
+
+    /// The home cache's address, its tag cleared (with the provenance of
+    /// the pointer it was made from).
+    #[inline]
+    fn home_ptr(&self) -> NonNull<ThreadCache> {
+        // Never 0: a cache's address is nonzero and has the tag's bit clear.
+        self.home
+            .map_addr(|a| std::num::NonZeroUsize::new(a.get() & !SMALL_DIRTY).unwrap_or(a))
+    }
+
+    /// `home` (untagged) tagged for a dirty prefix of `dirty` bytes.
+    #[inline]
+    fn tag(home: NonNull<ThreadCache>, dirty: usize) -> NonNull<ThreadCache> {
+        let tag = if dirty <= Tune::SELF_CLEAN_BYTES {
+            SMALL_DIRTY
+        } else {
+            0
+        };
+        home.map_addr(|a| a | tag)
+    }
+
+    /// Sets the dirty prefix (in the metadata) and its tag.
+    #[inline]
+    fn set_dirty(&mut self, dirty: usize) {
+        self.block.meta_mut().dirty = dirty;
+        self.home = Self::tag(self.home_ptr(), dirty);
     }
 }
 
@@ -528,7 +566,8 @@ impl Drop for PinnedBuffer {
         if fences.has_copies() {
             fences.seal();
         }
-        self.home().give_back(block);
+        let small = self.home.addr().get() & SMALL_DIRTY != 0;
+        self.home().give_back(block, small);
     }
 }
 

@@ -58,11 +58,13 @@ use slab::{LastShare, Slab};
 /// so it gets cache lines of its own (256 bytes: two pairs of lines, as
 /// adjacent lines are fetched in pairs): metadata of buffers used by
 /// different threads must not share a line. In declaration order
-/// (`repr(C)`): what a take and a drop touch (a drop by another thread
-/// included: the link, the ticket, the dirty prefix, the fences) comes
-/// first, in the first pair of lines, so that a buffer moving between
-/// threads moves one pair, not two; what the cleaner, regions and
-/// tracing use comes after.
+/// (`repr(C)`), the first pair holds what the owner writes on every trip
+/// (the link, the ticket, the dirty prefix, what the guard shows, the
+/// taker's name) and what the cleaner writes; the second pair what a drop
+/// reads to choose where the buffer goes (its slot, footprint, pinning and
+/// fences), which nothing writes on a trip without copies: a buffer dropped
+/// by another thread so leaves the pair its owner writes where it is, and
+/// the pair the dropper reads stays shared by both threads' caches.
 #[derive(Debug)]
 #[repr(C, align(128))]
 pub(crate) struct Meta {
@@ -72,50 +74,33 @@ pub(crate) struct Meta {
     /// While the buffer is dropped and not yet ready, released or leaked:
     /// its drop's flush ticket (see `flush`).
     ticket: Option<Ticket>,
-    /// The prefix written since the take (the whole buffer until the
-    /// guard narrows it).
+    /// Once the buffer is dropped: the prefix written since its take (the
+    /// guard keeps it while the buffer is out; see `PinnedBuffer`).
     pub(crate) dirty: usize,
-    footprint: usize,
-    ptr: NonNull<u8>,
     /// While the buffer is out: the length its guard shows (its class's,
     /// or less for a block borrowed by a smaller class).
     pub(crate) shown: usize,
-    /// The (device, class) slot index (`Classes::slot`), so that the
-    /// caches find a block's lists without the class table.
-    slot: u32,
-    device: u16,
-    class: SizeClass,
-    pinned: bool,
-    /// While the buffer is out: whether the take was served from the pool.
-    pub(crate) pooled: bool,
-    /// While the buffer is out: the copies made through cudarc since host
-    /// access last waited for them (see `PinnedBuffer`). Kept here, not in
-    /// the guard, so that the guard is two pointers that moves keep in
-    /// registers.
-    pub(crate) copies_pending: AtomicU8,
-    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
-    /// trimming keeps it.
-    pub(crate) reserved: bool,
-    /// What the copies reading the buffer left behind, and spare events;
-    /// locked only by copies made through cudarc, which see the buffer
-    /// through `&`.
-    fences: Mutex<Fences>,
     /// While the buffer is out of a pool that traces: the name of the
     /// thread that took it (see `trace`), which its drop record names.
     pub(crate) taker: u64,
-    len: usize,
     /// For a pinned buffer dropped without events: the device synchronizes
     /// started before the drop (see `cleaner::device_sync`).
     pub(crate) sync_gen: u64,
     /// When a buffer on its way to the cleaner was dropped.
     pub(crate) dropped_at: Option<Instant>,
+    /// When the buffer last became ready (admission), for idle trimming.
+    pub(crate) ready_since: Option<Instant>,
     /// Bytes of the pinned budget that `reserve` admitted for this block
     /// when it was asked for, held until the block's registration takes
     /// them over (or they are given back): so that a second `reserve`
     /// asked before this one's registration sees them taken.
     pub(crate) reserve_share: u64,
-    /// When the buffer last became ready (admission), for idle trimming.
-    pub(crate) ready_since: Option<Instant>,
+    /// While the buffer is out: whether the take was served from the pool.
+    pub(crate) pooled: bool,
+    /// While the buffer is out: the copies made through cudarc since host
+    /// access last waited for them (see `PinnedBuffer`). Kept here, not in
+    /// the guard, so that shared borrows of the guard can update it.
+    pub(crate) copies_pending: AtomicU8,
     /// The slab a sub-page block was carved from (the block holds one
     /// share of it).
     slab: Option<NonNull<Slab>>,
@@ -123,6 +108,23 @@ pub(crate) struct Meta {
     uncarved: usize,
     /// The region a block was carved from (see `region`).
     region: Option<NonNull<Region>>,
+    // The second pair of lines starts here.
+    footprint: usize,
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The (device, class) slot index (`Classes::slot`), so that the
+    /// caches find a block's lists without the class table.
+    slot: u32,
+    device: u16,
+    class: SizeClass,
+    pinned: bool,
+    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
+    /// trimming keeps it.
+    pub(crate) reserved: bool,
+    /// What the copies reading the buffer left behind, and spare events;
+    /// locked only by copies made through cudarc, which see the buffer
+    /// through `&`.
+    fences: Mutex<Fences>,
     contents: Contents,
     _track: Track,
 }
@@ -577,8 +579,8 @@ impl Block {
         self.meta_mut().dirty = 0;
     }
 
-    /// Asks the CPU to fetch the block's metadata (the pair of lines a take
-    /// and a drop touch) for writing, ahead of a loop that reaches many
+    /// Asks the CPU to fetch the block's metadata (the pair of lines its
+    /// owner writes on every trip) for writing, ahead of a loop that reaches many
     /// blocks: their misses then overlap. A hint only: nothing if the CPU
     /// has no such instruction.
     #[inline]
@@ -685,17 +687,37 @@ mod tests {
 
     #[test]
     #[cfg(not(pinpool_loom))]
-    fn what_takes_and_drops_touch_sits_in_the_first_pair_of_lines() {
-        // The fences' lists a take and a drop read (`pending`, `copies`)
-        // end within the first 128 bytes, the data last in its mutex; the
-        // spares (the last list) may spill.
-        let fences = std::mem::offset_of!(Meta, fences);
-        let spares = std::mem::size_of::<Vec<Box<crate::fence::Event>>>();
-        assert!(
-            fences + std::mem::size_of::<Mutex<Fences>>() - spares <= 128,
-            "the fences at {fences}"
-        );
-        assert_eq!(std::mem::size_of::<Meta>(), 256);
+    fn what_a_trip_writes_and_what_a_drop_reads_sit_in_different_pairs_of_lines() {
+        use std::mem::{offset_of, size_of};
+        let written = [
+            ("next", offset_of!(Meta, next) + size_of::<*mut Meta>()),
+            (
+                "ticket",
+                offset_of!(Meta, ticket) + size_of::<Option<Ticket>>(),
+            ),
+            ("dirty", offset_of!(Meta, dirty) + size_of::<usize>()),
+            ("shown", offset_of!(Meta, shown) + size_of::<usize>()),
+            ("taker", offset_of!(Meta, taker) + size_of::<u64>()),
+            ("pooled", offset_of!(Meta, pooled) + 1),
+            ("copies_pending", offset_of!(Meta, copies_pending) + 1),
+        ];
+        for (field, end) in written {
+            assert!(end <= 128, "{field} ends at {end}");
+        }
+        let read = [
+            ("footprint", offset_of!(Meta, footprint)),
+            ("ptr", offset_of!(Meta, ptr)),
+            ("len", offset_of!(Meta, len)),
+            ("slot", offset_of!(Meta, slot)),
+            ("device", offset_of!(Meta, device)),
+            ("class", offset_of!(Meta, class)),
+            ("pinned", offset_of!(Meta, pinned)),
+            ("fences", offset_of!(Meta, fences)),
+        ];
+        for (field, start) in read {
+            assert!(start >= 128, "{field} starts at {start}");
+        }
+        assert_eq!(size_of::<Meta>(), 256);
     }
 
     #[test]

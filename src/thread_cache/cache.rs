@@ -81,7 +81,7 @@ pub(super) struct SharedPart {
     /// tickets, in batches. With `busy`, on lines of their own: a thread
     /// dropping another's buffers writes them at every drop, and the owner
     /// reads `request` and the inbox at every take.
-    pub(super) returns: Returns<(Block, Ticket)>,
+    pub(super) returns: Returns<RemoteDrop>,
     /// Drops by other threads in progress (closing waits for them).
     pub(super) busy: CachePadded<AtomicUsize>,
     /// Footprint bytes taken through the orphan cache (no owner).
@@ -93,6 +93,24 @@ pub(super) struct SharedPart {
     /// Drops per slot by threads other than the owner of buffers taken
     /// through this cache (`fetch_add`; see `SlotCounts::drops`).
     drops: Slots<Counter>,
+}
+
+/// A buffer another thread dropped, waiting in its cache's returns with
+/// its drop's flush ticket beside it (so that the dropping thread writes
+/// nothing in the metadata lines the owner writes on every trip).
+#[derive(Debug)]
+pub(super) struct RemoteDrop {
+    block: Block,
+    ticket: Ticket,
+}
+
+impl RemoteDrop {
+    /// The block, with its ticket in its metadata.
+    fn into_block(self) -> Block {
+        let Self { mut block, ticket } = self;
+        block.set_ticket(ticket);
+        block
+    }
 }
 
 /// State set when the cache is made and only read after: on lines of its
@@ -161,7 +179,7 @@ impl ThreadCache {
                 request: AtomicU32::new(0),
                 lock: Mutex::new(()),
                 inbox: Inbox::new(slots, limit),
-                returns: Returns::new(|(block, _)| block.prefetch()),
+                returns: Returns::new(|returned| returned.block.prefetch()),
                 busy: CachePadded::new(AtomicUsize::new(0)),
                 taken_bytes: Counter::default(),
                 ahead: Counter::default(),
@@ -257,21 +275,16 @@ impl ThreadCache {
             // Polls run inside the owner's operation, where thieves wait for
             // it: a few at most (a poll may be a driver call).
             let mut polls = 2;
-            let returns = self
-                .shared
-                .returns
-                .take_open()
-                .filter_map(|(mut block, ticket)| {
-                    if found.is_none() && polls > 0 && block.slot() == slot {
-                        polls -= 1;
-                        if matches!(block.fences_mut().poll(), Ok(true)) {
-                            block.set_ticket(ticket);
-                            found = Some(block);
-                            return None;
-                        }
+            let returns = self.shared.returns.take_open().filter_map(|mut returned| {
+                if found.is_none() && polls > 0 && returned.block.slot() == slot {
+                    polls -= 1;
+                    if matches!(returned.block.fences_mut().poll(), Ok(true)) {
+                        found = Some(returned.into_block());
+                        return None;
                     }
-                    Some((block, ticket))
-                });
+                }
+                Some(returned)
+            });
             self.defer_returns(lists, returns);
             found
         })
@@ -326,10 +339,10 @@ impl ThreadCache {
 
     /// Adds buffers other threads dropped to the deferred lists, each
     /// carrying its drop's flush ticket again.
-    fn defer_returns(&self, lists: &mut Lists, returns: impl Iterator<Item = (Block, Ticket)>) {
+    fn defer_returns(&self, lists: &mut Lists, returns: impl Iterator<Item = RemoteDrop>) {
         let classes = &self.caches().classes;
-        for (mut block, ticket) in returns {
-            block.set_ticket(ticket);
+        for returned in returns {
+            let block = returned.into_block();
             let slot = classes.slot(block.device(), block.class());
             lists.slot(self.caches().slots, slot).defer(block);
             lists.deferred += 1;
@@ -387,11 +400,13 @@ impl ThreadCache {
 
     /// Gives a dropped buffer back: to the owner's deferred list, this
     /// cache's remote list, or the cleaner. Never blocks, never calls the
-    /// backend.
+    /// backend. `small_dirty`: its dirty prefix is at most
+    /// [`SELF_CLEAN_BYTES`](crate::tune::Tuning::SELF_CLEAN_BYTES) (the
+    /// guard knows without reading the metadata).
     #[inline]
-    pub(crate) fn give_back(&self, mut block: Block) {
+    pub(crate) fn give_back(&self, mut block: Block, small_dirty: bool) {
         let caches = self.caches();
-        let keep = self.deferrable(&mut block);
+        let keep = self.deferrable(&mut block, small_dirty);
         let owned = self.is_owned_here();
         if let Some(ring) = self.ring() {
             if !(owned && self.trace_own_drop(ring, &mut block)) {
@@ -563,9 +578,10 @@ impl ThreadCache {
         self.shared.drops[block.slot()].add(1);
         if keep {
             // The ticket waits beside the buffer, not in its metadata: this
-            // thread only reads the metadata, whose lines so stay where the
-            // owner last wrote them.
-            shared.returns.push((block, ticket));
+            // thread only reads the metadata's second pair of lines, which
+            // nothing writes on a trip without copies, and leaves the first
+            // where the owner last wrote it.
+            shared.returns.push(RemoteDrop { block, ticket });
         } else {
             block.set_ticket(ticket);
             caches
@@ -593,9 +609,11 @@ impl ThreadCache {
     }
 
     /// Whether a dropped buffer may wait for the next taker instead of the
-    /// cleaner: small, needing no registration and no device synchronize.
+    /// cleaner: little to re-zero (`small_dirty`), within the cap, needing
+    /// no registration and no device synchronize. Reads only the
+    /// metadata's second pair of lines.
     #[inline]
-    fn deferrable(&self, block: &mut Block) -> bool {
+    fn deferrable(&self, block: &mut Block, small_dirty: bool) -> bool {
         let needs_registration = self.caches().pins && !block.is_pinned();
         let needs_device_sync = block.is_pinned() && block.fences_mut().is_empty();
         // Relaxed: a setting. Racing a change of the cap, a drop may keep
@@ -603,7 +621,7 @@ impl ThreadCache {
         // sends it through the cleaner, which applies the cap) or send one
         // below it to the cleaner; neither loses it.
         let fits = block.footprint() <= self.caches().cap();
-        block.dirty() <= Tune::SELF_CLEAN_BYTES && fits && !needs_registration && !needs_device_sync
+        small_dirty && fits && !needs_registration && !needs_device_sync
     }
 
     /// Counts a take served by a buffer of a larger class.
@@ -792,10 +810,7 @@ impl ThreadCache {
     /// Takes every buffer other threads dropped into this cache (for
     /// flushes, sweeps and closing), each carrying its flush ticket.
     pub(crate) fn take_returns(&self) -> impl Iterator<Item = Block> + '_ {
-        self.shared.returns.take_all().map(|(mut block, ticket)| {
-            block.set_ticket(ticket);
-            block
-        })
+        self.shared.returns.take_all().map(RemoteDrop::into_block)
     }
 }
 

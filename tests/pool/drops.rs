@@ -230,3 +230,46 @@ fn a_miss_freed_past_the_registration_backlog_leaves_its_fences_to_the_cleaner()
     assert_eq!(pool.stats().in_cleaner, 0);
     assert_eq!(fence_calls_on(me), FenceCalls::default());
 }
+
+/// A buffer dropped by a thread other than its taker waits for the taker
+/// (whose next take re-zeroes it) only while its dirty prefix is small
+/// enough for a take to re-zero; a larger one goes to the cleaner. What
+/// counts is the prefix at the drop: narrowed, widened or narrowed again.
+#[test]
+fn a_drop_elsewhere_leaves_only_a_small_dirty_prefix_to_the_taker() {
+    const SIZE: usize = 1 << 20;
+    let cases: [(&[usize], bool); 5] = [
+        (&[10], true),
+        (&[], false),
+        (&[usize::MAX], false),
+        (&[10, usize::MAX], false),
+        (&[usize::MAX, 100], true),
+    ];
+    for (lens, to_taker) in cases {
+        // One buffer of the class in the pool, ready.
+        let pool = Pool::builder()
+            .backend(BackendKind::Host)
+            .max_pooled_bytes(1 << 30)
+            .build()
+            .unwrap();
+        drop(pool.take(SIZE));
+        pool.flush();
+        let mut buf = pool.take(SIZE);
+        let written = lens.last().map_or(SIZE, |&len| len.min(SIZE));
+        buf[..written].fill(7);
+        for &len in lens {
+            buf.set_dirty_len(len);
+        }
+        std::thread::scope(|s| {
+            s.spawn(move || drop(buf));
+        });
+        let again = pool.take(SIZE);
+        assert!(again.iter().all(|&b| b == 0), "{lens:?}: not zero");
+        let cleaned = pool.stats().cleaned_by_takers;
+        assert_eq!(
+            cleaned,
+            u64::from(to_taker),
+            "{lens:?}: re-zeroed by the taker {cleaned} times"
+        );
+    }
+}
