@@ -479,11 +479,17 @@ impl PinnedBuffer {
         home.map_addr(|a| a | tag)
     }
 
-    /// Sets the dirty prefix (in the metadata) and its tag.
+    /// Sets the dirty prefix (in the metadata) and its tag. The guard is
+    /// written only when the tag changes: a move of the guard right after a
+    /// store into it would stall on store forwarding (see the size
+    /// assertion above), and most narrowings keep the tag.
     #[inline]
     fn set_dirty(&mut self, dirty: usize) {
         self.block.meta_mut().dirty = dirty;
-        self.home = Self::tag(self.home_ptr(), dirty);
+        let tagged = Self::tag(self.home_ptr(), dirty);
+        if tagged != self.home {
+            self.home = tagged;
+        }
     }
 }
 
