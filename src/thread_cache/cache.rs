@@ -317,10 +317,7 @@ impl ThreadCache {
         let caches = self.caches();
         let kept = self.as_owner(|lists| {
             lists
-                .slot(
-                    caches.slots,
-                    caches.classes.slot(block.device(), block.class()),
-                )
+                .slot(caches.slots, block.slot())
                 .deferred
                 .push_front(block);
             lists.deferred += 1;
@@ -340,11 +337,9 @@ impl ThreadCache {
     /// Adds buffers other threads dropped to the deferred lists, each
     /// carrying its drop's flush ticket again.
     fn defer_returns(&self, lists: &mut Lists, returns: impl Iterator<Item = RemoteDrop>) {
-        let classes = &self.caches().classes;
         for returned in returns {
             let block = returned.into_block();
-            let slot = classes.slot(block.device(), block.class());
-            lists.slot(self.caches().slots, slot).defer(block);
+            lists.slot(self.caches().slots, block.slot()).defer(block);
             lists.deferred += 1;
         }
         self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
@@ -352,10 +347,8 @@ impl ThreadCache {
 
     /// Adds ready buffers to the lists.
     fn adopt(&self, lists: &mut Lists, blocks: impl Iterator<Item = Block>) {
-        let classes = &self.caches().classes;
         for block in blocks {
-            let (device, class) = (block.device(), block.class());
-            let slot = classes.slot(device, class);
+            let slot = block.slot();
             self.enready(slot, &block);
             lists.slot(self.caches().slots, slot).push_ready(block);
         }
@@ -399,7 +392,7 @@ impl ThreadCache {
     }
 
     /// Gives a dropped buffer back: to the owner's deferred list, this
-    /// cache's remote list, or the cleaner. Never blocks, never calls the
+    /// cache's returns (a drop by another thread), or the cleaner. Never blocks, never calls the
     /// backend. `small_dirty`: its dirty prefix is at most
     /// [`SELF_CLEAN_BYTES`](crate::tune::Tuning::SELF_CLEAN_BYTES) (the
     /// guard knows without reading the metadata).
@@ -843,7 +836,7 @@ impl Lists {
                 continue;
             }
             for block in slot.ready.drain(..) {
-                cache.unready(classes.slot(block.device(), block.class()), &block);
+                cache.unready(block.slot(), &block);
                 out.push(block);
             }
         }
@@ -852,7 +845,7 @@ impl Lists {
 
     /// Puts a ready buffer back into a locked-out cache's lists.
     pub(crate) fn put_ready(&mut self, cache: &ThreadCache, block: Block) {
-        let slot = cache.caches().classes.slot(block.device(), block.class());
+        let slot = block.slot();
         cache.enready(slot, &block);
         self.slot(cache.caches().slots, slot).push_ready(block);
     }
