@@ -25,6 +25,8 @@
 //! Counters only grow. Each cache has two sets, on separate cache lines:
 //! one written only by the cache's owner (a load and a store, no
 //! read-modify-write), and one that other threads update with `fetch_add`.
+//! Each set keeps its own copy of the barrier's address, so that a drop
+//! reads no line the other side writes.
 
 use std::ptr::NonNull;
 
@@ -34,18 +36,24 @@ use crate::counter::Counter;
 use crate::sync::{fence, AtomicUsize, Condvar, Mutex, Ordering};
 use crate::tune::{Tune, Tuning};
 
-/// A cache's flush counters written only by its owner.
-#[derive(Debug, Default)]
+/// A cache's flush counters written only by its owner, with the barrier
+/// its drops read.
+#[derive(Debug)]
 pub(crate) struct OwnerCounts {
     drops: [Counter; 2],
     done: [Counter; 2],
+    flush: NonNull<Flush>,
 }
 
-/// A cache's flush counters that any thread may update.
-#[derive(Debug, Default)]
+/// A cache's flush counters that any thread may update, with the barrier
+/// their drops read (a copy of the owner's: a drop by another thread
+/// reading the owner's copy would pull the line the owner writes at every
+/// take and drop to its core).
+#[derive(Debug)]
 pub(crate) struct SharedCounts {
     drops: [Counter; 2],
     done: [Counter; 2],
+    flush: NonNull<Flush>,
 }
 
 impl OwnerCounts {
@@ -98,9 +106,8 @@ pub(crate) type Counts<'a> = (&'a OwnerCounts, &'a SharedCounts);
 /// ticket.
 #[derive(Debug)]
 pub(crate) struct Books {
-    owner: OwnerCounts,
+    owner: CachePadded<OwnerCounts>,
     shared: CachePadded<SharedCounts>,
-    flush: NonNull<Flush>,
 }
 
 // SAFETY: the counters are atomics; `flush` points to the barrier of the
@@ -113,20 +120,34 @@ impl Books {
     /// Books counting for `flush`, which must outlive them.
     pub(crate) fn new(flush: NonNull<Flush>) -> Self {
         Self {
-            owner: OwnerCounts::default(),
-            shared: CachePadded::new(SharedCounts::default()),
-            flush,
+            owner: CachePadded::new(OwnerCounts {
+                drops: Default::default(),
+                done: Default::default(),
+                flush,
+            }),
+            shared: CachePadded::new(SharedCounts {
+                drops: Default::default(),
+                done: Default::default(),
+                flush,
+            }),
         }
     }
 
     /// Points the books at `flush` (once their pool has its address).
     pub(crate) fn set_flush(&mut self, flush: NonNull<Flush>) {
-        self.flush = flush;
+        self.owner.flush = flush;
+        self.shared.flush = flush;
     }
 
-    fn flush(&self) -> &Flush {
+    /// The barrier, read through the copy on the caller's side.
+    fn flush(&self, by_owner: bool) -> &Flush {
+        let flush = if by_owner {
+            self.owner.flush
+        } else {
+            self.shared.flush
+        };
         // SAFETY: the barrier outlives the books (see `new`).
-        unsafe { self.flush.as_ref() }
+        unsafe { flush.as_ref() }
     }
 
     /// The books' counters, as the barrier sums them.
@@ -139,7 +160,7 @@ impl Books {
     /// (no read-modify-write); otherwise any thread may call.
     #[inline]
     pub(crate) fn open(&self, by_owner: bool) -> Ticket {
-        let parity = self.flush().parity();
+        let parity = self.flush(by_owner).parity();
         if by_owner {
             self.owner.dropped(parity);
         } else {
@@ -193,7 +214,7 @@ impl Ticket {
             books.owner.done(parity);
         } else {
             books.shared.done(parity);
-            books.flush().notify();
+            books.flush(false).notify();
         }
         std::mem::forget(self);
     }
@@ -220,7 +241,7 @@ impl Drop for Ticket {
         }
         let books = self.books();
         books.shared.done(usize::from(self.parity));
-        books.flush().notify();
+        books.flush(false).notify();
     }
 }
 
