@@ -355,21 +355,37 @@ fn tracing_cost(c: &mut Criterion) {
 }
 
 /// What writing a trace adds to the single-thread loop: an untraced pool
-/// against one tracing to `/dev/null`, side by side. The loop runs in
-/// bursts of 2,048 take + drop pairs (4,096 records, a quarter of a thread's
-/// trace buffer) with an untimed 8 ms pause after each, in which the trace's
-/// background thread empties the buffer: so every record is written, and
-/// the figure is the cost of writing them (a loop faster than the
-/// background thread drains would mostly count records as lost, which
-/// costs less).
+/// against one tracing to `/dev/null`, on the same backend, side by side.
+/// The loop runs in bursts of 2,048 take + drop pairs (4,096 records, a
+/// quarter of a thread's trace buffer) with an untimed 8 ms pause after
+/// each, in which the trace's background thread empties the buffer: so
+/// every record is written, and the figure is the cost of writing them (a
+/// loop faster than the background thread drains would mostly count
+/// records as lost, which costs less). `added` runs the two in turn, an
+/// untraced burst then a traced one, and counts the second's time less the
+/// first's: what tracing adds, measured on bursts milliseconds apart, so
+/// that a host whose speed drifts between the two functions' measurements
+/// (some virtual machines' does, by up to 2x) moves both alike.
 fn trace_cost(c: &mut Criterion) {
     const BURST: u64 = 2048;
     let untraced = pool();
     let traced = Pool::builder()
-        .backend(BackendKind::Host)
+        .backend(untraced.config().backend)
         .trace("/dev/null")
         .build()
         .expect("build the traced pool");
+    let burst = |pool: &Pool, n: u64| {
+        let t0 = Instant::now();
+        for _ in 0..n {
+            let mut buf = pool.take(SIZE);
+            buf[..64].fill(1);
+            buf.set_dirty_len(64);
+            drop(black_box(buf));
+        }
+        let took = t0.elapsed();
+        std::thread::sleep(Duration::from_millis(8));
+        took
+    };
     let mut group = c.benchmark_group("hot_path/trace_4KiB");
     for (name, pool) in [("untraced", &untraced), ("traced", &traced)] {
         drop(pool.take(SIZE));
@@ -380,21 +396,32 @@ fn trace_cost(c: &mut Criterion) {
                 let mut left = iters;
                 while left > 0 {
                     let n = left.min(BURST);
-                    let t0 = Instant::now();
-                    for _ in 0..n {
-                        let mut buf = pool.take(SIZE);
-                        buf[..64].fill(1);
-                        buf.set_dirty_len(64);
-                        drop(black_box(buf));
-                    }
-                    total += t0.elapsed();
+                    total += burst(pool, n);
                     left -= n;
-                    std::thread::sleep(Duration::from_millis(8));
                 }
                 total
             })
         });
     }
+    // Each sample runs at least four pairs of whole bursts, whatever
+    // criterion asks for, and counts its iterations at the mean difference
+    // per take + drop over them (a short burst's difference is noise).
+    group.sample_size(30);
+    group.bench_function("added", |b| {
+        b.iter_custom(|iters| {
+            let pairs = iters.div_ceil(BURST).max(4);
+            let mut added = 0i128;
+            for _ in 0..pairs {
+                let plain = burst(&untraced, BURST);
+                let with = burst(&traced, BURST);
+                added += with.as_nanos() as i128 - plain.as_nanos() as i128;
+            }
+            let per_op = added as f64 / (pairs * BURST) as f64;
+            // Criterion takes no negative times, nor zero: a sample in which
+            // tracing looked free counts as a nanosecond in all.
+            Duration::from_nanos(((per_op * iters as f64) as u64).max(1))
+        })
+    });
     group.finish();
 }
 
