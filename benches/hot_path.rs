@@ -405,24 +405,51 @@ fn trace_cost(c: &mut Criterion) {
     }
     // Each sample runs at least four pairs of whole bursts, whatever
     // criterion asks for, and counts its iterations at the mean difference
-    // per take + drop over them (a short burst's difference is noise).
+    // per take + drop over them (a short burst's difference is noise). The
+    // two bursts of a pair run in either order, in turn.
     group.sample_size(30);
+    let samples = std::cell::RefCell::new(Vec::new());
     group.bench_function("added", |b| {
         b.iter_custom(|iters| {
             let pairs = iters.div_ceil(BURST).max(4);
             let mut added = 0i128;
-            for _ in 0..pairs {
-                let plain = burst(&untraced, BURST);
-                let with = burst(&traced, BURST);
+            for pair in 0..pairs {
+                let (plain, with) = if pair % 2 == 0 {
+                    let plain = burst(&untraced, BURST);
+                    (plain, burst(&traced, BURST))
+                } else {
+                    let with = burst(&traced, BURST);
+                    (burst(&untraced, BURST), with)
+                };
                 added += with.as_nanos() as i128 - plain.as_nanos() as i128;
             }
             let per_op = added as f64 / (pairs * BURST) as f64;
+            samples.borrow_mut().push(per_op);
             // Criterion takes no negative times, nor zero: a sample in which
-            // tracing looked free counts as a nanosecond in all.
+            // tracing looked free counts as a nanosecond in all, which reads
+            // high where the cost is within the noise (a few ns); the line
+            // printed below is not clamped.
             Duration::from_nanos(((per_op * iters as f64) as u64).max(1))
         })
     });
     group.finish();
+    // The same samples, negative ones as they came (warm-up included).
+    let samples = samples.into_inner();
+    if !samples.is_empty() {
+        let n = samples.len() as f64;
+        let mean = samples.iter().sum::<f64>() / n;
+        let var = samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        eprintln!(
+            "hot_path/trace_4KiB/added unclamped: mean {mean:.2} ns +- {:.2} (standard error), \
+             median {:.2} ns, over {} samples, {} below zero",
+            (var / n).sqrt(),
+            sorted[sorted.len() / 2],
+            samples.len(),
+            samples.iter().filter(|&&x| x < 0.0).count()
+        );
+    }
 }
 
 /// What a trace's clock costs per read: the time-stamp counter (the
