@@ -247,3 +247,91 @@ fn flush_covers_drops_on_every_path_faults() {
         true,
     );
 }
+
+/// A steady stream of drops by threads other than the takers, and of a
+/// thread's own drops, all fully dirty (so through the cleaner): each flush
+/// waits only for the drops before it, so each returns promptly, on the
+/// host backend and on one that pins. A drop that read a stale barrier
+/// (one whose epoch never flips: each side of a cache's books keeps its own
+/// copy of the barrier's address) would count in one parity for good, and
+/// a flush would wait for a moment with no drop in flight at all: seconds,
+/// or never.
+#[cfg(feature = "testing")]
+#[test]
+fn a_flush_returns_promptly_under_a_stream_of_remote_drops() {
+    use std::sync::mpsc;
+    let pins = Pool::builder()
+        .faults(Arc::new(pinpool::testing::Faults::default()))
+        .cleaner_threads(2)
+        .regions(false)
+        .build()
+        .unwrap();
+    let host = Pool::builder()
+        .backend(BackendKind::Host)
+        .cleaner_threads(2)
+        .build()
+        .unwrap();
+    for (name, pool) in [("host", host), ("pins", pins)] {
+        pool.set_max_pooled_bytes(1 << 30);
+        let stop = AtomicBool::new(false);
+        let mut worst = Duration::ZERO;
+        std::thread::scope(|s| {
+            let (tx, rx) = mpsc::sync_channel::<PinnedBuffer>(8);
+            let rx = Arc::new(std::sync::Mutex::new(rx));
+            for _ in 0..2 {
+                let (pool, stop, tx) = (&pool, &stop, tx.clone());
+                s.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut b = pool.take(256 << 10);
+                        b[0] = 1;
+                        let n = b.len();
+                        b.set_dirty_len(n);
+                        if tx.send(b).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let (own_pool, own_stop) = (&pool, &stop);
+            s.spawn(move || {
+                while !own_stop.load(Ordering::Relaxed) {
+                    let mut b = own_pool.take(256 << 10);
+                    let n = b.len();
+                    b.set_dirty_len(n);
+                    drop(b);
+                }
+            });
+            for _ in 0..2 {
+                let rx = rx.clone();
+                s.spawn(move || loop {
+                    let next = rx.lock().unwrap().recv();
+                    match next {
+                        Ok(b) => drop(b),
+                        Err(_) => break,
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            let limit = Duration::from_secs(if cfg!(pinpool_asan) { 40 } else { 8 });
+            for i in 0..12 {
+                let (done_tx, done_rx) = mpsc::channel();
+                let p = pool.clone();
+                let t0 = std::time::Instant::now();
+                std::thread::spawn(move || {
+                    p.flush();
+                    let _ = done_tx.send(());
+                });
+                if done_rx.recv_timeout(limit).is_err() {
+                    stop.store(true, Ordering::Relaxed);
+                    panic!(
+                        "{name}: flush {i} still waiting after {limit:?} under a stream of drops"
+                    );
+                }
+                worst = worst.max(t0.elapsed());
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        eprintln!("{name}: slowest flush {worst:?}");
+    }
+}
