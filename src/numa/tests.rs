@@ -922,11 +922,11 @@ fn a_long_list_of_overlapping_ranges_parses_quickly_in_little_memory() {
     let took = started.elapsed();
     assert_eq!(ids.len(), MAX_ID);
     assert!(ids.iter().eq(0..MAX_ID));
-    assert!(
-        took < std::time::Duration::from_secs(1),
-        "parsing {} bytes took {took:?}",
-        text.len()
-    );
+    // Expanded item by item, this would take minutes; parsed as ranges, a
+    // few tenths of a second under AddressSanitizer (1.3 s while other
+    // builds loaded the machine).
+    let limit = std::time::Duration::from_secs(if cfg!(pinpool_asan) { 5 } else { 1 });
+    assert!(took < limit, "parsing {} bytes took {took:?}", text.len());
     // The same through a node's cpulist file.
     let fake = FakeSysfs::new("long-list");
     fake.online("0\n").cpus(0, &text);
