@@ -20,6 +20,16 @@ fn timed_drop(buf: pinpool::PinnedBuffer) -> Duration {
     t0.elapsed()
 }
 
+/// The calling thread's involuntary context switches so far: the times the
+/// scheduler took its core away while it could run.
+fn preemptions() -> i64 {
+    // SAFETY: all zeros is a valid `rusage`.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `RUSAGE_THREAD` fills `usage` for the calling thread.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    usage.ru_nivcsw
+}
+
 /// Drops during a clear, an eviction and a flush that are stuck in the
 /// backend (a held device synchronize) neither block nor call the backend.
 #[cfg(feature = "testing")]
@@ -66,7 +76,10 @@ fn drops_during_stuck_clear_evict_and_flush_neither_block_nor_call() {
 }
 
 /// Cross-thread drops of many buffers taken on a thread that keeps
-/// stealing and evicting: each drop is quick.
+/// stealing and evicting: each drop is quick. (A drop during which the
+/// scheduler took the dropping thread's core away does not count: on a
+/// loaded machine such a drop can take 100 ms without waiting for
+/// anything.)
 #[test]
 fn cross_thread_drops_are_quick() {
     let pool = Pool::builder()
@@ -81,7 +94,11 @@ fn cross_thread_drops_are_quick() {
         let worst = worst.clone();
         std::thread::spawn(move || {
             for b in rx {
+                let before = preemptions();
                 let t = timed_drop(b);
+                if preemptions() != before {
+                    continue;
+                }
                 let mut w = worst.lock().unwrap();
                 *w = (*w).max(t);
             }
