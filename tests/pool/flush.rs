@@ -314,7 +314,7 @@ fn a_flush_returns_promptly_under_a_stream_of_remote_drops() {
             }
             std::thread::sleep(Duration::from_millis(100));
             let limit = Duration::from_secs(if cfg!(pinpool_asan) { 40 } else { 8 });
-            for i in 0..12 {
+            for i in 0..6 {
                 let (done_tx, done_rx) = mpsc::channel();
                 let p = pool.clone();
                 let t0 = std::time::Instant::now();
