@@ -74,8 +74,9 @@ pub(crate) struct Meta {
     /// While the buffer is dropped and not yet ready, released or leaked:
     /// its drop's flush ticket (see `flush`).
     ticket: Option<Ticket>,
-    /// Once the buffer is dropped: the prefix written since its take (the
-    /// guard keeps it while the buffer is out; see `PinnedBuffer`).
+    /// The prefix written since the take (the whole buffer until the guard
+    /// narrows it). The guard's home pointer carries whether it is small,
+    /// so that a drop need not read it here (see `PinnedBuffer`).
     pub(crate) dirty: usize,
     /// While the buffer is out: the length its guard shows (its class's,
     /// or less for a block borrowed by a smaller class).
@@ -580,9 +581,9 @@ impl Block {
     }
 
     /// Asks the CPU to fetch the block's metadata (the pair of lines its
-    /// owner writes on every trip) for writing, ahead of a loop that reaches many
-    /// blocks: their misses then overlap. A hint only: nothing if the CPU
-    /// has no such instruction.
+    /// owner writes on every trip) for writing, ahead of a loop that
+    /// reaches many blocks: their misses then overlap. A hint only: nothing
+    /// if the CPU has no such instruction.
     #[inline]
     pub(crate) fn prefetch(&self) {
         #[cfg(target_arch = "x86_64")]

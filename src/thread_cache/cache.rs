@@ -392,8 +392,9 @@ impl ThreadCache {
     }
 
     /// Gives a dropped buffer back: to the owner's deferred list, this
-    /// cache's returns (a drop by another thread), or the cleaner. Never blocks, never calls the
-    /// backend. `small_dirty`: its dirty prefix is at most
+    /// cache's returns (a drop by another thread), or the cleaner. Never
+    /// blocks, never calls the backend. `small_dirty`: its dirty prefix is
+    /// at most
     /// [`SELF_CLEAN_BYTES`](crate::tune::Tuning::SELF_CLEAN_BYTES) (the
     /// guard knows without reading the metadata).
     #[inline]
