@@ -361,9 +361,10 @@ fn tracing_cost(c: &mut Criterion) {
 /// each, in which the trace's background thread empties the buffer: so
 /// every record is written, and the figure is the cost of writing them (a
 /// loop faster than the background thread drains would mostly count
-/// records as lost, which costs less). `added` runs the two in turn, an
-/// untraced burst then a traced one, and counts the second's time less the
-/// first's: what tracing adds, measured on bursts milliseconds apart, so
+/// records as lost, which costs less). `added` runs an untraced burst and
+/// a traced one in turn (which goes first alternates) and counts the
+/// traced one's time less the other's: what tracing adds, measured on
+/// bursts milliseconds apart, so
 /// that a host whose speed drifts between the two functions' measurements
 /// (some virtual machines' does, by up to 2x) moves both alike.
 fn trace_cost(c: &mut Criterion) {
