@@ -29,8 +29,8 @@
 //!   buffers had in use, or had carved, at once over the window (sampled
 //!   at the ticks, and counted at each miss and carve in between), which
 //!   the cleaner hands to `Regions::drain_excess`: regions that hold far more than
-//!   that, but that a few carves keep from ever being wholly free, are
-//!   drained and given back.
+//!   that, but that a few carves keep from ever being wholly free (or
+//!   idle for the idle-trim time), are drained and given back.
 
 use std::time::{Duration, Instant};
 

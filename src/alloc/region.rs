@@ -1034,9 +1034,9 @@ impl Regions {
     }
 
     /// Drains a region of a set that holds far more than its takes wanted:
-    /// if the regions with blocks out hold more than half as much again as
-    /// `demand` (the most bytes of this set's buffers in use, or carved, at
-    /// once over the idle-trim `window`), plus
+    /// if the listed regions hold more than half as much again as `demand`
+    /// (the most bytes of this set's buffers in use, or carved, at once
+    /// over the idle-trim `window`), plus
     /// [`REGION_MIN`](Tuning::REGION_MIN), the one of them listed a
     /// `window` ago or more with the most bytes free is unlisted. Takes
     /// carve from it no more, and its buffers go back to it as they are
@@ -1053,8 +1053,11 @@ impl Regions {
     /// A workload that shrinks keeps some buffers carved from each of its
     /// large regions (those in use, those idle in their classes), so they
     /// would never be wholly free for the idle trim: this gives their
-    /// memory back. Wholly free regions are left to the idle trim. One
-    /// region drains at a time. `None` if none was drained.
+    /// memory back. So it does for a region wholly free at most ticks that
+    /// takes carve from now and then (a small workload spilling past the
+    /// regions it fills), which is never idle for the whole idle-trim
+    /// time either. One region drains at a time. `None` if none was
+    /// drained.
     pub(crate) fn drain_excess(&self, demand: usize, window: Duration) -> Option<Drained> {
         let now = Instant::now();
         let mut list = self.list.lock();
@@ -1062,16 +1065,13 @@ impl Regions {
         if !drains.is_empty() {
             return None;
         }
-        let mut busy = 0;
+        let mut listed = 0;
         let mut most_free: Option<(usize, usize)> = None;
         for (i, &region) in list.iter().enumerate() {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
             let state = this.state.lock();
-            if state.out == 0 {
-                continue;
-            }
-            busy += this.len;
+            listed += this.len;
             // A region younger than the window was grown for a demand the
             // window holds, or one still rising: not one that shrank. One
             // with a leaked block, or whose drain was given up (and that
@@ -1082,7 +1082,7 @@ impl Regions {
                 most_free = Some((state.free, i));
             }
         }
-        if busy <= demand + demand / 2 + Tune::REGION_MIN {
+        if listed <= demand + demand / 2 + Tune::REGION_MIN {
             return None;
         }
         let (_, i) = most_free?;
@@ -1104,7 +1104,7 @@ impl Regions {
         tracing::debug!(
             bytes = this.len,
             free = state.free,
-            busy,
+            listed,
             demand,
             "pinpool: draining a region that holds more than the demand"
         );

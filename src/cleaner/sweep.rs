@@ -128,7 +128,8 @@ impl Cleaner {
                 false,
             );
             // And regions that hold far more than the window's demand, but
-            // that a few carves keep from being wholly free, drain. Those
+            // that a few carves keep from being wholly free (or idle for
+            // the idle-trim time), drain. Those
             // drained and wholly free went with `release_regions` above;
             // those not drained within the idle-trim time are carved from
             // again here.

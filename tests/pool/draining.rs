@@ -400,3 +400,49 @@ fn a_clear_releases_a_drained_region_whose_buffers_came_back() {
     );
     pool.shutdown();
 }
+
+/// A region far larger than the demand that takes carve from now and then,
+/// but that is wholly free most of the time (its buffers, of a class not in
+/// demand, go back to it within a tick), is never idle for a whole
+/// idle-trim time: it is given back all the same, within two idle-trim
+/// times, and the takes go on from a region of the demand's size.
+#[test]
+fn a_region_carved_from_now_and_then_far_beyond_the_demand_is_given_back() {
+    let idle = Duration::from_millis(500);
+    let (pool, _faults) = pool(idle);
+    large_phase(&pool, 32);
+    let large = pool.stats().pinned_bytes;
+    assert!(large >= 32 * MIB as u64, "setup: {:#?}", pool.stats());
+    let start = Instant::now();
+    let mut worst = 0;
+    let mut takes = 0u64;
+    while start.elapsed() < idle * 3 {
+        let mut b = pool.take(64 << 10);
+        b[0] = 1;
+        b.set_dirty_len(1);
+        drop(b);
+        takes += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        if start.elapsed() >= idle * 2 {
+            worst = worst.max(pool.stats().pinned_bytes);
+        }
+    }
+    let s = pool.stats();
+    eprintln!(
+        "{takes} takes of 64 KiB: pinned {} KiB at most over the last idle-trim time, \
+         {} KiB after the large phase; drained {}, released {}, regions {} ({} KiB)",
+        worst >> 10,
+        large >> 10,
+        s.regions_drained,
+        s.regions_released,
+        s.regions,
+        s.region_bytes >> 10
+    );
+    pool.shutdown();
+    assert!(
+        worst <= 4 * MIB as u64,
+        "{} KiB still pinned two idle-trim times after the demand fell to one 64 KiB \
+         buffer: {s:#?}",
+        worst >> 10
+    );
+}
