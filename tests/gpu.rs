@@ -934,16 +934,19 @@ fn a_shrinking_workload_gives_back_its_large_regions() {
             .build()
             .unwrap()
     };
-    let (fresh, ..) = pinned_after(&pool(), false, 256 << 10, 1);
-    let (shrunk, held, large) = pinned_after(&pool(), true, 256 << 10, 1);
+    let fresh = pinned_after(&pool(), false, 256 << 10, 1).pinned;
+    let after = pinned_after(&pool(), true, 256 << 10, 1);
+    let (shrunk, held, large) = (after.pinned, after.held, after.large);
     eprintln!(
         "shrinking: {} KiB pinned two idle-trim times after shrinking from {} KiB, \
-         {} KiB by a pool that only ran the small segments, {} KiB held at most: {:.3}",
+         {} KiB by a pool that only ran the small segments, {} KiB held at most: {:.3} \
+         (at most {} buffers in the cleaner at once)",
         shrunk >> 10,
         large >> 10,
         fresh >> 10,
         held >> 10,
-        shrunk as f64 / held as f64
+        shrunk as f64 / held as f64,
+        after.backlog
     );
     assert!(
         shrunk <= (held as f64 * 1.25) as u64 + (2 << 20),

@@ -1,7 +1,7 @@
 //! A workload that shrinks: segments of large buffers, then of small ones
 //! (the defaults tests, and the GPU test of the same).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pinpool::Pool;
@@ -50,11 +50,25 @@ pub fn segments(
     });
 }
 
+/// What [`pinned_after`] saw.
+#[derive(Debug, Clone, Copy)]
+pub struct After {
+    /// The most bytes pinned over the last quarter.
+    pub pinned: u64,
+    /// The most bytes the small segments held at once.
+    pub held: u64,
+    /// The most bytes the large segments pinned (0 without them).
+    pub large: u64,
+    /// The most buffers in the cleaner at once during the small segments
+    /// (sampled every 20 ms): dropped and not yet ready. Memory carved for
+    /// them is memory the pool needed at once, and keeps for a window.
+    pub backlog: usize,
+}
+
 /// Segments of buffers up to 8 MiB first if `large`, then segments of
 /// buffers up to `small_hi` bytes for two and a quarter of `pool`'s
-/// idle-trim times: the most pinned over the last quarter, the most bytes
-/// the small segments held at once, and the most the large ones pinned.
-pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> (u64, u64, u64) {
+/// idle-trim times.
+pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> After {
     let idle_trim = pool.config().idle_trim.expect("an idle-trim time");
     let mut large_pinned = 0;
     if large {
@@ -67,12 +81,15 @@ pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> (u6
     let small = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let worst = AtomicU64::new(0);
+    let backlog = AtomicUsize::new(0);
     std::thread::scope(|s| {
         s.spawn(|| {
             let start = Instant::now();
             while start.elapsed() < idle_trim * 9 / 4 {
+                let stats = pool.stats();
+                backlog.fetch_max(stats.in_cleaner, Ordering::Relaxed);
                 if start.elapsed() >= 2 * idle_trim {
-                    worst.fetch_max(pool.stats().pinned_bytes, Ordering::Relaxed);
+                    worst.fetch_max(stats.pinned_bytes, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -87,5 +104,10 @@ pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> (u6
             &small,
         );
     });
-    (worst.into_inner(), small.into_inner(), large_pinned)
+    After {
+        pinned: worst.into_inner(),
+        held: small.into_inner(),
+        large: large_pinned,
+        backlog: backlog.into_inner(),
+    }
 }
