@@ -192,9 +192,12 @@ fn a_reserved_buffer_stays_pooled_after_its_region_drains() {
 
 /// A burst every 0.99 idle-trim times over a steady small workload: the
 /// burst is within the idle-trim window each time, so no region drains,
-/// nothing registers again once the burst's region is grown, and no burst
-/// misses. (The demand's window keeps a peak for a whole idle-trim time at
-/// least.)
+/// nothing registers again once the regions have grown for the burst and
+/// the small workload together (bursts until two in a row register
+/// nothing), and no burst misses. (The demand's window keeps a peak for a whole idle-trim time at
+/// least.) A run in which the bursts came a window apart or more (a thread
+/// that overslept on a loaded machine) gives no verdict, and runs again,
+/// up to three times in all.
 #[test]
 #[cfg_attr(
     pinpool_asan,
@@ -202,45 +205,94 @@ fn a_reserved_buffer_stays_pooled_after_its_region_drains() {
               AddressSanitizer on 2 cores a burst grew the regions once after warm-up"
 )]
 fn a_burst_within_every_idle_trim_time_drains_nothing() {
+    for attempt in 1..=3 {
+        if bursts_within_every_idle_trim_time() {
+            return;
+        }
+        eprintln!("attempt {attempt}: bursts came a window apart or more; no verdict");
+    }
+    eprintln!("no verdict: bursts came a window apart or more in every attempt");
+}
+
+/// One run of [`a_burst_within_every_idle_trim_time_drains_nothing`]:
+/// whether it gave a verdict (it panics on a failing one).
+fn bursts_within_every_idle_trim_time() -> bool {
     const BURSTS: usize = 8;
     let idle = Duration::from_millis(800);
     let (pool, faults) = pool(idle);
     let period = idle * 99 / 100;
-    let missed = AtomicU64::new(0);
-    let burst = || {
-        let start = Instant::now();
+    // Returns when its takes were done: its whole demand noted by then.
+    let burst = |due: Instant| {
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
         let held: Vec<_> = (0..24).map(|_| pool.take(MIB)).collect();
-        {
-            let n = held.iter().filter(|b| !b.was_pooled()).count();
-            missed.fetch_add(n as u64, Ordering::Relaxed);
-        }
+        let taken = Instant::now();
+        let n = held.iter().filter(|b| !b.was_pooled()).count();
         std::thread::sleep(Duration::from_millis(20));
         drop(held);
-        std::thread::sleep(period.saturating_sub(start.elapsed()));
+        (taken, n as u64)
     };
     // The burst's region first, so that the small workload carves from it.
     large_phase(&pool, 24);
     let stop = AtomicBool::new(false);
-    let (warm, end) = std::thread::scope(|s| {
+    let (warm, end, bursts) = std::thread::scope(|s| {
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
                 small_phase(&pool, Duration::from_millis(50));
             }
         });
-        let warm = (pool.stats(), faults.registered());
-        for _ in 0..BURSTS {
-            burst();
+        // The most the burst and the small workload hold at once, for a few
+        // ticks, then bursts over the small workload until two in a row
+        // register nothing: the regions grow ahead of the demand (with an
+        // eighth as headroom) once a tick finds it in use, and again if a
+        // tick later finds a little more.
+        let most: Vec<_> = (0..24)
+            .map(|_| pool.take(MIB))
+            .chain((0..4).map(|_| pool.take(256 << 10)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(most);
+        pool.flush();
+        let mut quiet = 0;
+        for _ in 0..8 {
+            let before = faults.registered();
+            burst(Instant::now() + Duration::from_millis(50));
+            pool.flush();
+            quiet = if faults.registered() == before {
+                quiet + 1
+            } else {
+                0
+            };
+            if quiet == 2 {
+                break;
+            }
         }
+        let warm = (pool.stats(), faults.registered());
+        let start = Instant::now();
+        let bursts: Vec<_> = (0..BURSTS)
+            .map(|k| burst(start + period * k as u32))
+            .collect();
         stop.store(true, Ordering::Relaxed);
-        (warm, (pool.stats(), faults.registered()))
+        (warm, (pool.stats(), faults.registered()), bursts)
     });
     pool.shutdown();
-    let missed = missed.into_inner();
+    let missed: u64 = bursts.iter().map(|&(_, n)| n).sum();
+    let taken: Vec<_> = bursts.iter().map(|&(at, _)| at).collect();
+    let widest = taken.windows(2).map(|w| w[1] - w[0]).max().unwrap();
     eprintln!(
-        "after warm-up: drained {}, registered {}; after {BURSTS} bursts: drained {}, \
-         registered {}, burst misses {missed}",
-        warm.0.regions_drained, warm.1, end.0.regions_drained, end.1
+        "after warm-up: drained {}, registered {}, regions of {} KiB; after {BURSTS} \
+         bursts: drained {}, registered {}, regions of {} KiB ({} released), burst misses \
+         {missed}; bursts at most {widest:?} apart",
+        warm.0.regions_drained,
+        warm.1,
+        warm.0.region_bytes >> 10,
+        end.0.regions_drained,
+        end.1,
+        end.0.region_bytes >> 10,
+        end.0.regions_released
     );
+    if widest >= idle {
+        return false;
+    }
     assert!(
         end.0.regions_drained == warm.0.regions_drained && end.1 == warm.1 && missed == 0,
         "a steady workload (a burst every 0.99 idle-trim times) drained {} regions and \
@@ -248,6 +300,7 @@ fn a_burst_within_every_idle_trim_time_drains_nothing() {
         end.0.regions_drained - warm.0.regions_drained,
         end.1 - warm.1
     );
+    true
 }
 
 /// Shrinking and growing workloads on four threads with a short idle-trim
