@@ -471,7 +471,10 @@ impl PoolBuilder {
     /// size classes. Sub-page buffers still come from slabs. Buffers under
     /// 64 MiB are carved from the top of the free extent that fits them
     /// best, longer ones from its bottom.
-    /// Regions wholly free for the idle-trim time are released; `clear`
+    /// Regions wholly free for the idle-trim time are released, and so,
+    /// sooner, are regions that hold far more than the demand of the last
+    /// idle-trim time (see
+    /// [`Stats::regions_drained`](crate::Stats::regions_drained)); `clear`
     /// frees the regions nothing is carved from, `shutdown` every region
     /// (one with a buffer still out goes with its last buffer); a lowered
     /// pinned budget frees wholly free regions. Free extents count as

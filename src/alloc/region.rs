@@ -30,12 +30,13 @@
 //! list's lock is held across a carve, so a region is unlisted (to be
 //! unregistered and unmapped) only while no carve can pick it. A region is
 //! released once it is wholly free and unlisted: by [`Regions::unlist_idle`]
-//! (idle trim, the cap, `clear`) when nothing is carved from it, or, for a
-//! region unlisted with blocks still out (`shutdown` while buffers are
-//! held), by whoever gives back its last block. A region *drained* (see
-//! [`Regions::drain_excess`]) is unlisted with blocks out too, but held by
-//! its set, which releases it once wholly free, or lists it again if it
-//! does not drain within the idle-trim time ([`Regions::settle_drains`]).
+//! (idle trim, the cap, `clear`) or [`Regions::drain_excess`] (a set that
+//! holds far more than its demand) when nothing is carved from it, or, for
+//! a region unlisted with blocks still out (`shutdown` while buffers are
+//! held), by whoever gives back its last block. A region *drained* with
+//! blocks out is held by its set, which releases it once wholly free, or
+//! lists it again if it does not drain within the idle-trim time
+//! ([`Regions::settle_drains`]).
 //! A block that is leaked
 //! (its copies not known to have finished) stays carved for good, so its
 //! region is never unmapped.
@@ -1038,7 +1039,10 @@ impl Regions {
     /// (the most bytes of this set's buffers in use, or carved, at once
     /// over the idle-trim `window`), plus
     /// [`REGION_MIN`](Tuning::REGION_MIN), the one of them listed a
-    /// `window` ago or more with the most bytes free is unlisted. Takes
+    /// `window` ago or more with the most bytes free is unlisted, of those
+    /// worth draining: the rest hold the demand and an eighth, or it alone
+    /// holds more than half as much again as the demand, plus
+    /// `REGION_MIN`. Takes
     /// carve from it no more, and its buffers go back to it as they are
     /// dropped (idle ones in their classes are given back: see
     /// `cleaner::cool` and `Admission::trim`); meanwhile the demand they
@@ -1066,7 +1070,7 @@ impl Regions {
             return None;
         }
         let mut listed = 0;
-        let mut most_free: Option<(usize, usize)> = None;
+        let mut candidates = Vec::new();
         for (i, &region) in list.iter().enumerate() {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
@@ -1077,22 +1081,33 @@ impl Regions {
             // with a leaked block, or whose drain was given up (and that
             // has not been wholly free since), would not drain in time.
             let old = now.saturating_duration_since(this.listed_at) >= window;
-            let may = old && !state.leaked && !state.undrainable;
-            if may && most_free.is_none_or(|(free, _)| state.free > free) {
-                most_free = Some((state.free, i));
+            if old && !state.leaked && !state.undrainable {
+                candidates.push((state.free, this.len, i));
             }
         }
-        if listed <= demand + demand / 2 + Tune::REGION_MIN {
+        let excess = demand + demand / 2 + Tune::REGION_MIN;
+        if listed <= excess {
             return None;
         }
-        let (_, i) = most_free?;
+        // Only a region worth draining: the rest hold the demand and the
+        // eighth a growth adds (nothing grows again for it), or it alone
+        // holds far more than the demand (what grows again is much less).
+        // Else a set whose excess lies in regions that cannot drain, or in
+        // extents too small for its largest buffers, would drain the region
+        // its demand needs, and grow it again, window after window.
+        let (_, _, i) = candidates
+            .into_iter()
+            .filter(|&(_, len, _)| listed - len >= demand + demand / 8 || len > excess)
+            .max_by_key(|&(free, ..)| free)?;
         let region = list.remove(i);
         // SAFETY: it was listed until now, under the list lock: live.
         let this = unsafe { region.as_ref() };
         let mut state = this.state.lock();
         self.take_off(this, &mut state);
         let drained = if state.out == 0 {
-            // Its last block came back since the look above.
+            // Wholly free (when looked at, or its last block came back
+            // since): released at once. No carve can have picked it since
+            // the look, the list lock being held.
             Drained::Free(Unlisted(region))
         } else {
             state.draining = true;

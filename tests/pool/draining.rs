@@ -195,9 +195,10 @@ fn a_reserved_buffer_stays_pooled_after_its_region_drains() {
 /// nothing registers again once the regions have grown for the burst and
 /// the small workload together (bursts until two in a row register
 /// nothing), and no burst misses. (The demand's window keeps a peak for a whole idle-trim time at
-/// least.) A run in which the bursts came a window apart or more (a thread
-/// that overslept on a loaded machine) gives no verdict, and runs again,
-/// up to three times in all.
+/// least.) A run in which a burst woke more than half the 8 ms of slack
+/// late (a thread that overslept on a loaded machine, so bursts may have
+/// come a window apart) gives no verdict, and runs again, up to three
+/// times in all.
 #[test]
 #[cfg_attr(
     pinpool_asan,
@@ -209,9 +210,9 @@ fn a_burst_within_every_idle_trim_time_drains_nothing() {
         if bursts_within_every_idle_trim_time() {
             return;
         }
-        eprintln!("attempt {attempt}: bursts came a window apart or more; no verdict");
+        eprintln!("attempt {attempt}: a burst woke late; no verdict");
     }
-    eprintln!("no verdict: bursts came a window apart or more in every attempt");
+    eprintln!("no verdict: a burst woke late in every attempt");
 }
 
 /// One run of [`a_burst_within_every_idle_trim_time_drains_nothing`]:
@@ -221,15 +222,15 @@ fn bursts_within_every_idle_trim_time() -> bool {
     let idle = Duration::from_millis(800);
     let (pool, faults) = pool(idle);
     let period = idle * 99 / 100;
-    // Returns when its takes were done: its whole demand noted by then.
+    // Returns how late it woke, and how many of its takes missed.
     let burst = |due: Instant| {
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        let late = Instant::now().saturating_duration_since(due);
         let held: Vec<_> = (0..24).map(|_| pool.take(MIB)).collect();
-        let taken = Instant::now();
         let n = held.iter().filter(|b| !b.was_pooled()).count();
         std::thread::sleep(Duration::from_millis(20));
         drop(held);
-        (taken, n as u64)
+        (late, n as u64)
     };
     // The burst's region first, so that the small workload carves from it.
     large_phase(&pool, 24);
@@ -276,12 +277,11 @@ fn bursts_within_every_idle_trim_time() -> bool {
     });
     pool.shutdown();
     let missed: u64 = bursts.iter().map(|&(_, n)| n).sum();
-    let taken: Vec<_> = bursts.iter().map(|&(at, _)| at).collect();
-    let widest = taken.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    let latest = bursts.iter().map(|&(late, _)| late).max().unwrap();
     eprintln!(
         "after warm-up: drained {}, registered {}, regions of {} KiB; after {BURSTS} \
          bursts: drained {}, registered {}, regions of {} KiB ({} released), burst misses \
-         {missed}; bursts at most {widest:?} apart",
+         {missed}; a burst woke {latest:?} late at most",
         warm.0.regions_drained,
         warm.1,
         warm.0.region_bytes >> 10,
@@ -290,7 +290,7 @@ fn bursts_within_every_idle_trim_time() -> bool {
         end.0.region_bytes >> 10,
         end.0.regions_released
     );
-    if widest >= idle {
+    if latest > (idle - period) / 2 {
         return false;
     }
     assert!(
@@ -497,5 +497,68 @@ fn a_region_carved_from_now_and_then_far_beyond_the_demand_is_given_back() {
         "{} KiB still pinned two idle-trim times after the demand fell to one 64 KiB \
          buffer: {s:#?}",
         worst >> 10
+    );
+}
+
+/// A region whose drain was given up (a buffer of the large phase held for
+/// good) beside a steady workload: a small one, and a 40 MiB buffer taken
+/// every 100 ms, which no extent of that region holds, so a region is grown
+/// for it, wholly free between its takes. The given-up region's free bytes
+/// are none that a drain could give back: they must not count against the
+/// demand, which would release the 40 MiB region, needed at every period,
+/// once a window for as long as the workload runs.
+#[test]
+fn a_region_whose_drain_was_given_up_does_not_drain_the_demands_region() {
+    let idle = Duration::from_millis(400);
+    let (pool, faults) = pool(idle);
+    large_phase(&pool, 32);
+    let held = pool.take(MIB);
+    assert!(held.was_pooled() && held.is_pinned());
+    // Its region drains, and the drain is given up within the idle-trim
+    // time.
+    small_phase(&pool, idle * 3);
+    let stop = AtomicBool::new(false);
+    let period = Duration::from_millis(100);
+    let mut log = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                small_phase(&pool, Duration::from_millis(50));
+            }
+        });
+        let start = Instant::now();
+        let mut k = 0;
+        while start.elapsed() < idle * 6 {
+            std::thread::sleep((start + period * k).saturating_duration_since(Instant::now()));
+            let mut b = pool.take(40 * MIB);
+            b[0] = 1;
+            b.set_dirty_len(1);
+            log.push((b.was_pooled(), faults.registered()));
+            std::thread::sleep(Duration::from_millis(2));
+            drop(b);
+            k += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let s = pool.stats();
+    // The first quarter grows the 40 MiB buffer's region.
+    let steady = &log[log.len() / 4..];
+    let missed = steady.iter().filter(|(hit, _)| !hit).count();
+    let registered = steady.last().unwrap().1 - steady[0].1;
+    eprintln!(
+        "{} takes of 40 MiB, {missed} missed and {registered} registrations after the first \
+         quarter; drained {}, released {}, regions {} ({} KiB)",
+        log.len(),
+        s.regions_drained,
+        s.regions_released,
+        s.regions,
+        s.region_bytes >> 10
+    );
+    drop(held);
+    pool.shutdown();
+    assert!(
+        missed == 0 && registered == 0,
+        "a 40 MiB buffer taken every {period:?} (idle trim {idle:?}) missed {missed} times, \
+         with {registered} registrations, after the first quarter: {s:#?}"
     );
 }
