@@ -27,7 +27,8 @@
 //! - **Draining regions** (a pool that carves from regions, idle trimming
 //!   on): each tick also keeps, per device, the most bytes its regions'
 //!   buffers had in use, or had carved, at once over the window (sampled
-//!   at the ticks, and counted at each miss and carve in between), which
+//!   at the ticks, and counted at each miss and carve in between), and
+//!   the largest block carved from them, which
 //!   the cleaner hands to `Regions::drain_excess`: regions that hold far more than
 //!   that, but that a few carves keep from ever being wholly free (or
 //!   idle for the idle-trim time), are drained and given back.
@@ -35,7 +36,7 @@
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::Block;
+use crate::alloc::{Block, Demand};
 use crate::size_class::SizeClass;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
@@ -117,8 +118,9 @@ struct State {
     /// The footprint bytes in use at most over the window (all slots).
     recent: RecentPeak,
     /// Per device, the bytes of carved classes in use, or carved from its
-    /// regions, at most over the window (see `note_demand`).
-    demand: Vec<RecentPeak>,
+    /// regions, at most over the window, and the largest block carved
+    /// from them (see `note_demand`).
+    demand: Vec<(RecentPeak, RecentPeak)>,
     /// Per slot, the takes counted at the last tick.
     takes: Vec<u64>,
     last: Instant,
@@ -158,9 +160,10 @@ pub(crate) struct Plan {
     /// Per device, the most bytes its regions' classes had in use at once
     /// over the window and a seventh more, as sampled by the ticks and
     /// counted at each miss, or had carved from its regions, as counted at
-    /// each carve (when `ticked` on a pool that carves; else empty): what
-    /// draining compares the regions with.
-    pub(crate) recent_demand: Vec<usize>,
+    /// each carve (when `ticked` on a pool that carves; else empty), and
+    /// the largest block carved from them over the window: what draining
+    /// compares the regions with.
+    pub(crate) recent_demand: Vec<Demand>,
 }
 
 impl Provisioner {
@@ -176,7 +179,12 @@ impl Provisioner {
                 marks: vec![None; slots],
                 recent: RecentPeak::new(Instant::now()),
                 demand: (0..devices)
-                    .map(|_| RecentPeak::new(Instant::now()))
+                    .map(|_| {
+                        (
+                            RecentPeak::new(Instant::now()),
+                            RecentPeak::new(Instant::now()),
+                        )
+                    })
                     .collect(),
                 takes: vec![0; slots],
                 last: Instant::now(),
@@ -236,17 +244,17 @@ impl Provisioner {
     /// Tells each device's regions what is in use of their buffers now
     /// (`in_use`: buffers per slot), so that they can grow ahead of demand
     /// (see `Regions::note_in_use`), and keeps it in the device's window
-    /// (`demand`), whose peaks it returns.
+    /// (`demand`), with the largest block carved, whose peaks it returns.
     fn note_demand(
         at: Places<'_>,
         in_use: &[u64],
-        demand: &mut [RecentPeak],
+        demand: &mut [(RecentPeak, RecentPeak)],
         now: Instant,
         window: Duration,
-    ) -> Vec<usize> {
+    ) -> Vec<Demand> {
         let intake = &at.caches.intake;
         let mut peaks = Vec::with_capacity(at.shards.len());
-        for ((device, shard), recent) in at.shards.iter().enumerate().zip(demand) {
+        for ((device, shard), (recent, largest)) in at.shards.iter().enumerate().zip(demand) {
             let bytes = carved_demand(at, device, |slot| in_use[slot]);
             let regions = shard.regions();
             regions.note_in_use(bytes, intake.misses_out(device));
@@ -261,7 +269,12 @@ impl Provisioner {
             let kept = window * 8 / 7;
             let between = regions.take_out_peak().max(regions.take_demand_peak());
             recent.note(now, bytes.max(between) as u64, kept);
-            peaks.push(usize::try_from(recent.peak()).unwrap_or(usize::MAX));
+            largest.note(now, regions.take_largest_carve() as u64, kept);
+            let peak = |p: &RecentPeak| usize::try_from(p.peak()).unwrap_or(usize::MAX);
+            peaks.push(Demand {
+                bytes: peak(recent),
+                largest: peak(largest),
+            });
         }
         peaks
     }

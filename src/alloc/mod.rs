@@ -49,7 +49,7 @@ use crate::tune::{Tune, Tuning};
 pub(crate) use mmap::{clean_range, host_memory};
 
 use mmap::{huge_page_size, map, map_huge};
-pub(crate) use region::{Carved, Drained, Regions, Shortfall, Unlisted};
+pub(crate) use region::{Carved, Demand, Drained, Regions, Shortfall, Unlisted};
 
 use region::Region;
 use slab::{LastShare, Slab};

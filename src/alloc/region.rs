@@ -141,6 +141,16 @@ pub(crate) struct GrowFailed {
     pub(crate) kept: Option<usize>,
 }
 
+/// What a device's takes wanted of its regions over the idle-trim window
+/// (see [`Regions::drain_excess`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Demand {
+    /// The most bytes in use, or carved, at once.
+    pub(crate) bytes: usize,
+    /// The largest block carved.
+    pub(crate) largest: usize,
+}
+
 /// A region [`Regions::drain_excess`] unlisted.
 #[derive(Debug)]
 pub(crate) enum Drained {
@@ -437,6 +447,9 @@ struct Totals {
     /// The most of `out` since the last tick took it (see
     /// [`Regions::take_out_peak`]).
     out_peak: AtomicUsize,
+    /// The largest block carved since the last tick took it (see
+    /// [`Regions::take_largest_carve`]).
+    largest_carve: AtomicUsize,
 }
 
 /// A device's regions; see the module docs.
@@ -801,6 +814,7 @@ impl Regions {
         // the cleaner, which are not demand.)
         let out = self.totals.out.fetch_add(len, Ordering::Relaxed) + len;
         self.totals.out_peak.fetch_max(out, Ordering::Relaxed);
+        self.totals.largest_carve.fetch_max(len, Ordering::Relaxed);
         let pinned = state.registered;
         drop(state);
         drop(list);
@@ -1035,15 +1049,17 @@ impl Regions {
     }
 
     /// Drains a region of a set that holds far more than its takes wanted:
-    /// if the listed regions hold more than half as much again as `demand`
-    /// (the most bytes of this set's buffers in use, or carved, at once
-    /// over the idle-trim `window`), plus
+    /// if the listed regions hold more than half as much again as
+    /// `wanted.bytes` (the most bytes of this set's buffers in use, or
+    /// carved, at once over the idle-trim `window`), plus
     /// [`REGION_MIN`](Tuning::REGION_MIN), the one of them listed a
     /// `window` ago or more with the most bytes free is unlisted, of those
-    /// worth draining: the rest hold the demand and an eighth, or it alone
-    /// holds more than half as much again as the demand, plus
-    /// `REGION_MIN`. Takes
-    /// carve from it no more, and its buffers go back to it as they are
+    /// worth draining: what grows again for the demand once it is gone
+    /// (what the rest fall short of it and an eighth) is at least
+    /// `REGION_MIN` less than it, and the rest have a free extent for
+    /// `wanted.largest` (the largest block carved over the window) unless
+    /// it alone holds more than half as much again as the demand, plus
+    /// `REGION_MIN`. Takes carve from it no more, and its buffers go back to it as they are
     /// dropped (idle ones in their classes are given back: see
     /// `cleaner::cool` and `Admission::trim`); meanwhile the demand they
     /// held is met by growing the rest again
@@ -1062,7 +1078,8 @@ impl Regions {
     /// regions it fills), which is never idle for the whole idle-trim
     /// time either. One region drains at a time. `None` if none was
     /// drained.
-    pub(crate) fn drain_excess(&self, demand: usize, window: Duration) -> Option<Drained> {
+    pub(crate) fn drain_excess(&self, wanted: Demand, window: Duration) -> Option<Drained> {
+        let demand = wanted.bytes;
         let now = Instant::now();
         let mut list = self.list.lock();
         let mut drains = self.drains.lock();
@@ -1071,11 +1088,19 @@ impl Regions {
         }
         let mut listed = 0;
         let mut candidates = Vec::new();
+        // The two largest free extents, and in which region the largest.
+        let mut extents = (0, 0, usize::MAX);
         for (i, &region) in list.iter().enumerate() {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
             let state = this.state.lock();
             listed += this.len;
+            let largest = state.largest();
+            if largest > extents.0 {
+                extents = (largest, extents.0, i);
+            } else if largest > extents.1 {
+                extents.1 = largest;
+            }
             // A region younger than the window was grown for a demand the
             // window holds, or one still rising: not one that shrank. One
             // with a leaked block, or whose drain was given up (and that
@@ -1089,15 +1114,23 @@ impl Regions {
         if listed <= excess {
             return None;
         }
-        // Only a region worth draining: the rest hold the demand and the
-        // eighth a growth adds (nothing grows again for it), or it alone
-        // holds far more than the demand (what grows again is much less).
-        // Else a set whose excess lies in regions that cannot drain, or in
+        // Only a region worth draining: what grows again for the demand
+        // once it is gone (the bytes the rest fall short of the demand and
+        // the eighth a growth adds) is less than it by a smallest region
+        // at least, and the rest have an extent for the largest block
+        // carved over the window, unless it alone holds far more than the
+        // demand (so what grows again for that block is much less). Else a
+        // set whose excess lies in regions that cannot drain, or in
         // extents too small for its largest buffers, would drain the region
         // its demand needs, and grow it again, window after window.
+        let worth = |&(_, len, i): &(usize, usize, usize)| {
+            let regrown = (demand + demand / 8).saturating_sub(listed - len);
+            let rest_extent = if i == extents.2 { extents.1 } else { extents.0 };
+            regrown + Tune::REGION_MIN <= len && (rest_extent >= wanted.largest || len > excess)
+        };
         let (_, _, i) = candidates
             .into_iter()
-            .filter(|&(_, len, _)| listed - len >= demand + demand / 8 || len > excess)
+            .filter(worth)
             .max_by_key(|&(free, ..)| free)?;
         let region = list.remove(i);
         // SAFETY: it was listed until now, under the list lock: live.
@@ -1121,6 +1154,7 @@ impl Regions {
             free = state.free,
             listed,
             demand,
+            largest = wanted.largest,
             "pinpool: draining a region that holds more than the demand"
         );
         drop(state);
@@ -1190,6 +1224,15 @@ impl Regions {
         // peak or the next.
         let now = self.totals.out.load(Ordering::Relaxed);
         self.totals.out_peak.swap(now, Ordering::Relaxed).max(now)
+    }
+
+    /// The largest block carved since the last call (the provisioning
+    /// tick keeps it in the window that
+    /// [`drain_excess`](Self::drain_excess) is given).
+    pub(crate) fn take_largest_carve(&self) -> usize {
+        // Relaxed: see `Totals`; a carve racing the swap counts in this
+        // figure or the next.
+        self.totals.largest_carve.swap(0, Ordering::Relaxed)
     }
 
     /// The most bytes of this set's buffers wanted at once since the last
@@ -1507,6 +1550,14 @@ fn touch(ptr: *mut u8, len: usize) {
 #[cfg(all(test, not(pinpool_loom)))]
 mod tests {
     use super::*;
+
+    /// A demand of `bytes`, the largest block a page.
+    fn wanted(bytes: usize) -> Demand {
+        Demand {
+            bytes,
+            largest: page(),
+        }
+    }
 
     fn page() -> usize {
         crate::size_class::page_size()
@@ -1912,15 +1963,15 @@ mod tests {
         let a = regions.carve(page()).unwrap();
         assert!(
             regions
-                .drain_excess(page(), Duration::from_secs(60))
+                .drain_excess(wanted(page()), Duration::from_secs(60))
                 .is_none(),
             "drained a region younger than the window"
         );
         assert!(
-            regions.drain_excess(len, Duration::ZERO).is_none(),
+            regions.drain_excess(wanted(len), Duration::ZERO).is_none(),
             "drained a region the demand needs"
         );
-        let drained = regions.drain_excess(page(), Duration::ZERO);
+        let drained = regions.drain_excess(wanted(page()), Duration::ZERO);
         assert!(
             matches!(drained, Some(Drained::WithBlocksOut)),
             "{drained:?}"
@@ -1948,13 +1999,17 @@ mod tests {
             .grow(Tune::REGION_MIN * 4, Vec::new(), &mut Some, None)
             .unwrap();
         let a = regions.carve(page()).unwrap();
-        assert!(regions.drain_excess(page(), Duration::ZERO).is_some());
+        assert!(regions
+            .drain_excess(wanted(page()), Duration::ZERO)
+            .is_some());
         assert!(regions.settle_drains(Duration::ZERO).is_empty());
         assert!(!regions.draining());
         assert_eq!(regions.figures().bytes, len, "listed again");
         let b = regions.carve(page()).expect("carved from again");
         assert!(
-            regions.drain_excess(page(), Duration::ZERO).is_none(),
+            regions
+                .drain_excess(wanted(page()), Duration::ZERO)
+                .is_none(),
             "drained again after a drain was given up"
         );
         for at in [a, b] {
@@ -1965,7 +2020,9 @@ mod tests {
         // may drain again.
         let c = regions.carve(page()).unwrap();
         assert!(
-            regions.drain_excess(page(), Duration::ZERO).is_some(),
+            regions
+                .drain_excess(wanted(page()), Duration::ZERO)
+                .is_some(),
             "a region wholly free since its drain was given up is never drained"
         );
         // SAFETY: as above.

@@ -562,3 +562,109 @@ fn a_region_whose_drain_was_given_up_does_not_drain_the_demands_region() {
          with {registered} registrations, after the first quarter: {s:#?}"
     );
 }
+
+/// Cycles `n` buffers of `size` bytes, held 20 ms, for `time`: the most
+/// pinned over the last third.
+fn cycle(pool: &Pool, n: usize, size: usize, time: Duration) -> u64 {
+    let start = Instant::now();
+    let mut worst = 0;
+    while start.elapsed() < time {
+        let held: Vec<_> = (0..n).map(|_| pool.take(size)).collect();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(held);
+        std::thread::sleep(Duration::from_millis(5));
+        if start.elapsed() >= time * 2 / 3 {
+            worst = worst.max(pool.stats().pinned_bytes);
+        }
+    }
+    worst
+}
+
+/// Two regions of 18 MiB (a working set of 16 MiB, then of 32), then a
+/// working set of 17 MiB: neither region alone is far larger than it, and
+/// neither leaves the other holding it with a growth's headroom, but
+/// together they hold more than half as much again. One drains (what grows
+/// again is a smallest region, not 18 MiB): the pool pins what a fresh pool
+/// pins for 17 MiB, give or take a smallest region.
+#[test]
+fn a_shrink_to_half_drains_one_of_two_regions_that_each_hold_about_the_demand() {
+    let idle = Duration::from_millis(400);
+    let (pool, faults) = pool(idle);
+    large_phase(&pool, 16);
+    large_phase(&pool, 32);
+    let worst = cycle(&pool, 17, MIB, idle * 6);
+    let s = pool.stats();
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+    let (fresh, fresh_faults) = self::pool(idle);
+    let fresh_worst = cycle(&fresh, 17, MIB, idle * 3);
+    fresh.shutdown();
+    assert_eq!(fresh_faults.registered(), fresh_faults.unregistered());
+    eprintln!(
+        "after shrinking: {} KiB pinned at most over the last two idle-trim times, drained \
+         {}; a fresh pool: {} KiB",
+        worst >> 10,
+        s.regions_drained,
+        fresh_worst >> 10
+    );
+    assert!(
+        worst <= fresh_worst + 2 * MIB as u64,
+        "{} KiB pinned after shrinking to 17 MiB, against {} KiB by a fresh pool: {s:#?}",
+        worst >> 10,
+        fresh_worst >> 10
+    );
+}
+
+/// A region that cannot drain (five buffers of it held for good, its drain
+/// given up) with many free bytes but no extent over 14 MiB, beside a 40 MiB
+/// buffer taken every 100 ms: the rest hold the demand's bytes, but not
+/// its largest buffer, so the 40 MiB buffer's region is not drained (and
+/// grown again) once a window.
+#[test]
+fn a_fragmented_region_that_cannot_drain_does_not_drain_the_largest_buffers_region() {
+    let idle = Duration::from_millis(400);
+    let (pool, faults) = pool(idle);
+    large_phase(&pool, 64);
+    let mut all: Vec<_> = (0..64).map(|_| pool.take(MIB)).collect();
+    let kept: Vec<_> = [60, 45, 30, 15, 0].iter().map(|&i| all.remove(i)).collect();
+    drop(all);
+    pool.flush();
+    assert!(
+        pool.stats().largest_free_extent < 40 * MIB,
+        "setup: {:#?}",
+        pool.stats()
+    );
+    let run = |time: Duration| {
+        let start = Instant::now();
+        let mut next = Instant::now();
+        while start.elapsed() < time {
+            let b = pool.take(40 * MIB);
+            std::thread::sleep(Duration::from_millis(20));
+            drop(b);
+            next += Duration::from_millis(100);
+            while Instant::now() < next {
+                small_phase(&pool, Duration::from_millis(4));
+            }
+        }
+    };
+    // The drain of the fragmented region, given up; the 40 MiB buffer's
+    // region grown.
+    run(idle * 4);
+    let warm = pool.stats();
+    run(idle * 5);
+    let end = pool.stats();
+    eprintln!(
+        "registrations after warm-up: {}, misses {}, drained {}",
+        end.registrations - warm.registrations,
+        end.misses - warm.misses,
+        end.regions_drained - warm.regions_drained
+    );
+    drop(kept);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+    assert_eq!(
+        (end.registrations, end.misses),
+        (warm.registrations, warm.misses),
+        "registrations and misses after warm-up: {end:#?}"
+    );
+}
