@@ -28,7 +28,7 @@
 //!   on): each tick also keeps, per device, the most bytes its regions'
 //!   buffers had in use, or had carved, at once over the window (sampled
 //!   at the ticks, and counted at each miss and carve in between), and
-//!   the largest block carved from them, which
+//!   the largest block carved from them (or held at a tick), which
 //!   the cleaner hands to `Regions::drain_excess`: regions that hold far more than
 //!   that, but that a few carves keep from ever being wholly free (or
 //!   idle for the idle-trim time), are drained and given back.
@@ -269,7 +269,12 @@ impl Provisioner {
             let kept = window * 8 / 7;
             let between = regions.take_out_peak().max(regions.take_demand_peak());
             recent.note(now, bytes.max(between) as u64, kept);
-            largest.note(now, regions.take_largest_carve() as u64, kept);
+            // The largest block carved, and the largest held now (in use,
+            // or idle in its class): one reused from its class's stack
+            // over the whole window, or held longer, is carved in none.
+            let held = largest_held(at, device, |slot| in_use[slot]);
+            let carved = regions.take_largest_carve();
+            largest.note(now, carved.max(held) as u64, kept);
             let peak = |p: &RecentPeak| usize::try_from(p.peak()).unwrap_or(usize::MAX);
             peaks.push(Demand {
                 bytes: peak(recent),
@@ -457,6 +462,25 @@ fn carved_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -
         .filter(|&c| classes.per_slab(c) == 1)
         .map(|class| in_use(classes.slot(device, class)) as usize * classes.footprint(class))
         .sum()
+}
+
+/// The footprint of the largest class carved from `device`'s regions with a
+/// buffer in use (`in_use` of its slot) or idle in its shard or a thread
+/// cache; 0 if none. Relaxed counts, as in [`in_use_now`].
+fn largest_held(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -> usize {
+    let classes = &at.caches.classes;
+    // Largest first: the first class held is the answer.
+    classes
+        .all()
+        .rev()
+        .filter(|&c| classes.per_slab(c) == 1)
+        .find(|&class| {
+            let slot = classes.slot(device, class);
+            in_use(slot) > 0
+                || at.shards[device].len(class) > 0
+                || at.caches.iter().any(|c| c.ready_in(slot) > 0)
+        })
+        .map_or(0, |class| classes.footprint(class))
 }
 
 /// The demand on `device`'s regions, as the provisioning tick counts it

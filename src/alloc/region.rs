@@ -147,7 +147,8 @@ pub(crate) struct GrowFailed {
 pub(crate) struct Demand {
     /// The most bytes in use, or carved, at once.
     pub(crate) bytes: usize,
-    /// The largest block carved.
+    /// The largest block carved, or held (in use, or idle in its class)
+    /// at a tick.
     pub(crate) largest: usize,
 }
 
@@ -1057,7 +1058,8 @@ impl Regions {
     /// worth draining: what grows again for the demand once it is gone
     /// (what the rest fall short of it and an eighth) is at least
     /// `REGION_MIN` less than it, and the rest have a free extent for
-    /// `wanted.largest` (the largest block carved over the window) unless
+    /// `wanted.largest` (the largest block carved, or held at a tick,
+    /// over the window) unless
     /// it alone holds more than half as much again as the demand, plus
     /// `REGION_MIN`. Takes carve from it no more, and its buffers go back to it as they are
     /// dropped (idle ones in their classes are given back: see
