@@ -503,10 +503,10 @@ fn a_region_carved_from_now_and_then_far_beyond_the_demand_is_given_back() {
 /// A region whose drain was given up (a buffer of the large phase held for
 /// good) beside a steady workload: a small one, and a 40 MiB buffer taken
 /// every 100 ms, which no extent of that region holds, so a region is grown
-/// for it, wholly free between its takes. The given-up region's free bytes
-/// are none that a drain could give back: they must not count against the
-/// demand, which would release the 40 MiB region, needed at every period,
-/// once a window for as long as the workload runs.
+/// for it, wholly free between its takes. Draining that region is not
+/// worth it (the other has no extent for the 40 MiB buffer, and it is not
+/// far larger than the demand): else it would be released, and grown
+/// again, once a window for as long as the workload runs.
 #[test]
 fn a_region_whose_drain_was_given_up_does_not_drain_the_demands_region() {
     let idle = Duration::from_millis(400);
