@@ -119,7 +119,7 @@ struct State {
     recent: RecentPeak,
     /// Per device, the bytes of carved classes in use, or carved from its
     /// regions, at most over the window, and the largest block carved
-    /// from them (see `note_demand`).
+    /// from them or held at a tick (see `note_demand`).
     demand: Vec<(RecentPeak, RecentPeak)>,
     /// Per slot, the takes counted at the last tick.
     takes: Vec<u64>,
@@ -161,7 +161,8 @@ pub(crate) struct Plan {
     /// over the window and a seventh more, as sampled by the ticks and
     /// counted at each miss, or had carved from its regions, as counted at
     /// each carve (when `ticked` on a pool that carves; else empty), and
-    /// the largest block carved from them over the window: what draining
+    /// the largest block carved from them, or held at a tick, over the
+    /// window: what draining
     /// compares the regions with.
     pub(crate) recent_demand: Vec<Demand>,
 }
@@ -244,7 +245,8 @@ impl Provisioner {
     /// Tells each device's regions what is in use of their buffers now
     /// (`in_use`: buffers per slot), so that they can grow ahead of demand
     /// (see `Regions::note_in_use`), and keeps it in the device's window
-    /// (`demand`), with the largest block carved, whose peaks it returns.
+    /// (`demand`), with the largest block carved or held, whose peaks it
+    /// returns.
     fn note_demand(
         at: Places<'_>,
         in_use: &[u64],

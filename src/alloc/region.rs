@@ -1059,9 +1059,9 @@ impl Regions {
     /// (what the rest fall short of it and an eighth) is at least
     /// `REGION_MIN` less than it, and the rest have a free extent for
     /// `wanted.largest` (the largest block carved, or held at a tick,
-    /// over the window) unless
-    /// it alone holds more than half as much again as the demand, plus
-    /// `REGION_MIN`. Takes carve from it no more, and its buffers go back to it as they are
+    /// over the window) unless it alone holds more than half as much
+    /// again as the demand, plus `REGION_MIN`. Takes carve from it no
+    /// more, and its buffers go back to it as they are
     /// dropped (idle ones in their classes are given back: see
     /// `cleaner::cool` and `Admission::trim`); meanwhile the demand they
     /// held is met by growing the rest again
@@ -1120,7 +1120,8 @@ impl Regions {
         // once it is gone (the bytes the rest fall short of the demand and
         // the eighth a growth adds) is less than it by a smallest region
         // at least, and the rest have an extent for the largest block
-        // carved over the window, unless it alone holds far more than the
+        // carved, or held at a tick, over the window, unless it alone
+        // holds far more than the
         // demand (so what grows again for that block is much less). Else a
         // set whose excess lies in regions that cannot drain, or in
         // extents too small for its largest buffers, would drain the region
