@@ -143,7 +143,7 @@ pub(crate) struct GrowFailed {
 
 /// What a device's takes wanted of its regions over the idle-trim window
 /// (see [`Regions::drain_excess`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Demand {
     /// The most bytes in use, or carved, at once.
     pub(crate) bytes: usize,

@@ -52,6 +52,38 @@ fn small_phase(pool: &Pool, time: Duration) {
     }
 }
 
+/// Runs `f` while another thread runs the small workload (see
+/// [`small_phase`]), which stops once `f` returns or panics.
+fn beside_small_workload<T>(pool: &Pool, f: impl FnOnce() -> T) -> T {
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                small_phase(pool, Duration::from_millis(50));
+            }
+        });
+        let _stop = Stop(&stop);
+        f()
+    })
+}
+
+/// Takes all 64 buffers of a 64 MiB working set's region and keeps five,
+/// spread over it, for good: the region is left with no free extent of 15
+/// MiB or more. The kept buffers.
+fn fragment(pool: &Pool) -> Vec<PinnedBuffer> {
+    let mut all: Vec<_> = (0..64).map(|_| pool.take(MIB)).collect();
+    let kept: Vec<_> = [60, 45, 30, 15, 0].iter().map(|&i| all.remove(i)).collect();
+    drop(all);
+    pool.flush();
+    kept
+}
+
 /// The ready buffers of `size` bytes pooled in their class.
 fn pooled_of(pool: &Pool, size: usize) -> usize {
     pool.stats()
@@ -234,13 +266,7 @@ fn bursts_within_every_idle_trim_time() -> bool {
     };
     // The burst's region first, so that the small workload carves from it.
     large_phase(&pool, 24);
-    let stop = AtomicBool::new(false);
-    let (warm, end, bursts) = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                small_phase(&pool, Duration::from_millis(50));
-            }
-        });
+    let (warm, end, bursts) = beside_small_workload(&pool, || {
         // The most the burst and the small workload hold at once, for a few
         // ticks, then bursts over the small workload until two in a row
         // register nothing: the regions grow ahead of the demand (with an
@@ -272,7 +298,6 @@ fn bursts_within_every_idle_trim_time() -> bool {
         let bursts: Vec<_> = (0..BURSTS)
             .map(|k| burst(start + period * k as u32))
             .collect();
-        stop.store(true, Ordering::Relaxed);
         (warm, (pool.stats(), faults.registered()), bursts)
     });
     pool.shutdown();
@@ -517,15 +542,9 @@ fn a_region_whose_drain_was_given_up_does_not_drain_the_demands_region() {
     // Its region drains, and the drain is given up within the idle-trim
     // time.
     small_phase(&pool, idle * 3);
-    let stop = AtomicBool::new(false);
     let period = Duration::from_millis(100);
     let mut log = Vec::new();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                small_phase(&pool, Duration::from_millis(50));
-            }
-        });
+    beside_small_workload(&pool, || {
         let start = Instant::now();
         let mut k = 0;
         while start.elapsed() < idle * 6 {
@@ -538,7 +557,6 @@ fn a_region_whose_drain_was_given_up_does_not_drain_the_demands_region() {
             drop(b);
             k += 1;
         }
-        stop.store(true, Ordering::Relaxed);
     });
     let s = pool.stats();
     // The first quarter grows the 40 MiB buffer's region.
@@ -660,10 +678,7 @@ fn a_fragmented_region_that_cannot_drain_does_not_drain_the_largest_buffers_regi
     let idle = Duration::from_millis(400);
     let (pool, faults) = pool(idle);
     large_phase(&pool, 64);
-    let mut all: Vec<_> = (0..64).map(|_| pool.take(MIB)).collect();
-    let kept: Vec<_> = [60, 45, 30, 15, 0].iter().map(|&i| all.remove(i)).collect();
-    drop(all);
-    pool.flush();
+    let kept = fragment(&pool);
     assert!(
         pool.stats().largest_free_extent < 40 * MIB,
         "setup: {:#?}",
@@ -721,17 +736,8 @@ fn a_large_buffer_held_longer_than_the_window_keeps_its_region() {
         .build()
         .unwrap();
     large_phase(&pool, 64);
-    let mut all: Vec<_> = (0..64).map(|_| pool.take(MIB)).collect();
-    let kept: Vec<_> = [60, 45, 30, 15, 0].iter().map(|&i| all.remove(i)).collect();
-    drop(all);
-    pool.flush();
-    let stop = AtomicBool::new(false);
-    let log = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                small_phase(&pool, Duration::from_millis(50));
-            }
-        });
+    let kept = fragment(&pool);
+    let log = beside_small_workload(&pool, || {
         let mut log = Vec::new();
         for _ in 0..8 {
             let b = pool.take(40 * MIB);
@@ -740,7 +746,6 @@ fn a_large_buffer_held_longer_than_the_window_keeps_its_region() {
             drop(b);
             pool.flush();
         }
-        stop.store(true, Ordering::Relaxed);
         log
     });
     let s = pool.stats();
