@@ -468,7 +468,10 @@ fn carved_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -
 
 /// The footprint of the largest class carved from `device`'s regions with a
 /// buffer in use (`in_use` of its slot) or idle in its shard or a thread
-/// cache; 0 if none. Relaxed counts, as in [`in_use_now`].
+/// cache; 0 if none. Relaxed counts, as in [`in_use_now`]: a stale one
+/// misses a block that just arrived (the next tick counts it, if it is
+/// still held; a carve counted it already), or counts one that just went,
+/// which keeps a region from draining one window longer.
 fn largest_held(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -> usize {
     let classes = &at.caches.classes;
     // Largest first: the first class held is the answer.
