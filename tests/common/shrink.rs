@@ -63,6 +63,10 @@ pub struct After {
     /// (sampled every 20 ms): dropped and not yet ready. Memory carved for
     /// them is memory the pool needed at once, and keeps for a window.
     pub backlog: usize,
+    /// The same from three quarters of an idle-trim time on: what the
+    /// pool needed at once then is still in the window it keeps memory
+    /// for when `pinned` is sampled.
+    pub late_backlog: usize,
 }
 
 /// Segments of buffers up to 8 MiB first if `large`, then segments of
@@ -81,13 +85,16 @@ pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> Aft
     let small = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let worst = AtomicU64::new(0);
-    let backlog = AtomicUsize::new(0);
+    let (backlog, late_backlog) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
         s.spawn(|| {
             let start = Instant::now();
             while start.elapsed() < idle_trim * 9 / 4 {
                 let stats = pool.stats();
                 backlog.fetch_max(stats.in_cleaner, Ordering::Relaxed);
+                if start.elapsed() >= idle_trim * 3 / 4 {
+                    late_backlog.fetch_max(stats.in_cleaner, Ordering::Relaxed);
+                }
                 if start.elapsed() >= 2 * idle_trim {
                     worst.fetch_max(stats.pinned_bytes, Ordering::Relaxed);
                 }
@@ -109,5 +116,6 @@ pub fn pinned_after(pool: &Pool, large: bool, small_hi: usize, seed: u64) -> Aft
         held: small.into_inner(),
         large: large_pinned,
         backlog: backlog.into_inner(),
+        late_backlog: late_backlog.into_inner(),
     }
 }
