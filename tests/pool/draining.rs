@@ -624,10 +624,14 @@ fn cycle(pool: &Pool, n: usize, size: usize, time: Duration) -> (u64, usize) {
 /// neither leaves the other holding it with a growth's headroom, but
 /// together they hold more than half as much again. One drains (what grows
 /// again is a smallest region, not 18 MiB): within twelve idle-trim times
-/// the pool pins what a fresh pool pins for 17 MiB, give or take a
-/// smallest region. A run whose cleaner fell behind (its backlog is memory
-/// carved at once, which the demand counts) gives no verdict, and runs
-/// again, up to three times in all.
+/// the pool pins what a fresh pool pins for 17 MiB, plus a smallest
+/// region, or at most what the drain rule keeps, half as much again as the
+/// demand plus a smallest region (27.5 MiB; two regions of 18 MiB hold 36).
+/// Takes that found their buffers still in the cleaner as the region
+/// drained grow a region for those misses too: 24 MiB once, where the
+/// fresh pool pinned 20. A run whose cleaner fell behind as a cycle began
+/// (its backlog is memory carved at once, which the demand counts) gives
+/// no verdict, and runs again, up to three times in all.
 #[test]
 fn a_shrink_to_half_drains_one_of_two_regions_that_each_hold_about_the_demand() {
     let idle = Duration::from_millis(400);
@@ -642,9 +646,10 @@ fn a_shrink_to_half_drains_one_of_two_regions_that_each_hold_about_the_demand() 
         let start = Instant::now();
         let mut behind = fresh_behind;
         let mut met = None;
+        let bound = (fresh_worst + 2 * MIB as u64).max((17 * MIB * 3 / 2 + 2 * MIB) as u64);
         while start.elapsed() < idle * 12 {
             behind = behind.max(cycle(&pool, 17, MIB, idle / 2).1);
-            if pool.stats().pinned_bytes <= fresh_worst + 2 * MIB as u64 {
+            if pool.stats().pinned_bytes <= bound {
                 met = Some(start.elapsed());
                 break;
             }
@@ -653,10 +658,10 @@ fn a_shrink_to_half_drains_one_of_two_regions_that_each_hold_about_the_demand() 
         pool.shutdown();
         assert_eq!(faults.registered(), faults.unregistered());
         eprintln!(
-            "after shrinking: {} KiB pinned, down to a fresh pool's {} KiB (plus 2 MiB) \
-             after {met:?}, drained {}, at most {behind} buffers in the cleaner as a cycle \
-             began",
+            "after shrinking: {} KiB pinned, down to {} KiB (a fresh pool's {} KiB) after \
+             {met:?}, drained {}, at most {behind} buffers in the cleaner as a cycle began",
             s.pinned_bytes >> 10,
+            bound >> 10,
             fresh_worst >> 10,
             s.regions_drained
         );
@@ -667,8 +672,9 @@ fn a_shrink_to_half_drains_one_of_two_regions_that_each_hold_about_the_demand() 
         assert!(
             met.is_some(),
             "{} KiB still pinned twelve idle-trim times after shrinking to 17 MiB, against \
-             {} KiB by a fresh pool: {s:#?}",
+             {} KiB allowed ({} KiB by a fresh pool): {s:#?}",
             s.pinned_bytes >> 10,
+            bound >> 10,
             fresh_worst >> 10
         );
         return;
