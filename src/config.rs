@@ -465,8 +465,9 @@ impl PoolBuilder {
     /// region's free extents, or from the space of idle carved buffers of
     /// other classes that are not hot, before it misses (borrowing a
     /// larger buffer whole gives way to this). A clean buffer goes back to
-    /// its class only while the class is *hot* (taken 16 times or more per
-    /// 10 ms provisioning tick, as in a staging loop); otherwise back to
+    /// its class only while the class is *hot* (taken at 1,600 a second or
+    /// more over the last 50 ms, as in a staging loop; not a burst of
+    /// takes of one size); otherwise back to
     /// its region, where free neighbours coalesce, so memory moves between
     /// size classes. Sub-page buffers still come from slabs. Buffers under
     /// 64 MiB are carved from the top of the free extent that fits them

@@ -43,18 +43,26 @@ use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 /// How often a tick does its work, at most.
 const TICK: Duration = Duration::from_millis(10);
 
-/// Takes of a slot over one tick that make it hot (see `Provisioner::hot`):
-/// 1,600 a second at a tick every 10 ms (a tick run late counts the takes
-/// of a longer time), as a staging loop takes its one size; a slower loop
-/// carves each take from its region and gives it back at each drop (two
-/// locks on the slow path). A prover's
-/// segments, which draw sizes over many classes, take each a few times a
-/// tick: their buffers kept idle in their classes held up to a third of
-/// what their regions held (at four, on a small prover-like workload on
-/// the fault backend, 4 threads of buffers up to 1 MiB: peak pinned 1.36
-/// times the bytes held at once, against 1.12 at sixteen, medians of
-/// twenty runs).
-const HOT_TAKES: u64 = 16;
+/// The rate of takes of a slot, a second, that makes it hot (see
+/// `Provisioner::hot`), as a staging loop takes its one size; a slower
+/// loop carves each take from its region and gives it back at each drop
+/// (two locks on the slow path). A prover's segments, which draw sizes
+/// over many classes, take each a few times a tick: their buffers kept
+/// idle in their classes held up to a third of what their regions held
+/// (at 400 a second, counted over one tick, on a small prover-like
+/// workload on the fault backend, 4 threads of buffers up to 1 MiB: peak
+/// pinned 1.36 times the bytes held at once, against 1.12 at 1,600,
+/// medians of twenty runs).
+const HOT_RATE: u64 = 1_600;
+
+/// The time a slot's rate of takes is counted over, at least (see
+/// [`HOT_RATE`]): a burst of takes of one class (a prover's segment
+/// taking twenty buffers of a size at once, a few times a window) is not a
+/// loop. Counted over one tick (10 ms), such a burst made its class hot
+/// for that tick, and for most ticks where ticks ran late: its idle
+/// buffers then stayed in the class, and in the demand that draining
+/// weighs.
+const HOT_WINDOW: Duration = Duration::from_millis(50);
 
 /// The window of a high-water mark when idle trimming is off.
 const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
@@ -121,8 +129,10 @@ struct State {
     /// regions, at most over the window, and the largest block carved
     /// from them or held at a tick (see `note_demand`).
     demand: Vec<(RecentPeak, RecentPeak)>,
-    /// Per slot, the takes counted at the last tick.
-    takes: Vec<u64>,
+    /// Per slot, the takes counted at recent ticks, oldest first: those
+    /// less than [`HOT_WINDOW`] old, and the newest older one (the base
+    /// that `mark_hot` counts from).
+    takes: std::collections::VecDeque<(Instant, Vec<u64>)>,
     last: Instant,
     last_trim: Instant,
 }
@@ -131,8 +141,9 @@ struct State {
 #[derive(Debug)]
 pub(crate) struct Provisioner {
     state: Mutex<State>,
-    /// Per slot, whether it is *hot*: taken at least [`HOT_TAKES`] times
-    /// over the last tick. A clean carved buffer of a hot slot goes back to
+    /// Per slot, whether it is *hot*: taken at [`HOT_RATE`] or more over
+    /// the last [`HOT_WINDOW`] or longer, as of the last tick. A clean
+    /// carved buffer of a hot slot goes back to
     /// its class for same-size reuse; of any other, to its region (see
     /// `alloc::region`).
     hot: Box<[AtomicBool]>,
@@ -187,7 +198,7 @@ impl Provisioner {
                         )
                     })
                     .collect(),
-                takes: vec![0; slots],
+                takes: std::collections::VecDeque::new(),
                 last: Instant::now(),
                 last_trim: Instant::now(),
             }),
@@ -223,23 +234,44 @@ impl Provisioner {
         self.hot[slot].load(Ordering::Relaxed)
     }
 
-    /// Marks each slot hot or not from its takes since the last tick (only
-    /// a pool that carves from regions asks).
-    fn mark_hot(&self, at: Places<'_>, state: &mut State) {
-        let mut takes = vec![0u64; state.takes.len()];
+    /// Marks each slot hot or not from its takes over the last
+    /// [`HOT_WINDOW`] or longer (only a pool that carves from regions
+    /// asks): counted from the newest tick at least that old, over the time
+    /// since (measured: a tick run late counts the takes of a longer time
+    /// over that longer time), and over [`HOT_WINDOW`] while no tick is
+    /// that old.
+    fn mark_hot(&self, at: Places<'_>, state: &mut State, now: Instant) {
+        let slots = self.hot.len();
+        // Snapshots older than a newer one at least HOT_WINDOW old are
+        // past the base: dropped (the last one's vector reused).
+        let mut takes = Vec::new();
+        while state.takes.len() >= 2
+            && now.saturating_duration_since(state.takes[1].0) >= HOT_WINDOW
+        {
+            takes = state.takes.pop_front().map(|(_, t)| t).unwrap_or_default();
+        }
+        takes.clear();
+        takes.resize(slots, 0);
         for cache in at.caches.iter() {
             for (slot, n) in takes.iter_mut().enumerate() {
                 let (hits, misses) = cache.hits_misses(slot);
                 *n += hits + misses;
             }
         }
+        let (since, base) = match state.takes.front() {
+            Some((at, base)) => (now.saturating_duration_since(*at), Some(base)),
+            None => (Duration::ZERO, None),
+        };
+        // Takes at HOT_RATE over `over`, in whole microseconds.
+        let over = since.max(HOT_WINDOW).as_micros() as u64;
         for (slot, &n) in takes.iter().enumerate() {
-            let hot = n.saturating_sub(state.takes[slot]) >= HOT_TAKES;
+            let taken = n.saturating_sub(base.map_or(0, |b| b[slot]));
+            let hot = taken.saturating_mul(1_000_000) >= HOT_RATE.saturating_mul(over);
             // Relaxed: a hint for where a clean buffer goes; a stale one
             // sends a buffer to its class or its region for one tick.
             self.hot[slot].store(hot, Ordering::Relaxed);
         }
-        state.takes = takes;
+        state.takes.push_back((now, takes));
     }
 
     /// Tells each device's regions what is in use of their buffers now
@@ -337,7 +369,7 @@ impl Provisioner {
         let found = self.found.swap(0, Ordering::Relaxed);
         state.recent.note(now, in_use_footprint.max(found), window);
         let recent_demand = if at.caches.carves() {
-            self.mark_hot(at, &mut state);
+            self.mark_hot(at, &mut state, now);
             Self::note_demand(at, &in_use, &mut state.demand, now, window)
         } else {
             Vec::new()

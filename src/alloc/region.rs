@@ -1995,6 +1995,42 @@ mod tests {
         released.into_iter().for_each(Unlisted::free);
     }
 
+    /// Two regions of about the demand each, both carved from (so that
+    /// neither is wholly free), hold more than half as much again as the
+    /// demand: one drains, as what grows again for the demand once it is
+    /// gone is an eighth of it, not a whole region. A rule that drained a
+    /// region only if the rest held the demand and its eighth kept both
+    /// for good.
+    #[test]
+    fn of_two_regions_of_about_the_demand_each_one_drains() {
+        let regions = Regions::new(None);
+        let len = Tune::REGION_MIN * 9;
+        assert_eq!(regions.grow(len, Vec::new(), &mut Some, None).unwrap(), len);
+        let a = regions.carve(len / 2).unwrap();
+        // The first is not wholly free: a second region, and a block only
+        // it can hold.
+        assert_eq!(regions.grow(len, Vec::new(), &mut Some, None).unwrap(), len);
+        let b = regions.carve(len / 2 + page()).unwrap();
+        assert_ne!(a.region, b.region);
+        let drained = regions.drain_excess(wanted(len), Duration::ZERO);
+        assert!(
+            matches!(drained, Some(Drained::WithBlocksOut)),
+            "{drained:?}"
+        );
+        assert_eq!(regions.figures().bytes, len, "not one region listed");
+        for (at, n) in [(a, len / 2), (b, len / 2 + page())] {
+            // SAFETY: carved above, given back once, untouched.
+            assert!(unsafe { Region::give_back(at.region, at.ptr.as_ptr(), n) }.is_none());
+        }
+        let released = regions.settle_drains(Duration::MAX);
+        assert_eq!(released.len(), 1);
+        released.into_iter().for_each(Unlisted::free);
+        regions
+            .unlist_idle(|_, _| true, false)
+            .into_iter()
+            .for_each(Unlisted::free);
+    }
+
     #[test]
     fn a_drain_that_does_not_end_in_time_is_given_up() {
         let regions = Regions::new(None);
