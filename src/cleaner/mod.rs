@@ -110,6 +110,9 @@ struct Sweep {
     pub(super) wait: Duration,
     pub(super) due: Instant,
     pub(super) seen: std::collections::HashMap<usize, u64>,
+    /// When the caches were last searched for buffers of draining regions
+    /// (see `Cleaner::pull_draining`).
+    pub(super) pulled: Option<Instant>,
 }
 
 /// The state of a device's synchronize for late buffers.
@@ -185,6 +188,7 @@ impl Cleaner {
                 wait: Tune::SWEEP_MIN,
                 due: Instant::now(),
                 seen: std::collections::HashMap::new(),
+                pulled: None,
             }),
         }
     }

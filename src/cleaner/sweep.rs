@@ -4,15 +4,21 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)).
 
 use crate::admission::Places;
-use crate::alloc::Drained;
+use crate::alloc::{Block, Drained};
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
 use std::time::{Duration, Instant};
 
 use super::{
-    cap_slack, cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env,
+    cap_slack, cool, fit_regions_to_cap, give_back, release_all, release_region, release_regions,
+    Cleaner, Env,
 };
+
+/// How often the caches are searched at most for buffers of draining
+/// regions (see `Cleaner::pull_draining`): each search locks their owners
+/// out.
+const PULL_EVERY: Duration = Duration::from_millis(100);
 
 /// How long a region must have been wholly free before the provisioning
 /// tick releases it for the cap (see `fit_regions_to_cap`).
@@ -93,6 +99,59 @@ impl Cleaner {
 }
 
 impl Cleaner {
+    /// While a region of any device drains, and at most every
+    /// [`PULL_EVERY`], takes the buffers carved from draining regions out
+    /// of the threads' caches, where their owners would reuse them and the
+    /// drain would wait for them until it is given up: deferred ones (and
+    /// those other threads dropped into a cache) to the cleaner, which
+    /// gives them back to their region once their copies are done and they
+    /// are clean; ready ones straight back to their region. Owners are
+    /// locked out of their caches meanwhile (only caches holding buffers).
+    fn pull_draining(&self, env: Env<'_>) {
+        let at = env.places;
+        if !at.shards.iter().any(|shard| shard.regions().draining()) {
+            return;
+        }
+        {
+            let mut sweep = self.sweep.lock();
+            if sweep.pulled.is_some_and(|t| t.elapsed() < PULL_EVERY) {
+                return;
+            }
+            sweep.pulled = Some(Instant::now());
+        }
+        let caches = at.caches;
+        let cap = caches.cap();
+        // Relaxed hints: a cache whose buffers arrive after the look is
+        // searched at the next pull.
+        let candidates: Vec<&ThreadCache> = caches
+            .iter()
+            .filter(|c| c.has_waiting() || c.has_ready())
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        // A snapshot must not see the ready ones, out of their lists and
+        // not yet back in their region, as gone. (Taken before the caches'
+        // locks, as a trim takes it.)
+        let _moving = caches.no_moves();
+        let mut ready = Vec::new();
+        let mut locked = caches.lock_out(candidates.into_iter());
+        locked.each(|cache, lists| {
+            lists.collect_returns(cache);
+            let (deferred, picked) = lists.take_picked(cache, Block::region_draining);
+            for block in deferred {
+                self.intake
+                    .submit_swept(cache.origin(cap, false), block, false);
+            }
+            ready.extend(picked);
+        });
+        drop(locked);
+        for block in ready {
+            env.admission.removed(block.footprint());
+            give_back(env.releaser(), block);
+        }
+    }
+
     /// Runs a provisioning tick (see [`Provisioner`](crate::provision::Provisioner)): releases what it
     /// trimmed, moves a cap that follows the working set, and pins what it
     /// provisions. `force` trims now (`Pool::trim`).
@@ -149,6 +208,7 @@ impl Cleaner {
         }
         if self.intake.regions && plan.ticked {
             cool(env.releaser(), env.admission, env.places, env.provisioner);
+            self.pull_draining(env);
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its

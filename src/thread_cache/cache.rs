@@ -869,6 +869,40 @@ impl Lists {
         out
     }
 
+    /// Takes from a locked-out cache the deferred buffers, and the ready
+    /// ones, that `pick` picks: `(deferred, ready)`. The rest keep their
+    /// order.
+    pub(crate) fn take_picked(
+        &mut self,
+        cache: &ThreadCache,
+        mut pick: impl FnMut(&Block) -> bool,
+    ) -> (Vec<Block>, Vec<Block>) {
+        let (mut deferred, mut ready) = (Vec::new(), Vec::new());
+        for (_, slot) in self.slots() {
+            for _ in 0..slot.deferred.len() {
+                let block = slot.deferred.pop_front().expect("counted in its length");
+                if pick(&block) {
+                    deferred.push(block);
+                } else {
+                    slot.deferred.push_back(block);
+                }
+            }
+            let mut i = 0;
+            while i < slot.ready.len() {
+                if pick(&slot.ready[i]) {
+                    let block = slot.ready.remove(i);
+                    cache.unready(block.slot(), &block);
+                    ready.push(block);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        self.deferred -= deferred.len();
+        cache.owner.deferred.store(self.deferred, Ordering::Relaxed);
+        (deferred, ready)
+    }
+
     /// Takes the oldest deferred buffer of (`device`, `class`).
     pub(crate) fn steal_deferred(
         &mut self,

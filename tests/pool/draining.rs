@@ -785,3 +785,57 @@ fn a_large_buffer_held_longer_than_the_window_keeps_its_region() {
     );
     assert_eq!(missed, 0, "the 40 MiB buffer missed after warm-up: {s:#?}");
 }
+
+/// A region far larger than the demand drains while four of its buffers
+/// cycle through their taker's own list (a copy recorded, a small dirty
+/// prefix: the owner re-zeroes and reuses them itself, and they never pass
+/// the cleaner). The drain takes them from that list to the cleaner, which
+/// gives them back to the region: within six idle-trim times the region
+/// is gone, and the pool pins what four buffers need. A drain waiting for
+/// them there was given up after the idle-trim time, and the region kept
+/// for good.
+#[test]
+fn a_draining_regions_buffers_in_their_owners_list_come_back() {
+    let idle = Duration::from_millis(400);
+    let (pool, faults) = pool(idle);
+    large_phase(&pool, 64);
+    let large = pool.stats().pinned_bytes;
+    let fence = pinpool::testing::TestFence::default();
+    fence.complete();
+    let start = Instant::now();
+    let mut met = None;
+    while start.elapsed() < idle * 6 {
+        let held: Vec<_> = (0..4)
+            .map(|_| {
+                let mut b = pool.take(MIB);
+                b[..4096].fill(1);
+                b.set_dirty_len(4096);
+                fence.record(&mut b);
+                b
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(2));
+        drop(held);
+        std::thread::sleep(Duration::from_millis(2));
+        if pool.stats().pinned_bytes <= 16 * MIB as u64 {
+            met = Some(start.elapsed());
+            break;
+        }
+    }
+    let s = pool.stats();
+    pool.shutdown();
+    eprintln!(
+        "{} KiB pinned after {met:?}, from {} KiB; drained {}",
+        s.pinned_bytes >> 10,
+        large >> 10,
+        s.regions_drained
+    );
+    assert_eq!(faults.registered(), faults.unregistered());
+    assert!(
+        met.is_some(),
+        "{} KiB still pinned six idle-trim times after shrinking from {} KiB to four 1 MiB \
+         buffers cycled through their owner's list: {s:#?}",
+        s.pinned_bytes >> 10,
+        large >> 10
+    );
+}
