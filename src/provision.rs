@@ -49,10 +49,12 @@ const TICK: Duration = Duration::from_millis(10);
 /// (two locks on the slow path). A prover's segments, which draw sizes
 /// over many classes, take each a few times a tick: their buffers kept
 /// idle in their classes held up to a third of what their regions held
-/// (at 400 a second, counted over one tick, on a small prover-like
-/// workload on the fault backend, 4 threads of buffers up to 1 MiB: peak
-/// pinned 1.36 times the bytes held at once, against 1.12 at 1,600,
-/// medians of twenty runs).
+/// (at 4 takes a tick, on a small prover-like workload on the fault
+/// backend, 4 threads of buffers up to 1 MiB: peak pinned 1.36 times the
+/// bytes held at once, against 1.12 at 16 a tick, medians of twenty runs;
+/// counted over [`HOT_WINDOW`] instead of one tick, 1.16 against 1.10 in
+/// twenty runs each of one batch, the worst run 1.28 against 1.36: see
+/// BENCHMARKS.md).
 const HOT_RATE: u64 = 1_600;
 
 /// The time a slot's rate of takes is counted over, at least (see
