@@ -318,6 +318,15 @@ impl Block {
             .is_some_and(|region| unsafe { Region::is_draining(region) })
     }
 
+    /// Whether the block's region drains, read without its lock (see
+    /// `Region::drains_hint`).
+    pub(crate) fn region_drains_hint(&self) -> bool {
+        // SAFETY: a carved block keeps its region alive.
+        self.meta()
+            .region
+            .is_some_and(|region| unsafe { Region::drains_hint(region) })
+    }
+
     /// Whether the block shares a slab.
     pub(crate) fn in_slab(&self) -> bool {
         self.meta().slab.is_some()

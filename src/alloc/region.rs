@@ -171,6 +171,9 @@ pub(crate) struct Region {
     /// When it was listed.
     listed_at: Instant,
     state: Mutex<Extents>,
+    /// `state.draining`, for reads without the lock (see
+    /// [`drains_hint`](Self::drains_hint)); written with it, under it.
+    drains: AtomicBool,
     totals: Arc<Totals>,
     _track: Track,
 }
@@ -317,6 +320,29 @@ impl Region {
     pub(crate) unsafe fn is_draining(region: NonNull<Region>) -> bool {
         // SAFETY: a carved block keeps its region alive.
         unsafe { region.as_ref() }.state.lock().draining
+    }
+
+    /// Whether `region` drains, without its lock: a hint for a take that
+    /// would reuse one of its blocks.
+    ///
+    /// # Safety
+    /// The caller holds a block carved from `region`.
+    pub(crate) unsafe fn drains_hint(region: NonNull<Region>) -> bool {
+        // SAFETY: a carved block keeps its region alive.
+        let this = unsafe { region.as_ref() };
+        // Relaxed: a stale `false` lets one more reuse of a block of a
+        // region that began draining (the next reuse, or the tick's pull,
+        // sends it back); a stale `true` sends a block of a drain just
+        // ended through the cleaner, which gives it back to its region or
+        // its class as it would any drop. Neither loses it.
+        this.drains.load(Ordering::Relaxed)
+    }
+
+    /// Sets `state.draining`, and its hint.
+    fn set_draining(&self, state: &mut Extents, on: bool) {
+        state.draining = on;
+        // Relaxed: a hint (see `drains_hint`); the state is the truth.
+        self.drains.store(on, Ordering::Relaxed);
     }
 }
 
@@ -963,6 +989,7 @@ impl Regions {
             len,
             listed_at: Instant::now(),
             state: Mutex::new(extents),
+            drains: AtomicBool::new(false),
             totals: Arc::clone(&self.totals),
             _track: Track::new(),
         });
@@ -1146,7 +1173,7 @@ impl Regions {
             // the look, the list lock being held.
             Drained::Free(Unlisted(region))
         } else {
-            state.draining = true;
+            this.set_draining(&mut state, true);
             drains.push((region, now));
             // Relaxed: a hint (see `draining`); `drains` is the truth.
             self.totals.draining.store(drains.len(), Ordering::Relaxed);
@@ -1190,14 +1217,14 @@ impl Regions {
             let this = unsafe { region.as_ref() };
             let mut state = this.state.lock();
             if state.out == 0 {
-                state.draining = false;
+                this.set_draining(&mut state, false);
                 released.push(Unlisted(region));
                 return false;
             }
             if now.saturating_duration_since(since) < limit {
                 return true;
             }
-            state.draining = false;
+            this.set_draining(&mut state, false);
             state.undrainable = true;
             state.listed = true;
             // Relaxed: see `Totals`.
@@ -1390,8 +1417,9 @@ impl Regions {
             unlisted |= !drains.is_empty();
             for (region, _) in drains.drain(..) {
                 // SAFETY: owned by `drains` until now.
-                let mut state = unsafe { region.as_ref() }.state.lock();
-                state.draining = false;
+                let this = unsafe { region.as_ref() };
+                let mut state = this.state.lock();
+                this.set_draining(&mut state, false);
                 if state.out == 0 {
                     out.push(Unlisted(region));
                 }
@@ -1429,7 +1457,7 @@ impl Drop for Regions {
             if state.out > 0 {
                 // Blocks still out keep it: freed by the last give-back.
                 state.listed = false;
-                state.draining = false;
+                this.set_draining(&mut state, false);
                 continue;
             }
             drop(state);

@@ -4,7 +4,7 @@
 //! provisioning tick (see [`Provisioner`](crate::provision::Provisioner)).
 
 use crate::admission::Places;
-use crate::alloc::{Block, Drained};
+use crate::alloc::Drained;
 use crate::stats::Counters;
 use crate::thread_cache::ThreadCache;
 use crate::tune::{Tune, Tuning};
@@ -105,8 +105,9 @@ impl Cleaner {
     /// drain would wait for them until it is given up: deferred ones (and
     /// those other threads dropped into a cache) to the cleaner, which
     /// gives them back to their region once their copies are done and they
-    /// are clean; ready ones straight back to their region. Owners are
-    /// locked out of their caches meanwhile (only caches holding buffers).
+    /// are clean; ready ones straight back to their region. Reserved ones
+    /// stay. Owners are locked out of their caches meanwhile (only caches
+    /// holding buffers).
     fn pull_draining(&self, env: Env<'_>) {
         let at = env.places;
         if !at.shards.iter().any(|shard| shard.regions().draining()) {
@@ -138,7 +139,10 @@ impl Cleaner {
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             lists.collect_returns(cache);
-            let (deferred, picked) = lists.take_picked(cache, Block::region_draining);
+            // Reserved ones stay pooled while their region drains (see
+            // `cool`; a drain they keep from ending is given up).
+            let (deferred, picked) =
+                lists.take_picked(cache, |b| b.region_drains_hint() && !b.is_reserved());
             for block in deferred {
                 self.intake
                     .submit_swept(cache.origin(cap, false), block, false);
@@ -207,6 +211,10 @@ impl Cleaner {
             }
         }
         if self.intake.regions && plan.ticked {
+            let places = env.places;
+            places
+                .caches
+                .note_draining(places.shards.iter().any(|s| s.regions().draining()));
             cool(env.releaser(), env.admission, env.places, env.provisioner);
             self.pull_draining(env);
         }

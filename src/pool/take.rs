@@ -101,6 +101,9 @@ impl Shared {
         device: usize,
         class: SizeClass,
     ) -> Option<Block> {
+        if self.caches.draining() && block.region_drains_hint() {
+            return self.back_to_draining(cache, block);
+        }
         if matches!(block.fences_mut().poll(), Ok(false)) {
             if let Some(returned) = self.reuse_returned(cache, device, class) {
                 cache.put_back(block);
@@ -133,6 +136,20 @@ impl Shared {
         self.reuse(cache, cache, block)
     }
 
+    /// A deferred buffer of `home` whose region drains (see
+    /// `Regions::drain_excess`) is not reused: it goes to the cleaner,
+    /// which gives it back to its region once its copies are done, so that
+    /// the drain ends (a buffer its owner kept reusing from its own list
+    /// held a drain until it was given up). `None`: the take goes on.
+    #[cold]
+    #[inline(never)]
+    fn back_to_draining(&self, home: &ThreadCache, block: Block) -> Option<Block> {
+        self.caches
+            .intake
+            .submit(home.origin(self.caches.cap(), false), block);
+        None
+    }
+
     /// Polls `block`'s fences with growing pauses (so that many threads do
     /// not hammer the driver), for at most [`SELF_WAIT`].
     ///
@@ -157,6 +174,9 @@ impl Shared {
     /// else to the cleaner).
     #[inline]
     fn reuse(&self, taker: &ThreadCache, home: &ThreadCache, mut block: Block) -> Option<Block> {
+        if self.caches.draining() && block.region_drains_hint() {
+            return self.back_to_draining(home, block);
+        }
         let owner = std::ptr::eq(taker, home);
         match block.fences_mut().poll() {
             Ok(true) => {

@@ -57,7 +57,7 @@ use crate::flush::{Counts, Flush};
 use crate::size_class::Classes;
 use crate::stats::Counters;
 use crate::sync::per_thread::PerThread;
-use crate::sync::{barrier, spin, Arc, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{barrier, spin, Arc, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::trace::writer::Tracer;
 
 pub(crate) use cache::{Found, ThreadCache};
@@ -93,6 +93,11 @@ pub(crate) struct Caches {
     /// above it is never kept back in its owner's cache (deferred), since
     /// it could not be pooled either.
     cap: AtomicUsize,
+    /// Whether a region of any device drains (see
+    /// `Regions::drain_excess`), as of the cleaner's last provisioning
+    /// tick: a take that would reuse a deferred buffer asks its region only
+    /// then (see [`draining`](Self::draining)).
+    draining: AtomicBool,
     pins: bool,
     /// The pool's spare CUDA events (a copy through cudarc records events
     /// whatever the backend), dropped with the caches: before the backend,
@@ -195,6 +200,7 @@ impl Caches {
             devices,
             limit,
             cap: AtomicUsize::new(cap),
+            draining: AtomicBool::new(false),
             pins,
             events: EventPool::default(),
             intake,
@@ -232,6 +238,24 @@ impl Caches {
     #[inline]
     pub(crate) fn carves(&self) -> bool {
         self.intake.regions
+    }
+
+    /// Whether a region of any device drained at the last provisioning
+    /// tick (a hint: see the field).
+    #[inline]
+    pub(crate) fn draining(&self) -> bool {
+        // Relaxed: a stale `false` for up to a tick lets a deferred buffer
+        // of a draining region be reused once more (the next reuse after
+        // the tick, or the tick's pull, sends it back); a stale `true` asks
+        // a region that no longer drains. Neither loses a buffer.
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Notes whether a region of any device drains (the provisioning
+    /// tick, once it has drained and settled).
+    pub(crate) fn note_draining(&self, on: bool) {
+        // Relaxed: see `draining`.
+        self.draining.store(on, Ordering::Relaxed);
     }
 
     /// The cap on pooled bytes now (see the `cap` field).
