@@ -11,14 +11,13 @@ use crate::tune::{Tune, Tuning};
 use std::time::{Duration, Instant};
 
 use super::{
-    cap_slack, cool, fit_regions_to_cap, give_back, release_all, release_region, release_regions,
-    Cleaner, Env,
+    cap_slack, cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env,
 };
 
-/// How often the caches are searched at most for buffers of draining
-/// regions (see `Cleaner::pull_draining`): each search locks their owners
-/// out.
-const PULL_EVERY: Duration = Duration::from_millis(100);
+/// The shortest time between two searches of the caches for buffers of
+/// draining regions (see `Cleaner::pull_draining`): each locks their
+/// owners out.
+const PULL_EVERY_MIN: Duration = Duration::from_millis(100);
 
 /// How long a region must have been wholly free before the provisioning
 /// tick releases it for the cap (see `fit_regions_to_cap`).
@@ -99,23 +98,28 @@ impl Cleaner {
 }
 
 impl Cleaner {
-    /// While a region of any device drains, and at most every
-    /// [`PULL_EVERY`], takes the buffers carved from draining regions out
-    /// of the threads' caches, where their owners would reuse them and the
-    /// drain would wait for them until it is given up: deferred ones (and
-    /// those other threads dropped into a cache) to the cleaner, which
-    /// gives them back to their region once their copies are done and they
-    /// are clean; ready ones straight back to their region. Reserved ones
-    /// stay. Owners are locked out of their caches meanwhile (only caches
-    /// holding buffers).
-    fn pull_draining(&self, env: Env<'_>) {
+    /// While a region of any device drains, and at most every quarter of
+    /// the idle-trim time (100 ms at least), takes the deferred buffers
+    /// carved from draining regions out of the threads' caches (those
+    /// other threads dropped into a cache included), where their owners
+    /// would keep them, and a drain would wait for them until it is given
+    /// up, if the owners took other sizes from then on: to the cleaner,
+    /// which gives them back to their region once their copies are done and
+    /// they are clean. (A take that would reuse one sends it there itself:
+    /// see `Shared::take`'s `back_to_draining`. Carved buffers are never
+    /// ready in a cache's lists: the cleaner pools them in their shard.)
+    /// Reserved ones stay, as they stay pooled while their region drains.
+    /// Owners of caches holding deferred buffers are locked out meanwhile,
+    /// busy ones too: at most four times a drain.
+    fn pull_draining(&self, env: Env<'_>, idle_trim: Duration) {
         let at = env.places;
         if !at.shards.iter().any(|shard| shard.regions().draining()) {
             return;
         }
         {
+            let every = (idle_trim / 4).max(PULL_EVERY_MIN);
             let mut sweep = self.sweep.lock();
-            if sweep.pulled.is_some_and(|t| t.elapsed() < PULL_EVERY) {
+            if sweep.pulled.is_some_and(|t| t.elapsed() < every) {
                 return;
             }
             sweep.pulled = Some(Instant::now());
@@ -124,36 +128,20 @@ impl Cleaner {
         let cap = caches.cap();
         // Relaxed hints: a cache whose buffers arrive after the look is
         // searched at the next pull.
-        let candidates: Vec<&ThreadCache> = caches
-            .iter()
-            .filter(|c| c.has_waiting() || c.has_ready())
-            .collect();
+        let candidates: Vec<&ThreadCache> = caches.iter().filter(|c| c.has_waiting()).collect();
         if candidates.is_empty() {
             return;
         }
-        // A snapshot must not see the ready ones, out of their lists and
-        // not yet back in their region, as gone. (Taken before the caches'
-        // locks, as a trim takes it.)
-        let _moving = caches.no_moves();
-        let mut ready = Vec::new();
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             lists.collect_returns(cache);
-            // Reserved ones stay pooled while their region drains (see
-            // `cool`; a drain they keep from ending is given up).
-            let (deferred, picked) =
-                lists.take_picked(cache, |b| b.region_drains_hint() && !b.is_reserved());
-            for block in deferred {
+            let picked =
+                lists.take_deferred_picked(cache, |b| b.region_drains_hint() && !b.is_reserved());
+            for block in picked {
                 self.intake
                     .submit_swept(cache.origin(cap, false), block, false);
             }
-            ready.extend(picked);
         });
-        drop(locked);
-        for block in ready {
-            env.admission.removed(block.footprint());
-            give_back(env.releaser(), block);
-        }
     }
 
     /// Runs a provisioning tick (see [`Provisioner`](crate::provision::Provisioner)): releases what it
@@ -216,7 +204,9 @@ impl Cleaner {
                 .caches
                 .note_draining(places.shards.iter().any(|s| s.regions().draining()));
             cool(env.releaser(), env.admission, env.places, env.provisioner);
-            self.pull_draining(env);
+            if let Some(idle_trim) = env.provisioner.idle_trim() {
+                self.pull_draining(env, idle_trim);
+            }
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its

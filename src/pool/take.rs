@@ -101,7 +101,8 @@ impl Shared {
         device: usize,
         class: SizeClass,
     ) -> Option<Block> {
-        if self.caches.draining() && block.region_drains_hint() {
+        // (Through the cache: the line its drops read, not the pool's.)
+        if cache.caches().draining() && block.region_drains_hint() {
             return self.back_to_draining(cache, block);
         }
         if matches!(block.fences_mut().poll(), Ok(false)) {
@@ -174,7 +175,7 @@ impl Shared {
     /// else to the cleaner).
     #[inline]
     fn reuse(&self, taker: &ThreadCache, home: &ThreadCache, mut block: Block) -> Option<Block> {
-        if self.caches.draining() && block.region_drains_hint() {
+        if taker.caches().draining() && block.region_drains_hint() {
             return self.back_to_draining(home, block);
         }
         let owner = std::ptr::eq(taker, home);

@@ -768,7 +768,8 @@ impl ThreadCache {
 
     /// A figure that changes whenever the owner drops, reuses a deferred
     /// buffer, or takes or gains a ready one (sweeps leave active caches to
-    /// their owners): drops, the owner's completions, and the ready bytes.
+    /// their owners; a drain's pull does not): drops, the owner's
+    /// completions, and the ready bytes.
     /// A ready take and a refill of the same size between two sweeps cancel
     /// out; the sweep then moves a busy cache's ready buffers to the shards,
     /// where its owner's next take finds them.
@@ -869,38 +870,27 @@ impl Lists {
         out
     }
 
-    /// Takes from a locked-out cache the deferred buffers, and the ready
-    /// ones, that `pick` picks: `(deferred, ready)`. The rest keep their
-    /// order.
-    pub(crate) fn take_picked(
+    /// Takes from a locked-out cache the deferred buffers that `pick`
+    /// picks; the rest keep their order.
+    pub(crate) fn take_deferred_picked(
         &mut self,
         cache: &ThreadCache,
         mut pick: impl FnMut(&Block) -> bool,
-    ) -> (Vec<Block>, Vec<Block>) {
-        let (mut deferred, mut ready) = (Vec::new(), Vec::new());
+    ) -> Vec<Block> {
+        let mut taken = Vec::new();
         for (_, slot) in self.slots() {
             for _ in 0..slot.deferred.len() {
                 let block = slot.deferred.pop_front().expect("counted in its length");
                 if pick(&block) {
-                    deferred.push(block);
+                    taken.push(block);
                 } else {
                     slot.deferred.push_back(block);
                 }
             }
-            let mut i = 0;
-            while i < slot.ready.len() {
-                if pick(&slot.ready[i]) {
-                    let block = slot.ready.remove(i);
-                    cache.unready(block.slot(), &block);
-                    ready.push(block);
-                } else {
-                    i += 1;
-                }
-            }
         }
-        self.deferred -= deferred.len();
+        self.deferred -= taken.len();
         cache.owner.deferred.store(self.deferred, Ordering::Relaxed);
-        (deferred, ready)
+        taken
     }
 
     /// Takes the oldest deferred buffer of (`device`, `class`).

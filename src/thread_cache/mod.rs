@@ -29,7 +29,9 @@
 //!
 //! Other threads need the lists only on slow paths: a miss stealing from an
 //! idle or exited thread, `flush` moving deferred buffers along, eviction,
-//! `clear`, the cleaner's sweep of idle caches, and closing the pool. Such
+//! `clear`, the cleaner's sweep of idle caches, its pull of a draining
+//! region's deferred buffers (busy caches too, at most four times a
+//! drain), and closing the pool. Such
 //! a *thief* takes the cache's lock, sets the request word, runs the heavy
 //! half of the barrier and waits until the owner is not active; from then
 //! on an owner that starts an operation sees the request and waits for the

@@ -1795,7 +1795,15 @@ fn a_small_take_leaves_a_hot_classs_idle_buffers_whole() {
             pool.flush();
             pooled_of(&pool, LARGE) >= 3
         });
-        assert!(kept, "set-up: the class kept nothing: {:#?}", pool.stats());
+        if !kept {
+            // The set-up's takes came slower than a hot class's on a
+            // loaded machine.
+            no_verdict.push(format!(
+                "attempt {attempt}: the class kept nothing in 10 s of set-up"
+            ));
+            pool.shutdown();
+            continue;
+        }
         // The loop, with the free extents used up by small buffers between
         // its takes (the regions may grow meanwhile: again until none is
         // left), then 200 ms of the loop alone.
