@@ -101,10 +101,6 @@ impl Shared {
         device: usize,
         class: SizeClass,
     ) -> Option<Block> {
-        // (Through the cache: the line its drops read, not the pool's.)
-        if cache.caches().draining() && block.region_drains_hint() {
-            return self.back_to_draining(cache, block);
-        }
         if matches!(block.fences_mut().poll(), Ok(false)) {
             if let Some(returned) = self.reuse_returned(cache, device, class) {
                 cache.put_back(block);
@@ -175,6 +171,9 @@ impl Shared {
     /// else to the cleaner).
     #[inline]
     fn reuse(&self, taker: &ThreadCache, home: &ThreadCache, mut block: Block) -> Option<Block> {
+        // Every reuse of a deferred buffer ends here (one still copying is
+        // put back first, and comes here once done). The hint is read
+        // through the cache: the line its drops read, not the pool's.
         if taker.caches().draining() && block.region_drains_hint() {
             return self.back_to_draining(home, block);
         }

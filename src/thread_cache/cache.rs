@@ -861,13 +861,7 @@ impl Lists {
 
     /// Takes every deferred buffer of a locked-out cache.
     pub(crate) fn take_deferred(&mut self, cache: &ThreadCache) -> Vec<Block> {
-        let mut out = Vec::with_capacity(self.deferred);
-        for (_, slot) in self.slots() {
-            out.extend(slot.deferred.drain());
-        }
-        self.deferred = 0;
-        cache.owner.deferred.store(0, Ordering::Relaxed);
-        out
+        self.take_deferred_picked(cache, |_| true)
     }
 
     /// Takes from a locked-out cache the deferred buffers that `pick`
@@ -877,7 +871,7 @@ impl Lists {
         cache: &ThreadCache,
         mut pick: impl FnMut(&Block) -> bool,
     ) -> Vec<Block> {
-        let mut taken = Vec::new();
+        let mut taken = Vec::with_capacity(self.deferred);
         for (_, slot) in self.slots() {
             for _ in 0..slot.deferred.len() {
                 let block = slot.deferred.pop_front().expect("counted in its length");
