@@ -555,8 +555,9 @@ impl Admission {
         // Buffers carved from a region that drains go back to it, however
         // recently ready (see `Regions::drain_excess`).
         let draining: Vec<bool> = at.shards.iter().map(|s| s.regions().draining()).collect();
-        let drains =
-            |block: &Block| draining[block.device()] && block.is_carved() && !block.region_listed();
+        let drains = |block: &Block| {
+            draining[block.device()] && block.is_region_memory() && !block.region_listed()
+        };
         for (slot, mut blocks) in by_slot.into_iter().enumerate().rev() {
             // Most recently ready last: keep those, release the longest
             // idle. Every pooled buffer went through `admit`, which noted

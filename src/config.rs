@@ -347,7 +347,7 @@ impl PoolBuilder {
     /// under way included, so registrations racing on several workers or
     /// devices do not pass it between them. Memory `reserve` asked for is
     /// admitted when asked, at what its registrations will pin (whole
-    /// slabs, regions of whole pages), with those registrations and every
+    /// slabs, or regions of whole pages), with those registrations and every
     /// earlier `reserve` not yet registered, and holds its room until its
     /// own registration takes it over; a registration that fails and is
     /// retried is admitted again within the budget. The cap on pooled
@@ -469,7 +469,8 @@ impl PoolBuilder {
     /// more over the last 50 ms, as in a staging loop; not a burst of
     /// takes of one size); otherwise back to
     /// its region, where free neighbours coalesce, so memory moves between
-    /// size classes. Sub-page buffers still come from slabs. Buffers under
+    /// size classes. Sub-page buffers come from slabs, each a page carved
+    /// from a region (no registration of its own). Buffers under
     /// 64 MiB are carved from the top of the free extent that fits them
     /// best, longer ones from its bottom.
     /// Regions wholly free for the idle-trim time are released, and so,

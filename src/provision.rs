@@ -442,8 +442,9 @@ impl Provisioner {
                     continue;
                 };
                 let (device, class) = (slot / count, SizeClass::at(slot % count));
-                if at.caches.carves() && classes.per_slab(class) == 1 {
-                    // Regions meet these classes' demand (they grow by it).
+                if at.caches.carves() {
+                    // Regions meet every class's demand (they grow by it;
+                    // a sub-page class's takes carve pages for slabs).
                     continue;
                 }
                 let ready: u64 = at.shards[device].len(class) as u64
@@ -488,14 +489,13 @@ impl Provisioner {
 }
 
 /// The demand on `device`'s regions, given the buffers in use per slot
-/// (taken and not dropped, misses included): the footprint bytes of those
-/// of classes carved from regions (whole pages; sub-page classes come from
-/// slabs).
+/// (taken and not dropped, misses included): their footprint bytes (a
+/// sub-page class's buffers come from slabs, pages carved from the regions
+/// too).
 fn carved_demand(at: Places<'_>, device: usize, in_use: impl Fn(usize) -> u64) -> usize {
     let classes = &at.caches.classes;
     classes
         .all()
-        .filter(|&c| classes.per_slab(c) == 1)
         .map(|class| in_use(classes.slot(device, class)) as usize * classes.footprint(class))
         .sum()
 }

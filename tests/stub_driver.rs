@@ -630,7 +630,9 @@ fn every_public_call_restores_the_context() {
         pool.flush();
         check("flush");
         let stats = pool.stats();
-        assert!(stats.registrations >= 3, "{stats:?}");
+        // A region on each device; the reserve carves from device 1's (a
+        // slab's page included).
+        assert!(stats.registrations >= 2, "{stats:?}");
         check("stats");
         pool.trim();
         check("trim");

@@ -25,7 +25,10 @@
 //! ready and pinned, so a 1 KiB buffer pins 1 KiB and no buffer spans two
 //! registrations. Each block holds a share of its slab; the last share
 //! freed unregisters and unmaps it, so a slab goes back to the OS once all
-//! of its buffers have been freed (evicted, trimmed or cleared).
+//! of its buffers have been freed (evicted, trimmed or cleared). On a pool
+//! that carves from regions, a slab is a page carved from a region instead
+//! ([`Block::carved_slab`]): never registered on its own, and given back
+//! to the region, all-zero, with its last buffer.
 //!
 //! This file holds blocks and their metadata; `mmap` the system calls
 //! behind them (mappings, huge pages, zeroing and pre-faulting a range),
@@ -139,9 +142,16 @@ pub(crate) enum Unpinned {
     Shared,
     /// The slab's last block: unregister the slab.
     Last(LastShare),
-    /// A block carved from a region, given back to it; the region, if
-    /// that was its unlisted region's last block: unregister and free it.
+    /// A block carved from a region, or the last block of a slab carved
+    /// from one, given back to it (the slab's page); the region, if that
+    /// was its unlisted region's last block: unregister and free it.
     Carved(Option<Unlisted>),
+}
+
+/// The bytes of a slab's mapping, or of the page carved from a region for
+/// one: the slab rounded up to pages.
+pub(crate) fn slab_len(classes: &Classes) -> usize {
+    classes.slab_bytes().next_multiple_of(page_size())
 }
 
 impl Meta {
@@ -253,7 +263,7 @@ impl Block {
         let len = classes.size(class);
         let per_slab = classes.per_slab(class);
         let mapped = if per_slab > 1 {
-            classes.slab_bytes().next_multiple_of(page_size())
+            slab_len(classes)
         } else {
             footprint
         };
@@ -296,34 +306,106 @@ impl Block {
         }
     }
 
-    /// Whether the block was carved from a region.
+    /// A block of the sub-page `class` for `device`, the head of a slab
+    /// over the page [`Regions::carve`] gave (of [`slab_len`] bytes),
+    /// pinned if its region is: all-zero, its siblings still to carve
+    /// ([`carve`](Self::carve)). The slab goes back to the region with its
+    /// last buffer (see [`unpin`](Self::unpin)).
+    pub(crate) fn carved_slab(
+        classes: &Classes,
+        class: SizeClass,
+        device: usize,
+        at: Carved,
+    ) -> Self {
+        debug_assert!(classes.per_slab(class) > 1, "a slab of a page class");
+        let (len, footprint) = (classes.size(class), classes.footprint(class));
+        let slot = classes.slot(device, class) as u32;
+        let mut meta = Box::new(Meta::new(at.ptr, len, footprint, slot, class, device));
+        meta.slab = Some(Slab::carved(
+            at.ptr,
+            classes.slab_bytes(),
+            slab_len(classes),
+            at.region,
+            at.pinned,
+        ));
+        meta.uncarved = classes.per_slab(class) - 1;
+        meta.pinned = at.pinned;
+        meta.dirty = 0;
+        Self {
+            meta: NonNull::from(Box::leak(meta)),
+        }
+    }
+
+    /// The block carved at `at` (of [`carve_len`](Self::carve_len) bytes)
+    /// to take the place of `like`, a pageable one of the same class: a
+    /// page block, or the head of a slab with as many siblings to carve as
+    /// `like` had.
+    pub(crate) fn carved_like(classes: &Classes, like: &Block, at: Carved) -> Self {
+        let (class, device) = (like.class(), like.device());
+        if !like.in_slab() {
+            return Self::carved(classes, class, device, at);
+        }
+        let mut head = Self::carved_slab(classes, class, device, at);
+        head.meta_mut().uncarved = like.meta().uncarved;
+        head
+    }
+
+    /// Whether the block was carved from a region (a slab's buffers are
+    /// not: their slab's page was, see [`is_region_memory`](Self::is_region_memory)).
     pub(crate) fn is_carved(&self) -> bool {
         self.meta().region.is_some()
     }
 
+    /// Whether the block's memory is a region's: carved from one, or a
+    /// buffer of a slab carved from one.
+    pub(crate) fn is_region_memory(&self) -> bool {
+        self.region_of().is_some()
+    }
+
+    /// The bytes a region gives for a block like this one: its footprint,
+    /// or for a sub-page block, a slab's page.
+    pub(crate) fn carve_len(&self, classes: &Classes) -> usize {
+        if self.in_slab() {
+            slab_len(classes)
+        } else {
+            self.footprint()
+        }
+    }
+
+    /// The region the block's memory is a region's of: the one it was
+    /// carved from, or its slab's page was.
+    #[inline]
+    fn region_of(&self) -> Option<NonNull<Region>> {
+        let meta = self.meta();
+        meta.region.or_else(|| {
+            // SAFETY: a slab block holds a share of its slab.
+            let slab = unsafe { meta.slab?.as_ref() };
+            slab.carved_from()
+        })
+    }
+
     /// Whether the block's region is listed (carvable); false for a block
-    /// of a region unlisted while it was out, or one not carved.
+    /// of a region unlisted while it was out, or one not from a region
+    /// (see [`is_region_memory`](Self::is_region_memory)).
     pub(crate) fn region_listed(&self) -> bool {
-        // SAFETY: a carved block keeps its region alive.
-        self.meta()
-            .region
+        // SAFETY: a block from a region keeps it alive (its slab's page,
+        // for a slab block, is carved until its last share goes).
+        self.region_of()
             .is_some_and(|region| unsafe { Region::is_listed(region) })
     }
 
     /// Whether the block's region drains (see `Regions::drain_excess`).
     pub(crate) fn region_draining(&self) -> bool {
-        // SAFETY: a carved block keeps its region alive.
-        self.meta()
-            .region
+        // SAFETY: as in `region_listed`.
+        self.region_of()
             .is_some_and(|region| unsafe { Region::is_draining(region) })
     }
 
     /// Whether the block's region drains, read without its lock (see
     /// `Region::drains_hint`).
     pub(crate) fn region_drains_hint(&self) -> bool {
-        // SAFETY: a carved block keeps its region alive.
-        self.meta()
-            .region
+        // SAFETY: as in `region_listed`.
+        self.region_of()
             .is_some_and(|region| unsafe { Region::drains_hint(region) })
     }
 
@@ -424,13 +506,32 @@ impl Block {
         let Some(slab) = self.meta().slab else {
             return Unpinned::Alone(self);
         };
+        // SAFETY: the block holds a share of its slab.
+        if unsafe { slab.as_ref() }.carved_from().is_some() {
+            // The page goes back to its region all-zero, with its last
+            // buffer: each buffer zeroes what it wrote before giving up
+            // its share.
+            self.zero_dirty();
+        }
         let meta = self.into_raw();
         // SAFETY: from `into_raw` above, owned by nobody else; the mapping
         // is the slab's, freed with it.
         drop(unsafe { Box::from_raw(meta) });
         // SAFETY: the block held a share, given up here.
         match unsafe { Slab::release_share(slab) } {
-            Some(last) => Unpinned::Last(last),
+            Some(last) => match last.into_carved() {
+                Ok((region, base, len)) => {
+                    // SAFETY: the page was carved from `region` with `len`
+                    // bytes and is given back once, all-zero (every buffer
+                    // of it zeroed its bytes above, and the Acquire of the
+                    // last share's release sees their writes); no copy from
+                    // it is in flight (the caller's contract, for every
+                    // buffer).
+                    let back = unsafe { Region::give_back(region, base, len) };
+                    Unpinned::Carved(back)
+                }
+                Err(last) => Unpinned::Last(last),
+            },
             None => Unpinned::Shared,
         }
     }
@@ -644,8 +745,16 @@ impl Block {
         }
         match slab {
             None => footprint,
-            // SAFETY: the share kept here keeps the slab alive for good.
-            Some(slab) => unsafe { slab.as_ref() }.leaked_bytes(),
+            Some(slab) => {
+                // SAFETY: the share kept here keeps the slab alive for good.
+                let slab = unsafe { slab.as_ref() };
+                if let Some(region) = slab.carved_from() {
+                    // SAFETY: the slab's page was carved there and never
+                    // comes back (this share is never given up).
+                    unsafe { Region::leak_block(region) };
+                }
+                slab.leaked_bytes()
+            }
         }
     }
 }

@@ -12,7 +12,8 @@
 //! written).
 //!
 //! A device has one set of [`Regions`] (see `Shard::regions`), which every
-//! buffer of whole pages is carved from. It grows by demand: the most
+//! buffer of whole pages, and every sub-page slab's page, is carved from.
+//! It grows by demand: the most
 //! bytes its takes held at once, misses included, as the provisioning
 //! tick counts them and as each miss counts them at its take (see
 //! [`Regions::note_in_use`] and [`Regions::note_miss`]); the cleaner grows

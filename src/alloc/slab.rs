@@ -8,11 +8,18 @@
 //! [`LastShare`], unregisters the slab through the backend if it is
 //! registered, then unmaps it (or leaks it, if that failed). The count is
 //! kept by hand because a `Drop` cannot call the backend.
+//!
+//! On a pool that carves from regions, a slab is instead one page carved
+//! from a region ([`Slab::carved`]): pinned with the region, never
+//! registered on its own, and given back to the region by the holder of the
+//! last share (see `Block::unpin`).
 
 use std::ptr::NonNull;
 
 use crate::sync::track::Track;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+use super::region::Region;
 
 /// A page-aligned mapping that sub-page blocks are carved from; see the
 /// module docs. Boxed and shared by raw pointer, its shares counted in
@@ -35,6 +42,9 @@ pub(crate) struct Slab {
     /// Whether a block of the slab was leaked (which keeps the slab from
     /// the OS for good), so that the slab's bytes are counted leaked once.
     leaked: AtomicBool,
+    /// The region the slab's page was carved from, if it was (then it is
+    /// pinned with the region, and goes back to it, never unmapped).
+    carved_from: Option<NonNull<Region>>,
     _track: Track,
 }
 
@@ -42,16 +52,44 @@ impl Slab {
     /// A slab over the mapping at `base` (`mapped` bytes, of which `len`
     /// are registered), with one share: the head's.
     pub(super) fn new(base: NonNull<u8>, len: usize, mapped: usize) -> NonNull<Slab> {
+        Self::boxed(base, len, mapped, None, false)
+    }
+
+    /// A slab over `mapped` bytes at `base` carved from `region` (pinned
+    /// if the region is), with one share: the head's.
+    pub(super) fn carved(
+        base: NonNull<u8>,
+        len: usize,
+        mapped: usize,
+        region: NonNull<Region>,
+        pinned: bool,
+    ) -> NonNull<Slab> {
+        Self::boxed(base, len, mapped, Some(region), pinned)
+    }
+
+    fn boxed(
+        base: NonNull<u8>,
+        len: usize,
+        mapped: usize,
+        carved_from: Option<NonNull<Region>>,
+        pinned: bool,
+    ) -> NonNull<Slab> {
         let slab = Box::new(Slab {
             base,
             len,
             mapped,
             shares: AtomicUsize::new(1),
-            pinned: AtomicBool::new(false),
+            pinned: AtomicBool::new(pinned),
             leaked: AtomicBool::new(false),
+            carved_from,
             _track: Track::new(),
         });
         NonNull::from(Box::leak(slab))
+    }
+
+    /// The region the slab was carved from, if it was.
+    pub(super) fn carved_from(&self) -> Option<NonNull<Region>> {
+        self.carved_from
     }
 
     /// The range a registration of the slab page-locks: all of it.
@@ -136,10 +174,35 @@ impl LastShare {
         self.slab().pinned.store(false, Ordering::Relaxed);
     }
 
-    /// Unmaps the slab, or leaks its mapping if it is still registered.
+    /// For a slab carved from a region: frees the slab's record and
+    /// returns the region, and the page to give back to it (`base` and
+    /// `mapped`); a slab of its own mapping comes back as `Err`.
+    pub(super) fn into_carved(self) -> Result<(NonNull<Region>, *mut u8, usize), LastShare> {
+        let Some(region) = self.slab().carved_from else {
+            return Err(self);
+        };
+        // SAFETY: the last share owns the slab box, made by `Box::leak`.
+        let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
+        Ok((region, slab.base.as_ptr(), slab.mapped))
+    }
+
+    /// Unmaps the slab, or leaks its mapping if it is still registered. A
+    /// slab carved from a region is kept from reuse instead (its page stays
+    /// carved for good): whoever frees rather than gives it back cannot say
+    /// that its bytes are zero.
     pub(crate) fn free(self) {
         // SAFETY: the last share owns the slab box, made by `Box::leak`.
         let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
+        if let Some(region) = slab.carved_from {
+            // SAFETY: the slab's page was carved from `region` and is never
+            // given back, so the region stays alive.
+            unsafe { Region::leak_block(region) };
+            tracing::error!(
+                bytes = slab.mapped,
+                "pinpool: a slab carved from a region was freed without being given back; leaking it"
+            );
+            return;
+        }
         if slab.pinned.load(Ordering::Relaxed) {
             tracing::error!(
                 bytes = slab.len,
@@ -158,6 +221,11 @@ impl LastShare {
     /// Forgets the slab: it stays mapped, and registered if it was.
     pub(crate) fn leak(self) {
         // SAFETY: as in `free`; the mapping is not touched.
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+        let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
+        if let Some(region) = slab.carved_from {
+            // SAFETY: the slab's page was carved from `region` and is never
+            // given back, so the region stays alive.
+            unsafe { Region::leak_block(region) };
+        }
     }
 }

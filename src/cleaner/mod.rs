@@ -711,7 +711,7 @@ impl Cleaner {
             counters.record_ready(at.elapsed());
         }
         Counters::add(&counters.recycled, 1);
-        let back_to_region = block.is_carved()
+        let back_to_region = block.is_region_memory()
             && if block.is_reserved() {
                 !block.region_listed() && !block.region_draining()
             } else {
@@ -751,11 +751,11 @@ impl Cleaner {
         }
     }
 
-    /// Whether `block`, pageable on a pool that carves from regions (and
-    /// not a slab's head, which registers its slab), is replaced in
-    /// `finish` by a block carved from a region, its own memory freed.
+    /// Whether `block`, pageable on a pool that carves from regions, is
+    /// replaced in `finish` by a block carved from a region (a slab's head
+    /// by the head of a slab carved from one), its own memory freed.
     fn replaces(&self, block: &Block) -> bool {
-        self.intake.regions && !block.is_pinned() && !block.in_slab()
+        self.intake.regions && !block.is_pinned()
     }
 
     /// Pins memory for a pageable buffer that came back (a miss, or one
@@ -787,9 +787,10 @@ impl Cleaner {
         // What `reserve` admitted for it: taken over by its growth below,
         // else given back (carved from memory pinned already, or freed).
         let mut share = Claim::reserve_share(env.counters(), like);
-        let (device, class) = (like.device(), like.class());
+        let device = like.device();
         let classes = &env.places.caches.classes;
-        let footprint = like.footprint();
+        // A slab's head takes a page for its slab.
+        let footprint = like.carve_len(classes);
         let regions = env.places.shards[device].regions();
         let _growing = if like.is_reserved() {
             regions.growing()
@@ -821,7 +822,7 @@ impl Cleaner {
             return Replacement::Freed;
         }
         if let Some(at) = regions.carve(footprint) {
-            return Replacement::Carved(Block::carved(classes, class, device, at));
+            return Replacement::Carved(Block::carved_like(classes, like, at));
         }
         // Memory `reserve` asked for is pinned whatever the demand; any
         // other replacement only comes from what the demand grew (its
@@ -830,7 +831,7 @@ impl Cleaner {
             && Self::grow(env, device, regions, footprint, footprint, Some(&mut share))
         {
             if let Some(at) = regions.carve(footprint) {
-                return Replacement::Carved(Block::carved(classes, class, device, at));
+                return Replacement::Carved(Block::carved_like(classes, like, at));
             }
         }
         Replacement::Freed

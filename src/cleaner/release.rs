@@ -34,13 +34,13 @@ pub(crate) fn release(with: Releaser<'_>, block: Block) {
 /// extent. The region goes too if that was its last block and it was
 /// unlisted.
 pub(crate) fn give_back(with: Releaser<'_>, block: Block) {
-    debug_assert!(block.is_carved());
+    debug_assert!(block.is_region_memory());
     free(with, block);
 }
 
 fn free(with: Releaser<'_>, mut block: Block) {
     block.fences_mut().release(with.events);
-    if !block.is_pinned() && !block.is_carved() {
+    if !block.is_pinned() && !block.is_region_memory() {
         drop(block);
         return;
     }
@@ -70,7 +70,8 @@ fn free(with: Releaser<'_>, mut block: Block) {
             }
         }
         Unpinned::Last(slab) => slab.free(),
-        // Back to its region, which stays registered while listed.
+        // Back to its region (a page block, or a slab's page with its last
+        // buffer), which stays registered while listed.
         Unpinned::Carved(None) => {}
         Unpinned::Carved(Some(region)) => release_region(with, device, region),
     }
@@ -198,10 +199,12 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
 /// [`Provisioner::is_hot`]) back to their regions, where they coalesce with
 /// their free neighbours: a buffer kept for same-size reuse while its class
 /// was in demand does not hold region memory once the demand moves to
-/// other sizes (the next take of its size carves again). While a region
-/// drains (see `Regions::drain_excess`), so do the idle buffers of hot
-/// classes carved from it. Buffers pinned on request (`reserve`) or not
-/// carved stay in their class.
+/// other sizes (the next take of its size carves again). A sub-page buffer
+/// of a slab carved from a region gives up its share, and the slab's page
+/// goes back with its last buffer. While a region drains (see
+/// `Regions::drain_excess`), so do the idle buffers of hot classes carved
+/// from it. Buffers pinned on request (`reserve`) or not from a region stay
+/// in their class.
 ///
 /// [`Provisioner::is_hot`]: crate::provision::Provisioner::is_hot
 pub(crate) fn cool(
@@ -218,7 +221,7 @@ pub(crate) fn cool(
         // While a region drains, the idle buffers carved from it go back
         // to it from hot classes too: it goes once they are all back.
         let draining = shard.regions().draining();
-        for class in classes.all().filter(|&c| classes.per_slab(c) == 1) {
+        for class in classes.all() {
             // Relaxed reads: a stale one keeps a buffer a tick longer, or
             // gives one back that the next take of its size carves again.
             let held = shard.len(class);
@@ -233,7 +236,8 @@ pub(crate) fn cool(
                 let Some(block) = shard.pop(class) else {
                     break;
                 };
-                if !block.is_carved() || block.is_reserved() || hot && block.region_listed() {
+                if !block.is_region_memory() || block.is_reserved() || hot && block.region_listed()
+                {
                     kept.push(block);
                     continue;
                 }

@@ -248,15 +248,20 @@ impl Shared {
         let in_use = crate::provision::in_use_now(this.places());
         this.provisioner.note_found(this.places(), &in_use);
         let mut set = None;
-        if this.caches.carves() && !block.in_slab() {
-            let footprint = block.footprint();
+        if this.caches.carves() {
             let regions = this.shards[device].regions();
-            let out = this.caches.intake.note_miss(device, footprint);
-            regions.note_miss(
-                crate::provision::demand_from(this.places(), device, &in_use),
-                footprint,
-            );
-            set = Some((regions, out));
+            let demand = crate::provision::demand_from(this.places(), device, &in_use);
+            if block.in_slab() {
+                // A page for a slab: too little to count among the misses
+                // out (see `Intake::misses_out`), but the regions make
+                // room for it.
+                regions.note_miss(demand, block.carve_len(this.classes()));
+            } else {
+                let footprint = block.footprint();
+                let out = this.caches.intake.note_miss(device, footprint);
+                regions.note_miss(demand, footprint);
+                set = Some((regions, out));
+            }
         }
         // What the regions held when the take found nothing: their figures
         // take their locks, so only when traced.
@@ -281,7 +286,8 @@ impl Shared {
     /// classes, given back to their region for it (so that memory moves
     /// from a class not in demand to one that is). Only classes that are
     /// not hot give their idle buffers up: a hot class keeps them for its
-    /// own next takes (see `Provisioner::is_hot`).
+    /// own next takes (see `Provisioner::is_hot`). A sub-page class carves
+    /// a page for a slab: the take gets its head, its shard the rest.
     #[cold]
     fn carve(
         &self,
@@ -291,16 +297,26 @@ impl Shared {
         class: SizeClass,
     ) -> Option<Block> {
         let classes = self.classes();
-        if classes.per_slab(class) > 1 {
-            // Sub-page buffers come from slabs, never from regions.
-            return None;
-        }
+        let slab = classes.per_slab(class) > 1;
         let shard = &self.shards[device];
-        let footprint = classes.footprint(class);
+        let footprint = if slab {
+            crate::alloc::slab_len(classes)
+        } else {
+            classes.footprint(class)
+        };
         let regions = shard.regions();
         let carve = || {
             let at = regions.carve(footprint)?;
-            let block = Block::carved(classes, class, device, at);
+            let block = if slab {
+                let mut head = Block::carved_slab(classes, class, device, at);
+                for sibling in head.carve() {
+                    let evicted = self.admission.admit(self.places(), sibling, None);
+                    crate::cleaner::release_all(self.releaser(), evicted);
+                }
+                head
+            } else {
+                Block::carved(classes, class, device, at)
+            };
             // Not from the pooled buffers' estimate: free extents are not
             // in it.
             taker.count_hit(block.slot(), 0);

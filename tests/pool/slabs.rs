@@ -1099,3 +1099,72 @@ fn a_leaked_head_counts_its_whole_slab() {
         stats.leaked_bytes
     );
 }
+
+/// With regions (the default), a slab is a page carved from a region: a
+/// sub-page buffer costs no registration of its own (a registration of one
+/// page stalls every stream's copies as a large one does), and a slab goes
+/// back to its region once all of its buffers are freed, so that the region
+/// can be released.
+#[test]
+fn with_regions_slabs_are_pages_carved_from_a_region() {
+    let (pool, faults) = faulty_with(|b| b.regions(true));
+    // Three slabs and one buffer of a fourth, at once.
+    let count = 3 * (page() / 1024) + 1;
+    for _ in 0..20 {
+        let held: Vec<_> = (0..count).map(|_| pool.take(1000)).collect();
+        drop(held);
+        pool.flush();
+    }
+    let mut held: Vec<_> = (0..count).map(|_| pool.take(1000)).collect();
+    let s = pool.stats();
+    assert!(
+        held.iter().all(|b| b.was_pooled() && b.is_pinned()),
+        "a sub-page take missed after 20 rounds: {s:#?}"
+    );
+    assert_disjoint_within_pages(&held);
+    for (i, b) in held.iter_mut().enumerate() {
+        assert_eq!(b.capacity(), 1024);
+        assert!(b.iter().all(|&x| x == 0), "buffer {i} is not zeroed");
+        b.fill(i as u8);
+    }
+    assert!(
+        s.registrations > 0 && s.registered_bytes >= s.registrations * (2 << 20),
+        "a registration smaller than the smallest region: {s:#?}"
+    );
+    assert_eq!(s.regions_released, 0, "{s:#?}");
+    drop(held);
+    pool.flush();
+    pool.clear();
+    let s = pool.stats();
+    assert_eq!(s.pinned_bytes, 0, "a slab kept its region pinned: {s:#?}");
+    assert_eq!(faults.registered(), faults.unregistered());
+    pool.shutdown();
+}
+
+/// With regions, the idle buffers of a sub-page class no longer taken give
+/// up their slab's page, which goes back to its region with the last of
+/// them, as a page class's idle buffers go back: the region is wholly free
+/// again, and a cap below it releases it.
+#[test]
+fn with_regions_a_sub_page_class_no_longer_taken_gives_its_pages_back() {
+    let (pool, faults) = faulty_with(|b| b.regions(true));
+    let count = 3 * (page() / 1024) + 1;
+    let met = eventually(Duration::from_secs(10), || {
+        let held: Vec<_> = (0..count).map(|_| pool.take(1000)).collect();
+        let all = held.iter().all(|b| b.was_pooled() && b.is_pinned());
+        drop(held);
+        pool.flush();
+        all
+    });
+    assert!(met, "setup: never all carved: {:#?}", pool.stats());
+    let whole = eventually(Duration::from_secs(10), || {
+        let s = pool.stats();
+        s.free_extent_bytes == s.region_bytes
+    });
+    assert!(whole, "a slab's page stayed carved: {:#?}", pool.stats());
+    pool.set_max_pooled_bytes(0);
+    let released = eventually(Duration::from_secs(10), || pool.stats().pinned_bytes == 0);
+    assert!(released, "the region was kept: {:#?}", pool.stats());
+    assert_eq!(faults.registered(), faults.unregistered());
+    pool.shutdown();
+}
