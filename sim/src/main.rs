@@ -346,6 +346,12 @@ fn trace_dump(path: &std::path::Path) {
 }
 
 fn sim(mut args: SimArgs) {
+    // Where the trace path came from, for its errors.
+    let trace_from = if args.trace.is_some() {
+        "--trace"
+    } else {
+        "PINPOOL_TRACE"
+    };
     if args.trace.is_none() {
         args.trace = std::env::var_os("PINPOOL_TRACE")
             .filter(|path| !path.is_empty())
@@ -361,7 +367,7 @@ fn sim(mut args: SimArgs) {
         // Fails early, with the path, rather than when pinpool's run
         // builds its pool.
         if let Err(e) = std::fs::File::create(path) {
-            eprintln!("pinpool-sim sim: --trace {}: {e}", path.display());
+            eprintln!("pinpool-sim sim: {trace_from} {}: {e}", path.display());
             std::process::exit(1);
         }
     }
@@ -626,6 +632,31 @@ fn load(subcommand: &str, path: &std::path::Path, host: bool, speed: f64, conf: 
     }
     if replay.takes() == 0 {
         fail("the trace has no takes to replay".to_string());
+    }
+    // Steady hit rates count the takes after the trace's first quarter of
+    // time: with none there, they count nothing, and suggestions made by
+    // them would be vacuous.
+    if replay.steady_takes() == 0 {
+        let message = "the trace has no take in its steady part (after its first quarter of \
+                       time), which steady hits count";
+        if subcommand == "suggest" {
+            fail(format!("{message}: nothing to suggest from"));
+        }
+        eprintln!("warning: {message}: its steady figures count nothing");
+    }
+    // Every strategy holds at least what the trace's takes held at once
+    // (pageable memory, or pinned): a trace recorded on a larger host is
+    // refused here, not when a strategy runs out of memory mid-replay.
+    if let Some(available) = pinpool_sim::machine::available_memory() {
+        let peak = replay.peak_in_use_bytes();
+        if peak > available {
+            fail(format!(
+                "its takes hold {:.1} GiB at once at their peak, and {:.1} GiB of memory are \
+                 available here",
+                peak as f64 / GIB,
+                available as f64 / GIB
+            ));
+        }
     }
     let span = replay.span_ns as f64 / 1e9 / speed;
     if span > MAX_REPLAY_S {

@@ -23,6 +23,7 @@
 //! held to the end of the replay; a drop with no take before it (its take
 //! was among the records lost) is left out and counted.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -175,10 +176,15 @@ impl Replay {
         let mut threads: Vec<Vec<Event>> = Vec::new();
         let mut thread_devices: Vec<Option<usize>> = Vec::new();
         let mut buffers: Vec<Taken> = Vec::new();
-        let (ops, unmatched_drops) = pair(&records);
+        let Paired {
+            ops,
+            unmatched: unmatched_drops,
+            closed,
+        } = pair(&records);
         // Each take's buffer, by the take's place in `ops`.
         let mut buffer_of: Vec<usize> = vec![usize::MAX; ops.len()];
-        for (seq, &(record, paired)) in ops.iter().enumerate() {
+        for (seq, (record, paired)) in ops.iter().enumerate() {
+            let (record, paired) = (record.as_ref(), *paired);
             let (at_ns, thread) = (record.time_ns() - first, thread_of(record));
             let next = thread_index.len();
             let t = *thread_index.entry(thread).or_insert(next);
@@ -282,18 +288,28 @@ impl Replay {
                     .to_string(),
             );
         }
+        if closed > 0 {
+            warnings.push(format!(
+                "{closed} take(s) of an address were followed by another take of it while \
+                 held (their drops were lost): each is dropped at the next take"
+            ));
+        }
         if unmatched_drops > 0 {
             warnings.push(format!(
                 "{unmatched_drops} drop(s) have no take before them and are left out"
             ));
         }
+        // The traced pool's settings, less where it ran (this machine's
+        // backend and devices replay it) and where it wrote its trace (a
+        // replay writes no trace unless asked: a header naming a path,
+        // the trace itself say, must not make it overwrite that file).
         let conf = trace
             .header
             .conf()
             .split(',')
             .filter(|pair| {
                 let key = pair.split('=').next().unwrap_or("");
-                !pair.is_empty() && key != "backend" && key != "devices"
+                !pair.is_empty() && !matches!(key, "backend" | "devices" | "trace")
             })
             .collect::<Vec<_>>()
             .join(",");
@@ -317,6 +333,16 @@ impl Replay {
     /// Takes in all.
     pub fn takes(&self) -> usize {
         self.buffers.len()
+    }
+
+    /// Takes in the trace's steady part (after its first quarter of time),
+    /// which the steady hit rates count.
+    pub fn steady_takes(&self) -> usize {
+        self.threads
+            .iter()
+            .flatten()
+            .filter(|e| matches!(e, Event::Take { steady: true, .. }))
+            .count()
     }
 
     /// Buffers never dropped.
@@ -356,10 +382,26 @@ impl Replay {
     }
 }
 
+/// What [`pair`] makes of a trace's takes and drops.
+struct Paired<'a> {
+    /// The takes and drops in order, each drop with the place of its take.
+    ops: Vec<(Cow<'a, Record>, Option<usize>)>,
+    /// Drops with no take (theirs was lost), left out.
+    unmatched: u64,
+    /// Takes whose drops were lost, dropped at the next take of their
+    /// address.
+    closed: u64,
+}
+
 /// The takes and drops of `records` (sorted by time) in an order that
 /// keeps each thread's own order and puts every drop after its take, each
 /// drop with the place of its take in that order; and how many drops have
 /// no take (theirs was lost), left out.
+///
+/// A take of an address that a take of an earlier tick still holds means
+/// that take's drop was lost (a pool hands an address out once at a time):
+/// that take is dropped, by its taker, at the new take (counted in
+/// `closed`), rather than held to the end of the replay.
 ///
 /// The trace's clock ticks once a millisecond, and the records of one tick
 /// keep the order of the threads' buffers they came from, not the order
@@ -373,15 +415,16 @@ impl Replay {
 /// again, as a pool hands out one buffer once at a time). A drop that
 /// can never come next (its taker's take is not open) pairs with the
 /// earliest open take of its address, or with none.
-fn pair<'a>(records: &[&'a Record]) -> (Vec<(&'a Record, Option<usize>)>, u64) {
+fn pair<'a>(records: &[&'a Record]) -> Paired<'a> {
     /// A take not yet dropped: its place in the order, its thread.
     struct Open {
         op: usize,
         thread: u64,
     }
-    let mut ops: Vec<(&Record, Option<usize>)> = Vec::with_capacity(records.len());
+    let mut ops: Vec<(Cow<'a, Record>, Option<usize>)> = Vec::with_capacity(records.len());
     let mut open: HashMap<u64, Vec<Open>> = HashMap::new();
     let mut unmatched = 0;
+    let mut closed = 0;
     let mut start = 0;
     while start < records.len() {
         let time = records[start].time_ns();
@@ -441,12 +484,35 @@ fn pair<'a>(records: &[&'a Record]) -> (Vec<(&'a Record, Option<usize>)>, u64) {
             let (thread, chain) = &mut chains[c];
             let (_, record) = chain.pop_front().expect("a head was chosen");
             match *record {
-                Record::Take { id, .. } => {
-                    open.entry(id).or_default().push(Open {
+                Record::Take {
+                    id,
+                    time_ns,
+                    device,
+                    ..
+                } => {
+                    let takes = open.entry(id).or_default();
+                    // Held since an earlier tick: its drop was lost.
+                    while let Some(i) = takes.iter().position(|o| ops[o.op].0.time_ns() < time_ns) {
+                        let held = takes.remove(i);
+                        let drop = Record::Drop {
+                            time_ns,
+                            thread: held.thread,
+                            taker: held.thread,
+                            device,
+                            id,
+                            dirty: 0,
+                            copy_recorded: false,
+                            pinned: false,
+                            remote: false,
+                        };
+                        ops.push((Cow::Owned(drop), Some(held.op)));
+                        closed += 1;
+                    }
+                    takes.push(Open {
                         op: ops.len(),
                         thread: *thread,
                     });
-                    ops.push((record, None));
+                    ops.push((Cow::Borrowed(record), None));
                 }
                 Record::Drop { id, taker, .. } => {
                     let takes = open.entry(id).or_default();
@@ -460,7 +526,7 @@ fn pair<'a>(records: &[&'a Record]) -> (Vec<(&'a Record, Option<usize>)>, u64) {
                     match by_taker.or((!takes.is_empty()).then_some(0)) {
                         Some(i) => {
                             let take = takes.remove(i);
-                            ops.push((record, Some(take.op)));
+                            ops.push((Cow::Borrowed(record), Some(take.op)));
                         }
                         None => unmatched += 1,
                     }
@@ -470,7 +536,11 @@ fn pair<'a>(records: &[&'a Record]) -> (Vec<(&'a Record, Option<usize>)>, u64) {
         }
         start = end;
     }
-    (ops, unmatched)
+    Paired {
+        ops,
+        unmatched,
+        closed,
+    }
 }
 
 /// The thread that wrote `record`.
@@ -789,6 +859,34 @@ mod tests {
             drop_(30, 7, 7, 0x1000, 400),
             drop_(40, 9, 9, 0x3000, 1),
         ])
+    }
+
+    /// Takes of an address still held (in the trace) whose drops were
+    /// lost: a pool hands an address out once at a time, so each is dropped
+    /// at the next take of its address, not held to the end.
+    #[test]
+    fn a_take_of_an_address_still_held_drops_the_earlier_take() {
+        let ms = 1_000_000;
+        let (replay, warnings) = Replay::new(
+            &trace(vec![
+                take(0, 7, 0, 0x1000, 300),
+                take(ms, 7, 0, 0x1000, 300),
+                take(2 * ms, 8, 0, 0x1000, 300),
+                drop_(3 * ms, 8, 8, 0x1000, 10),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(replay.takes(), 3);
+        assert_eq!(replay.never_dropped(), 0, "{warnings:?}");
+        assert_eq!(replay.peak_in_use_bytes(), 300);
+        assert_eq!(replay.unmatched_drops, 0);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("2 take(s)") && w.contains("lost")),
+            "{warnings:?}"
+        );
     }
 
     #[test]

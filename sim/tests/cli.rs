@@ -681,3 +681,174 @@ fn emulated_pinning_counts_what_pinpool_would_pin_without_a_gpu() {
         "{emulated}"
     );
 }
+
+/// The pool settings a trace's header names are replayed, but never where
+/// to write a trace: a header naming one (the trace itself, say) is not a
+/// way to make `replay` or `suggest` overwrite a file.
+#[test]
+fn a_trace_setting_in_the_header_is_not_replayed() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("pinpool-sim-cli-hdr-{}.trace", std::process::id()));
+    let victim = dir.join(format!(
+        "pinpool-sim-cli-victim-{}.trace",
+        std::process::id()
+    ));
+    let mut args = TINY.to_vec();
+    args.extend(["--strategies", "pinpool", "--trace", path.to_str().unwrap()]);
+    let out = sim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut trace = pinpool::trace::Trace::read(&path).unwrap();
+    trace
+        .header
+        .entries
+        .push(("setting.trace".into(), victim.to_str().unwrap().into()));
+    let bytes = trace.to_bytes();
+    std::fs::write(&path, &bytes).unwrap();
+    for command in ["replay", "suggest"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+            .args([command, path.to_str().unwrap(), "--host", "--speed", "4"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{command}: {stderr}");
+        assert!(!victim.exists(), "{command} wrote the header's trace path");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "{command} changed the trace"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A trace whose takes hold more at once than this machine has (say, one
+/// recorded on a larger host) is refused with the figures, before any
+/// strategy runs out of memory mid-replay (a panic, or an abort).
+#[test]
+fn a_trace_holding_more_than_this_machine_has_is_refused() {
+    let path =
+        std::env::temp_dir().join(format!("pinpool-sim-cli-huge-{}.trace", std::process::id()));
+    let mut args = TINY.to_vec();
+    args.extend(["--strategies", "pinpool", "--trace", path.to_str().unwrap()]);
+    let out = sim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut trace = pinpool::trace::Trace::read(&path).unwrap();
+    let take = trace
+        .records
+        .iter_mut()
+        .find(|r| matches!(r, pinpool::trace::Record::Take { .. }))
+        .unwrap();
+    if let pinpool::trace::Record::Take { asked, len, .. } = take {
+        (*asked, *len) = (1 << 40, 1 << 40);
+    }
+    std::fs::write(&path, trace.to_bytes()).unwrap();
+    for (command, strategies) in [
+        ("replay", "pinpool"),
+        ("replay", "pageable"),
+        ("replay", "seed"),
+        ("suggest", ""),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"));
+        cmd.args([command, path.to_str().unwrap(), "--host"]);
+        if !strategies.is_empty() {
+            cmd.args(["--strategies", strategies]);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{command} {strategies}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            stderr.contains("at once") && stderr.contains("available"),
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `suggest` judges settings by the steady part of a trace (its last three
+/// quarters of time): a trace with no take there is refused, not answered
+/// with a vacuous 100% for any cap; `replay` warns that its steady figures
+/// count nothing.
+#[test]
+fn a_trace_with_no_steady_take_has_nothing_to_suggest() {
+    use pinpool::trace::{Header, Record, Source, Trace};
+    let path = std::env::temp_dir().join(format!(
+        "pinpool-sim-cli-early-{}.trace",
+        std::process::id()
+    ));
+    let ms = 1_000_000;
+    let mut records = Vec::new();
+    for i in 0..10u64 {
+        records.push(Record::Take {
+            time_ns: ms * i,
+            thread: 7,
+            device: 0,
+            id: 0x10_0000 * (i + 1),
+            asked: 1 << 20,
+            len: 1 << 20,
+            source: Source::Miss,
+        });
+    }
+    for i in 0..10u64 {
+        records.push(Record::Drop {
+            time_ns: 100 * ms,
+            thread: 7,
+            taker: 7,
+            device: 0,
+            id: 0x10_0000 * (i + 1),
+            dirty: 0,
+            copy_recorded: false,
+            pinned: false,
+            remote: false,
+        });
+    }
+    let n = records.len() as u64;
+    records.push(Record::End {
+        time_ns: 100 * ms,
+        records: n,
+        lost: 0,
+    });
+    let trace = Trace {
+        version: pinpool::trace::VERSION,
+        header: Header {
+            entries: vec![
+                ("backend".into(), "host".into()),
+                ("setting.backend".into(), "host".into()),
+            ],
+        },
+        records,
+    };
+    std::fs::write(&path, trace.to_bytes()).unwrap();
+    let run = |command: &str| {
+        Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+            .args([command, path.to_str().unwrap(), "--host"])
+            .output()
+            .unwrap()
+    };
+    let out = run("suggest");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stderr}{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(stderr.contains("no take in its steady part"), "{stderr}");
+    let out = run("replay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("no take in its steady part"), "{stderr}");
+    let _ = std::fs::remove_file(&path);
+}
