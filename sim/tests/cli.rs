@@ -682,6 +682,19 @@ fn emulated_pinning_counts_what_pinpool_would_pin_without_a_gpu() {
     );
 }
 
+/// A tiny run of pinpool traced to `path`, read back.
+fn captured(path: &std::path::Path) -> pinpool::trace::Trace {
+    let mut args = TINY.to_vec();
+    args.extend(["--strategies", "pinpool", "--trace", path.to_str().unwrap()]);
+    let out = sim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    pinpool::trace::Trace::read(path).unwrap()
+}
+
 /// The pool settings a trace's header names are replayed, but never where
 /// to write a trace: a header naming one (the trace itself, say) is not a
 /// way to make `replay` or `suggest` overwrite a file.
@@ -693,15 +706,7 @@ fn a_trace_setting_in_the_header_is_not_replayed() {
         "pinpool-sim-cli-victim-{}.trace",
         std::process::id()
     ));
-    let mut args = TINY.to_vec();
-    args.extend(["--strategies", "pinpool", "--trace", path.to_str().unwrap()]);
-    let out = sim(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut trace = pinpool::trace::Trace::read(&path).unwrap();
+    let mut trace = captured(&path);
     trace
         .header
         .entries
@@ -732,15 +737,7 @@ fn a_trace_setting_in_the_header_is_not_replayed() {
 fn a_trace_holding_more_than_this_machine_has_is_refused() {
     let path =
         std::env::temp_dir().join(format!("pinpool-sim-cli-huge-{}.trace", std::process::id()));
-    let mut args = TINY.to_vec();
-    args.extend(["--strategies", "pinpool", "--trace", path.to_str().unwrap()]);
-    let out = sim(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut trace = pinpool::trace::Trace::read(&path).unwrap();
+    let mut trace = captured(&path);
     let take = trace
         .records
         .iter_mut()
