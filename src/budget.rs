@@ -37,6 +37,11 @@ fn memory_limit() -> Option<u64> {
     }
 }
 
+/// The host's memory (`MemTotal`), in bytes, if it can be read.
+pub(crate) fn host_memory_bytes() -> Option<u64> {
+    mem_total(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
 /// `MemTotal` of a `/proc/meminfo` text, in bytes.
 fn mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;

@@ -753,16 +753,38 @@ fn trace_header(config: &Config, backend: &dyn Backend) -> crate::trace::Header 
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // The processor's name as the system gives it (x86 and most others).
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        });
     let mut entries = vec![
         ("pinpool".to_string(), env!("CARGO_PKG_VERSION").to_string()),
         ("host".to_string(), one_line(host)),
         ("os".to_string(), std::env::consts::OS.to_string()),
         ("arch".to_string(), std::env::consts::ARCH.to_string()),
         ("cores".to_string(), cores.to_string()),
+    ];
+    if let Some(cpu) = cpu {
+        entries.push(("cpu".to_string(), one_line(cpu)));
+    }
+    if let Some(bytes) = crate::budget::host_memory_bytes() {
+        entries.push(("memory_bytes".to_string(), bytes.to_string()));
+    }
+    entries.extend([
         ("started_unix_ms".to_string(), started.to_string()),
         ("backend".to_string(), backend.kind().to_string()),
         ("devices".to_string(), backend.device_count().to_string()),
-    ];
+    ]);
+    // Each GPU's name, on the CUDA backend.
+    for device in 0..backend.device_count() {
+        if let Some(name) = backend.context(device).and_then(|c| c.name().ok()) {
+            entries.push((format!("gpu.{device}"), one_line(name)));
+        }
+    }
     entries.extend(
         config
             .conf_pairs()

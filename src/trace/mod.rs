@@ -30,7 +30,7 @@
 //! | 0 | 8 | the magic `PINPOOLT` |
 //! | 8 | 4 | the version, 2 (a reader reads 1 too: a version 1 file has no unregistrations) |
 //! | 12 | 4 | the header's length `n`, at most 1 MiB |
-//! | 16 | `n` | the header: UTF-8 lines `key=value`, each ending with a newline (the crate's version as `pinpool`, the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `clock`, `devices`, `backend`, `started_unix_ms`) |
+//! | 16 | `n` | the header: UTF-8 lines `key=value`, each ending with a newline (the crate's version as `pinpool`, the pool's settings as `setting.KEY` in the `PINPOOL_CONF` syntax, and the machine: `host`, `os`, `arch`, `cores`, `cpu` (the processor's model name, where the system gives one), `memory_bytes` (the host's `MemTotal`, where readable), `clock`, `devices`, `backend`, `gpu.N` (device N's name, on the CUDA backend), `started_unix_ms`) |
 //! | 16 + `n` | 48 each | records |
 //!
 //! A record is six 64-bit words:

@@ -172,6 +172,16 @@ fn the_header_names_the_settings_and_the_machine() {
     assert_eq!(h.get("devices"), Some("1"));
     assert_eq!(h.get("clock"), Some("tick-1ms"));
     assert!(h.get("cores").unwrap().parse::<usize>().unwrap() >= 1);
+    // The machine: its processor and its memory, as the system names them.
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    if let Some(model) = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')))
+    {
+        assert_eq!(h.get("cpu"), Some(model.1.trim()));
+    }
+    let memory: u64 = h.get("memory_bytes").unwrap().parse().unwrap();
+    assert!(memory >= 1 << 20, "{memory}");
     assert_eq!(h.get("setting.max_pooled_bytes"), Some("3221225472"));
     // The settings build the same pool again.
     let again = Pool::builder()
