@@ -189,11 +189,6 @@ impl Replay {
             let next = thread_index.len();
             let t = *thread_index.entry(thread).or_insert(next);
             if t == threads.len() {
-                if t == MAX_THREADS {
-                    return Err(format!(
-                        "the trace has more than {MAX_THREADS} taking or dropping threads"
-                    ));
-                }
                 threads.push(Vec::new());
                 thread_devices.push(None);
             }
@@ -252,6 +247,20 @@ impl Replay {
                 }
                 _ => unreachable!("only takes and drops are kept"),
             }
+        }
+        if threads.len() > MAX_THREADS {
+            let traced = threads.len();
+            (threads, thread_devices) = fold_threads(threads, thread_devices, &mut buffers);
+            if threads.len() > MAX_THREADS {
+                return Err(format!(
+                    "the trace has more than {MAX_THREADS} taking or dropping threads at once"
+                ));
+            }
+            warnings.push(format!(
+                "{traced} traced threads replay on {} (threads of one device whose takes and \
+                 drops do not overlap in time run one after another)",
+                threads.len()
+            ));
         }
         // The bytes written are known at the drop; the take writes them.
         for events in &mut threads {
@@ -541,6 +550,50 @@ fn pair<'a>(records: &[&'a Record]) -> Paired<'a> {
         unmatched,
         closed,
     }
+}
+
+/// Folds `threads` (with their devices) whose events do not overlap in time
+/// onto fewer threads: each, in order of its first event, goes after the
+/// events of a folded thread of its device that ended before it began, or
+/// on a thread of its own; `buffers`' takers follow.
+fn fold_threads(
+    threads: Vec<Vec<Event>>,
+    devices: Vec<Option<usize>>,
+    buffers: &mut [Taken],
+) -> (Vec<Vec<Event>>, Vec<Option<usize>>) {
+    let first = |events: &[Event]| events.first().map_or(0, Event::at_ns);
+    let mut order: Vec<usize> = (0..threads.len()).collect();
+    order.sort_by_key(|&t| first(&threads[t]));
+    let mut threads: Vec<Option<Vec<Event>>> = threads.into_iter().map(Some).collect();
+    let mut folded: Vec<Vec<Event>> = Vec::new();
+    let mut folded_devices: Vec<Option<usize>> = Vec::new();
+    // Each folded thread's last event time, by device.
+    let mut ends: HashMap<Option<usize>, Vec<(u64, usize)>> = HashMap::new();
+    let mut to = vec![0; threads.len()];
+    for t in order {
+        let events = threads[t].take().expect("each thread once");
+        let (begin, end) = (first(&events), events.last().map_or(0, Event::at_ns));
+        let free = ends.entry(devices[t]).or_default();
+        let slot = match free.iter().position(|&(e, _)| e < begin) {
+            Some(i) => {
+                let slot = free[i].1;
+                free[i].0 = end;
+                folded[slot].extend(events);
+                slot
+            }
+            None => {
+                folded.push(events);
+                folded_devices.push(devices[t]);
+                free.push((end, folded.len() - 1));
+                folded.len() - 1
+            }
+        };
+        to[t] = slot;
+    }
+    for buffer in buffers {
+        buffer.taker = to[buffer.taker];
+    }
+    (folded, folded_devices)
 }
 
 /// The thread that wrote `record`.
@@ -887,6 +940,48 @@ mod tests {
                 .any(|w| w.contains("2 take(s)") && w.contains("lost")),
             "{warnings:?}"
         );
+    }
+
+    /// A process that ran more threads in its life than a replay runs
+    /// (threads that come and go): those whose takes and drops do not
+    /// overlap in time replay one after another on one thread; more than
+    /// that many at once is refused.
+    #[test]
+    fn threads_that_come_and_go_replay_on_fewer_threads() {
+        let ms = 1_000_000;
+        let n = MAX_THREADS as u64 + 10;
+        let records: Vec<_> = (0..n)
+            .flat_map(|i| {
+                [
+                    take(2 * i * ms, i + 1, 0, 0x1000, 100),
+                    drop_((2 * i + 1) * ms, i + 1, i + 1, 0x1000, 10),
+                ]
+            })
+            .collect();
+        let (replay, warnings) = Replay::new(&trace(records), None).unwrap();
+        assert_eq!(replay.takes(), n as usize);
+        assert_eq!(replay.threads.len(), 1, "{warnings:?}");
+        assert_eq!(replay.never_dropped(), 0);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains(&format!("{n} traced threads"))),
+            "{warnings:?}"
+        );
+        // Every thread's takes and drops overlapping every other's: refused.
+        let records: Vec<_> = (0..n)
+            .flat_map(|i| {
+                let id = 0x1000 * (i + 1);
+                [
+                    take(i * ms, i + 1, 0, id, 100),
+                    drop_((n + i) * ms, i + 1, i + 1, id, 10),
+                ]
+            })
+            .collect();
+        let Err(e) = Replay::new(&trace(records), None) else {
+            panic!("{n} threads at once replayed");
+        };
+        assert!(e.contains("at once"), "{e}");
     }
 
     #[test]
