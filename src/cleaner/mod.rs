@@ -706,7 +706,6 @@ impl Cleaner {
             release_regions_over_budget(env.releaser(), env.places.shards);
             return;
         }
-        let siblings = block.carve();
         if let Some(at) = block.meta_mut().dropped_at.take() {
             counters.record_ready(at.elapsed());
         }
@@ -734,14 +733,20 @@ impl Cleaner {
             }
             return;
         }
+        // The head of a new slab carves its siblings once it stays pooled
+        // (one going back to its region gives the page back whole).
+        let siblings = block.carve();
         let ticket = block.take_ticket();
         let (home, to_shard) = (returned.home, returned.to_shard);
         let block = returned.into_block();
         // SAFETY: see `Returned`'s `Send` impl.
         let home = unsafe { home.as_ref() };
-        // A carved buffer goes to its shard, where a take short of memory
-        // can give it back to its region (see `Shared::carve`).
-        let place = (!to_shard && !block.is_carved()).then_some(home);
+        // A buffer of region memory goes to its shard, where a take short
+        // of memory can give it back to its region (see `Shared::carve`) and
+        // the sweep gives it up once its class is cold (see
+        // `release::cool`), not to a cache, whose ready lists neither
+        // looks in.
+        let place = (!to_shard && !block.is_region_memory()).then_some(home);
         for block in siblings.into_iter().chain(std::iter::once(block)) {
             let evicted = env.admission.admit(env.places, block, place);
             release_all(env.releaser(), evicted);
