@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{model, model_bounded, pinning_pool, pool, workerless_pool};
+use common::{model, model_bounded, own_slabs_pool, pinning_pool, pool};
 use loom::thread;
 
 /// A 4-byte buffer is cleaned as two 2-byte chunks by two workers. Four
@@ -93,7 +93,10 @@ fn event_less_pinned_buffers_wait_for_a_later_synchronize() {
 /// freed on two threads at once: one evicted by a cap lowered to 0, the
 /// other released by a flush on another thread when it comes back under
 /// that cap. No cleaner worker runs (the flushes clean), so the model
-/// races only those two threads and runs at two preemptions.
+/// races only those two threads and runs at two preemptions. The slab is
+/// registered on its own (regions off); a slab carved from a region
+/// counts its shares the same way, and gives its page back where this one
+/// unregisters.
 ///
 /// Catches: a slab share count that loses an update (neither release sees
 /// itself last: the slab stays registered, and loom reports it leaked) or
@@ -101,7 +104,7 @@ fn event_less_pinned_buffers_wait_for_a_later_synchronize() {
 #[test]
 fn a_slab_is_unregistered_once_after_both_of_its_buffers() {
     model(|| {
-        let (pool, faults) = workerless_pool(&[]);
+        let (pool, faults) = own_slabs_pool();
         drop(pool.take(1));
         pool.flush();
         assert_eq!(pool.stats().pooled_buffers, 2, "the slab was not carved");

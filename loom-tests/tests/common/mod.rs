@@ -81,6 +81,24 @@ pub fn workerless_pool(refused: &[&str]) -> (Pool, StdArc<Faults>) {
     (pool, faults)
 }
 
+/// As [`workerless_pool`], each buffer and slab pinned on its own
+/// (`PoolBuilder::regions(false)`): a sub-page miss's slab is registered
+/// and carved when it comes back, where with regions it is freed (its
+/// class not being in demand) and the next take carves a page.
+pub fn own_slabs_pool() -> (Pool, StdArc<Faults>) {
+    let faults = StdArc::new(Faults::default());
+    faults.fail_spawn("pinpool-cleaner");
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .borrow_slack(0)
+        .regions(false)
+        .build()
+        .unwrap();
+    (pool, faults)
+}
+
 /// As [`workerless_pool`], with buffers carved from regions
 /// (`PoolBuilder::regions`).
 pub fn carving_pool() -> (Pool, StdArc<Faults>) {
