@@ -525,9 +525,10 @@ fn registration_words(
     [head(kind, flags, device), time_ns, 0, id, bytes, took_ns]
 }
 
-/// Nanoseconds as microseconds, to the nanosecond.
+/// Nanoseconds as microseconds, to the nanosecond (exact at any size: a
+/// float loses nanoseconds past about 2^53).
 fn us(ns: u64) -> String {
-    format!("{:.3}", ns as f64 / 1e3)
+    format!("{}.{:03}", ns / 1000, ns % 1000)
 }
 
 /// A registration's or an unregistration's fields as text: device,

@@ -1629,3 +1629,15 @@ fn a_path_swapped_to_a_link_while_a_pool_starts_never_truncates_a_trace() {
         read.map(|t| t.records.len())
     );
 }
+
+/// A record's times print as microseconds to the nanosecond, exactly,
+/// however large (a float lost nanoseconds past about 2^53).
+#[test]
+fn record_times_print_exactly() {
+    let flush = |time_ns, took_ns| format!("{}", Record::Flush { time_ns, took_ns });
+    assert_eq!(flush(1_234_567, 1), "1234.567 flush took_us=0.001");
+    assert_eq!(
+        flush(u64::MAX, 0),
+        "18446744073709551.615 flush took_us=0.000"
+    );
+}
