@@ -849,3 +849,99 @@ fn a_trace_with_no_steady_take_has_nothing_to_suggest() {
     assert!(stderr.contains("no take in its steady part"), "{stderr}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A trace setting spelled with a space (pinpool trims keys) is no more a
+/// way to make `replay` write a file than `setting.trace` is.
+#[test]
+fn a_spaced_trace_setting_in_the_header_is_not_replayed() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("pinpool-sim-cli-sp-{}.trace", std::process::id()));
+    let victim = dir.join(format!("pinpool-sim-cli-spv-{}.trace", std::process::id()));
+    let mut trace = captured(&path);
+    trace
+        .header
+        .entries
+        .push(("setting. trace".into(), victim.to_str().unwrap().into()));
+    std::fs::write(&path, trace.to_bytes()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+        .args([
+            "replay",
+            path.to_str().unwrap(),
+            "--host",
+            "--strategies",
+            "pinpool",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let written = victim.exists();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&victim);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !written,
+        "replay wrote the header's trace path {}",
+        victim.display()
+    );
+}
+
+/// Likewise `backend` and `devices`, which the replay sets: a spaced key
+/// must not build a pool that cannot run here (a panic).
+#[test]
+fn a_spaced_backend_setting_in_the_header_does_not_panic() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("pinpool-sim-cli-spb-{}.trace", std::process::id()));
+    let mut trace = captured(&path);
+    trace
+        .header
+        .entries
+        .push(("setting.backend ".into(), "cuda".into()));
+    std::fs::write(&path, trace.to_bytes()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+        .args([
+            "replay",
+            path.to_str().unwrap(),
+            "--host",
+            "--strategies",
+            "pinpool",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_file(&path);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A spaced `devices` key (pinpool trims keys) must not shrink the pool
+/// below the devices the replay takes on.
+#[test]
+fn a_spaced_devices_setting_in_the_header_does_not_panic() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("pinpool-sim-cli-spd-{}.trace", std::process::id()));
+    let mut trace = captured(&path);
+    for r in &mut trace.records {
+        if let pinpool::trace::Record::Take { device, .. }
+        | pinpool::trace::Record::Drop { device, .. } = r
+        {
+            *device = 1;
+        }
+    }
+    trace
+        .header
+        .entries
+        .push(("setting.devices ".into(), "1".into()));
+    std::fs::write(&path, trace.to_bytes()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
+        .args([
+            "replay",
+            path.to_str().unwrap(),
+            "--host",
+            "--strategies",
+            "pinpool",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_file(&path);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
