@@ -850,18 +850,16 @@ fn a_trace_with_no_steady_take_has_nothing_to_suggest() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A trace setting spelled with a space (pinpool trims keys) is no more a
-/// way to make `replay` write a file than `setting.trace` is.
-#[test]
-fn a_spaced_trace_setting_in_the_header_is_not_replayed() {
-    let dir = std::env::temp_dir();
-    let path = dir.join(format!("pinpool-sim-cli-sp-{}.trace", std::process::id()));
-    let victim = dir.join(format!("pinpool-sim-cli-spv-{}.trace", std::process::id()));
+/// Captures a tiny traced run as [`captured`] does, lets `edit` change its
+/// trace, and replays it through pinpool on the host backend; the replay's
+/// output (the trace file is removed).
+fn replay_edited(name: &str, edit: impl FnOnce(&mut pinpool::trace::Trace)) -> Output {
+    let path = std::env::temp_dir().join(format!(
+        "pinpool-sim-cli-{name}-{}.trace",
+        std::process::id()
+    ));
     let mut trace = captured(&path);
-    trace
-        .header
-        .entries
-        .push(("setting. trace".into(), victim.to_str().unwrap().into()));
+    edit(&mut trace);
     std::fs::write(&path, trace.to_bytes()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
         .args([
@@ -873,11 +871,29 @@ fn a_spaced_trace_setting_in_the_header_is_not_replayed() {
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let written = victim.exists();
     let _ = std::fs::remove_file(&path);
+    out
+}
+
+/// A trace setting spelled with a space (pinpool trims keys) is no more a
+/// way to make `replay` write a file than `setting.trace` is.
+#[test]
+fn a_spaced_trace_setting_in_the_header_is_not_replayed() {
+    let victim =
+        std::env::temp_dir().join(format!("pinpool-sim-cli-spv-{}.trace", std::process::id()));
+    let out = replay_edited("sp", |trace| {
+        trace
+            .header
+            .entries
+            .push(("setting. trace".into(), victim.to_str().unwrap().into()));
+    });
+    let written = victim.exists();
     let _ = std::fs::remove_file(&victim);
-    assert!(out.status.success(), "{stderr}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         !written,
         "replay wrote the header's trace path {}",
@@ -886,62 +902,31 @@ fn a_spaced_trace_setting_in_the_header_is_not_replayed() {
 }
 
 /// Likewise `backend` and `devices`, which the replay sets: a spaced key
-/// must not build a pool that cannot run here (a panic).
+/// must not build a pool that cannot run here, or one with fewer devices
+/// than the replay takes on (a panic).
 #[test]
-fn a_spaced_backend_setting_in_the_header_does_not_panic() {
-    let dir = std::env::temp_dir();
-    let path = dir.join(format!("pinpool-sim-cli-spb-{}.trace", std::process::id()));
-    let mut trace = captured(&path);
-    trace
-        .header
-        .entries
-        .push(("setting.backend ".into(), "cuda".into()));
-    std::fs::write(&path, trace.to_bytes()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
-        .args([
-            "replay",
-            path.to_str().unwrap(),
-            "--host",
-            "--strategies",
-            "pinpool",
-        ])
-        .output()
-        .unwrap();
+fn spaced_backend_and_devices_settings_in_the_header_do_not_panic() {
+    let out = replay_edited("spb", |trace| {
+        trace
+            .header
+            .entries
+            .push(("setting.backend ".into(), "cuda".into()));
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_file(&path);
     assert!(!stderr.contains("panicked"), "{stderr}");
-}
-
-/// A spaced `devices` key (pinpool trims keys) must not shrink the pool
-/// below the devices the replay takes on.
-#[test]
-fn a_spaced_devices_setting_in_the_header_does_not_panic() {
-    let dir = std::env::temp_dir();
-    let path = dir.join(format!("pinpool-sim-cli-spd-{}.trace", std::process::id()));
-    let mut trace = captured(&path);
-    for r in &mut trace.records {
-        if let pinpool::trace::Record::Take { device, .. }
-        | pinpool::trace::Record::Drop { device, .. } = r
-        {
-            *device = 1;
+    let out = replay_edited("spd", |trace| {
+        for r in &mut trace.records {
+            if let pinpool::trace::Record::Take { device, .. }
+            | pinpool::trace::Record::Drop { device, .. } = r
+            {
+                *device = 1;
+            }
         }
-    }
-    trace
-        .header
-        .entries
-        .push(("setting.devices ".into(), "1".into()));
-    std::fs::write(&path, trace.to_bytes()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_pinpool-sim"))
-        .args([
-            "replay",
-            path.to_str().unwrap(),
-            "--host",
-            "--strategies",
-            "pinpool",
-        ])
-        .output()
-        .unwrap();
+        trace
+            .header
+            .entries
+            .push(("setting.devices ".into(), "1".into()));
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_file(&path);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

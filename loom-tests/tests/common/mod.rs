@@ -86,34 +86,28 @@ pub fn workerless_pool(refused: &[&str]) -> (Pool, StdArc<Faults>) {
 /// and carved when it comes back, where with regions it is freed (its
 /// class not being in demand) and the next take carves a page.
 pub fn own_slabs_pool() -> (Pool, StdArc<Faults>) {
-    let faults = StdArc::new(Faults::default());
-    faults.fail_spawn("pinpool-cleaner");
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(1)
-        .size_classes(SizeClasses::PowersOfTwo)
-        .borrow_slack(0)
-        .regions(false)
-        .build()
-        .unwrap();
-    (pool, faults)
+    workerless_with(|b| b.regions(false))
 }
 
 /// As [`workerless_pool`], with buffers carved from regions
 /// (`PoolBuilder::regions`).
 pub fn carving_pool() -> (Pool, StdArc<Faults>) {
+    workerless_with(|b| b.provision(false).regions(true))
+}
+
+/// A pool as [`workerless_pool`] makes with no thread refused, with what
+/// `settings` adds.
+fn workerless_with(
+    settings: impl FnOnce(pinpool::PoolBuilder) -> pinpool::PoolBuilder,
+) -> (Pool, StdArc<Faults>) {
     let faults = StdArc::new(Faults::default());
     faults.fail_spawn("pinpool-cleaner");
-    let pool = Pool::builder()
+    let builder = Pool::builder()
         .faults(faults.clone())
         .cleaner_threads(1)
         .size_classes(SizeClasses::PowersOfTwo)
-        .borrow_slack(0)
-        .provision(false)
-        .regions(true)
-        .build()
-        .unwrap();
-    (pool, faults)
+        .borrow_slack(0);
+    (settings(builder).build().unwrap(), faults)
 }
 
 /// A pool whose calling thread's cache holds one ready buffer of 8 bytes;
