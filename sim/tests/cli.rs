@@ -913,7 +913,8 @@ fn spaced_backend_and_devices_settings_in_the_header_do_not_panic() {
             .push(("setting.backend ".into(), "cuda".into()));
     });
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    // On the host backend, as `--host` asks (it failed for want of a GPU).
+    assert!(out.status.success(), "{stderr}");
     let out = replay_edited("spd", |trace| {
         for r in &mut trace.records {
             if let pinpool::trace::Record::Take { device, .. }

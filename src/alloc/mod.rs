@@ -748,11 +748,8 @@ impl Block {
             Some(slab) => {
                 // SAFETY: the share kept here keeps the slab alive for good.
                 let slab = unsafe { slab.as_ref() };
-                if let Some(region) = slab.carved_from() {
-                    // SAFETY: the slab's page was carved there and never
-                    // comes back (this share is never given up).
-                    unsafe { Region::leak_block(region) };
-                }
+                // This share is never given up: the page never comes back.
+                slab.keep_page_carved();
                 slab.leaked_bytes()
             }
         }

@@ -92,6 +92,20 @@ impl Slab {
         self.carved_from
     }
 
+    /// For a slab carved from a region whose page will never be given
+    /// back (a buffer of it leaked, or the slab freed rather than given
+    /// back): marks the region leaked, so that it is never unmapped and a
+    /// drain of it is given up. Whether the slab was carved from one.
+    pub(super) fn keep_page_carved(&self) -> bool {
+        let Some(region) = self.carved_from else {
+            return false;
+        };
+        // SAFETY: the slab's page was carved from `region` and is never
+        // given back, so the region stays alive.
+        unsafe { Region::leak_block(region) };
+        true
+    }
+
     /// The range a registration of the slab page-locks: all of it.
     pub(super) fn region(&self) -> (*mut u8, usize) {
         (self.base.as_ptr(), self.len)
@@ -193,10 +207,7 @@ impl LastShare {
     pub(crate) fn free(self) {
         // SAFETY: the last share owns the slab box, made by `Box::leak`.
         let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
-        if let Some(region) = slab.carved_from {
-            // SAFETY: the slab's page was carved from `region` and is never
-            // given back, so the region stays alive.
-            unsafe { Region::leak_block(region) };
+        if slab.keep_page_carved() {
             tracing::error!(
                 bytes = slab.mapped,
                 "pinpool: a slab carved from a region was freed without being given back; leaking it"
@@ -222,10 +233,6 @@ impl LastShare {
     pub(crate) fn leak(self) {
         // SAFETY: as in `free`; the mapping is not touched.
         let slab = unsafe { Box::from_raw(self.0.as_ptr()) };
-        if let Some(region) = slab.carved_from {
-            // SAFETY: the slab's page was carved from `region` and is never
-            // given back, so the region stays alive.
-            unsafe { Region::leak_block(region) };
-        }
+        slab.keep_page_carved();
     }
 }

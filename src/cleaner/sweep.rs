@@ -106,8 +106,9 @@ impl Cleaner {
     /// up, if the owners took other sizes from then on: to the cleaner,
     /// which gives them back to their region once their copies are done and
     /// they are clean. (A take that would reuse one sends it there itself:
-    /// see `Shared::take`'s `back_to_draining`. Carved buffers are never
-    /// ready in a cache's lists: the cleaner pools them in their shard.)
+    /// see `Shared::take`'s `back_to_draining`. Buffers of region memory,
+    /// carved or of a slab carved from one, are never ready in a cache's
+    /// lists: the cleaner pools them in their shard.)
     /// Reserved ones stay, as they stay pooled while their region drains.
     /// Owners of caches holding deferred buffers are locked out meanwhile,
     /// busy ones too: at most four times a drain.
