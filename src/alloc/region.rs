@@ -456,6 +456,12 @@ struct Totals {
     /// The largest footprint a take found no free extent for since a
     /// grower last took the shortfall.
     largest_miss: AtomicUsize,
+    /// When a take last found no free extent for its footprint (same clock
+    /// as `peak_rose`), and when the run of such misses that it ends
+    /// began: the first after [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX)
+    /// without any.
+    extent_missed: AtomicU64,
+    extent_misses_since: AtomicU64,
     /// The most wanted at once since the last tick took it (see
     /// [`Regions::take_demand_peak`]): unlike `peak`, never reset by an
     /// unlisting.
@@ -626,6 +632,15 @@ impl Regions {
     pub(crate) fn note_miss(&self, demand: usize, len: usize) {
         // Relaxed: see `Totals`.
         self.raise_peak(demand);
+        if len > 0 {
+            let now = since_epoch();
+            let last = self.totals.extent_missed.swap(now, Ordering::Relaxed);
+            if now.saturating_sub(last) >= Tune::GROWTH_SETTLE_MAX.as_nanos() as u64 {
+                self.totals
+                    .extent_misses_since
+                    .store(now, Ordering::Relaxed);
+            }
+        }
         self.totals.largest_miss.fetch_max(len, Ordering::Relaxed);
         self.totals.missed.store(true, Ordering::Relaxed);
     }
@@ -735,15 +750,53 @@ impl Regions {
     /// bytes, makes the growth at least a region that holds it (the bytes
     /// free in smaller extents cannot serve it, however many they are),
     /// unless a free extent holds it now.
+    ///
+    /// A miss for want of bytes while the regions hold the demand (every
+    /// byte but a few carved: buffers idle in hot classes, their copies in
+    /// flight, or in the cleaner) grows them only once such misses have
+    /// gone on for [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX), and
+    /// then by an eighth of what they hold at least: threads that start
+    /// while the buffers of those that ended are still in the cleaner miss
+    /// for a moment, and a region grown for each such moment registered
+    /// one small region after another (a loop of 1 MiB copies on 16
+    /// threads restarted six times: up to five of 2 MiB on a set of 72);
+    /// copies that keep more in flight than the set holds go on missing,
+    /// and grow it.
     fn with_extent(&self, mut short: Shortfall, len: usize) -> Shortfall {
-        if len > short.need && len > self.figures().largest_free {
+        let figures = self.figures();
+        if len > short.need && len > figures.largest_free {
+            let mut want = len;
+            if figures.free < len && short.need == 0 {
+                // Every byte but a few is carved, and the demand is held:
+                // the rest is idle, in flight or in the cleaner, and comes
+                // back unless such misses go on.
+                if !self.extent_misses_persist() {
+                    return short;
+                }
+                want = want.max(figures.bytes / 8);
+            }
             if short.need == 0 {
                 short.merge = len;
             }
-            short.want = short.want.max(len);
+            short.want = short.want.max(want);
             short.need = len;
         }
         short
+    }
+
+    /// Whether takes have found no free extent for their footprint for
+    /// [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX) or longer, one
+    /// within the last such time.
+    fn extent_misses_persist(&self) -> bool {
+        let settle = Tune::GROWTH_SETTLE_MAX.as_nanos() as u64;
+        if settle == 0 {
+            return true;
+        }
+        // Relaxed: see `Totals`.
+        let last = self.totals.extent_missed.load(Ordering::Relaxed);
+        let since = self.totals.extent_misses_since.load(Ordering::Relaxed);
+        let now = since_epoch();
+        last != 0 && now.saturating_sub(last) < settle && last.saturating_sub(since) >= settle
     }
 
     /// The misses a failed growth took count as unmet again.
@@ -1726,6 +1779,45 @@ mod tests {
         let short = regions.shortfall();
         assert_eq!(short.need, mib / 2);
         assert!(short.want >= 2 * mib + mib / 2, "{short:?}");
+        for r in regions.unlist_idle(|_, _| true, false) {
+            r.free();
+        }
+    }
+
+    /// A take that finds no free extent while every byte is carved and
+    /// the demand is held grows nothing at once: the bytes out come back
+    /// (a burst of threads starting while the buffers of those that ended
+    /// were in the cleaner grew a small region for each burst). Misses of
+    /// that kind that go on for `GROWTH_SETTLE_MAX` grow the regions by an
+    /// eighth at least.
+    #[test]
+    fn a_moment_without_free_bytes_grows_nothing_until_it_lasts() {
+        let regions = Regions::new(None);
+        let mib = 1 << 20;
+        regions.grow(16 * mib, Vec::new(), &mut Some, None).unwrap();
+        let all = regions.carve(16 * mib).unwrap();
+        let first = Instant::now();
+        regions.note_miss(4 * mib, mib);
+        assert_eq!(regions.shortfall().want, 0, "grew for a moment's misses");
+        let settle = Tune::GROWTH_SETTLE_MAX;
+        let grown = loop {
+            std::thread::sleep(Duration::from_millis(1));
+            regions.note_miss(4 * mib, mib);
+            let short = regions.shortfall();
+            if short.want > 0 {
+                break short;
+            }
+            assert!(first.elapsed() < Duration::from_secs(5), "never grew");
+        };
+        assert!(
+            first.elapsed() >= settle,
+            "grew after {:?}",
+            first.elapsed()
+        );
+        assert_eq!((grown.want, grown.need), (2 * mib, mib));
+        // SAFETY: carved above, given back once, untouched.
+        let last = unsafe { Region::give_back(all.region, all.ptr.as_ptr(), 16 * mib) };
+        assert!(last.is_none(), "a listed region stays with its set");
         for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
         }
