@@ -463,20 +463,36 @@ fn small_until(pool: &Pool, max: Duration, mut until: impl FnMut(&Pool) -> bool)
 /// A drained region whose last buffer came back just before a `clear`
 /// goes with the clear, as every other region with nothing carved does:
 /// nothing is left pinned outside the listed regions.
+///
+/// The set-up needs the buffer held to lie in the large phase's region,
+/// which then drains with it out. Where that phase grew in two steps (a
+/// loaded box: its first growth saw part of its takes, the second added 4
+/// MiB), the buffer was carved from the small region, the large one went
+/// at once, wholly free, and no drain was seen under way (a fresh-clone
+/// run, and 2-9 of 32 runs with four at once): such a set-up starts over.
 #[test]
 fn a_clear_releases_a_drained_region_whose_buffers_came_back() {
     let idle = Duration::from_secs(3);
-    let (pool, _faults) = pool(idle);
-    large_phase(&pool, 32);
-    let held = pool.take(MIB);
-    assert!(held.was_pooled() && held.is_pinned());
-    // A drain under way: the pinned bytes pass what the listed regions
-    // hold by the drained region.
-    let drained = small_until(&pool, idle * 6, |pool| {
-        let s = pool.stats();
-        s.regions_drained > 0 && s.pinned_bytes >= s.region_bytes as u64 + 16 * MIB as u64
-    });
-    assert!(drained, "setup: no drain: {:#?}", pool.stats());
+    let mut attempts = 0;
+    let (pool, held) = loop {
+        attempts += 1;
+        let (pool, _faults) = pool(idle);
+        large_phase(&pool, 32);
+        let held = pool.take(MIB);
+        assert!(held.was_pooled() && held.is_pinned());
+        // A drain under way: the pinned bytes pass what the listed regions
+        // hold by the drained region.
+        let drained = small_until(&pool, idle * 6, |pool| {
+            let s = pool.stats();
+            s.regions_drained > 0 && s.pinned_bytes >= s.region_bytes as u64 + 16 * MIB as u64
+        });
+        if drained {
+            break (pool, held);
+        }
+        assert!(attempts < 4, "setup: no drain: {:#?}", pool.stats());
+        drop(held);
+        pool.shutdown();
+    };
     drop(held);
     pool.flush();
     pool.clear();
