@@ -430,6 +430,30 @@ pub(crate) struct Carved {
     pub(crate) pinned: bool,
 }
 
+/// Runs of takes that found no free bytes (see
+/// [`Regions::extent_misses_persist`]) within [`EXTENT_MISS_WINDOW`] that
+/// grow the regions however short each was: misses that come back this
+/// often are a standing shortage, not threads starting while buffers of
+/// others are in the cleaner (a staging loop's threads restarted every
+/// half second or more make at most two).
+const EXTENT_MISS_RUNS: usize = 3;
+
+/// See [`EXTENT_MISS_RUNS`].
+const EXTENT_MISS_WINDOW: Duration = Duration::from_secs(1);
+
+/// How misses for want of free bytes have gone on (see
+/// [`Regions::extent_misses_persist`]).
+enum Persist {
+    /// Not, or not for long: the bytes out come back.
+    No,
+    /// In runs that each last a moment but come back: the regions grow by
+    /// the buffer missed.
+    Recurring,
+    /// For [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX) or longer: the
+    /// regions grow by an eighth at least.
+    Lasting,
+}
+
 /// What a device's listed regions hold, and what the device's takes have
 /// wanted of them. Every access is Relaxed: the figures size the next
 /// region, and a stale one makes it a little larger or smaller than the
@@ -462,6 +486,10 @@ struct Totals {
     /// without any.
     extent_missed: AtomicU64,
     extent_misses_since: AtomicU64,
+    /// Runs of such misses begun since `extent_runs_since` (same clock),
+    /// less than [`EXTENT_MISS_WINDOW`] ago when counting began.
+    extent_runs: AtomicUsize,
+    extent_runs_since: AtomicU64,
     /// The most wanted at once since the last tick took it (see
     /// [`Regions::take_demand_peak`]): unlike `peak`, never reset by an
     /// unlisting.
@@ -632,13 +660,24 @@ impl Regions {
     pub(crate) fn note_miss(&self, demand: usize, len: usize) {
         // Relaxed: see `Totals`.
         self.raise_peak(demand);
-        if len > 0 {
+        // Not under the models (no waiting there, see
+        // `extent_misses_persist`): a branch on the clock would make the
+        // interleavings explored differ from one run to the next.
+        let settle = Tune::GROWTH_SETTLE_MAX.as_nanos() as u64;
+        if len > 0 && settle > 0 {
             let now = since_epoch();
             let last = self.totals.extent_missed.swap(now, Ordering::Relaxed);
-            if now.saturating_sub(last) >= Tune::GROWTH_SETTLE_MAX.as_nanos() as u64 {
+            if now.saturating_sub(last) >= settle {
                 self.totals
                     .extent_misses_since
                     .store(now, Ordering::Relaxed);
+                let counting = self.totals.extent_runs_since.load(Ordering::Relaxed);
+                if now.saturating_sub(counting) > EXTENT_MISS_WINDOW.as_nanos() as u64 {
+                    self.totals.extent_runs_since.store(now, Ordering::Relaxed);
+                    self.totals.extent_runs.store(1, Ordering::Relaxed);
+                } else {
+                    self.totals.extent_runs.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         self.totals.largest_miss.fetch_max(len, Ordering::Relaxed);
@@ -754,8 +793,9 @@ impl Regions {
     /// A miss for want of bytes while the regions hold the demand (every
     /// byte but a few carved: buffers idle in hot classes, their copies in
     /// flight, or in the cleaner) grows them only once such misses have
-    /// gone on for [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX), and
-    /// then by an eighth of what they hold at least: threads that start
+    /// gone on (see [`extent_misses_persist`](Self::extent_misses_persist)),
+    /// by the buffer missed where they come back in short runs, by an
+    /// eighth of what they hold at least where one run lasts: threads that start
     /// while the buffers of those that ended are still in the cleaner miss
     /// for a moment, and a region grown for each such moment registered
     /// one small region after another (a loop of 1 MiB copies on 16
@@ -770,10 +810,11 @@ impl Regions {
                 // Every byte but a few is carved, and the demand is held:
                 // the rest is idle, in flight or in the cleaner, and comes
                 // back unless such misses go on.
-                if !self.extent_misses_persist() {
-                    return short;
+                match self.extent_misses_persist() {
+                    Persist::No => return short,
+                    Persist::Recurring => {}
+                    Persist::Lasting => want = want.max(figures.bytes / 8),
                 }
-                want = want.max(figures.bytes / 8);
             }
             if short.need == 0 {
                 short.merge = len;
@@ -784,19 +825,32 @@ impl Regions {
         short
     }
 
-    /// Whether takes have found no free extent for their footprint for
-    /// [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX) or longer, one
-    /// within the last such time.
-    fn extent_misses_persist(&self) -> bool {
+    /// Whether takes that found no free extent for their footprint are
+    /// still missing (one within the last
+    /// [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX)), and how they have
+    /// gone on: for that long or longer, or in [`EXTENT_MISS_RUNS`] runs or
+    /// more within [`EXTENT_MISS_WINDOW`] (misses spaced further apart than
+    /// that time each begin a run). Relaxed reads (see `Totals`): a stale
+    /// one grows the regions one miss early or late.
+    fn extent_misses_persist(&self) -> Persist {
         let settle = Tune::GROWTH_SETTLE_MAX.as_nanos() as u64;
         if settle == 0 {
-            return true;
+            // No waiting under the models: each miss grows by its buffer.
+            return Persist::Recurring;
         }
-        // Relaxed: see `Totals`.
         let last = self.totals.extent_missed.load(Ordering::Relaxed);
         let since = self.totals.extent_misses_since.load(Ordering::Relaxed);
+        let runs = self.totals.extent_runs.load(Ordering::Relaxed);
         let now = since_epoch();
-        last != 0 && now.saturating_sub(last) < settle && last.saturating_sub(since) >= settle
+        if last == 0 || now.saturating_sub(last) >= settle {
+            Persist::No
+        } else if last.saturating_sub(since) >= settle {
+            Persist::Lasting
+        } else if runs >= EXTENT_MISS_RUNS {
+            Persist::Recurring
+        } else {
+            Persist::No
+        }
     }
 
     /// The misses a failed growth took count as unmet again.
@@ -1815,6 +1869,36 @@ mod tests {
             first.elapsed()
         );
         assert_eq!((grown.want, grown.need), (2 * mib, mib));
+        // SAFETY: carved above, given back once, untouched.
+        let last = unsafe { Region::give_back(all.region, all.ptr.as_ptr(), 16 * mib) };
+        assert!(last.is_none(), "a listed region stays with its set");
+        for r in regions.unlist_idle(|_, _| true, false) {
+            r.free();
+        }
+    }
+
+    /// Misses for want of free bytes that each last a moment but come back
+    /// (here every 30 ms) are a standing shortage: the third such run
+    /// within a second grows the regions. A rule that waited for one run
+    /// to last never grew them for a take missing every 30 ms.
+    #[test]
+    fn moments_without_free_bytes_that_keep_coming_back_grow_the_regions() {
+        let regions = Regions::new(None);
+        let mib = 1 << 20;
+        regions.grow(16 * mib, Vec::new(), &mut Some, None).unwrap();
+        let all = regions.carve(16 * mib).unwrap();
+        let first = Instant::now();
+        let mut runs = 0;
+        loop {
+            regions.note_miss(4 * mib, mib);
+            runs += 1;
+            if regions.shortfall().want > 0 {
+                break;
+            }
+            assert!(first.elapsed() < Duration::from_secs(10), "never grew");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        assert!(runs >= EXTENT_MISS_RUNS, "grew at run {runs}");
         // SAFETY: carved above, given back once, untouched.
         let last = unsafe { Region::give_back(all.region, all.ptr.as_ptr(), 16 * mib) };
         assert!(last.is_none(), "a listed region stays with its set");
