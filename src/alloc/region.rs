@@ -430,30 +430,6 @@ pub(crate) struct Carved {
     pub(crate) pinned: bool,
 }
 
-/// Runs of takes that found no free bytes (see
-/// [`Regions::extent_misses_persist`]) within [`EXTENT_MISS_WINDOW`] that
-/// grow the regions however short each was: misses that come back this
-/// often are a standing shortage, not threads starting while buffers of
-/// others are in the cleaner (a staging loop's threads restarted every
-/// half second or more make at most two).
-const EXTENT_MISS_RUNS: usize = 3;
-
-/// See [`EXTENT_MISS_RUNS`].
-const EXTENT_MISS_WINDOW: Duration = Duration::from_secs(1);
-
-/// How misses for want of free bytes have gone on (see
-/// [`Regions::extent_misses_persist`]).
-enum Persist {
-    /// Not, or not for long: the bytes out come back.
-    No,
-    /// In runs that each last a moment but come back: the regions grow by
-    /// the buffer missed.
-    Recurring,
-    /// For [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX) or longer: the
-    /// regions grow by an eighth at least.
-    Lasting,
-}
-
 /// What a device's listed regions hold, and what the device's takes have
 /// wanted of them. Every access is Relaxed: the figures size the next
 /// region, and a stale one makes it a little larger or smaller than the
@@ -480,16 +456,6 @@ struct Totals {
     /// The largest footprint a take found no free extent for since a
     /// grower last took the shortfall.
     largest_miss: AtomicUsize,
-    /// When a take last found no free extent for its footprint (same clock
-    /// as `peak_rose`), and when the run of such misses that it ends
-    /// began: the first after [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX)
-    /// without any.
-    extent_missed: AtomicU64,
-    extent_misses_since: AtomicU64,
-    /// Runs of such misses begun since `extent_runs_since` (same clock),
-    /// less than [`EXTENT_MISS_WINDOW`] ago when counting began.
-    extent_runs: AtomicUsize,
-    extent_runs_since: AtomicU64,
     /// The most wanted at once since the last tick took it (see
     /// [`Regions::take_demand_peak`]): unlike `peak`, never reset by an
     /// unlisting.
@@ -660,26 +626,6 @@ impl Regions {
     pub(crate) fn note_miss(&self, demand: usize, len: usize) {
         // Relaxed: see `Totals`.
         self.raise_peak(demand);
-        // Not under the models (no waiting there, see
-        // `extent_misses_persist`): a branch on the clock would make the
-        // interleavings explored differ from one run to the next.
-        let settle = Tune::GROWTH_SETTLE_MAX.as_nanos() as u64;
-        if len > 0 && settle > 0 {
-            let now = since_epoch();
-            let last = self.totals.extent_missed.swap(now, Ordering::Relaxed);
-            if now.saturating_sub(last) >= settle {
-                self.totals
-                    .extent_misses_since
-                    .store(now, Ordering::Relaxed);
-                let counting = self.totals.extent_runs_since.load(Ordering::Relaxed);
-                if now.saturating_sub(counting) > EXTENT_MISS_WINDOW.as_nanos() as u64 {
-                    self.totals.extent_runs_since.store(now, Ordering::Relaxed);
-                    self.totals.extent_runs.store(1, Ordering::Relaxed);
-                } else {
-                    self.totals.extent_runs.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
         self.totals.largest_miss.fetch_max(len, Ordering::Relaxed);
         self.totals.missed.store(true, Ordering::Relaxed);
     }
@@ -789,68 +735,15 @@ impl Regions {
     /// bytes, makes the growth at least a region that holds it (the bytes
     /// free in smaller extents cannot serve it, however many they are),
     /// unless a free extent holds it now.
-    ///
-    /// A miss for want of bytes while the regions hold the demand (every
-    /// byte but a few carved: buffers idle in hot classes, their copies in
-    /// flight, or in the cleaner) grows them only once such misses have
-    /// gone on (see [`extent_misses_persist`](Self::extent_misses_persist)),
-    /// by the buffer missed where they come back in short runs, by an
-    /// eighth of what they hold at least where one run lasts: threads that start
-    /// while the buffers of those that ended are still in the cleaner miss
-    /// for a moment, and a region grown for each such moment registered
-    /// one small region after another (a loop of 1 MiB copies on 16
-    /// threads restarted six times: up to five of 2 MiB on a set of 72);
-    /// copies that keep more in flight than the set holds go on missing,
-    /// and grow it.
     fn with_extent(&self, mut short: Shortfall, len: usize) -> Shortfall {
-        let figures = self.figures();
-        if len > short.need && len > figures.largest_free {
-            let mut want = len;
-            if figures.free < len && short.need == 0 {
-                // Every byte but a few is carved, and the demand is held:
-                // the rest is idle, in flight or in the cleaner, and comes
-                // back unless such misses go on.
-                match self.extent_misses_persist() {
-                    Persist::No => return short,
-                    Persist::Recurring => {}
-                    Persist::Lasting => want = want.max(figures.bytes / 8),
-                }
-            }
+        if len > short.need && len > self.figures().largest_free {
             if short.need == 0 {
                 short.merge = len;
             }
-            short.want = short.want.max(want);
+            short.want = short.want.max(len);
             short.need = len;
         }
         short
-    }
-
-    /// Whether takes that found no free extent for their footprint are
-    /// still missing (one within the last
-    /// [`GROWTH_SETTLE_MAX`](Tuning::GROWTH_SETTLE_MAX)), and how they have
-    /// gone on: for that long or longer, or in [`EXTENT_MISS_RUNS`] runs or
-    /// more within [`EXTENT_MISS_WINDOW`] (misses spaced further apart than
-    /// that time each begin a run). Relaxed reads (see `Totals`): a stale
-    /// one grows the regions one miss early or late.
-    fn extent_misses_persist(&self) -> Persist {
-        let settle = Tune::GROWTH_SETTLE_MAX.as_nanos() as u64;
-        if settle == 0 {
-            // No waiting under the models: each miss grows by its buffer.
-            return Persist::Recurring;
-        }
-        let last = self.totals.extent_missed.load(Ordering::Relaxed);
-        let since = self.totals.extent_misses_since.load(Ordering::Relaxed);
-        let runs = self.totals.extent_runs.load(Ordering::Relaxed);
-        let now = since_epoch();
-        if last == 0 || now.saturating_sub(last) >= settle {
-            Persist::No
-        } else if last.saturating_sub(since) >= settle {
-            Persist::Lasting
-        } else if runs >= EXTENT_MISS_RUNS {
-            Persist::Recurring
-        } else {
-            Persist::No
-        }
     }
 
     /// The misses a failed growth took count as unmet again.
@@ -901,14 +794,11 @@ impl Regions {
         self.totals.peak.store(held, Ordering::Relaxed);
     }
 
-    /// `bytes` rounded up to whole huge pages from one up where that adds
-    /// at most a sixteenth, else to whole pages (a region of a few MiB
-    /// rounded up to 2 MiB would pin up to half as much again as asked).
+    /// `bytes` rounded up to whole pages, or to huge pages from one up.
     pub(crate) fn fit_len(&self, bytes: usize) -> usize {
         let huge = huge_page_size();
-        let whole_huge = bytes.next_multiple_of(huge);
-        if bytes >= huge && whole_huge - bytes <= bytes / 16 {
-            whole_huge
+        if bytes >= huge {
+            bytes.next_multiple_of(huge)
         } else {
             bytes.next_multiple_of(crate::size_class::page_size())
         }
@@ -1836,89 +1726,6 @@ mod tests {
         for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
         }
-    }
-
-    /// A take that finds no free extent while every byte is carved and
-    /// the demand is held grows nothing at once: the bytes out come back
-    /// (a burst of threads starting while the buffers of those that ended
-    /// were in the cleaner grew a small region for each burst). Misses of
-    /// that kind that go on for `GROWTH_SETTLE_MAX` grow the regions by an
-    /// eighth at least.
-    #[test]
-    fn a_moment_without_free_bytes_grows_nothing_until_it_lasts() {
-        let regions = Regions::new(None);
-        let mib = 1 << 20;
-        regions.grow(16 * mib, Vec::new(), &mut Some, None).unwrap();
-        let all = regions.carve(16 * mib).unwrap();
-        let first = Instant::now();
-        regions.note_miss(4 * mib, mib);
-        assert_eq!(regions.shortfall().want, 0, "grew for a moment's misses");
-        let settle = Tune::GROWTH_SETTLE_MAX;
-        let grown = loop {
-            std::thread::sleep(Duration::from_millis(1));
-            regions.note_miss(4 * mib, mib);
-            let short = regions.shortfall();
-            if short.want > 0 {
-                break short;
-            }
-            assert!(first.elapsed() < Duration::from_secs(5), "never grew");
-        };
-        assert!(
-            first.elapsed() >= settle,
-            "grew after {:?}",
-            first.elapsed()
-        );
-        assert_eq!((grown.want, grown.need), (2 * mib, mib));
-        // SAFETY: carved above, given back once, untouched.
-        let last = unsafe { Region::give_back(all.region, all.ptr.as_ptr(), 16 * mib) };
-        assert!(last.is_none(), "a listed region stays with its set");
-        for r in regions.unlist_idle(|_, _| true, false) {
-            r.free();
-        }
-    }
-
-    /// Misses for want of free bytes that each last a moment but come back
-    /// (here every 30 ms) are a standing shortage: the third such run
-    /// within a second grows the regions. A rule that waited for one run
-    /// to last never grew them for a take missing every 30 ms.
-    #[test]
-    fn moments_without_free_bytes_that_keep_coming_back_grow_the_regions() {
-        let regions = Regions::new(None);
-        let mib = 1 << 20;
-        regions.grow(16 * mib, Vec::new(), &mut Some, None).unwrap();
-        let all = regions.carve(16 * mib).unwrap();
-        let first = Instant::now();
-        let mut runs = 0;
-        loop {
-            regions.note_miss(4 * mib, mib);
-            runs += 1;
-            if regions.shortfall().want > 0 {
-                break;
-            }
-            assert!(first.elapsed() < Duration::from_secs(10), "never grew");
-            std::thread::sleep(Duration::from_millis(30));
-        }
-        assert!(runs >= EXTENT_MISS_RUNS, "grew at run {runs}");
-        // SAFETY: carved above, given back once, untouched.
-        let last = unsafe { Region::give_back(all.region, all.ptr.as_ptr(), 16 * mib) };
-        assert!(last.is_none(), "a listed region stays with its set");
-        for r in regions.unlist_idle(|_, _| true, false) {
-            r.free();
-        }
-    }
-
-    /// A region is rounded up to whole huge pages only where that adds a
-    /// sixteenth at most: one of a few MiB rounded up to 2 MiB pinned up to
-    /// half as much again as asked.
-    #[test]
-    fn a_region_is_rounded_to_huge_pages_only_where_that_adds_little() {
-        let regions = Regions::new(None);
-        let (huge, page) = (huge_page_size(), page());
-        assert_eq!(regions.fit_len(page + 1), 2 * page);
-        assert_eq!(regions.fit_len(huge + huge / 8), huge + huge / 8);
-        assert_eq!(regions.fit_len(7 * huge + 1), 7 * huge + page);
-        assert_eq!(regions.fit_len(20 * huge - page), 20 * huge);
-        assert_eq!(regions.fit_len(20 * huge), 20 * huge);
     }
 
     /// A merge moves wholly free regions together, the fewest bytes that
