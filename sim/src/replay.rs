@@ -1354,27 +1354,30 @@ mod tests {
         }
     }
 
+    /// The replay of `records` as a whole trace: ended, nothing lost.
+    fn whole(mut records: Vec<Record>) -> (Replay, Vec<String>) {
+        let time_ns = records.iter().map(Record::time_ns).max().unwrap_or(0);
+        let count = records.len() as u64;
+        records.push(Record::End {
+            time_ns,
+            records: count,
+            lost: 0,
+        });
+        Replay::new(&trace(records), None).unwrap()
+    }
+
     /// Thread 1 took A in tick 4; in tick 5 it takes B and drops A, and
     /// thread 2 takes A (the pool reused it); thread 2's ring is read
     /// first. No record is lost.
     #[test]
     fn a_drop_in_the_tick_of_the_next_take_is_not_lost() {
-        let (replay, warnings) = Replay::new(
-            &trace(vec![
-                take(4 * MS, 1, 0, 0xA, 100),
-                take(5 * MS, 2, 0, 0xA, 100),
-                take(5 * MS, 1, 0, 0xB, 100),
-                drop_(5 * MS, 1, 1, 0xA, 10),
-                drop_(6 * MS, 2, 2, 0xA, 22),
-                Record::End {
-                    time_ns: 6 * MS,
-                    records: 5,
-                    lost: 0,
-                },
-            ]),
-            None,
-        )
-        .unwrap();
+        let (replay, warnings) = whole(vec![
+            take(4 * MS, 1, 0, 0xA, 100),
+            take(5 * MS, 2, 0, 0xA, 100),
+            take(5 * MS, 1, 0, 0xB, 100),
+            drop_(5 * MS, 1, 1, 0xA, 10),
+            drop_(6 * MS, 2, 2, 0xA, 22),
+        ]);
         assert!(!warnings.iter().any(|w| w.contains("lost")), "{warnings:?}");
         assert_eq!(replay.unmatched_drops, 0, "{warnings:?}");
         // id 0: thread 1's A (10 bytes), id 1: thread 2's A (22), id 2: B.
@@ -1682,22 +1685,13 @@ mod tests {
     /// the first, which thread 2 drops itself.
     #[test]
     fn a_handed_drop_waits_for_the_takers_own_drop() {
-        let (replay, warnings) = Replay::new(
-            &trace(vec![
-                take(4 * MS, 2, 0, 0xA, 100),
-                drop_(5 * MS, 1, 2, 0xA, 22),
-                take(5 * MS, 2, 0, 0xB, 100),
-                drop_(5 * MS, 2, 2, 0xA, 10),
-                take(5 * MS, 2, 0, 0xA, 100),
-                Record::End {
-                    time_ns: 5 * MS,
-                    records: 5,
-                    lost: 0,
-                },
-            ]),
-            None,
-        )
-        .unwrap();
+        let (replay, warnings) = whole(vec![
+            take(4 * MS, 2, 0, 0xA, 100),
+            drop_(5 * MS, 1, 2, 0xA, 22),
+            take(5 * MS, 2, 0, 0xB, 100),
+            drop_(5 * MS, 2, 2, 0xA, 10),
+            take(5 * MS, 2, 0, 0xA, 100),
+        ]);
         assert_eq!(replay.unmatched_drops, 0, "{warnings:?}");
         assert_eq!(replay.never_dropped(), 1, "only B is held to the end");
     }
