@@ -39,7 +39,7 @@ impl Cleaner {
                 let key = *c as *const ThreadCache as usize;
                 let last = sweep.seen.insert(key, activity);
                 if only_idle {
-                    last == Some(activity) && (c.has_waiting() || c.has_ready())
+                    last == Some(activity) && !c.is_waiting() && (c.has_waiting() || c.has_ready())
                 } else {
                     c.has_waiting()
                 }

@@ -4,8 +4,9 @@
 //! - `take.rs`: the take path. A take looks in the calling thread's cache
 //!   ([`thread_cache`]), then its device's [shard](crate::shard), then
 //!   borrows a ready buffer of a larger class within the borrow slack,
-//!   then steals from other threads' caches, and on a miss maps a fresh
-//!   pageable buffer.
+//!   then steals from other threads' caches, then carves from the regions,
+//!   then waits for its own buffers of the class if two or more are in
+//!   flight, and on a miss maps a fresh pageable buffer.
 //! - `life.rs`: the life cycle: `reserve`, `flush`, `clear`, `shutdown`,
 //!   and the close when the last handle goes (with what the reaper does
 //!   for a closed pool's late buffers).

@@ -1,5 +1,5 @@
-//! The take path: own cache, shard, borrow, steal, miss (see the parent
-//! module).
+//! The take path: own cache, shard, borrow, steal, carve, a wait for its
+//! own copies, miss (see the parent module).
 
 use crate::alloc::Block;
 use crate::buffer::PinnedBuffer;
@@ -7,7 +7,7 @@ use crate::cleaner::Returned;
 use crate::error::Error;
 use crate::size_class::SizeClass;
 use crate::sync::Arc;
-use crate::thread_cache::{Caches, Found, ThreadCache};
+use crate::thread_cache::{Caches, Found, Own, ThreadCache};
 use crate::trace::Source;
 use crate::tune::{Tune, Tuning};
 use std::time::Instant;
@@ -112,6 +112,7 @@ impl Shared {
                 cache.put_back(block);
                 return None;
             }
+            let _waiting = cache.waiting();
             Self::wait_briefly(&mut block);
         }
         self.reuse(cache, cache, block)
@@ -145,6 +146,63 @@ impl Shared {
             .intake
             .submit(home.origin(self.caches.cap(), false), block);
         None
+    }
+
+    /// The owner's last resort before a miss: one of its own dropped
+    /// buffers of (`device`, `class`) whose copies have ended, waiting for
+    /// them up to [`MISS_WAIT`] if two or more are in flight. A thread
+    /// whose copies queue up behind each other while the pool has nothing
+    /// else to give is running ahead of a copy engine that serves its
+    /// stream late (one engine shared by many streams serves some of them
+    /// tens of milliseconds late): a pageable buffer would only queue one
+    /// more copy behind them, and its miss would grow the regions for
+    /// memory that more copies in flight cannot use. `None` if it has
+    /// fewer in flight (one slow copy is not a queue: the take misses at
+    /// once, as it did), or its copies outlast the wait (the take then
+    /// misses, and the miss counts as demand).
+    ///
+    /// [`MISS_WAIT`]: crate::tune::Tuning::MISS_WAIT
+    #[cold]
+    #[inline(never)]
+    fn wait_for_own(
+        &self,
+        cache: &ThreadCache,
+        device: usize,
+        class: SizeClass,
+    ) -> Option<(Block, Source)> {
+        let _waiting = cache.waiting();
+        let start = Instant::now();
+        let mut pause = 64u32;
+        loop {
+            match cache.take_done(device, class) {
+                Own::Ready(block) => {
+                    cache.count_hit(block.slot(), block.footprint());
+                    return Some((block, Source::Ready));
+                }
+                Own::Done(block) => {
+                    return self
+                        .reuse(cache, cache, block)
+                        .map(|b| (b, Source::Deferred))
+                }
+                Own::None | Own::Running(0..=1) => return None,
+                Own::Running(_) => {}
+            }
+            let waited = start.elapsed();
+            if waited >= Tune::MISS_WAIT {
+                return None;
+            }
+            // Spinning with growing pauses for the first millisecond, then
+            // sleeping between polls: a thread that waits long leaves the
+            // cores to the cleaner and the driver.
+            if waited < std::time::Duration::from_millis(1) {
+                for _ in 0..pause {
+                    std::hint::spin_loop();
+                }
+                pause = (pause * 2).min(4096);
+            } else {
+                std::thread::sleep(Tune::POLL);
+            }
+        }
     }
 
     /// Polls `block`'s fences with growing pauses (so that many threads do
@@ -239,6 +297,11 @@ impl Shared {
         if this.caches.carves() {
             if let Some(block) = this.carve(cache, owned, device, class) {
                 return Ok((block, Source::Carved));
+            }
+        }
+        if owned {
+            if let Some(found) = this.wait_for_own(cache, device, class) {
+                return Ok(found);
             }
         }
         let block = Block::allocate(this.classes(), class, device, this.shards[device].node())?;

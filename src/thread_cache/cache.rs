@@ -36,6 +36,22 @@ pub(crate) enum Found {
     Deferred(Block, usize),
 }
 
+/// What [`ThreadCache::take_done`] found.
+#[derive(Debug)]
+pub(crate) enum Own {
+    /// A ready buffer (it was pooled: tally its footprint).
+    Ready(Block),
+    /// A deferred buffer whose copies have ended (or whose fences failed).
+    Done(Block),
+    /// This many deferred buffers, the first ones' copies still running.
+    Running(usize),
+    /// Nothing of the slot.
+    None,
+}
+
+/// How many deferred buffers of a slot [`ThreadCache::take_done`] polls.
+const DONE_POLLS: usize = 4;
+
 /// State written by the owner (and by a thief that has locked it out).
 #[derive(Debug)]
 pub(super) struct OwnerPart {
@@ -61,12 +77,26 @@ pub(super) struct OwnerPart {
     /// since the pool was built): steals that interrupt every thread are
     /// rate-limited.
     last_steal: AtomicU64,
+    /// Whether the owner is inside a take, waiting for the copies of one
+    /// of its own dropped buffers to end (see [`ThreadCache::waiting`]).
+    waiting: AtomicBool,
     /// Deferred buffers this cache's owner re-zeroed itself.
     cleaned: Counter,
     /// Takes served by a buffer of a larger class.
     borrowed: Counter,
     /// Takes served by carving from a region.
     carved: Counter,
+}
+
+/// An owner waiting for its own copies (see [`ThreadCache::waiting`]).
+#[derive(Debug)]
+pub(crate) struct Waiting<'a>(&'a ThreadCache);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        // Relaxed: see `ThreadCache::is_waiting`.
+        self.0.owner.waiting.store(false, Ordering::Relaxed);
+    }
 }
 
 /// State other threads write.
@@ -171,6 +201,7 @@ impl ThreadCache {
                 taken_bytes: Counter::default(),
                 deferred: AtomicUsize::new(0),
                 last_steal: AtomicU64::new(0),
+                waiting: AtomicBool::new(false),
                 cleaned: Counter::default(),
                 borrowed: Counter::default(),
                 carved: Counter::default(),
@@ -289,6 +320,59 @@ impl ThreadCache {
             found
         })
         .flatten()
+    }
+
+    /// The owner's take while it waits for its own copies (see
+    /// `Shared::wait_for_own`): a ready buffer of (`device`, `class`), else
+    /// the oldest of its first [`DONE_POLLS`] deferred ones whose copies
+    /// have ended (or whose fences failed: the caller's reuse deals with
+    /// those), the others staying in their order; [`Own::Running`] (with
+    /// the slot's deferred buffers) if none has, [`Own::None`] if the slot
+    /// holds nothing.
+    #[cold]
+    pub(crate) fn take_done(&self, device: usize, class: SizeClass) -> Own {
+        let caches = self.caches();
+        let slot = caches.classes.slot(device, class);
+        self.as_owner(|lists| {
+            if !self.shared.inbox.ready.is_empty() || self.shared.returns.has_full() {
+                self.collect(lists);
+            }
+            let found = lists.slot(caches.slots, slot);
+            if let Some(block) = found.ready.pop() {
+                self.unready(slot, &block);
+                return Own::Ready(block);
+            }
+            // Polls run inside the owner's operation, where thieves wait
+            // for it: a few at most (a poll may be a driver call).
+            let mut running = Vec::new();
+            let mut done = None;
+            while running.len() < DONE_POLLS {
+                let Some(mut block) = found.deferred.pop_front() else {
+                    break;
+                };
+                if matches!(block.fences_mut().poll(), Ok(false)) {
+                    running.push(block);
+                } else {
+                    done = Some(block);
+                    break;
+                }
+            }
+            let none = running.is_empty() && done.is_none();
+            for block in running.into_iter().rev() {
+                found.deferred.push_front(block);
+            }
+            let deferred = found.deferred.len();
+            match done {
+                Some(block) => {
+                    lists.deferred -= 1;
+                    self.owner.deferred.store(lists.deferred, Ordering::Relaxed);
+                    Own::Done(block)
+                }
+                None if none => Own::None,
+                None => Own::Running(deferred),
+            }
+        })
+        .unwrap_or(Own::None)
     }
 
     /// The owner's borrow: a ready buffer of one of `classes` (larger than
@@ -678,6 +762,26 @@ impl ThreadCache {
         }
     }
 
+    /// Marks the owner as waiting, inside a take, for the copies of one of
+    /// its own dropped buffers to end, until the guard returned is
+    /// dropped: its cache is busy, though its owner drops nothing
+    /// meanwhile, and a sweep leaves its lists alone (moving them to the
+    /// cleaner would leave the owner's next takes nothing of its own, and
+    /// make them miss while its copies, queued behind other streams', end).
+    pub(crate) fn waiting(&self) -> Waiting<'_> {
+        // Relaxed: a hint for sweeps (see `is_waiting`).
+        self.owner.waiting.store(true, Ordering::Relaxed);
+        Waiting(self)
+    }
+
+    /// Whether the owner is waiting for its own copies (see
+    /// [`waiting`](Self::waiting)). Relaxed: a hint; a sweep that reads it
+    /// stale moves a waiting owner's buffers along (as before the flag),
+    /// or leaves an owner that just went idle for its next round.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.owner.waiting.load(Ordering::Relaxed)
+    }
+
     /// Whether this owner may lock others out to steal now (at `now_us`):
     /// at most once per `every_us`. Owner-only, so a load and a store.
     pub(crate) fn may_steal(&self, now_us: u64, every_us: u64) -> bool {
@@ -887,20 +991,28 @@ impl Lists {
         taken
     }
 
-    /// Takes the oldest deferred buffer of (`device`, `class`).
+    /// Takes the oldest deferred buffer of (`device`, `class`), unless its
+    /// copies are still running: such a buffer stays with its owner, whose
+    /// own next takes wait for it (taken, it would wait in the cleaner
+    /// instead, and its owner, finding its lists short, would look for
+    /// more memory while it waits).
     pub(crate) fn steal_deferred(
         &mut self,
         cache: &ThreadCache,
         device: usize,
         class: SizeClass,
     ) -> Option<Block> {
-        let block = self
+        let list = &mut self
             .slot(
                 cache.caches().slots,
                 cache.caches().classes.slot(device, class),
             )
-            .deferred
-            .pop_front()?;
+            .deferred;
+        let mut block = list.pop_front()?;
+        if matches!(block.fences_mut().poll(), Ok(false)) {
+            list.push_front(block);
+            return None;
+        }
         self.deferred -= 1;
         cache.owner.deferred.store(self.deferred, Ordering::Relaxed);
         Some(block)

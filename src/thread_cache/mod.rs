@@ -62,7 +62,7 @@ use crate::sync::per_thread::PerThread;
 use crate::sync::{barrier, spin, Arc, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::trace::writer::Tracer;
 
-pub(crate) use cache::{Found, ThreadCache};
+pub(crate) use cache::{Found, Own, ThreadCache};
 pub(crate) use lists::Lists;
 
 /// Request bit: a thief holds the cache's lock and works on its lists.

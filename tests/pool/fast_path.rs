@@ -808,3 +808,134 @@ fn a_take_from_the_returns_skips_a_buffer_in_flight() {
         "missed {missed}, reused the idle return: {reused}"
     );
 }
+
+/// Three buffers of `size`, each dropped with a copy recorded on `fence`
+/// (not complete), by the calling thread: its own deferred buffers, in
+/// flight. Their addresses.
+#[cfg(feature = "testing")]
+fn three_in_flight(pool: &Pool, size: usize, fence: &TestFence) -> HashSet<usize> {
+    let mut own: Vec<_> = (0..3).map(|_| pool.take(size)).collect();
+    for b in &mut own {
+        b[..8].fill(1);
+        b.set_dirty_len(8);
+        fence.record(b);
+    }
+    let ptrs = own.iter().map(|b| b.as_ptr() as usize).collect();
+    drop(own);
+    ptrs
+}
+
+/// A thread's own buffers of a class are all in flight, three of them, and
+/// the pool has nothing else of the class: its copies run behind others'
+/// (a copy engine serving its stream late), and the take must wait for
+/// them, then hand out one of them, rather than miss at once (a pageable
+/// buffer queues one more copy behind the same ones, and the miss grows
+/// the pool for memory more copies in flight cannot use). Meanwhile the
+/// owner's lists stay its own: a sweep that took the waiting owner for an
+/// idle one moved its buffers to the cleaner, where they waited for the
+/// same copies while the owner's next takes found nothing; its next two
+/// takes must get the other two back from its own lists. (Before: the take
+/// waited 20 ms for the oldest, then missed.)
+#[cfg(feature = "testing")]
+#[test]
+fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
+    let pool = host_pow2(1);
+    const X: usize = 1 << 16;
+    let slow = TestFence::default();
+    let own = three_in_flight(&pool, X, &slow);
+    let before = pool.stats();
+    let taken = std::thread::scope(|s| {
+        // The copies end after 60 ms: past the 20 ms wait for the oldest,
+        // and past a few sweeps.
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(60));
+            slow.complete();
+        });
+        let first = pool.take(X);
+        let misses = pool.stats().misses - before.misses;
+        let rest: Vec<_> = (0..2).map(|_| pool.take(X)).collect();
+        (first, misses, rest)
+    });
+    let (first, missed, rest) = taken;
+    let s = pool.stats();
+    let by_owner = s.cleaned_by_takers - before.cleaned_by_takers;
+    let by_cleaner = (s.recycled - before.recycled) - by_owner;
+    assert!(all_zero(&first) && rest.iter().all(|b| all_zero(b)));
+    let reused = std::iter::once(&first)
+        .chain(&rest)
+        .filter(|b| own.contains(&(b.as_ptr() as usize)))
+        .count();
+    drop((first, rest));
+    pool.flush();
+    assert!(
+        missed == 0 && reused == 3 && by_cleaner == 0,
+        "the waiting take missed {missed}; the three takes got {reused} of the owner's own \
+         three back; the cleaner made {by_cleaner} ready meanwhile (0 expected), the owner {by_owner}"
+    );
+}
+/// One slow copy is not a queue: with a single buffer of its own in flight
+/// and nothing else of the class in the pool, a take misses at once, as it
+/// did before takes waited for their own queued copies.
+#[cfg(feature = "testing")]
+#[test]
+fn a_take_with_one_copy_in_flight_misses_at_once() {
+    let pool = host_pow2(1);
+    const X: usize = 1 << 16;
+    let slow = TestFence::default();
+    let mut b = pool.take(X);
+    b[..8].fill(1);
+    b.set_dirty_len(8);
+    slow.record(&mut b);
+    drop(b);
+    let misses = pool.stats().misses;
+    let t0 = Instant::now();
+    let next = pool.take(X);
+    let took = t0.elapsed();
+    let missed = pool.stats().misses - misses;
+    slow.complete();
+    drop(next);
+    pool.flush();
+    assert!(
+        missed == 1 && took < Duration::from_millis(15),
+        "missed {missed} (1 expected) in {took:?}"
+    );
+}
+
+/// Another thread's take finds nothing of the class but a busy owner's
+/// deferred buffer whose copy still runs: it must leave that buffer with
+/// its owner (whose next takes wait for it) rather than take it from the
+/// owner's lists into the cleaner, where it waited for the same copy while
+/// its owner, finding its lists short, looked for more memory.
+#[cfg(feature = "testing")]
+#[test]
+fn a_steal_leaves_a_buffer_still_being_copied_with_its_owner() {
+    let pool = host_pow2(1);
+    const X: usize = 1 << 16;
+    let slow = TestFence::default();
+    let mut b = pool.take(X);
+    let own = b.as_ptr() as usize;
+    b[..8].fill(1);
+    b.set_dirty_len(8);
+    slow.record(&mut b);
+    drop(b);
+    // Steals lock owners out at most once a millisecond a thread, counted
+    // from the pool's start.
+    std::thread::sleep(Duration::from_millis(2));
+    let before = pool.stats();
+    // The other thread holds what it took until the end: its drop would
+    // send its miss through the cleaner.
+    let other = std::thread::scope(|s| s.spawn(|| pool.take(X)).join().unwrap());
+    slow.complete();
+    let again = pool.take(X);
+    let reused = again.as_ptr() as usize == own;
+    let s = pool.stats();
+    let by_owner = s.cleaned_by_takers - before.cleaned_by_takers;
+    let by_cleaner = (s.recycled - before.recycled) - by_owner;
+    drop((again, other));
+    pool.flush();
+    assert!(
+        by_cleaner == 0 && reused,
+        "the cleaner made {by_cleaner} ready (0 expected: the buffer was the owner's, in flight); \
+         the owner got its own buffer back: {reused}"
+    );
+}
