@@ -66,10 +66,11 @@ pub(crate) trait Tuning {
     /// See [`SELF_WAIT`](Self::SELF_WAIT).
     const SELF_WAIT_BEHIND: usize;
 
-    /// How long a take that finds nothing anywhere else waits for its own
-    /// oldest dropped buffer of the class to be released by its copies,
-    /// before it allocates a pageable buffer (see `Shared::wait_for_own`).
-    /// Zero in the small tuning (see [`SELF_WAIT`](Self::SELF_WAIT)).
+    /// How long at most a take that finds nothing anywhere else waits for
+    /// one of its own dropped buffers of the class to be released by its
+    /// copies, while the pool's other copies keep ending, before it
+    /// allocates a pageable buffer (see `Shared::wait_for_own`). Zero in
+    /// the small tuning (see [`SELF_WAIT`](Self::SELF_WAIT)).
     const MISS_WAIT: Duration;
 
     /// A thread locks other threads' caches out to steal from them at most
@@ -183,7 +184,7 @@ impl Tuning for Production {
     const RETURNS_BATCH: usize = 32;
     const SELF_WAIT: Duration = Duration::from_millis(20);
     const SELF_WAIT_BEHIND: usize = 2;
-    const MISS_WAIT: Duration = Duration::from_millis(100);
+    const MISS_WAIT: Duration = Duration::from_secs(1);
     const STEAL_EVERY: Duration = Duration::from_millis(1);
     const POLL: Duration = Duration::from_micros(100);
     const SWEEPS: bool = true;

@@ -6,11 +6,11 @@ use crate::buffer::PinnedBuffer;
 use crate::cleaner::Returned;
 use crate::error::Error;
 use crate::size_class::SizeClass;
-use crate::sync::Arc;
+use crate::sync::{Arc, Ordering};
 use crate::thread_cache::{Caches, Found, Own, ThreadCache};
 use crate::trace::Source;
 use crate::tune::{Tune, Tuning};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Shared;
 
@@ -150,17 +150,24 @@ impl Shared {
 
     /// The owner's last resort before a miss: one of its own dropped
     /// buffers of (`device`, `class`) whose copies have ended, waiting for
-    /// them up to [`MISS_WAIT`] if two or more are in flight. A thread
-    /// whose copies queue up behind each other while the pool has nothing
-    /// else to give is running ahead of a copy engine that serves its
-    /// stream late (one engine shared by many streams serves some of them
-    /// tens of milliseconds late): a pageable buffer would only queue one
-    /// more copy behind them, and its miss would grow the regions for
-    /// memory that more copies in flight cannot use. `None` if it has
-    /// fewer in flight (one slow copy is not a queue: the take misses at
-    /// once, as it did), or its copies outlast the wait (the take then
-    /// misses, and the miss counts as demand).
+    /// them if two or more are in flight, for as long as the pool's other
+    /// copies keep ending (some buffer made ready within the last
+    /// [`SELF_WAIT`]), up to [`MISS_WAIT`].
     ///
+    /// A thread whose copies queue up behind each other while the pool has
+    /// nothing else to give, and while others' copies end, is running
+    /// ahead of a busy copy engine that serves its stream late (one engine
+    /// shared by many streams can leave some of them unserved for hundreds
+    /// of milliseconds): a pageable buffer would queue one more copy behind
+    /// the same engine, and its miss would grow the regions, whose
+    /// registration waits for that engine too and stalls every stream's
+    /// copies, for memory that more copies in flight cannot use. Where no
+    /// copy of the pool ends at all, its streams wait on something else (a
+    /// kernel, an event): the take misses, and the miss counts as demand.
+    /// `None` as well if it has fewer than two in flight (one slow copy is
+    /// not a queue: the take misses at once, as it did).
+    ///
+    /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     /// [`MISS_WAIT`]: crate::tune::Tuning::MISS_WAIT
     #[cold]
     #[inline(never)]
@@ -171,7 +178,14 @@ impl Shared {
         class: SizeClass,
     ) -> Option<(Block, Source)> {
         let _waiting = cache.waiting();
+        // Buffers made ready so far: re-zeroed by their owners, and by the
+        // cleaner (each after its copies ended).
+        let ready = || {
+            self.caches.iter().map(ThreadCache::cleaned).sum::<u64>()
+                + self.counters().recycled.load(Ordering::Relaxed)
+        };
         let start = Instant::now();
+        let (mut seen, mut moved) = (ready(), start);
         let mut pause = 64u32;
         loop {
             match cache.take_done(device, class) {
@@ -187,21 +201,30 @@ impl Shared {
                 Own::None | Own::Running(0..=1) => return None,
                 Own::Running(_) => {}
             }
-            let waited = start.elapsed();
-            if waited >= Tune::MISS_WAIT {
+            let now = Instant::now();
+            if now - start >= Tune::MISS_WAIT {
                 return None;
             }
             // Spinning with growing pauses for the first millisecond, then
             // sleeping between polls: a thread that waits long leaves the
-            // cores to the cleaner and the driver.
-            if waited < std::time::Duration::from_millis(1) {
+            // cores to the cleaner and the driver; and from then on, once a
+            // millisecond, whether the pool's copies still end.
+            if now - start < Duration::from_millis(1) {
                 for _ in 0..pause {
                     std::hint::spin_loop();
                 }
                 pause = (pause * 2).min(4096);
-            } else {
-                std::thread::sleep(Tune::POLL);
+                continue;
             }
+            if now - moved >= Duration::from_millis(1) {
+                let now_ready = ready();
+                if now_ready != seen {
+                    (seen, moved) = (now_ready, now);
+                } else if now - moved >= Tune::SELF_WAIT {
+                    return None;
+                }
+            }
+            std::thread::sleep(Tune::POLL);
         }
     }
 
