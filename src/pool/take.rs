@@ -18,6 +18,13 @@ use super::Shared;
 /// their regions to carve its own (see `Shared::carve`).
 const RECLAIM_MAX: usize = 32;
 
+/// How long a take waiting for its own copies goes on while no buffer of
+/// the pool is made ready (see `Shared::wait_for_own`): long enough that
+/// a loaded machine's preemptions (a copy engine emulated on two cores
+/// stood still for 20 ms at a time, and its loops missed) do not pass for
+/// streams waiting on something else.
+const STILL: Duration = Duration::from_millis(100);
+
 impl Shared {
     /// The take path; see the module docs. `caches` is `this.caches`,
     /// reached from the handle without going through `this` (a take served
@@ -152,7 +159,7 @@ impl Shared {
     /// buffers of (`device`, `class`) whose copies have ended, waiting for
     /// them if two or more are in flight, for as long as the pool's other
     /// copies keep ending (some buffer made ready within the last
-    /// [`SELF_WAIT`]), up to [`MISS_WAIT`].
+    /// [`STILL`]), up to [`MISS_WAIT`].
     ///
     /// A thread whose copies queue up behind each other while the pool has
     /// nothing else to give, and while others' copies end, is running
@@ -167,7 +174,6 @@ impl Shared {
     /// `None` as well if it has fewer than two in flight (one slow copy is
     /// not a queue: the take misses at once, as it did).
     ///
-    /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     /// [`MISS_WAIT`]: crate::tune::Tuning::MISS_WAIT
     #[cold]
     #[inline(never)]
@@ -220,7 +226,7 @@ impl Shared {
                 let now_ready = ready();
                 if now_ready != seen {
                     (seen, moved) = (now_ready, now);
-                } else if now - moved >= Tune::SELF_WAIT {
+                } else if now - moved >= STILL {
                     return None;
                 }
             }
