@@ -370,6 +370,15 @@ impl Pool {
     /// off, registers on its own). Pinning never happens on the caller's
     /// path.
     ///
+    /// A take may wait for the copies of the calling thread's own earlier
+    /// buffers of the class (dropped after [`record_last_use`](crate::PinnedBuffer::record_last_use)
+    /// or a copy through cudarc), as a double-buffered loop waits for its
+    /// event, rather than queue more copies behind them: up to 20 ms for
+    /// the oldest when two more are in flight behind it; and, where the
+    /// pool has nothing else to give and two or more are in flight, for as
+    /// long as the pool's other copies keep ending, up to 1 s (it misses
+    /// once none has ended for 100 ms).
+    ///
     /// # Panics
     ///
     /// If `min_size` is above [`MAX_CLASS_SIZE`](crate::MAX_CLASS_SIZE), the
