@@ -67,10 +67,10 @@ pub(crate) trait Tuning {
     const SELF_WAIT_BEHIND: usize;
 
     /// How long at most a take that finds nothing anywhere else waits for
-    /// one of its own dropped buffers of the class to be released by its
-    /// copies, while the pool's other copies keep ending, before it
-    /// allocates a pageable buffer (see `Shared::wait_for_own`). Zero in
-    /// the small tuning (see [`SELF_WAIT`](Self::SELF_WAIT)).
+    /// one of the buffers of its cache's deferred list of the class to be
+    /// released by its copies, while the pool's other copies keep ending,
+    /// before it allocates a pageable buffer (see `Shared::wait_for_own`).
+    /// Zero in the small tuning (see [`SELF_WAIT`](Self::SELF_WAIT)).
     const MISS_WAIT: Duration;
 
     /// A thread locks other threads' caches out to steal from them at most

@@ -377,7 +377,9 @@ impl Pool {
     /// the oldest when two more are in flight behind it; and, where the
     /// pool has nothing else to give and two or more are in flight, for as
     /// long as the pool's other copies keep ending, up to 1 s (it misses
-    /// once none has ended for 100 ms).
+    /// once none has ended for 100 ms, and the thread's takes then do not
+    /// wait for the next 100 ms). Such a wait counts as demand, as a miss
+    /// does: the pool grows its regions for it.
     ///
     /// # Panics
     ///

@@ -113,7 +113,7 @@ impl Shared {
                 cache.put_back(block);
                 return Some(returned);
             }
-            if behind < Tune::SELF_WAIT_BEHIND {
+            if behind < Tune::SELF_WAIT_BEHIND || !cache.may_wait(self.now_us()) {
                 // Polled just now: `reuse` would poll again only to put it
                 // back.
                 cache.put_back(block);
@@ -166,13 +166,24 @@ impl Shared {
     /// ahead of a busy copy engine that serves its stream late (one engine
     /// shared by many streams can leave some of them unserved for hundreds
     /// of milliseconds): a pageable buffer would queue one more copy behind
-    /// the same engine, and its miss would grow the regions, whose
-    /// registration waits for that engine too and stalls every stream's
-    /// copies, for memory that more copies in flight cannot use. Where no
-    /// copy of the pool ends at all, its streams wait on something else (a
-    /// kernel, an event): the take misses, and the miss counts as demand.
-    /// `None` as well if it has fewer than two in flight (one slow copy is
-    /// not a queue: the take misses at once, as it did).
+    /// the same engine, and its returned miss would wait for a growth of
+    /// the regions whose registration waits for that engine too. The wait
+    /// still counts as demand, as a miss does: a pipeline whose copies take
+    /// long would run further ahead with more memory, and the regions grow
+    /// for it, once; its next takes carve instead of waiting.
+    ///
+    /// Where no copy of the pool ends at all, its streams wait on something
+    /// else (a kernel, an event): the take misses, and its thread's takes
+    /// do not wait for their own copies for the next [`STILL`] (a burst of
+    /// takes behind a long kernel would wait in vain at each). `None` as
+    /// well if it has fewer than two in flight (one slow copy is not a
+    /// queue: the take misses at once, as it did). Once a millisecond the
+    /// wait looks at the shard again (a buffer made ready meanwhile serves
+    /// the take) and polls every deferred buffer of the class, not only
+    /// the oldest few; every [`SELF_WAIT`] it tries a steal (a ready
+    /// buffer in another thread's cache).
+    ///
+    /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     ///
     /// [`MISS_WAIT`]: crate::tune::Tuning::MISS_WAIT
     #[cold]
@@ -183,6 +194,7 @@ impl Shared {
         device: usize,
         class: SizeClass,
     ) -> Option<(Block, Source)> {
+        let may_wait = cache.may_wait(self.now_us());
         let _waiting = cache.waiting();
         // Buffers made ready so far: re-zeroed by their owners, and by the
         // cleaner (each after its copies ended).
@@ -192,9 +204,12 @@ impl Shared {
         };
         let start = Instant::now();
         let (mut seen, mut moved) = (ready(), start);
+        let (mut looked, mut stolen) = (start, start);
         let mut pause = 64u32;
+        let mut polls = 4;
+        let mut noted = false;
         loop {
-            match cache.take_done(device, class) {
+            match cache.take_done(device, class, polls) {
                 Own::Ready(block) => {
                     cache.count_hit(block.slot(), block.footprint());
                     return Some((block, Source::Ready));
@@ -205,16 +220,23 @@ impl Shared {
                         .map(|b| (b, Source::Deferred))
                 }
                 Own::None | Own::Running(0..=1) => return None,
+                Own::Running(_) if !may_wait => return None,
                 Own::Running(_) => {}
+            }
+            polls = 4;
+            if !noted {
+                // The demand a miss would have noted (see `take_slow`).
+                noted = true;
+                self.note_short(device, class);
             }
             let now = Instant::now();
             if now - start >= Tune::MISS_WAIT {
+                cache.no_waits_for(self.now_us() + STILL.as_micros() as u64);
                 return None;
             }
             // Spinning with growing pauses for the first millisecond, then
             // sleeping between polls: a thread that waits long leaves the
-            // cores to the cleaner and the driver; and from then on, once a
-            // millisecond, whether the pool's copies still end.
+            // cores to the cleaner and the driver.
             if now - start < Duration::from_millis(1) {
                 for _ in 0..pause {
                     std::hint::spin_loop();
@@ -222,16 +244,58 @@ impl Shared {
                 pause = (pause * 2).min(4096);
                 continue;
             }
-            if now - moved >= Duration::from_millis(1) {
+            if now - looked >= Duration::from_millis(1) {
+                looked = now;
+                if let Some(block) = self.shards[device].pop(class) {
+                    cache.count_hit(block.slot(), block.footprint());
+                    return Some((block, Source::Shard));
+                }
+                // Other threads' caches less often: a steal locks their
+                // owners out.
+                if now - stolen >= Tune::SELF_WAIT {
+                    stolen = now;
+                    if let Some(block) = self.steal(cache, true, device, class) {
+                        return Some((block, Source::Stolen));
+                    }
+                }
+                polls = usize::MAX;
                 let now_ready = ready();
                 if now_ready != seen {
                     (seen, moved) = (now_ready, now);
                 } else if now - moved >= STILL {
+                    cache.no_waits_for(self.now_us() + STILL.as_micros() as u64);
                     return None;
                 }
             }
             std::thread::sleep(Tune::POLL);
         }
+    }
+
+    /// Notes the demand of a take of (`device`, `class`) that found
+    /// nothing and waits for its own copies, as a miss notes it (see
+    /// `take_slow`), the take's own buffer included: for the cap that
+    /// follows the working set, and for the regions' growth.
+    fn note_short(&self, device: usize, class: SizeClass) {
+        let classes = self.classes();
+        let slab = classes.per_slab(class) > 1;
+        let len = if slab {
+            crate::alloc::slab_len(classes)
+        } else {
+            classes.footprint(class)
+        };
+        let mut in_use = crate::provision::in_use_now(self.places());
+        in_use[classes.slot(device, class)] += 1;
+        self.provisioner.note_found(self.places(), &in_use);
+        if self.caches.carves() {
+            let demand = crate::provision::demand_from(self.places(), device, &in_use);
+            self.shards[device].regions().note_miss(demand, len);
+        }
+    }
+
+    /// Microseconds since the pool was built (the clock of the steal rate
+    /// limit and of [`ThreadCache::may_wait`]).
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
     }
 
     /// Polls `block`'s fences with growing pauses (so that many threads do
@@ -518,7 +582,8 @@ impl Shared {
 
     /// Takes a buffer of (`device`, `class`) from another thread's cache:
     /// its remote list, then (locking its owner out) its ready and deferred
-    /// lists.
+    /// lists. A deferred buffer whose copies still run (polled once the
+    /// owners are let go) goes back to its owner.
     #[cold]
     fn steal(
         &self,
@@ -573,8 +638,16 @@ impl Shared {
             }
             return Some(block);
         }
-        let (block, home) = deferred?;
+        let (mut block, home) = deferred?;
         // SAFETY: caches live as long as the pool.
-        self.reuse(taker, unsafe { &*home }, block)
+        let home = unsafe { &*home };
+        if matches!(block.fences_mut().poll(), Ok(false)) {
+            // Still being copied from: back to its owner, whose own takes
+            // wait for it (in the cleaner it would wait for the same copy,
+            // while its owner, finding its lists short, looked for more).
+            home.hand_back(block);
+            return None;
+        }
+        self.reuse(taker, home, block)
     }
 }

@@ -49,9 +49,6 @@ pub(crate) enum Own {
     None,
 }
 
-/// How many deferred buffers of a slot [`ThreadCache::take_done`] polls.
-const DONE_POLLS: usize = 4;
-
 /// State written by the owner (and by a thief that has locked it out).
 #[derive(Debug)]
 pub(super) struct OwnerPart {
@@ -80,6 +77,10 @@ pub(super) struct OwnerPart {
     /// Whether the owner is inside a take, waiting for the copies of one
     /// of its own dropped buffers to end (see [`ThreadCache::waiting`]).
     waiting: AtomicBool,
+    /// Until when (microseconds since the pool was built) the owner's
+    /// takes do not wait for their own copies (see
+    /// [`ThreadCache::may_wait`]).
+    no_waits_until: AtomicU64,
     /// Deferred buffers this cache's owner re-zeroed itself.
     cleaned: Counter,
     /// Takes served by a buffer of a larger class.
@@ -202,6 +203,7 @@ impl ThreadCache {
                 deferred: AtomicUsize::new(0),
                 last_steal: AtomicU64::new(0),
                 waiting: AtomicBool::new(false),
+                no_waits_until: AtomicU64::new(0),
                 cleaned: Counter::default(),
                 borrowed: Counter::default(),
                 carved: Counter::default(),
@@ -324,18 +326,22 @@ impl ThreadCache {
 
     /// The owner's take while it waits for its own copies (see
     /// `Shared::wait_for_own`): a ready buffer of (`device`, `class`), else
-    /// the oldest of its first [`DONE_POLLS`] deferred ones whose copies
-    /// have ended (or whose fences failed: the caller's reuse deals with
-    /// those), the others staying in their order; [`Own::Running`] (with
-    /// the slot's deferred buffers) if none has, [`Own::None`] if the slot
-    /// holds nothing.
+    /// the oldest of its first `polls` deferred ones whose copies have
+    /// ended (or whose fences failed: the caller's reuse deals with those),
+    /// the others staying in their order; [`Own::Running`] (with the
+    /// slot's deferred buffers) if none has, [`Own::None`] if the slot
+    /// holds nothing. Buffers other threads dropped into this cache, the
+    /// batch still filling included, join the lists first.
     #[cold]
-    pub(crate) fn take_done(&self, device: usize, class: SizeClass) -> Own {
+    pub(crate) fn take_done(&self, device: usize, class: SizeClass, polls: usize) -> Own {
         let caches = self.caches();
         let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
             if !self.shared.inbox.ready.is_empty() || self.shared.returns.has_full() {
                 self.collect(lists);
+            }
+            if self.shared.returns.has_open() {
+                self.defer_returns(lists, self.shared.returns.take_open());
             }
             let found = lists.slot(caches.slots, slot);
             if let Some(block) = found.ready.pop() {
@@ -346,7 +352,7 @@ impl ThreadCache {
             // for it: a few at most (a poll may be a driver call).
             let mut running = Vec::new();
             let mut done = None;
-            while running.len() < DONE_POLLS {
+            while running.len() < polls {
                 let Some(mut block) = found.deferred.pop_front() else {
                     break;
                 };
@@ -782,6 +788,45 @@ impl ThreadCache {
         self.owner.waiting.load(Ordering::Relaxed)
     }
 
+    /// Whether the owner's takes may wait for their own copies at `now_us`
+    /// (microseconds since the pool was built): not within the time set by
+    /// [`no_waits_for`](Self::no_waits_for). Owner-only.
+    pub(crate) fn may_wait(&self, now_us: u64) -> bool {
+        // Relaxed: owner-only state.
+        now_us >= self.owner.no_waits_until.load(Ordering::Relaxed)
+    }
+
+    /// The owner's takes do not wait for their own copies until `until_us`
+    /// (a wait that ended without one: its copies wait on something else,
+    /// and the takes right after it would wait for the same ones in
+    /// vain). Owner-only.
+    pub(crate) fn no_waits_for(&self, until_us: u64) {
+        // Relaxed: owner-only state.
+        self.owner.no_waits_until.store(until_us, Ordering::Relaxed);
+    }
+
+    /// Gives a deferred buffer that a thief took out of this cache's lists
+    /// (see `Shared::steal`), its copies still running, back to the owner,
+    /// as if another thread had dropped it (its drop's flush ticket rides
+    /// beside it again); the owner's next take that looks finds it among
+    /// its deferred buffers. With the pool closed, to the cleaner's late
+    /// path, as any drop then.
+    pub(crate) fn hand_back(&self, mut block: Block) {
+        let shared = &self.shared;
+        // Dekker against `Caches::close`, as in `give_back_remote`.
+        shared.busy.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if shared.request.load(Ordering::Relaxed) & CLOSED != 0 {
+            shared.busy.fetch_sub(1, Ordering::Release);
+            self.caches().intake.late(block);
+            return;
+        }
+        let ticket = block.take_ticket().expect("a deferred block was dropped");
+        shared.returns.push(RemoteDrop { block, ticket });
+        // Release: the close's Acquire read of `busy` sees the push.
+        shared.busy.fetch_sub(1, Ordering::Release);
+    }
+
     /// Whether this owner may lock others out to steal now (at `now_us`):
     /// at most once per `every_us`. Owner-only, so a load and a store.
     pub(crate) fn may_steal(&self, now_us: u64, every_us: u64) -> bool {
@@ -991,11 +1036,9 @@ impl Lists {
         taken
     }
 
-    /// Takes the oldest deferred buffer of (`device`, `class`), unless its
-    /// copies are still running: such a buffer stays with its owner, whose
-    /// own next takes wait for it (taken, it would wait in the cleaner
-    /// instead, and its owner, finding its lists short, would look for
-    /// more memory while it waits).
+    /// Takes the oldest deferred buffer of (`device`, `class`). (Its fences
+    /// are polled by the thief once the owner is let go: a poll may be a
+    /// driver call, which must not hold the owner's drops up.)
     pub(crate) fn steal_deferred(
         &mut self,
         cache: &ThreadCache,
@@ -1008,11 +1051,7 @@ impl Lists {
                 cache.caches().classes.slot(device, class),
             )
             .deferred;
-        let mut block = list.pop_front()?;
-        if matches!(block.fences_mut().poll(), Ok(false)) {
-            list.push_front(block);
-            return None;
-        }
+        let block = list.pop_front()?;
         self.deferred -= 1;
         cache.owner.deferred.store(self.deferred, Ordering::Relaxed);
         Some(block)

@@ -1,0 +1,230 @@
+//! Takes that wait for their own copies (see `Pool::take`): what a wait
+//! must still find, and when it must not wait.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pinpool::testing::{Faults, TestFence};
+use pinpool::{Pool, SizeClasses};
+
+fn pool_pow2(regions: bool) -> Pool {
+    Pool::builder()
+        .faults(Arc::new(Faults::default()))
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .regions(regions)
+        .max_pooled_bytes(1 << 30)
+        .build()
+        .unwrap()
+}
+
+/// Three buffers of `size` the calling thread drops with a copy on `fence`.
+/// (Pinned first: a dropped miss goes to the cleaner, not to the owner's
+/// lists.)
+fn three_in_flight(pool: &Pool, size: usize, fence: &TestFence) {
+    let warm: Vec<_> = (0..3).map(|_| pool.take(size)).collect();
+    drop(warm);
+    pool.flush();
+    let mut own: Vec<_> = (0..3).map(|_| pool.take(size)).collect();
+    for b in &mut own {
+        assert!(b.is_pinned());
+        b[..8].fill(1);
+        b.set_dirty_len(8);
+        fence.record(b);
+    }
+    drop(own);
+}
+
+/// `n` pinned buffers of `size` taken by the calling thread (pinned: a
+/// dropped miss goes to the cleaner, not to the owner's lists).
+fn own_pinned(pool: &Pool, size: usize, n: usize) -> Vec<pinpool::PinnedBuffer> {
+    let warm: Vec<_> = (0..n).map(|_| pool.take(size)).collect();
+    drop(warm);
+    pool.flush();
+    let own: Vec<_> = (0..n).map(|_| pool.take(size)).collect();
+    assert!(own.iter().all(|b| b.is_pinned()));
+    own
+}
+
+/// A buffer of the class is made ready while the owner waits for its own
+/// copies (three in flight): another, ended thread's buffer whose copy
+/// ends 35 ms into the take, which the cleaner makes ready. The waiting
+/// take must find it (the wait looks at the shard and steals from other
+/// caches as it goes) instead of waiting on and missing.
+#[test]
+fn a_waiting_take_sees_a_buffer_pooled_meanwhile() {
+    const X: usize = 1 << 16;
+    let pool = pool_pow2(false);
+    let p = &pool;
+    let slow = TestFence::default();
+    three_in_flight(&pool, X, &slow);
+    // Another thread's buffer of the class (a miss: the pool has none it
+    // can hand out), dropped with a copy that ends 35 ms into the take
+    // below; the thread then ends.
+    let other_fence = TestFence::default();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut b = p.take(X);
+            b[..8].fill(1);
+            b.set_dirty_len(8);
+            other_fence.record(&mut b);
+            drop(b);
+        });
+    });
+    let before = pool.stats();
+    let (took, pinned, pooled_at_60ms) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            // Past the 20 ms wait for the oldest (`SELF_WAIT`): the take is
+            // in `wait_for_own` by then.
+            std::thread::sleep(Duration::from_millis(35));
+            other_fence.complete();
+            std::thread::sleep(Duration::from_millis(25));
+            p.stats().pooled_buffers
+        });
+        let t0 = Instant::now();
+        let b = pool.take(X);
+        let took = t0.elapsed();
+        let pinned = b.is_pinned();
+        drop(b);
+        (took, pinned, h.join().unwrap())
+    });
+    // Where it was: a fresh thread's take right after gets it at once.
+    let (fresh_pinned, fresh_took) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let t0 = Instant::now();
+            let b = p.take(X);
+            (b.is_pinned(), t0.elapsed())
+        })
+        .join()
+        .unwrap()
+    });
+    slow.complete();
+    let s = pool.stats();
+    pool.flush();
+    eprintln!(
+        "take took {took:?}, pinned {pinned}, misses {}, pooled buffers 60 ms into the take \
+         {pooled_at_60ms}; a fresh thread's take right after: pinned {fresh_pinned} in {fresh_took:?}",
+        s.misses - before.misses
+    );
+    assert!(
+        pinned || took < Duration::from_millis(60),
+        "the take waited {took:?} and got a pinned buffer: {pinned}, while {pooled_at_60ms} \
+         pooled buffer(s) sat in the pool 60 ms into it"
+    );
+}
+
+/// The owner's copies run on two streams: its four oldest buffers of the
+/// class on one held up behind a long kernel, its newest on another whose
+/// copy is done. The waiting take must find the done one behind the four
+/// (it polls every deferred buffer of the class once a millisecond), not
+/// wait on the oldest few and miss.
+#[test]
+fn a_done_buffer_behind_running_ones_serves_a_waiting_take() {
+    const X: usize = 1 << 16;
+    let pool = pool_pow2(false);
+    let slow = TestFence::default();
+    let fast = TestFence::default();
+    let mut own = own_pinned(&pool, X, 5);
+    for (i, b) in own.iter_mut().enumerate() {
+        b[..8].fill(1);
+        b.set_dirty_len(8);
+        if i < 4 {
+            slow.record(b)
+        } else {
+            fast.record(b)
+        }
+    }
+    let done = own[4].as_ptr() as usize;
+    drop(own);
+    fast.complete();
+    let before = pool.stats();
+    let t0 = Instant::now();
+    let b = pool.take(X);
+    let took = t0.elapsed();
+    let missed = pool.stats().misses - before.misses;
+    let got_done = b.as_ptr() as usize == done;
+    drop(b);
+    slow.complete();
+    pool.flush();
+    eprintln!("took {took:?}, missed {missed}, got the done one {got_done}");
+    assert!(
+        got_done || took < Duration::from_millis(60),
+        "the take waited {took:?} and missed ({missed}) with its own done buffer in its list"
+    );
+}
+
+/// A burst behind a long kernel: a thread's 16 buffers of a class dropped
+/// with copies that end 3 s later (the stream runs a long kernel first),
+/// then 16 more takes of the class. None can be served by those copies in
+/// time, and every take misses; once one wait has found no copy of the
+/// pool ending, the takes right after it must not wait again (16 waits of
+/// 120 ms each took 1.9 s).
+#[test]
+fn a_burst_behind_a_long_kernel_waits_once() {
+    const X: usize = 1 << 16;
+    let pool = pool_pow2(false);
+    let kernel = TestFence::default();
+    let mut own = own_pinned(&pool, X, 16);
+    for b in &mut own {
+        b[..8].fill(1);
+        b.set_dirty_len(8);
+        kernel.record(b);
+    }
+    drop(own);
+    let before = pool.stats();
+    let t0 = Instant::now();
+    let next: Vec<_> = (0..16).map(|_| pool.take(X)).collect();
+    let took = t0.elapsed();
+    let missed = pool.stats().misses - before.misses;
+    drop(next);
+    kernel.complete();
+    pool.flush();
+    eprintln!("16 takes took {took:?}, {missed} missed");
+    assert!(
+        took < Duration::from_millis(16 * 25),
+        "16 takes took {took:?} ({missed} missed)"
+    );
+}
+
+/// An exited thread's buffers still in flight: other threads' steals
+/// leave them with its cache, and the sweep must still reclaim them once
+/// their copies end (three hits, no miss).
+#[test]
+fn an_exited_threads_buffers_in_flight_are_reclaimed() {
+    const X: usize = 1 << 16;
+    let pool = pool_pow2(false);
+    let f = TestFence::default();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut own = own_pinned(&pool, X, 3);
+            for b in &mut own {
+                b[..8].fill(1);
+                b.set_dirty_len(8);
+                f.record(b);
+            }
+        });
+    });
+    // Other threads' takes meanwhile (steals): they must not take them.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(5));
+        std::thread::scope(|s| {
+            s.spawn(|| drop(pool.take(X)));
+        });
+    }
+    f.complete();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = pool.stats();
+    let got: Vec<_> = std::thread::scope(|s| {
+        s.spawn(|| (0..3).map(|_| pool.take(X)).collect::<Vec<_>>())
+            .join()
+            .unwrap()
+    });
+    let s = pool.stats();
+    eprintln!(
+        "hits {} misses {} (pinned {:?})",
+        s.hits - before.hits,
+        s.misses - before.misses,
+        got.iter().map(|b| b.is_pinned()).collect::<Vec<_>>()
+    );
+    assert_eq!(s.misses - before.misses, 0);
+}
