@@ -1,11 +1,13 @@
 //! Takes that wait for their own copies (see `Pool::take`): what a wait
 //! must still find, and when it must not wait.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pinpool::testing::{Faults, TestFence};
 use pinpool::{Pool, SizeClasses};
+
+use crate::common::Rng;
 
 fn pool_pow2(regions: bool) -> Pool {
     Pool::builder()
@@ -227,4 +229,163 @@ fn an_exited_threads_buffers_in_flight_are_reclaimed() {
         got.iter().map(|b| b.is_pinned()).collect::<Vec<_>>()
     );
     assert_eq!(s.misses - before.misses, 0);
+}
+
+/// `name` as `lo,hi`, else `dflt`.
+fn env_pair(name: &str, dflt: (u64, u64)) -> (u64, u64) {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once(',')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or(dflt)
+}
+
+/// `name` as a number, else `dflt`.
+fn env_num(name: &str, dflt: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(dflt)
+}
+
+/// One second of the pipeline's takes.
+#[derive(Default, Clone, Copy)]
+struct Sec {
+    takes: u64,
+    misses: u64,
+    lat_sum: Duration,
+    lat_max: Duration,
+    over_50: u64,
+}
+
+/// Runs the pipeline; per-second figures, the threads' summed.
+fn pipeline() -> (Vec<Sec>, pinpool::Stats) {
+    let t = env_pair("PIPE_T", (30, 30));
+    let d = env_pair("PIPE_D", (400, 400));
+    let secs = env_num("PIPE_SECS", 10);
+    let size = env_num("PIPE_SIZE", 1 << 20) as usize;
+    let blocking = env_num("PIPE_BLOCKING_MISS", 0) == 1;
+    let regions = env_num("PIPE_REGIONS", 1) == 1;
+    let threads = env_num("PIPE_THREADS", 1) as usize;
+    let pool = Pool::builder()
+        .faults(Arc::new(Faults::default()))
+        .cleaner_threads(2)
+        .regions(regions)
+        .build()
+        .unwrap();
+    let pending: Mutex<Vec<(Instant, TestFence)>> = Mutex::new(Vec::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let per_sec = Mutex::new(vec![Sec::default(); secs as usize + 1]);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = Instant::now();
+                pending.lock().unwrap().retain(|(end, f)| {
+                    if *end <= now {
+                        f.complete();
+                        false
+                    } else {
+                        true
+                    }
+                });
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            for (_, f) in pending.lock().unwrap().drain(..) {
+                f.complete();
+            }
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|i| {
+                let (pool, pending, per_sec) = (&pool, &pending, &per_sec);
+                s.spawn(move || {
+                    let mut rng = Rng(0x1234_5678 + i as u64);
+                    let draw = |rng: &mut Rng, (lo, hi): (u64, u64)| {
+                        Duration::from_millis(lo + rng.below(hi - lo + 1))
+                    };
+                    while start.elapsed() < Duration::from_secs(secs) {
+                        let t0 = Instant::now();
+                        let mut b = pool.take(size);
+                        let lat = t0.elapsed();
+                        let missed = !b.was_pooled();
+                        b[..64].fill(1);
+                        b.set_dirty_len(64);
+                        let end = Instant::now() + draw(&mut rng, d);
+                        if blocking && !b.is_pinned() {
+                            std::thread::sleep(end.saturating_duration_since(Instant::now()));
+                        } else {
+                            let f = TestFence::default();
+                            f.record(&mut b);
+                            pending.lock().unwrap().push((end, f));
+                        }
+                        drop(b);
+                        let sec = (t0 - start).as_secs() as usize;
+                        {
+                            let mut p = per_sec.lock().unwrap();
+                            let e = &mut p[sec.min(secs as usize)];
+                            e.takes += 1;
+                            e.misses += missed as u64;
+                            e.lat_sum += lat;
+                            e.lat_max = e.lat_max.max(lat);
+                            e.over_50 += (lat > Duration::from_millis(50)) as u64;
+                        }
+                        std::thread::sleep(draw(&mut rng, t));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    pool.flush();
+    let st = pool.stats();
+    (per_sec.into_inner().unwrap(), st)
+}
+
+/// A steady copy pipeline whose copies take long, on the fault backend:
+/// each thread takes `PIPE_SIZE` bytes (1 MiB), writes 64 B, "copies" (a
+/// fence completed `PIPE_D` later, 400 ms), drops, then works `PIPE_T` (30
+/// ms), for `PIPE_SECS` (10). Ranges `lo,hi` draw each time between them.
+/// `PIPE_BLOCKING_MISS=1`: a pageable copy returns only once done;
+/// `PIPE_REGIONS=0`: regions off; `PIPE_THREADS` (1). Its takes should
+/// stop waiting once the regions have grown to the pipeline's depth.
+#[test]
+#[ignore = "a measurement (BENCHMARKS.md): prints per-second figures, asserts nothing"]
+fn copy_pipeline_figures() {
+    let (per, st) = pipeline();
+    eprintln!("sec takes misses mean_ms max_ms takes>50ms");
+    let mut tot = Sec::default();
+    for (i, s) in per.iter().enumerate() {
+        if s.takes == 0 {
+            continue;
+        }
+        eprintln!(
+            "{i:3} {:5} {:5} {:7.1} {:7.1} {:5}",
+            s.takes,
+            s.misses,
+            s.lat_sum.as_secs_f64() * 1e3 / s.takes as f64,
+            s.lat_max.as_secs_f64() * 1e3,
+            s.over_50
+        );
+        tot.takes += s.takes;
+        tot.misses += s.misses;
+        tot.lat_sum += s.lat_sum;
+        tot.over_50 += s.over_50;
+    }
+    eprintln!(
+        "total takes {} misses {} mean {:.1} ms, >50ms {}; registrations {} regions {} region MiB {} pinned MiB {} peak pinned MiB {}",
+        tot.takes,
+        tot.misses,
+        tot.lat_sum.as_secs_f64() * 1e3 / tot.takes as f64,
+        tot.over_50,
+        st.registrations,
+        st.regions,
+        st.region_bytes >> 20,
+        st.pinned_bytes >> 20,
+        st.peak_pinned_bytes >> 20
+    );
 }
