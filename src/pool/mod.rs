@@ -378,8 +378,9 @@ impl Pool {
     /// pool has nothing else to give and two or more are in flight, for as
     /// long as the pool's other copies keep ending, up to 1 s (it misses
     /// once none has ended for 100 ms, and the thread's takes then do not
-    /// wait for the next 100 ms). Such a wait counts as demand, as a miss
-    /// does: the pool grows its regions for it.
+    /// wait for the next 100 ms; after a whole second's wait that ends in
+    /// a miss, for the next second). Such a wait counts as demand, as a
+    /// miss does: the pool grows its regions for it.
     ///
     /// # Panics
     ///

@@ -175,9 +175,10 @@ impl Shared {
     /// Where no copy of the pool ends at all, its streams wait on something
     /// else (a kernel, an event): the take misses, and its thread's takes
     /// do not wait for their own copies for the next [`STILL`] (a burst of
-    /// takes behind a long kernel would wait in vain at each). `None` as
-    /// well if it has fewer than two in flight (one slow copy is not a
-    /// queue: the take misses at once, as it did). Once a millisecond the
+    /// takes behind a long kernel would wait in vain at each); after a
+    /// wait of the whole [`MISS_WAIT`] that ends in a miss, for as long
+    /// again. `None` as well if it has fewer than two in flight (one slow
+    /// copy is not a queue: the take misses at once, as it did). Once a millisecond the
     /// wait looks at the shard again (a buffer made ready meanwhile serves
     /// the take) and polls every deferred buffer of the class, not only
     /// the oldest few; every [`SELF_WAIT`] it tries a steal (a ready
@@ -219,7 +220,10 @@ impl Shared {
                         .reuse(cache, cache, block)
                         .map(|b| (b, Source::Deferred))
                 }
-                Own::None | Own::Running(0..=1) => return None,
+                // (Once waiting, one left in flight is still waited for: a
+                // thief may hold the other a moment before handing it back.)
+                Own::None => return None,
+                Own::Running(0..=1) if !noted => return None,
                 Own::Running(_) if !may_wait => return None,
                 Own::Running(_) => {}
             }
@@ -231,7 +235,11 @@ impl Shared {
             }
             let now = Instant::now();
             if now - start >= Tune::MISS_WAIT {
-                cache.no_waits_for(self.now_us() + STILL.as_micros() as u64);
+                // Copies elsewhere ended all along, its own not: its
+                // stream waits on something else too. Its takes then do
+                // not wait for as long as this one did (at most half its
+                // time goes to waits that end in a miss).
+                cache.no_waits_for(self.now_us() + (now - start).as_micros() as u64);
                 return None;
             }
             // Spinning with growing pauses for the first millisecond, then
@@ -629,12 +637,17 @@ impl Shared {
         drop(locked);
         if let Some(block) = ready {
             taker.count_hit(block.slot(), block.footprint());
-            if let Some((block, home)) = deferred {
+            if let Some((mut deferred, home)) = deferred {
                 // SAFETY: caches live as long as the pool.
                 let home = unsafe { &*home };
-                self.caches
-                    .intake
-                    .submit(home.origin(self.caches.cap(), false), block);
+                if matches!(deferred.fences_mut().poll(), Ok(false)) {
+                    // Still being copied from: back to its owner (below).
+                    home.hand_back(deferred);
+                } else {
+                    self.caches
+                        .intake
+                        .submit(home.origin(self.caches.cap(), false), deferred);
+                }
             }
             return Some(block);
         }

@@ -231,6 +231,58 @@ fn an_exited_threads_buffers_in_flight_are_reclaimed() {
     assert_eq!(s.misses - before.misses, 0);
 }
 
+/// A thread's own copies never end while the pool's other copies keep
+/// ending: its take waits the whole second (the others' progress keeps
+/// the wait going) and misses; its next take must then not wait again
+/// (a thread whose stream waits on something else would spend nearly all
+/// its time in waits that end in misses), but miss at once.
+#[test]
+fn a_whole_second_waited_in_vain_turns_waits_off_for_as_long() {
+    const X: usize = 1 << 16;
+    let pool = pool_pow2(false);
+    let slow = TestFence::default();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let p = &pool;
+    let (t1, t2, m1, m2) = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Copies of the pool keep ending: a churn of another class whose
+            // owner re-zeroes each deferred buffer (counted as made ready).
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut b = p.take(4096);
+                b[..8].fill(1);
+                b.set_dirty_len(8);
+                let f = TestFence::default();
+                f.record(&mut b);
+                drop(b);
+                f.complete();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        three_in_flight(p, X, &slow);
+        let m0 = p.stats().misses;
+        let t0 = Instant::now();
+        let a = p.take(X);
+        let t1 = t0.elapsed();
+        let m1 = p.stats().misses - m0;
+        let t0 = Instant::now();
+        let b = p.take(X);
+        let t2 = t0.elapsed();
+        let m2 = p.stats().misses - m0 - m1;
+        drop((a, b));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (t1, t2, m1, m2)
+    });
+    slow.complete();
+    pool.flush();
+    eprintln!("first take {t1:?} (misses {m1}); second take right after {t2:?} (misses {m2})");
+    assert!(
+        m1 == 1 && t1 >= Duration::from_secs(1) && m2 == 1 && t2 < Duration::from_millis(50),
+        "first take {t1:?} (missed {m1}; a whole second, then a miss, expected); the next \
+         {t2:?} (missed {m2}; at once expected)"
+    );
+}
+
 /// `name` as `lo,hi`, else `dflt`.
 fn env_pair(name: &str, dflt: (u64, u64)) -> (u64, u64) {
     std::env::var(name)
