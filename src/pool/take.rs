@@ -178,14 +178,14 @@ impl Shared {
     /// takes behind a long kernel would wait in vain at each); after a
     /// wait of the whole [`MISS_WAIT`] that ends in a miss, for as long
     /// again. `None` as well if it has fewer than two in flight (one slow
-    /// copy is not a queue: the take misses at once, as it did). Once a millisecond the
-    /// wait looks at the shard again (a buffer made ready meanwhile serves
-    /// the take) and polls every deferred buffer of the class, not only
-    /// the oldest few; every [`SELF_WAIT`] it tries a steal (a ready
-    /// buffer in another thread's cache).
+    /// copy is not a queue: the take misses at once, as it did).
+    ///
+    /// Once a millisecond the wait looks at the shard again (a buffer made
+    /// ready meanwhile serves the take) and polls every deferred buffer of
+    /// the class, not only the oldest few; every [`SELF_WAIT`] it tries a
+    /// steal (a ready buffer in another thread's cache).
     ///
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
-    ///
     /// [`MISS_WAIT`]: crate::tune::Tuning::MISS_WAIT
     #[cold]
     #[inline(never)]
@@ -198,7 +198,10 @@ impl Shared {
         let may_wait = cache.may_wait(self.now_us());
         let _waiting = cache.waiting();
         // Buffers made ready so far: re-zeroed by their owners, and by the
-        // cleaner (each after its copies ended).
+        // cleaner (each after its copies ended). Relaxed counters, read
+        // once a millisecond: a stale sum sees progress a poll late (the
+        // wait ends up to a millisecond later than `STILL`) or, the
+        // counters only growing, never sees progress that did not happen.
         let ready = || {
             self.caches.iter().map(ThreadCache::cleaned).sum::<u64>()
                 + self.counters().recycled.load(Ordering::Relaxed)
