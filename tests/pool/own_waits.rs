@@ -1,6 +1,7 @@
 //! Takes that wait for their own copies (see `Pool::take`): what a wait
 //! must still find, and when it must not wait.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -241,13 +242,26 @@ fn a_whole_second_waited_in_vain_turns_waits_off_for_as_long() {
     const X: usize = 1 << 16;
     let pool = pool_pow2(false);
     let slow = TestFence::default();
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
     let p = &pool;
+    // The owner's three buffers in flight first, before any other thread
+    // runs (their warm-up flushes).
+    three_in_flight(p, X, &slow);
     let (t1, t2, m1, m2) = std::thread::scope(|s| {
+        // Ends the churn below however this closure ends (a panic would
+        // otherwise leave the scope waiting for it).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
         s.spawn(|| {
             // Copies of the pool keep ending: a churn of another class whose
             // owner re-zeroes each deferred buffer (counted as made ready).
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let mut b = p.take(4096);
                 b[..8].fill(1);
                 b.set_dirty_len(8);
@@ -255,11 +269,13 @@ fn a_whole_second_waited_in_vain_turns_waits_off_for_as_long() {
                 f.record(&mut b);
                 drop(b);
                 f.complete();
+                rounds.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_micros(200));
             }
         });
-        std::thread::sleep(Duration::from_millis(20));
-        three_in_flight(p, X, &slow);
+        while rounds.load(Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
+        }
         let m0 = p.stats().misses;
         let t0 = Instant::now();
         let a = p.take(X);
@@ -270,7 +286,6 @@ fn a_whole_second_waited_in_vain_turns_waits_off_for_as_long() {
         let t2 = t0.elapsed();
         let m2 = p.stats().misses - m0 - m1;
         drop((a, b));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (t1, t2, m1, m2)
     });
     slow.complete();
