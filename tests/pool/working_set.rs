@@ -192,7 +192,7 @@ impl Engine {
 #[ignore = "FAILS in some runs on the 2-core box (registrations after the warm-up in 2 to 6 \
             of 8 runs while other builds shared the cores): the emulated engine, one FIFO \
             completed by a thread that must get a core, stands still and the loops' takes miss. \
-            On an H100 the benchmark's 1 MiB loops it emulates now register 0-9 regions of \
+            On an H100 at 120bde6 the benchmark's 1 MiB loops it emulates registered 0-9 regions of \
             under 1 ms each, their drop-to-ready p99 4.1 ms (BENCHMARKS.md)"]
 fn restarting_copy_loops_register_nothing_after_warm_up() {
     let size = 1 << 20;
