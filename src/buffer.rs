@@ -254,9 +254,12 @@ impl PinnedBuffer {
     /// # Ok(()) }
     /// ```
     pub fn record_last_use(&mut self, stream: &CudaStream) -> Result<(), Error> {
-        let ctx = stream.context().clone();
+        // Borrowed, not cloned: every thread's streams share their
+        // context's reference count, a line a clone would move between
+        // their cores at every call.
+        let ctx = stream.context();
         // SAFETY: `stream` is a live stream of `ctx`, alive for this call.
-        unsafe { self.record_on(&ctx, stream.cu_stream()) }
+        unsafe { self.record_on(ctx, stream.cu_stream()) }
     }
 
     /// Like [`record_last_use`](Self::record_last_use), for a stream known
@@ -289,19 +292,19 @@ impl PinnedBuffer {
     /// # Ok(()) }
     /// ```
     pub unsafe fn record_last_use_raw(&mut self, stream: sys::CUstream) -> Result<(), Error> {
-        let Some(ctx) = self
-            .home()
-            .caches()
-            .backend()
-            .context(self.device())
-            .cloned()
-        else {
+        let home = self.home_ptr();
+        // SAFETY: as in `home` (the caches, and the backend's contexts,
+        // outlive every buffer out); read through the pointer so that the
+        // context stays borrowed (not cloned: see `record_last_use`) while
+        // the block is borrowed mutably.
+        let backend = unsafe { home.as_ref() }.caches().backend();
+        let Some(ctx) = backend.context(self.device()) else {
             return Err(Error::BackendUnavailable(
                 "record_last_use_raw needs a pool on the CUDA backend".into(),
             ));
         };
         // SAFETY: forwarded from the caller.
-        unsafe { self.record_on(&ctx, stream) }
+        unsafe { self.record_on(ctx, stream) }
     }
 
     /// Records a pooled event of `ctx` on `stream`.
