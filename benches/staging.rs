@@ -593,7 +593,7 @@ fn main() {
             let registrations = s.registrations - warm.registrations;
             let registering = s.registration_time - warm.registration_time;
             println!(
-                "{label}: {threads:>2} threads, tight loops: hit rate {:.5} ({} misses), drop-to-ready p50 {:?} p99 {:?}, {} re-zeroed by their owners, {} by the cleaner, {} registrations in the loops taking {:?} on average",
+                "{label}: {threads:>2} threads, tight loops: hit rate {:.5} ({} misses), drop-to-ready p50 {:?} p99 {:?}, {} re-zeroed by their owners, {} by the cleaner, {} registrations in the loops taking {:?} on average, {} takes waited for their own copies ({:?} in all)",
                 s.hit_rate(),
                 s.misses,
                 s.drop_to_ready_p50,
@@ -601,7 +601,9 @@ fn main() {
                 s.cleaned_by_takers,
                 s.recycled - s.cleaned_by_takers,
                 registrations,
-                registering / (registrations.max(1) as u32)
+                registering / (registrations.max(1) as u32),
+                s.own_waits - warm.own_waits,
+                s.own_wait_time - warm.own_wait_time
             );
         }
     }

@@ -297,6 +297,13 @@ pub struct Stats {
     /// Of `hits`, takes served by carving a buffer from a region's free
     /// extents (see [`regions`](Self::regions)).
     pub carved: u64,
+    /// Takes that waited for the copies out of the calling thread's own
+    /// earlier buffers to end before being served, or before missing (see
+    /// [`Pool::take`](crate::Pool::take)): a thread running ahead of its
+    /// copies.
+    pub own_waits: u64,
+    /// The time those takes waited, in all.
+    pub own_wait_time: Duration,
     /// Regions listed (registrations that buffers are carved from, on the
     /// backends that pin; the `cuda` and fault-injecting ones).
     pub regions: usize,
@@ -654,6 +661,12 @@ impl std::fmt::Display for Stats {
             Bytes(self.max_pooled_bytes as u64),
             self.cap_note(),
             Bytes(self.peak_pooled_bytes as u64)
+        )?;
+        writeln!(
+            f,
+            "  own waits      {:>12} ({:.3} s)",
+            self.own_waits,
+            self.own_wait_time.as_secs_f64()
         )?;
         writeln!(f, "  in cleaner     {:>12}", self.in_cleaner)?;
         writeln!(

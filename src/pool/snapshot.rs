@@ -1,5 +1,7 @@
 //! The statistics snapshot (see [`Stats`]).
 
+use std::time::Duration;
+
 use crate::size_class::SizeClass;
 use crate::stats::{ClassStats, DeviceStats, Stats};
 
@@ -31,6 +33,9 @@ impl Shared {
             stats.cleaned_by_takers += cache.cleaned();
             stats.borrowed += cache.borrowed();
             stats.carved += cache.carved();
+            let (waits, nanos) = cache.own_waits();
+            stats.own_waits += waits;
+            stats.own_wait_time += Duration::from_nanos(nanos);
         }
         for (device, shard) in self.shards.iter().enumerate() {
             for class in classes.all() {

@@ -120,7 +120,7 @@ impl Shared {
                 return None;
             }
             let _waiting = cache.waiting();
-            Self::wait_briefly(&mut block);
+            cache.count_own_wait(Self::wait_briefly(&mut block));
         }
         self.reuse(cache, cache, block)
     }
@@ -197,6 +197,12 @@ impl Shared {
     ) -> Option<(Block, Source)> {
         let may_wait = cache.may_wait(self.now_us());
         let _waiting = cache.waiting();
+        // Counts the wait, however the take ends, once it has begun.
+        let mut counted = CountedWait {
+            cache,
+            start: Instant::now(),
+            waited: false,
+        };
         // Buffers made ready so far: re-zeroed by their owners, and by the
         // cleaner (each after its copies ended). Relaxed counters, read
         // once a millisecond: a stale sum sees progress a poll late (the
@@ -206,7 +212,7 @@ impl Shared {
             self.caches.iter().map(ThreadCache::cleaned).sum::<u64>()
                 + self.counters().recycled.load(Ordering::Relaxed)
         };
-        let start = Instant::now();
+        let start = counted.start;
         let (mut seen, mut moved) = (ready(), start);
         let (mut looked, mut stolen) = (start, start);
         let mut pause = 64u32;
@@ -234,6 +240,7 @@ impl Shared {
             if !noted {
                 // The demand a miss would have noted (see `take_slow`).
                 noted = true;
+                counted.waited = true;
                 self.note_short(device, class);
             }
             let now = Instant::now();
@@ -310,22 +317,27 @@ impl Shared {
     }
 
     /// Polls `block`'s fences with growing pauses (so that many threads do
-    /// not hammer the driver), for at most [`SELF_WAIT`].
+    /// not hammer the driver), for at most [`SELF_WAIT`]; how long it
+    /// waited.
     ///
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[cold]
-    fn wait_briefly(block: &mut Block) {
-        let deadline = Instant::now() + Tune::SELF_WAIT;
+    fn wait_briefly(block: &mut Block) -> Duration {
+        let start = Instant::now();
+        let deadline = start + Tune::SELF_WAIT;
         let mut pause = 64u32;
-        while Instant::now() < deadline {
+        let mut now = start;
+        while now < deadline {
             for _ in 0..pause {
                 std::hint::spin_loop();
             }
             pause = (pause * 2).min(4096);
+            now = Instant::now();
             if !matches!(block.fences_mut().poll(), Ok(false)) {
-                return;
+                break;
             }
         }
+        now - start
     }
 
     /// Re-zeroes a deferred buffer of `home` for `taker` if its fences have
@@ -665,5 +677,21 @@ impl Shared {
             return None;
         }
         self.reuse(taker, home, block)
+    }
+}
+
+/// Counts a wait of [`Shared::wait_for_own`] in its cache when it ends, if
+/// the take waited (it may return at its first look).
+struct CountedWait<'a> {
+    cache: &'a ThreadCache,
+    start: Instant,
+    waited: bool,
+}
+
+impl Drop for CountedWait<'_> {
+    fn drop(&mut self) {
+        if self.waited {
+            self.cache.count_own_wait(self.start.elapsed());
+        }
     }
 }

@@ -87,6 +87,11 @@ pub(super) struct OwnerPart {
     borrowed: Counter,
     /// Takes served by carving from a region.
     carved: Counter,
+    /// Takes that waited for the copies of the owner's own dropped
+    /// buffers (see `Shared::wait_for_own` and `Shared::reuse_own`).
+    own_waits: Counter,
+    /// Nanoseconds those takes waited.
+    own_wait_nanos: Counter,
 }
 
 /// An owner waiting for its own copies (see [`ThreadCache::waiting`]).
@@ -207,6 +212,8 @@ impl ThreadCache {
                 cleaned: Counter::default(),
                 borrowed: Counter::default(),
                 carved: Counter::default(),
+                own_waits: Counter::default(),
+                own_wait_nanos: Counter::default(),
             }),
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
@@ -728,6 +735,21 @@ impl ThreadCache {
     /// Deferred buffers the takers re-zeroed themselves.
     pub(crate) fn cleaned(&self) -> u64 {
         self.owner.cleaned.get()
+    }
+
+    /// Counts a take that waited `waited` for the copies of the owner's
+    /// own dropped buffers.
+    pub(crate) fn count_own_wait(&self, waited: std::time::Duration) {
+        let single = !self.is_orphan();
+        self.owner.own_waits.count(1, single);
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.owner.own_wait_nanos.count(nanos, single);
+    }
+
+    /// Takes that waited for their owner's own copies, and the nanoseconds
+    /// they waited.
+    pub(crate) fn own_waits(&self) -> (u64, u64) {
+        (self.owner.own_waits.get(), self.owner.own_wait_nanos.get())
     }
 
     /// Counts a take that hit, of `bytes` pooled footprint bytes (0 for a

@@ -870,12 +870,23 @@ fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
             slow.complete();
         });
         let first = pool.take(X);
-        let misses = pool.stats().misses - before.misses;
+        let after = pool.stats();
+        let misses = after.misses - before.misses;
+        let waited = (
+            after.own_waits - before.own_waits,
+            after.own_wait_time - before.own_wait_time,
+        );
         let rest: Vec<_> = (0..2).map(|_| pool.take(X)).collect();
         stop.store(true, Ordering::Relaxed);
-        (first, misses, rest)
+        (first, misses, waited, rest)
     });
-    let (first, missed, rest) = taken;
+    let (first, missed, (waits, waited), rest) = taken;
+    // The wait shows in the statistics: the take's first 20 ms on the
+    // oldest, then the rest until the copies end, 60 ms in.
+    assert!(
+        waits >= 1 && waited >= Duration::from_millis(30),
+        "{waits} waits counted, {waited:?} (about 60 ms expected)"
+    );
     assert!(all_zero(&first) && rest.iter().all(|b| all_zero(b)));
     let reused = std::iter::once(&first)
         .chain(&rest)
@@ -921,6 +932,14 @@ fn a_take_misses_when_no_copy_of_the_pool_ends() {
         "missed {missed} (1 expected) after {took:?} (about 120 ms expected: 20 for the oldest, \
          100 more without progress)"
     );
+    // A wait that ends in a miss is counted too, with its time.
+    let stats = pool.stats();
+    assert!(
+        stats.own_waits >= 1 && stats.own_wait_time >= Duration::from_millis(90),
+        "{} waits counted, {:?}",
+        stats.own_waits,
+        stats.own_wait_time
+    );
 }
 
 /// One slow copy is not a queue: with a single buffer of its own in flight
@@ -948,6 +967,12 @@ fn a_take_with_one_copy_in_flight_misses_at_once() {
     assert!(
         missed == 1 && took < Duration::from_millis(15),
         "missed {missed} (1 expected) in {took:?}"
+    );
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.own_waits, stats.own_wait_time),
+        (0, Duration::ZERO),
+        "no wait counted"
     );
 }
 
