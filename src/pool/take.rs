@@ -119,8 +119,16 @@ impl Shared {
                 cache.put_back(block);
                 return None;
             }
-            let _waiting = cache.waiting();
-            cache.count_own_wait(Self::wait_briefly(&mut block));
+            let waiting = cache.waiting();
+            cache.count_own_wait(Self::wait_briefly(&mut block), false);
+            drop(waiting);
+            let reused = self.reuse(cache, cache, block);
+            if reused.is_none() {
+                // The take goes on to `take_slow`, whose own wait adds its
+                // time only.
+                cache.set_take_counted(true);
+            }
+            return reused;
         }
         self.reuse(cache, cache, block)
     }
@@ -194,6 +202,7 @@ impl Shared {
         cache: &ThreadCache,
         device: usize,
         class: SizeClass,
+        counted: bool,
     ) -> Option<(Block, Source)> {
         let may_wait = cache.may_wait(self.now_us());
         let _waiting = cache.waiting();
@@ -202,6 +211,7 @@ impl Shared {
             cache,
             start: Instant::now(),
             waited: false,
+            again: counted,
         };
         // Buffers made ready so far: re-zeroed by their owners, and by the
         // cleaner (each after its copies ended). Relaxed counters, read
@@ -391,6 +401,9 @@ impl Shared {
         class: SizeClass,
     ) -> Result<(Block, Source), Error> {
         Self::start_cleaner(this);
+        // Whether `reuse_own` counted this take's wait already (only an
+        // owner's take waits).
+        let counted = owned && cache.take_counted();
         if let Some(block) = this.shards[device].pop(class) {
             cache.count_hit(block.slot(), block.footprint());
             return Ok((block, Source::Shard));
@@ -416,7 +429,7 @@ impl Shared {
             }
         }
         if owned {
-            if let Some(found) = this.wait_for_own(cache, device, class) {
+            if let Some(found) = this.wait_for_own(cache, device, class, counted) {
                 return Ok(found);
             }
         }
@@ -681,17 +694,19 @@ impl Shared {
 }
 
 /// Counts a wait of [`Shared::wait_for_own`] in its cache when it ends, if
-/// the take waited (it may return at its first look).
+/// the take waited (it may return at its first look): its time only if
+/// `again` (the take's wait in `reuse_own` counted the take).
 struct CountedWait<'a> {
     cache: &'a ThreadCache,
     start: Instant,
     waited: bool,
+    again: bool,
 }
 
 impl Drop for CountedWait<'_> {
     fn drop(&mut self) {
         if self.waited {
-            self.cache.count_own_wait(self.start.elapsed());
+            self.cache.count_own_wait(self.start.elapsed(), self.again);
         }
     }
 }

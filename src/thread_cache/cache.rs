@@ -92,6 +92,11 @@ pub(super) struct OwnerPart {
     own_waits: Counter,
     /// Nanoseconds those takes waited.
     own_wait_nanos: Counter,
+    /// Whether the owner's take under way has been counted in `own_waits`
+    /// already (its wait on its oldest buffer ended without one it could
+    /// reuse, and the take goes on): a second wait of the same take adds
+    /// its time only. Owner-only.
+    take_counted: AtomicBool,
 }
 
 /// An owner waiting for its own copies (see [`ThreadCache::waiting`]).
@@ -214,6 +219,7 @@ impl ThreadCache {
                 carved: Counter::default(),
                 own_waits: Counter::default(),
                 own_wait_nanos: Counter::default(),
+                take_counted: AtomicBool::new(false),
             }),
             shared: CachePadded::new(SharedPart {
                 request: AtomicU32::new(0),
@@ -737,13 +743,32 @@ impl ThreadCache {
         self.owner.cleaned.get()
     }
 
-    /// Counts a take that waited `waited` for the copies of the owner's
-    /// own dropped buffers.
-    pub(crate) fn count_own_wait(&self, waited: std::time::Duration) {
+    /// Counts a wait of `waited` for the copies of the owner's own dropped
+    /// buffers: a take that waited, unless `again` (a second wait of a take
+    /// already counted), and the time in any case.
+    pub(crate) fn count_own_wait(&self, waited: std::time::Duration, again: bool) {
         let single = !self.is_orphan();
-        self.owner.own_waits.count(1, single);
+        if !again {
+            self.owner.own_waits.count(1, single);
+        }
         let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
         self.owner.own_wait_nanos.count(nanos, single);
+    }
+
+    /// Notes (`true`) that the owner's take under way was counted in
+    /// `own_waits` and goes on, or takes the note back (`false`, whether it
+    /// was there: see [`take_counted`](Self::take_counted)). Owner-only.
+    pub(crate) fn set_take_counted(&self, counted: bool) {
+        // Relaxed: owner-only state.
+        self.owner.take_counted.store(counted, Ordering::Relaxed);
+    }
+
+    /// Whether the owner's take under way was counted in `own_waits`
+    /// already, clearing the note (every take that notes it goes on to
+    /// the slow path, which reads it at once). Owner-only.
+    pub(crate) fn take_counted(&self) -> bool {
+        // Relaxed: owner-only state.
+        self.owner.take_counted.swap(false, Ordering::Relaxed)
     }
 
     /// Takes that waited for their owner's own copies, and the nanoseconds
