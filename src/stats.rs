@@ -300,9 +300,11 @@ pub struct Stats {
     /// Takes that waited for the copies out of the calling thread's own
     /// earlier buffers to end before being served, or before missing (see
     /// [`Pool::take`](crate::Pool::take)): a thread running ahead of its
-    /// copies.
+    /// copies. Each such take once, whether it waited on its oldest buffer,
+    /// for as long as the pool's copies ended, or both.
     pub own_waits: u64,
-    /// The time those takes waited, in all.
+    /// The time those takes waited, in all (both waits of a take that
+    /// waited twice).
     pub own_wait_time: Duration,
     /// Regions listed (registrations that buffers are carved from, on the
     /// backends that pin; the `cuda` and fault-injecting ones).

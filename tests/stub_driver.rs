@@ -1160,3 +1160,51 @@ fn a_pool_dropped_in_thread_teardown_releases_everything() {
     assert_eq!(stub::registered(), 0, "everything unregistered");
     assert_eq!(stub::wrong_context(), 0);
 }
+
+/// `record_last_use` and `record_last_use_raw` borrow the context they
+/// record in (the stream's, the backend's): on a buffer that outlived its
+/// pool's last handle (after `shutdown` too) and was sent to another
+/// thread, both record in the right context, and the pool's state, the
+/// context it holds included, goes with the buffer's drop on a third
+/// thread.
+#[test]
+fn records_on_a_buffer_that_outlives_its_pool() {
+    if !on_stub!("STUB_CUDA_DEVICES" = "1") {
+        return;
+    }
+    init();
+    let ctx = CudaContext::new(0).expect("device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    set_current(std::ptr::null_mut());
+    for shutdown in [false, true] {
+        let pool = cuda_pool_one_by_one(1);
+        let mut buf = pinned(&pool, 1 << 20);
+        if shutdown {
+            pool.shutdown();
+        }
+        let records = stub::calls("cuEventRecord");
+        drop(pool);
+        let stream = stream.clone();
+        let buf = std::thread::spawn(move || {
+            for _ in 0..3 {
+                // SAFETY: device 0's legacy stream; the stub accepts it.
+                unsafe { buf.record_last_use_raw(std::ptr::null_mut()) }.expect("raw");
+                buf.record_last_use(&stream).expect("stream");
+            }
+            buf
+        })
+        .join()
+        .unwrap();
+        assert_eq!(stub::calls("cuEventRecord"), records + 6);
+        // Dropped on yet another thread.
+        std::thread::spawn(move || drop(buf)).join().unwrap();
+        eventually("the closed pool's state goes", || {
+            stub::primary_refs(0) == 1
+        });
+        assert_eq!(stub::wrong_context(), 0);
+        assert_eq!(current(), std::ptr::null_mut());
+    }
+    drop(stream);
+    drop(ctx);
+    eventually("every registration is undone", || stub::registered() == 0);
+}

@@ -381,8 +381,9 @@ impl Pool {
     /// wait for the next 100 ms; after a whole second's wait that ends in
     /// a miss, for the next second). Such a wait counts as demand, as a
     /// miss does: the pool grows its regions for it.
-    /// [`Stats::own_waits`](crate::Stats::own_waits) and
-    /// [`own_wait_time`](crate::Stats::own_wait_time) count these waits.
+    /// [`Stats::own_waits`](crate::Stats::own_waits) counts the takes that
+    /// wait (once each, whether they wait once or twice), and
+    /// [`own_wait_time`](crate::Stats::own_wait_time) how long they wait.
     ///
     /// # Panics
     ///

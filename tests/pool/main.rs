@@ -40,6 +40,8 @@ mod lifecycle;
 #[cfg(feature = "testing")]
 mod merges;
 #[cfg(feature = "testing")]
+mod own_wait_stats;
+#[cfg(feature = "testing")]
 mod own_waits;
 #[cfg(feature = "testing")]
 mod pinned_budget;
