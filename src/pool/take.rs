@@ -126,7 +126,7 @@ impl Shared {
             if reused.is_none() {
                 // The take goes on to `take_slow`, whose own wait adds its
                 // time only.
-                cache.set_take_counted(true);
+                cache.note_take_counted();
             }
             return reused;
         }

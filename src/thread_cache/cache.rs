@@ -755,20 +755,25 @@ impl ThreadCache {
         self.owner.own_wait_nanos.count(nanos, single);
     }
 
-    /// Notes (`true`) that the owner's take under way was counted in
-    /// `own_waits` and goes on, or takes the note back (`false`, whether it
-    /// was there: see [`take_counted`](Self::take_counted)). Owner-only.
-    pub(crate) fn set_take_counted(&self, counted: bool) {
+    /// Notes that the owner's take under way was counted in `own_waits`
+    /// and goes on (see [`take_counted`](Self::take_counted)). Owner-only.
+    pub(crate) fn note_take_counted(&self) {
         // Relaxed: owner-only state.
-        self.owner.take_counted.store(counted, Ordering::Relaxed);
+        self.owner.take_counted.store(true, Ordering::Relaxed);
     }
 
     /// Whether the owner's take under way was counted in `own_waits`
     /// already, clearing the note (every take that notes it goes on to
-    /// the slow path, which reads it at once). Owner-only.
+    /// the slow path, which reads it at once). Owner-only: a load, and a
+    /// store only when set (no read-modify-write on a slow take).
     pub(crate) fn take_counted(&self) -> bool {
-        // Relaxed: owner-only state.
-        self.owner.take_counted.swap(false, Ordering::Relaxed)
+        // Relaxed: owner-only state, written by this thread alone.
+        let counted = self.owner.take_counted.load(Ordering::Relaxed);
+        if counted {
+            // Relaxed: as above.
+            self.owner.take_counted.store(false, Ordering::Relaxed);
+        }
+        counted
     }
 
     /// Takes that waited for their owner's own copies, and the nanoseconds
