@@ -216,3 +216,27 @@ fn idle_trim_keeps_a_buffer_in_use_and_releases_one_left_idle() {
         "the buffer in use was trimmed and missed again"
     );
 }
+
+/// `clear` forgets the reservations made before it (a cap that follows the
+/// working set no longer holds room for them), so a reserved buffer that
+/// was out at the clear (taken, or in the cleaner) and comes back after it
+/// is an idle buffer like any other, which the idle trim releases.
+#[test]
+#[ignore = "FAILS: a reserved buffer out at a clear keeps its reservation for good: the idle \
+            trim keeps it until the next clear (found when the trace test \
+            every_unregistration_is_traced, which drops buffers and clears without a flush \
+            between, waited 10 s for three reserved 104 KiB buffers that kept an 18 MiB region \
+            pinned)"]
+fn a_reserved_buffer_out_at_a_clear_is_trimmed_when_idle() {
+    let pool = pool(Some(Duration::from_millis(100)));
+    pool.reserve(0, &[(1 << 20, 1)]).unwrap();
+    pool.flush();
+    let held = pool.take(1 << 20);
+    assert!(held.was_pooled(), "the reserved buffer");
+    pool.clear();
+    drop(held);
+    pool.flush();
+    eventually(Duration::from_secs(10), "idle trim", || {
+        pool.stats().pooled_buffers == 0
+    });
+}
