@@ -44,7 +44,7 @@ use crate::alloc::Block;
 use crate::remote::Inbox;
 use crate::shard::Shard;
 use crate::size_class::SizeClass;
-use crate::sync::{fence, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::thread_cache::{Caches, LockedOut, ThreadCache};
 
 /// Where pooled buffers live.
@@ -87,6 +87,12 @@ pub(crate) struct Admission {
     /// While the cap follows the working set, what it follows; `None` once
     /// a cap is given.
     follow: Mutex<Option<Follow>>,
+    /// The generation of reservations: stamped on the blocks `reserve`
+    /// asks for, and moved on by `clear`, which forgets every reservation
+    /// made before it (a reserved buffer out at a clear, taken or in the
+    /// cleaner, is an idle buffer like any other once back). Never 0 (a
+    /// block's 0 means not reserved).
+    reservations: AtomicU32,
 }
 
 /// What a cap that follows the working set follows.
@@ -133,7 +139,16 @@ impl Admission {
             peak: AtomicUsize::new(0),
             evictions: AtomicUsize::new(0),
             follow: Mutex::new(follow),
+            reservations: AtomicU32::new(1),
         }
+    }
+
+    /// The generation of reservations now (see `reservations`). Relaxed:
+    /// it orders nothing; a reserve racing a clear may stamp the
+    /// generation the clear ends, and its buffers are then idle ones like
+    /// any other (a reservation the clear forgets), or the next one.
+    pub(crate) fn reservations(&self) -> u32 {
+        self.reservations.load(Ordering::Relaxed)
     }
 
     /// The cap in force and whether it follows the working set, read
@@ -552,6 +567,7 @@ impl Admission {
         drop(locked);
         from_lists.into_iter().for_each(&mut gather);
         let mut out = Vec::new();
+        let reservations = self.reservations();
         // Buffers carved from a region that drains go back to it, however
         // recently ready (see `Regions::drain_excess`).
         let draining: Vec<bool> = at.shards.iter().map(|s| s.regions().draining()).collect();
@@ -566,7 +582,7 @@ impl Admission {
             let mut keep = keep(slot);
             while let Some(block) = blocks.pop() {
                 let idle = block.ready_since().is_some_and(|t| t <= cutoff);
-                if block.is_reserved() || (!idle || keep > 0) && !drains(&block) {
+                if block.is_reserved_in(reservations) || (!idle || keep > 0) && !drains(&block) {
                     keep = keep.saturating_sub(1);
                     if let Err(block) = at.shards[block.device()].push(block) {
                         out.push(block);
@@ -595,6 +611,10 @@ impl Admission {
         if let Some(follow) = self.follow.lock().as_mut() {
             follow.reserved = 0;
         }
+        // So do those out now, once back (skipping 0, which no reservation
+        // bears). Relaxed: see `reservations`.
+        let next = self.reservations().wrapping_add(1).max(1);
+        self.reservations.store(next, Ordering::Relaxed);
         let _folded = self.folded.lock();
         let mut out = Vec::new();
         for shard in at.shards {

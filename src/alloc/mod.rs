@@ -122,9 +122,11 @@ pub(crate) struct Meta {
     device: u16,
     class: SizeClass,
     pinned: bool,
-    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)): idle
-    /// trimming keeps it.
-    pub(crate) reserved: bool,
+    /// Pinned on request ([`Pool::reserve`](crate::pool::Pool::reserve)):
+    /// the generation of reservations it was asked in (see
+    /// `Admission::reservations`), 0 for none. Idle trimming keeps it
+    /// while no `clear` has come since.
+    pub(crate) reserved: u32,
     /// What the copies reading the buffer left behind, and spare events;
     /// locked only by copies made through cudarc, which see the buffer
     /// through `&`.
@@ -224,7 +226,7 @@ impl Meta {
             sync_gen: 0,
             taker: 0,
             dropped_at: None,
-            reserved: false,
+            reserved: 0,
             reserve_share: 0,
             ready_since: None,
             next: std::ptr::null_mut(),
@@ -637,7 +639,13 @@ impl Block {
 
     /// Whether the block was pinned on request.
     pub(crate) fn is_reserved(&self) -> bool {
-        self.meta().reserved
+        self.meta().reserved != 0
+    }
+
+    /// Whether the block was pinned on request in the generation of
+    /// reservations `now` (none has been forgotten by a `clear` since).
+    pub(crate) fn is_reserved_in(&self, now: u32) -> bool {
+        self.meta().reserved == now
     }
 
     /// The block's fences, through exclusive access (no locking).

@@ -168,7 +168,7 @@ impl Intake {
         self.note_drop(&mut block);
         let meta = block.meta_mut();
         meta.dropped_at = Some(Instant::now());
-        let reserved = meta.reserved;
+        let reserved = meta.reserved != 0;
         let mut returned = Returned::new(block, from.home, from.counters);
         returned.to_shard = to_shard;
         if register {

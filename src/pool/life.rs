@@ -53,6 +53,7 @@ impl Shared {
             return Err(past_budget(bytes));
         }
         let mut blocks = Vec::new();
+        let generation = this.admission.reservations();
         for (class, mut count) in plan {
             let node = this.shards[device].node();
             // A sub-page class's block is the head of a slab that its
@@ -63,7 +64,7 @@ impl Shared {
                 let mut block = Block::allocate_for(classes, class, device, node, buffers)?;
                 let meta = block.meta_mut();
                 meta.dirty = 0;
-                meta.reserved = true;
+                meta.reserved = generation;
                 blocks.push(block);
                 count -= buffers;
             }

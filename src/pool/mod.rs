@@ -450,10 +450,13 @@ impl Pool {
     /// of each `(size, count)` for `device`, registered (on the CUDA
     /// backend), pre-faulted and pooled by the cleaner; `flush` waits for
     /// them. Reserved buffers count against the cap like any other (and may
-    /// be evicted by it), but idle trimming keeps them. While the cap
-    /// follows the working set (no cap given), it rises by the bytes
-    /// reserved, and holds every byte reserved since the last
-    /// [`clear`](Self::clear) on top of what it follows.
+    /// be evicted by it), but idle trimming keeps them until the next
+    /// [`clear`](Self::clear), which forgets every reservation made before
+    /// it (a reserved buffer taken or in the cleaner at the clear is, once
+    /// back, an idle buffer like any other). While the cap follows the
+    /// working set (no cap given), it rises by the bytes reserved, and
+    /// holds every byte reserved since the last `clear` on top of what it
+    /// follows.
     ///
     /// # Errors
     ///
@@ -550,7 +553,8 @@ impl Pool {
 
     /// Unregisters and frees every pooled buffer, thread caches included.
     /// Buffers still in the cleaner are not touched; `shutdown` drains them
-    /// first.
+    /// first. Reservations made before the call are forgotten (see
+    /// [`reserve`](Self::reserve)).
     ///
     /// # Examples
     ///

@@ -1249,10 +1249,6 @@ fn every_unregistration_is_traced() {
             .collect();
         std::thread::sleep(std::time::Duration::from_millis(15));
         drop(held);
-        // (The drops are flushed before a clear: a reserved buffer still in
-        // the cleaner at a clear stays reserved, and the idle trim below
-        // would keep it; see provision::a_reserved_buffer_out_at_a_clear_is_trimmed_when_idle.)
-        pool.flush();
         match round % 10 {
             3 => pool.reserve(0, &[(2 << 20, 3), (100_000, 4)]).unwrap(),
             5 => pool.trim(),
