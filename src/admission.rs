@@ -144,9 +144,12 @@ impl Admission {
     }
 
     /// The generation of reservations now (see `reservations`). Relaxed:
-    /// it orders nothing; a reserve racing a clear may stamp the
-    /// generation the clear ends, and its buffers are then idle ones like
-    /// any other (a reservation the clear forgets), or the next one.
+    /// it orders nothing (a reader that decides by it, a trim or the
+    /// cleaner, sees a clear's move a little late, and keeps a forgotten
+    /// reservation's buffer until its next look); a reserve racing a clear
+    /// may stamp the generation the clear ends, and its buffers are then
+    /// idle ones like any other (a reservation the clear forgets; see
+    /// [`reserved`](Self::reserved) for the cap), or the next one.
     pub(crate) fn reservations(&self) -> u32 {
         self.reservations.load(Ordering::Relaxed)
     }
@@ -206,11 +209,19 @@ impl Admission {
         Ok(())
     }
 
-    /// While the cap follows the working set, `bytes` more reserved: the
-    /// cap rises by them (it holds every byte reserved since the last
-    /// `clear` on top of what it follows), under the pinned budget.
-    pub(crate) fn reserved(&self, at: Places<'_>, bytes: usize) {
+    /// While the cap follows the working set, `bytes` more reserved in
+    /// the generation of reservations `generation`: the cap rises by them
+    /// (it holds every byte reserved since the last `clear` on top of what
+    /// it follows), under the pinned budget; not if a clear has forgotten
+    /// that generation since (its buffers are idle ones like any other).
+    pub(crate) fn reserved(&self, at: Places<'_>, bytes: usize, generation: u32) {
         let mut follow = self.follow.lock();
+        // Under the lock `clear` moves the generation on under: either the
+        // clear comes first (and this adds nothing), or it zeroes what this
+        // adds.
+        if self.reservations() != generation {
+            return;
+        }
         if let Some(follow) = follow.as_mut() {
             follow.reserved = follow.reserved.saturating_add(bytes);
             let cap = follow.cap(Self::budget(at));
@@ -608,13 +619,17 @@ impl Admission {
     pub(crate) fn clear(&self, at: Places<'_>) -> Vec<Block> {
         // Reserved buffers go too: a cap that follows the working set no
         // longer holds room for them (the next tick lowers it).
-        if let Some(follow) = self.follow.lock().as_mut() {
+        let mut follow = self.follow.lock();
+        if let Some(follow) = follow.as_mut() {
             follow.reserved = 0;
         }
         // So do those out now, once back (skipping 0, which no reservation
-        // bears). Relaxed: see `reservations`.
+        // bears). Moved on under the lock: two clears never store the same
+        // next generation, and `reserved` sees it moved or adds before the
+        // zeroing above. Relaxed: see `reservations`.
         let next = self.reservations().wrapping_add(1).max(1);
         self.reservations.store(next, Ordering::Relaxed);
+        drop(follow);
         let _folded = self.folded.lock();
         let mut out = Vec::new();
         for shard in at.shards {

@@ -711,7 +711,7 @@ impl Cleaner {
         }
         Counters::add(&counters.recycled, 1);
         let back_to_region = block.is_region_memory()
-            && if block.is_reserved() {
+            && if block.is_reserved_in(env.admission.reservations()) {
                 !block.region_listed() && !block.region_draining()
             } else {
                 !env.provisioner.is_hot(block.slot()) || !block.region_listed()

@@ -214,6 +214,8 @@ pub(crate) fn cool(
     provisioner: &crate::provision::Provisioner,
 ) {
     let classes = &at.caches.classes;
+    // Reservations a clear forgot do not keep their buffers in their class.
+    let reservations = admission.reservations();
     // A snapshot must not see a kept buffer popped and pushed back as
     // gone (see `Caches::no_moves`).
     let _no_moves = at.caches.no_moves();
@@ -236,7 +238,9 @@ pub(crate) fn cool(
                 let Some(block) = shard.pop(class) else {
                     break;
                 };
-                if !block.is_region_memory() || block.is_reserved() || hot && block.region_listed()
+                if !block.is_region_memory()
+                    || block.is_reserved_in(reservations)
+                    || hot && block.region_listed()
                 {
                     kept.push(block);
                     continue;

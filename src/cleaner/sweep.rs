@@ -127,6 +127,7 @@ impl Cleaner {
         }
         let caches = at.caches;
         let cap = caches.cap();
+        let reservations = env.admission.reservations();
         // Relaxed hints: a cache whose buffers arrive after the look is
         // searched at the next pull.
         let candidates: Vec<&ThreadCache> = caches.iter().filter(|c| c.has_waiting()).collect();
@@ -136,8 +137,9 @@ impl Cleaner {
         let mut locked = caches.lock_out(candidates.into_iter());
         locked.each(|cache, lists| {
             lists.collect_returns(cache);
-            let picked =
-                lists.take_deferred_picked(cache, |b| b.region_drains_hint() && !b.is_reserved());
+            let picked = lists.take_deferred_picked(cache, |b| {
+                b.region_drains_hint() && !b.is_reserved_in(reservations)
+            });
             for block in picked {
                 self.intake
                     .submit_swept(cache.origin(cap, false), block, false);

@@ -100,7 +100,7 @@ impl Shared {
         }
         // Room under a cap that follows the working set, before any of the
         // buffers can come back to it.
-        this.admission.reserved(this.places(), bytes);
+        this.admission.reserved(this.places(), bytes, generation);
         let cap = this.caches.cap();
         Self::start_cleaner(this);
         let orphan = this.caches.local().0.orphan();

@@ -582,7 +582,7 @@ impl Shared {
     /// its class is admitted again instead (false).
     fn give_up_idle(&self, idle: Block) -> bool {
         self.admission.removed(idle.footprint());
-        if !idle.is_carved() || idle.is_reserved() {
+        if !idle.is_carved() || idle.is_reserved_in(self.admission.reservations()) {
             let evicted = self.admission.admit(self.places(), idle, None);
             crate::cleaner::release_all(self.releaser(), evicted);
             return false;

@@ -50,6 +50,8 @@ mod provision;
 mod reaper;
 #[cfg(feature = "testing")]
 mod regions;
+#[cfg(feature = "testing")]
+mod reservations;
 mod sizes;
 #[cfg(feature = "testing")]
 mod slabs;
