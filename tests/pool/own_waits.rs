@@ -258,7 +258,10 @@ fn a_whole_second_waited_in_vain_turns_waits_off_for_as_long() {
         let waited_whole = m1 == 1 && t1 >= Duration::from_secs(1);
         if waited_whole || still < Duration::from_millis(50) {
             assert!(
-                waited_whole && m2 == 1 && t2 < Duration::from_millis(50),
+                // (At once: well under the 20 ms and more a wait takes;
+                // a miss under AddressSanitizer on a loaded box took 63
+                // ms, and the old back-off waited the whole second.)
+                waited_whole && m2 == 1 && t2 < Duration::from_millis(400),
                 "first take {t1:?} (missed {m1}; a whole second, then a miss, expected); the \
                  next {t2:?} (missed {m2}; at once expected); the churn stood still for \
                  {still:?} at most"
