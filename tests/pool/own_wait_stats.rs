@@ -3,39 +3,20 @@
 //! through, with the time of those waits; takes that did not wait, not at
 //! all.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pinpool::testing::{Faults, TestFence};
-use pinpool::{Pool, SizeClasses};
+use pinpool::testing::TestFence;
+use pinpool::Pool;
 
 const X: usize = 1 << 16;
 
+/// The pools and the buffers in flight of the take-wait tests.
 fn pool() -> Pool {
-    Pool::builder()
-        .faults(Arc::new(Faults::default()))
-        .cleaner_threads(1)
-        .size_classes(SizeClasses::PowersOfTwo)
-        .regions(false)
-        .max_pooled_bytes(1 << 30)
-        .build()
-        .unwrap()
+    super::own_waits::pool_pow2(false)
 }
 
-/// Three pinned buffers of X dropped by the calling thread with a copy on
-/// `fence` (not complete).
 fn three_in_flight(pool: &Pool, fence: &TestFence) {
-    let warm: Vec<_> = (0..3).map(|_| pool.take(X)).collect();
-    drop(warm);
-    pool.flush();
-    let mut own: Vec<_> = (0..3).map(|_| pool.take(X)).collect();
-    for b in &mut own {
-        assert!(b.is_pinned());
-        b[..8].fill(1);
-        b.set_dirty_len(8);
-        fence.record(b);
-    }
-    drop(own);
+    super::own_waits::three_in_flight(pool, X, fence);
 }
 
 /// One take that waits 20 ms on its oldest buffer and then for as long as

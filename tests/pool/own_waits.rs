@@ -10,7 +10,7 @@ use pinpool::{Pool, SizeClasses};
 
 use crate::common::Rng;
 
-fn pool_pow2(regions: bool) -> Pool {
+pub(super) fn pool_pow2(regions: bool) -> Pool {
     Pool::builder()
         .faults(Arc::new(Faults::default()))
         .cleaner_threads(1)
@@ -24,7 +24,7 @@ fn pool_pow2(regions: bool) -> Pool {
 /// Three buffers of `size` the calling thread drops with a copy on `fence`.
 /// (Pinned first: a dropped miss goes to the cleaner, not to the owner's
 /// lists.)
-fn three_in_flight(pool: &Pool, size: usize, fence: &TestFence) {
+pub(super) fn three_in_flight(pool: &Pool, size: usize, fence: &TestFence) {
     let warm: Vec<_> = (0..3).map(|_| pool.take(size)).collect();
     drop(warm);
     pool.flush();
