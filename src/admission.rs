@@ -629,7 +629,14 @@ impl Admission {
         // zeroing above. Relaxed: see `reservations`.
         let next = self.reservations().wrapping_add(1).max(1);
         self.reservations.store(next, Ordering::Relaxed);
-        drop(follow);
+        // The lock is held until every pooled buffer is out: a `reserve`
+        // racing this clear submits its buffers only once `reserved` has
+        // had the lock, so the clear takes none of them (else it took those
+        // the cleaner had pooled already, while the rest stayed, reserved
+        // in the new generation, with the cap holding room for all of
+        // them). Lock order: `follow`, then `folded`, as `follow` takes
+        // them.
+        let _follow = follow;
         let _folded = self.folded.lock();
         let mut out = Vec::new();
         for shard in at.shards {
