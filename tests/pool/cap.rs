@@ -117,9 +117,10 @@ fn cap_of_zero_turns_pooling_off() {
 /// every larger (empty) class first must not pay for each of them what it
 /// pays for one. It locked every thread's cache out, a process-wide
 /// barrier, and emptied and refilled every inbox, once per class: these
-/// 2,000 drops took 4.8 s on two cores (0.5 s now), and a stress test with
-/// short-lived threads and a small cap a minute. The bound is not checked
-/// under AddressSanitizer, which slows both.
+/// 2,000 drops took 4.8 s on two cores (0.5 s now; 2.6 s with two runs of
+/// the suite sharing the cores), and a stress test with short-lived threads
+/// and a small cap a minute. The bound is not checked under
+/// AddressSanitizer, which slows both.
 #[test]
 fn admissions_past_the_cap_stay_cheap_whatever_the_classes() {
     let pool = host_pool(1);
@@ -133,7 +134,7 @@ fn admissions_past_the_cap_stay_cheap_whatever_the_classes() {
     assert_eq!(stats.pooled_bytes, 16 * SMALL, "{stats:#?}");
     assert_eq!(stats.released, 2000 - 16, "{stats:#?}");
     assert!(
-        cfg!(pinpool_asan) || took < Duration::from_millis(2500),
+        cfg!(pinpool_asan) || took < Duration::from_millis(4000),
         "2,000 drops past the cap took {took:?}"
     );
 }

@@ -844,14 +844,24 @@ fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
     const X: usize = 1 << 16;
     const Y: usize = 4096;
     let slow = TestFence::default();
-    let own = three_in_flight(&pool, X, &slow);
     let stop = AtomicBool::new(false);
+    let go = AtomicBool::new(false);
     let rounds = AtomicU64::new(0);
     let completed = std::sync::OnceLock::new();
-    let taken = std::thread::scope(|s| {
+    let (own, taken) = std::thread::scope(|s| {
+        // Ends the threads below however this closure ends (a panic would
+        // otherwise leave the scope waiting for them).
+        struct Stop<'a>(&'a AtomicBool, &'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+                self.1.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop, &go);
         // Another thread's copies end all along (a take / drop loop of its
-        // own), and the owner's after 60 ms: past the 20 ms wait for the
-        // oldest, and past a few sweeps.
+        // own), and the owner's 60 ms into its take: past the 20 ms wait
+        // for the oldest, and past a few sweeps.
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
                 let mut b = pool.take(Y);
@@ -861,17 +871,27 @@ fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
                 rounds.fetch_add(1, Ordering::Relaxed);
             }
         });
-        // Past the loop's first take, a miss.
-        while rounds.load(Ordering::Relaxed) < 2 {
-            std::thread::yield_now();
-        }
-        let before = pool.stats();
         let completed = &completed;
+        let (go, slow) = (&go, &slow);
         s.spawn(move || {
+            while !go.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
             std::thread::sleep(Duration::from_millis(60));
             completed.set(Instant::now()).unwrap();
             slow.complete();
         });
+        // Past the loop's first take, a miss.
+        while rounds.load(Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
+        }
+        // Both threads running: nothing but a few loads between the owner's
+        // drops and its take (an owner that takes nothing between two
+        // sweeps looks idle, and its buffers in flight move to the
+        // cleaner).
+        let own = three_in_flight(&pool, X, slow);
+        let before = pool.stats();
+        go.store(true, Ordering::Relaxed);
         let t0 = Instant::now();
         let first = pool.take(X);
         let took = t0.elapsed();
@@ -884,8 +904,7 @@ fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
             t0,
         );
         let rest: Vec<_> = (0..2).map(|_| pool.take(X)).collect();
-        stop.store(true, Ordering::Relaxed);
-        (first, misses, waited, rest)
+        (own, (first, misses, waited, rest))
     });
     let (first, missed, (waits, waited, took, t0), rest) = taken;
     // The wait shows in the statistics, as one take, with its time (about
