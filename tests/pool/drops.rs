@@ -252,6 +252,14 @@ fn a_miss_freed_past_the_registration_backlog_leaves_its_fences_to_the_cleaner()
 /// (whose next take re-zeroes it) only while its dirty prefix is small
 /// enough for a take to re-zero; a larger one goes to the cleaner. What
 /// counts is the prefix at the drop: narrowed, widened or narrowed again.
+///
+/// A taker that takes nothing between two sweeps of the cleaner looks
+/// idle, and the sweep moves what waits for it to the cleaner: on a loaded
+/// box the taker's thread may stand still that long between the drop and
+/// its take (two runs of the suite on two cores: 6 runs in 60 found the
+/// buffer re-zeroed by the cleaner). A buffer that should wait for the
+/// taker is tried up to three times, and the test fails only if it never
+/// did.
 #[test]
 fn a_drop_elsewhere_leaves_only_a_small_dirty_prefix_to_the_taker() {
     const SIZE: usize = 1 << 20;
@@ -262,7 +270,8 @@ fn a_drop_elsewhere_leaves_only_a_small_dirty_prefix_to_the_taker() {
         (&[10, usize::MAX], false),
         (&[usize::MAX, 100], true),
     ];
-    for (lens, to_taker) in cases {
+    // How many times the taker re-zeroed the buffer dropped elsewhere.
+    let cleaned_by_taker = |lens: &[usize]| {
         // One buffer of the class in the pool, ready.
         let pool = Pool::builder()
             .backend(BackendKind::Host)
@@ -282,11 +291,22 @@ fn a_drop_elsewhere_leaves_only_a_small_dirty_prefix_to_the_taker() {
         });
         let again = pool.take(SIZE);
         assert!(again.iter().all(|&b| b == 0), "{lens:?}: not zero");
-        let cleaned = pool.stats().cleaned_by_takers;
+        pool.stats().cleaned_by_takers
+    };
+    for (lens, to_taker) in cases {
+        let tries: Vec<u64> = if to_taker {
+            let mut tries = Vec::new();
+            while tries.len() < 3 && !tries.contains(&1) {
+                tries.push(cleaned_by_taker(lens));
+            }
+            tries
+        } else {
+            vec![cleaned_by_taker(lens)]
+        };
         assert_eq!(
-            cleaned,
-            u64::from(to_taker),
-            "{lens:?}: re-zeroed by the taker {cleaned} times"
+            tries.last(),
+            Some(&u64::from(to_taker)),
+            "{lens:?}: re-zeroed by the taker {tries:?} times, in turn"
         );
     }
 }
