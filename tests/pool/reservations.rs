@@ -122,22 +122,27 @@ fn after_clear_kept_regions_off() {
     after_clear_kept(false);
 }
 
+/// One 1 MiB buffer pooled (reserved if `reserve`, else taken and dropped
+/// once), then taken, held across a `clear`, and dropped; flushed.
+fn held_across_a_clear(pool: &Pool, reserve: bool) {
+    if reserve {
+        pool.reserve(0, &[(1 << 20, 1)]).unwrap();
+    } else {
+        drop(pool.take(1 << 20));
+    }
+    pool.flush();
+    let held = pool.take(1 << 20);
+    pool.clear();
+    drop(held);
+    pool.flush();
+}
+
 /// An idle buffer like any other: with idle trimming off, a cold class's
 /// idle carved buffer goes back to its region at the next tick; so does
 /// one whose reservation a clear forgot. Its pooled buffers after 500 ms.
 fn cold_back_to_region(reserve: bool) -> usize {
     let pool = fault_pool(true, None, false);
-    if reserve {
-        pool.reserve(0, &[(1 << 20, 1)]).unwrap();
-        pool.flush();
-    } else {
-        drop(pool.take(1 << 20));
-        pool.flush();
-    }
-    let held = pool.take(1 << 20);
-    pool.clear();
-    drop(held);
-    pool.flush();
+    held_across_a_clear(&pool, reserve);
     std::thread::sleep(Duration::from_millis(500));
     show(if reserve { "reserved" } else { "control" }, &pool);
     pool.stats().pooled_buffers
@@ -164,16 +169,7 @@ fn short_takes(reserve: bool, every: Option<Duration>) -> (usize, bool, u64) {
         .idle_trim(Duration::from_millis(300))
         .build()
         .unwrap();
-    if reserve {
-        pool.reserve(0, &[(1 << 20, 1)]).unwrap();
-    } else {
-        drop(pool.take(1 << 20));
-    }
-    pool.flush();
-    let held = pool.take(1 << 20);
-    pool.clear();
-    drop(held);
-    pool.flush();
+    held_across_a_clear(&pool, reserve);
     show("back", &pool);
     let deadline = Instant::now() + Duration::from_secs(1);
     let mut carved_once = false;
