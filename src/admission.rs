@@ -631,10 +631,11 @@ impl Admission {
         self.reservations.store(next, Ordering::Relaxed);
         // The lock is held until every pooled buffer is out: a `reserve`
         // racing this clear submits its buffers only once `reserved` has
-        // had the lock, so the clear takes none of them (else it took those
-        // the cleaner had pooled already, while the rest stayed, reserved
-        // in the new generation, with the cap holding room for all of
-        // them). Lock order: `follow`, then `folded`, as `follow` takes
+        // had the lock, so the clear takes none of those reserved in the
+        // new generation (else it took those the cleaner had pooled
+        // already, while the rest stayed reserved, with the cap holding
+        // room for all of them); those of the old one are idle buffers
+        // anyway. Lock order: `follow`, then `folded`, as `follow` takes
         // them.
         let _follow = follow;
         let _folded = self.folded.lock();
