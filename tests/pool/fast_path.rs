@@ -844,6 +844,10 @@ fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
     const X: usize = 1 << 16;
     const Y: usize = 4096;
     let slow = TestFence::default();
+    // Buffers of the loop's class to spare: the flush in `three_in_flight`
+    // moves the loop's buffer to the cleaner, and its next take, finding
+    // its class empty, could borrow one of the owner's.
+    crate::own_waits::spare(&pool, Y, 8);
     let stop = AtomicBool::new(false);
     let go = AtomicBool::new(false);
     let rounds = AtomicU64::new(0);
@@ -1061,13 +1065,29 @@ fn steal_of_a_buffer_in_flight() -> (u64, bool) {
     b.set_dirty_len(8);
     slow.record(&mut b);
     drop(b);
-    // Steals lock owners out at most once a millisecond a thread, counted
-    // from the pool's start.
-    std::thread::sleep(Duration::from_millis(2));
+    // The owner stays busy (takes of another class) while it waits: an
+    // owner that takes nothing between two sweeps looks idle, and the
+    // sweep moves its buffer along (under AddressSanitizer it did in five
+    // runs of five while the owner slept). Steals lock owners out at most
+    // once a millisecond a thread, counted from the pool's start.
+    let busy = |done: &dyn Fn() -> bool| {
+        while !done() {
+            let mut other = pool.take(4096);
+            other.set_dirty_len(0);
+            drop(other);
+            std::thread::yield_now();
+        }
+    };
+    let start = Instant::now();
+    busy(&|| start.elapsed() >= Duration::from_millis(2));
     let before = pool.stats();
     // The other thread holds what it took until the end: its drop would
     // send its miss through the cleaner.
-    let other = std::thread::scope(|s| s.spawn(|| pool.take(X)).join().unwrap());
+    let other = std::thread::scope(|s| {
+        let other = s.spawn(|| pool.take(X));
+        busy(&|| other.is_finished());
+        other.join().unwrap()
+    });
     slow.complete();
     let again = pool.take(X);
     let reused = again.as_ptr() as usize == own;

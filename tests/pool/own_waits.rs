@@ -38,6 +38,13 @@ pub(super) fn three_in_flight(pool: &Pool, size: usize, fence: &TestFence) {
     drop(own);
 }
 
+/// `n` buffers of `size` pooled, ready for any thread.
+pub(super) fn spare(pool: &Pool, size: usize, n: usize) {
+    let spare: Vec<_> = (0..n).map(|_| pool.take(size)).collect();
+    drop(spare);
+    pool.flush();
+}
+
 /// `n` pinned buffers of `size` taken by the calling thread (pinned: a
 /// dropped miss goes to the cleaner, not to the owner's lists).
 fn own_pinned(pool: &Pool, size: usize, n: usize) -> Vec<pinpool::PinnedBuffer> {
@@ -296,6 +303,10 @@ fn second_waited_in_vain() -> (Duration, Duration, u64, u64, Duration) {
     let base = Instant::now();
     let last_round = AtomicU64::new(0);
     let p = &pool;
+    // Buffers of the churn's class to spare: the owner's flush below moves
+    // the churn's buffer in flight to the cleaner, and its next take,
+    // finding its class empty, could borrow one of the owner's.
+    spare(p, 4096, 8);
     let out = std::thread::scope(|s| {
         // Ends the churn below however this closure ends (a panic would
         // otherwise leave the scope waiting for it).
