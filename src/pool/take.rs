@@ -121,12 +121,13 @@ impl Shared {
             }
             let waiting = cache.waiting();
             cache.count_own_wait(Self::wait_briefly(&mut block), false);
-            drop(waiting);
             let reused = self.reuse(cache, cache, block);
             if reused.is_none() {
                 // The take goes on to `take_slow`, whose own wait adds its
-                // time only.
+                // time only, and which keeps the owner marked waiting
+                // until it ends.
                 cache.note_take_counted();
+                waiting.go_on();
             }
             return reused;
         }
@@ -404,6 +405,9 @@ impl Shared {
         // Whether `reuse_own` counted this take's wait already (only an
         // owner's take waits).
         let counted = owned && cache.take_counted();
+        // The owner stays marked waiting, as `reuse_own` left it, until this
+        // take ends.
+        let _waiting = counted.then(|| cache.still_waiting());
         if let Some(block) = this.shards[device].pop(class) {
             cache.count_hit(block.slot(), block.footprint());
             return Ok((block, Source::Shard));

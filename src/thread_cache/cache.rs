@@ -103,6 +103,15 @@ pub(super) struct OwnerPart {
 #[derive(Debug)]
 pub(crate) struct Waiting<'a>(&'a ThreadCache);
 
+impl Waiting<'_> {
+    /// Leaves the owner marked waiting for the rest of the take under way,
+    /// which goes on past this wait and takes the mark over (see
+    /// [`ThreadCache::still_waiting`]).
+    pub(crate) fn go_on(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         // Relaxed: see `ThreadCache::is_waiting`.
@@ -832,10 +841,23 @@ impl ThreadCache {
         Waiting(self)
     }
 
-    /// Whether the owner is waiting for its own copies (see
-    /// [`waiting`](Self::waiting)). Relaxed: a hint; a sweep that reads it
-    /// stale moves a waiting owner's buffers along (as before the flag),
-    /// or leaves an owner that just went idle for its next round.
+    /// The guard of a mark that a wait earlier in the same take left set
+    /// ([`Waiting::go_on`]): the owner stays marked waiting until it is
+    /// dropped. Between two waits of one take (its first on its oldest
+    /// buffer, then the one for as long as the pool's copies end) the
+    /// owner drops nothing, and a sweep that found it unmarked there took
+    /// it for an idle owner and moved its buffers in flight along, leaving
+    /// the second wait nothing to wait for.
+    pub(crate) fn still_waiting(&self) -> Waiting<'_> {
+        Waiting(self)
+    }
+
+    /// Whether the owner is waiting for its own copies, or going on with a
+    /// take that waited for them (see [`waiting`](Self::waiting) and
+    /// [`still_waiting`](Self::still_waiting)). Relaxed: a hint; a sweep
+    /// that reads it stale moves a waiting owner's buffers along (as
+    /// before the flag), or leaves an owner that just went idle for its
+    /// next round.
     pub(crate) fn is_waiting(&self) -> bool {
         self.owner.waiting.load(Ordering::Relaxed)
     }
