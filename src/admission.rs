@@ -578,7 +578,6 @@ impl Admission {
         drop(locked);
         from_lists.into_iter().for_each(&mut gather);
         let mut out = Vec::new();
-        let reservations = self.reservations();
         // Buffers carved from a region that drains go back to it, however
         // recently ready (see `Regions::drain_excess`).
         let draining: Vec<bool> = at.shards.iter().map(|s| s.regions().draining()).collect();
@@ -593,7 +592,9 @@ impl Admission {
             let mut keep = keep(slot);
             while let Some(block) = blocks.pop() {
                 let idle = block.ready_since().is_some_and(|t| t <= cutoff);
-                if block.is_reserved_in(reservations) || (!idle || keep > 0) && !drains(&block) {
+                // The generation read per buffer (see `clear`).
+                let reserved = block.is_reserved_in(self.reservations());
+                if reserved || (!idle || keep > 0) && !drains(&block) {
                     keep = keep.saturating_sub(1);
                     if let Err(block) = at.shards[block.device()].push(block) {
                         out.push(block);
@@ -615,7 +616,8 @@ impl Admission {
     }
 
     /// Takes every pooled buffer out (shards, caches' ready and remote
-    /// ready buffers) for the caller to release.
+    /// ready buffers) for the caller to release, but those reserved in the
+    /// generation it begins (by a `reserve` that raced it).
     pub(crate) fn clear(&self, at: Places<'_>) -> Vec<Block> {
         // Reserved buffers go too: a cap that follows the working set no
         // longer holds room for them (the next tick lowers it).
@@ -629,16 +631,10 @@ impl Admission {
         // zeroing above. Relaxed: see `reservations`.
         let next = self.reservations().wrapping_add(1).max(1);
         self.reservations.store(next, Ordering::Relaxed);
-        // The lock is held until every pooled buffer is out: a `reserve`
-        // racing this clear submits its buffers only once `reserved` has
-        // had the lock, so the clear takes none of those reserved in the
-        // new generation (else it took those the cleaner had pooled
-        // already, while the rest stayed reserved, with the cap holding
-        // room for all of them); those of the old one are idle buffers
-        // anyway. Lock order: `follow`, then `folded`, as `follow` takes
-        // them.
-        let _follow = follow;
+        drop(follow);
         let _folded = self.folded.lock();
+        // Out of a snapshot's sight until the kept buffers (below) are back.
+        let _moving = at.caches.no_moves();
         let mut out = Vec::new();
         for shard in at.shards {
             out.extend(shard.drain());
@@ -653,6 +649,21 @@ impl Admission {
             out.extend(shard.drain());
         }
         drop(locked);
+        // A `reserve` that read the new generation (it raced this clear,
+        // after the store above) keeps its buffers: the cleaner may have
+        // pooled some already, which the clear must not take while the rest
+        // stay reserved, with the cap holding room for all of them. Read
+        // per buffer, it sees any later clear too (a buffer stamped with a
+        // generation was pooled after that generation's store).
+        let (kept, mut out): (Vec<Block>, Vec<Block>) = out
+            .into_iter()
+            .partition(|block| block.is_reserved_in(self.reservations()));
+        for block in kept {
+            if let Err(block) = at.shards[block.device()].push(block) {
+                // The shard's class is full (2^32 buffers): released.
+                out.push(block);
+            }
+        }
         let bytes: usize = out.iter().map(Block::footprint).sum();
         self.estimate.fetch_sub(bytes, Ordering::Relaxed);
         out

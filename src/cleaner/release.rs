@@ -214,8 +214,6 @@ pub(crate) fn cool(
     provisioner: &crate::provision::Provisioner,
 ) {
     let classes = &at.caches.classes;
-    // Reservations a clear forgot do not keep their buffers in their class.
-    let reservations = admission.reservations();
     // A snapshot must not see a kept buffer popped and pushed back as
     // gone (see `Caches::no_moves`).
     let _no_moves = at.caches.no_moves();
@@ -238,8 +236,12 @@ pub(crate) fn cool(
                 let Some(block) = shard.pop(class) else {
                     break;
                 };
+                // Reservations a clear forgot do not keep their buffers in
+                // their class. The generation read per buffer: one read
+                // before a clear that a reserve raced saw the reserve's
+                // buffers as forgotten ones.
                 if !block.is_region_memory()
-                    || block.is_reserved_in(reservations)
+                    || block.is_reserved_in(admission.reservations())
                     || hot && block.region_listed()
                 {
                     kept.push(block);

@@ -127,7 +127,6 @@ impl Cleaner {
         }
         let caches = at.caches;
         let cap = caches.cap();
-        let reservations = env.admission.reservations();
         // Relaxed hints: a cache whose buffers arrive after the look is
         // searched at the next pull.
         let candidates: Vec<&ThreadCache> = caches.iter().filter(|c| c.has_waiting()).collect();
@@ -138,7 +137,8 @@ impl Cleaner {
         locked.each(|cache, lists| {
             lists.collect_returns(cache);
             let picked = lists.take_deferred_picked(cache, |b| {
-                b.region_drains_hint() && !b.is_reserved_in(reservations)
+                // The generation read per buffer, as `cool` reads it.
+                b.region_drains_hint() && !b.is_reserved_in(env.admission.reservations())
             });
             for block in picked {
                 self.intake
