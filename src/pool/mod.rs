@@ -554,7 +554,9 @@ impl Pool {
     /// Unregisters and frees every pooled buffer, thread caches included.
     /// Buffers still in the cleaner are not touched; `shutdown` drains them
     /// first. Reservations made before the call are forgotten (see
-    /// [`reserve`](Self::reserve)).
+    /// [`reserve`](Self::reserve)); one that another thread makes while
+    /// the call runs is forgotten whole or kept whole, its buffers left
+    /// pooled.
     ///
     /// # Examples
     ///
