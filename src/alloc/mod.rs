@@ -396,13 +396,6 @@ impl Block {
             .is_some_and(|region| unsafe { Region::is_listed(region) })
     }
 
-    /// Whether the block's region drains (see `Regions::drain_excess`).
-    pub(crate) fn region_draining(&self) -> bool {
-        // SAFETY: as in `region_listed`.
-        self.region_of()
-            .is_some_and(|region| unsafe { Region::is_draining(region) })
-    }
-
     /// Whether the block's region drains, read without its lock (see
     /// `Region::drains_hint`).
     pub(crate) fn region_drains_hint(&self) -> bool {

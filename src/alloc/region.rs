@@ -314,15 +314,6 @@ impl Region {
         this.state.lock().leaked = true;
     }
 
-    /// Whether `region` drains (see [`Regions::drain_excess`]).
-    ///
-    /// # Safety
-    /// The caller holds a block carved from `region`.
-    pub(crate) unsafe fn is_draining(region: NonNull<Region>) -> bool {
-        // SAFETY: a carved block keeps its region alive.
-        unsafe { region.as_ref() }.state.lock().draining
-    }
-
     /// Whether `region` drains, without its lock: a hint for a take that
     /// would reuse one of its blocks.
     ///

@@ -711,20 +711,20 @@ impl Cleaner {
         }
         Counters::add(&counters.recycled, 1);
         let back_to_region = block.is_region_memory()
-            && if block.is_reserved_in(env.admission.reservations()) {
-                !block.region_listed() && !block.region_draining()
-            } else {
-                !env.provisioner.is_hot(block.slot()) || !block.region_listed()
-            };
+            && !block.is_reserved_in(env.admission.reservations())
+            && (!env.provisioner.is_hot(block.slot()) || !block.region_listed());
         if back_to_region {
             // A buffer of a class not in demand (not hot) goes back to its
             // region, where it coalesces with its free neighbours: the
             // next take of any size carves from there (see
             // `alloc::region`). So does any buffer of a region unlisted
             // while it was out (by `shutdown`, or drained), so that the
-            // region goes with its last buffer; but a reserved one stays
-            // pooled while its region drains (a drain it keeps from ending
-            // is given up: see `Regions::settle_drains`).
+            // region goes with its last buffer. A reserved one stays
+            // pooled: while its region drains (a drain it keeps from ending
+            // is given up: see `Regions::settle_drains`), and where a
+            // `shutdown` or `clear` unlisted its region (a `reserve` that
+            // raced it, whose reservation the clear began: the region
+            // goes once a later clear has forgotten it).
             let mut block = returned.into_block();
             let ticket = block.take_ticket();
             give_back(env.releaser(), block);

@@ -335,3 +335,65 @@ fn a_reservation_after_a_clear_is_kept_whole_beside_a_walk_begun_before() {
          {lost:?}"
     );
 }
+
+/// A reserve that raced a shutdown (it read the generation the shutdown's
+/// clear began, so the cap holds room for it) keeps its buffers through
+/// their first use: the shutdown unlists every region, and a reserved
+/// buffer of an unlisted region went back to it when dropped, the region
+/// with it, while the cap still held room for the buffer. A trim walking
+/// 40,000 small reserved buffers holds the shutdown's clear up, so that
+/// the reserve, 1 to 5 ms after the shutdown began, reads its generation.
+#[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "timing-bound and long: its attempts place the shutdown within a walk of 40,000 \
+              pooled buffers, timed for the unsanitized build"
+)]
+fn a_reservation_that_raced_a_shutdown_survives_a_use() {
+    const COUNT: usize = 32;
+    const MIB: usize = 1 << 20;
+    let pool = Arc::new(fault_pool(true, None, false));
+    let base = pool.stats().max_pooled_bytes;
+    let pooled = |pool: &Pool| -> usize {
+        pool.stats()
+            .per_class
+            .iter()
+            .filter(|c| c.size == MIB)
+            .map(|c| c.pooled_buffers)
+            .sum()
+    };
+    let mut lost = Vec::new();
+    for attempt in 0..9u64 {
+        pool.reserve(0, &[(1000, 40_000)]).unwrap();
+        pool.flush();
+        let p = pool.clone();
+        let trim = std::thread::spawn(move || p.trim());
+        std::thread::sleep(Duration::from_millis(5 + 5 * (attempt / 3)));
+        let p = pool.clone();
+        let shutdown = std::thread::spawn(move || p.shutdown());
+        std::thread::sleep(Duration::from_millis(1 + 2 * (attempt % 3)));
+        pool.reserve(0, &[(MIB, COUNT)]).unwrap();
+        trim.join().unwrap();
+        shutdown.join().unwrap();
+        pool.flush();
+        // A tick: the cap no longer holds room for what the shutdown forgot.
+        pool.trim();
+        let kept = pooled(&pool);
+        let after = pool.stats().max_pooled_bytes >= base + (COUNT << 20);
+        let used: Vec<_> = (0..COUNT).map(|_| pool.take(MIB)).collect();
+        drop(used);
+        pool.flush();
+        pool.trim();
+        let again = pooled(&pool);
+        if after && kept == COUNT && again != COUNT {
+            lost.push((attempt, again));
+        }
+        pool.clear();
+        pool.flush();
+    }
+    assert!(
+        lost.is_empty(),
+        "reservations made after a shutdown began, kept by it, that lost buffers at their first \
+         use: (attempt, buffers kept of {COUNT} after a use) {lost:?}"
+    );
+}
