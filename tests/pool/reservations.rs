@@ -280,6 +280,47 @@ fn race_reserve_clear_follow_cap_books() {
     eprintln!("[forgotten&!cap, forgotten&cap, kept&!cap, kept&cap] = {seen:?}");
 }
 
+/// Reserved 1 MiB buffers pooled.
+fn pooled_mib(pool: &Pool) -> usize {
+    pool.stats()
+        .per_class
+        .iter()
+        .filter(|c| c.size == 1 << 20)
+        .map(|c| c.pooled_buffers)
+        .sum()
+}
+
+/// A reserve of `count` 1 MiB buffers `then` after `clear` (a clear or a
+/// shutdown) began on another thread, itself `into` a trim's walk of
+/// 40,000 small reserved buffers, which holds the clear up: the reserve
+/// reads the generation the clear begins. Flushed; then a trim, whose tick
+/// lowers a cap that no longer holds room for what the clear forgot.
+/// Whether the cap holds room for the reserve's bytes (`base` the cap
+/// before).
+fn reserve_beside_a_walk(
+    pool: &Arc<Pool>,
+    into: Duration,
+    then: Duration,
+    clear: fn(&Pool),
+    count: usize,
+    base: usize,
+) -> bool {
+    pool.reserve(0, &[(1000, 40_000)]).unwrap();
+    pool.flush();
+    let p = pool.clone();
+    let trim = std::thread::spawn(move || p.trim());
+    std::thread::sleep(into);
+    let p = pool.clone();
+    let clearing = std::thread::spawn(move || clear(&p));
+    std::thread::sleep(then);
+    pool.reserve(0, &[(1 << 20, count)]).unwrap();
+    trim.join().unwrap();
+    clearing.join().unwrap();
+    pool.flush();
+    pool.trim();
+    pool.stats().max_pooled_bytes >= base + (count << 20)
+}
+
 /// A reserve made after a clear (it read the generation the clear began)
 /// keeps all its buffers, the cap holding room for them, even beside a
 /// trim whose walk of the pooled buffers began before the clear: a walk
@@ -300,29 +341,18 @@ fn a_reservation_after_a_clear_is_kept_whole_beside_a_walk_begun_before() {
     let base = pool.stats().max_pooled_bytes;
     let mut lost = Vec::new();
     for attempt in 0..12u64 {
-        pool.reserve(0, &[(1000, 40_000)]).unwrap();
-        pool.flush();
-        let p = pool.clone();
-        let trim = std::thread::spawn(move || p.trim());
-        std::thread::sleep(Duration::from_millis(5 + 10 * attempt));
-        let p = pool.clone();
-        let clear = std::thread::spawn(move || p.clear());
-        std::thread::sleep(Duration::from_millis(1));
-        pool.reserve(0, &[(1 << 20, COUNT)]).unwrap();
-        trim.join().unwrap();
-        clear.join().unwrap();
-        pool.flush();
-        pool.trim();
-        let s = pool.stats();
-        let kept: usize = s
-            .per_class
-            .iter()
-            .filter(|c| c.size == 1 << 20)
-            .map(|c| c.pooled_buffers)
-            .sum();
+        let into = Duration::from_millis(5 + 10 * attempt);
+        let after = reserve_beside_a_walk(
+            &pool,
+            into,
+            Duration::from_millis(1),
+            Pool::clear,
+            COUNT,
+            base,
+        );
         // The cap holds room for them: the reserve came after the clear
         // (one that came before it is forgotten, as it must be).
-        let after = s.max_pooled_bytes >= base + (COUNT << 20);
+        let kept = pooled_mib(&pool);
         if after && kept != COUNT {
             lost.push((attempt, kept));
         }
@@ -351,40 +381,19 @@ fn a_reservation_after_a_clear_is_kept_whole_beside_a_walk_begun_before() {
 )]
 fn a_reservation_that_raced_a_shutdown_survives_a_use() {
     const COUNT: usize = 32;
-    const MIB: usize = 1 << 20;
     let pool = Arc::new(fault_pool(true, None, false));
     let base = pool.stats().max_pooled_bytes;
-    let pooled = |pool: &Pool| -> usize {
-        pool.stats()
-            .per_class
-            .iter()
-            .filter(|c| c.size == MIB)
-            .map(|c| c.pooled_buffers)
-            .sum()
-    };
     let mut lost = Vec::new();
     for attempt in 0..9u64 {
-        pool.reserve(0, &[(1000, 40_000)]).unwrap();
-        pool.flush();
-        let p = pool.clone();
-        let trim = std::thread::spawn(move || p.trim());
-        std::thread::sleep(Duration::from_millis(5 + 5 * (attempt / 3)));
-        let p = pool.clone();
-        let shutdown = std::thread::spawn(move || p.shutdown());
-        std::thread::sleep(Duration::from_millis(1 + 2 * (attempt % 3)));
-        pool.reserve(0, &[(MIB, COUNT)]).unwrap();
-        trim.join().unwrap();
-        shutdown.join().unwrap();
-        pool.flush();
-        // A tick: the cap no longer holds room for what the shutdown forgot.
-        pool.trim();
-        let kept = pooled(&pool);
-        let after = pool.stats().max_pooled_bytes >= base + (COUNT << 20);
-        let used: Vec<_> = (0..COUNT).map(|_| pool.take(MIB)).collect();
+        let into = Duration::from_millis(5 + 5 * (attempt / 3));
+        let then = Duration::from_millis(1 + 2 * (attempt % 3));
+        let after = reserve_beside_a_walk(&pool, into, then, Pool::shutdown, COUNT, base);
+        let kept = pooled_mib(&pool);
+        let used: Vec<_> = (0..COUNT).map(|_| pool.take(1 << 20)).collect();
         drop(used);
         pool.flush();
         pool.trim();
-        let again = pooled(&pool);
+        let again = pooled_mib(&pool);
         if after && kept == COUNT && again != COUNT {
             lost.push((attempt, again));
         }
