@@ -149,7 +149,10 @@ impl Admission {
     /// reservation's buffer until its next look); a reserve racing a clear
     /// may stamp the generation the clear ends, and its buffers are then
     /// idle ones like any other (a reservation the clear forgets; see
-    /// [`reserved`](Self::reserved) for the cap), or the next one.
+    /// [`reserved`](Self::reserved) for the cap), or the next one. Readers
+    /// that walk many buffers read it per buffer, not once before the
+    /// walk: a read from before a clear took a reservation made after it
+    /// for a forgotten one (see `clear`).
     pub(crate) fn reservations(&self) -> u32 {
         self.reservations.load(Ordering::Relaxed)
     }
