@@ -73,18 +73,25 @@ fn peak_in_use_lies_between_the_largest_segment_and_the_working_set_bound() {
     assert_eq!(result.registrations, 0);
 }
 
+/// A pinning strategy's pinned figure is its peak pinned over its peak in
+/// use. (Not at least 1: a take that finds nothing pinned gets a pageable
+/// buffer, never pinned on its own, and on a loaded machine the first
+/// segments can run ahead of the regions' growth; a CI run measured 4 MiB
+/// pinned against 4.3 MiB in use.)
 #[test]
-fn a_pinning_strategy_pins_at_least_its_peak_in_use() {
+fn pinned_per_in_use_is_peak_pinned_over_peak_in_use() {
     let workload = workload();
     let (result, _) = pinpool_pinning(&workload);
-    assert!(result.peak_in_use_bytes > 0, "{result:?}");
     assert!(
-        result.peak_in_use_bytes <= result.peak_pinned_bytes,
+        result.peak_in_use_bytes >= largest_segment(&workload),
         "{result:?}"
     );
-    assert!(result.pinned_per_in_use >= 1.0, "{result:?}");
+    assert!(result.peak_pinned_bytes > 0, "{result:?}");
     let ratio = result.peak_pinned_bytes as f64 / result.peak_in_use_bytes as f64;
-    assert!((result.pinned_per_in_use - ratio).abs() <= 1e-12 * ratio);
+    assert!(
+        (result.pinned_per_in_use - ratio).abs() <= 1e-12 * ratio,
+        "{result:?}"
+    );
 }
 
 #[test]
