@@ -255,3 +255,48 @@ fn a_reserved_buffer_out_at_a_clear_is_trimmed_when_idle() {
         "the new reservation stays"
     );
 }
+
+/// Once a workload ends and the idle trim has given back every pinned
+/// byte, the pool pins nothing more: provisioning follows demand, and
+/// demand has ended, so no tick registers again what the trim released
+/// (a registration costs the same whether or not a take ever uses it).
+#[test]
+fn a_pool_trimmed_to_nothing_after_its_workload_pins_nothing_more() {
+    let faults = std::sync::Arc::new(pinpool::testing::Faults::default());
+    let pool = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(2)
+        .idle_trim(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let mut rng = crate::common::Rng(9);
+    for round in 0..30 {
+        let n = 1 + rng.below(12) as usize;
+        let held: Vec<_> = (0..n)
+            .map(|_| pool.take(rng.log_uniform(1000, 6 << 20)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(15));
+        drop(held);
+        match round % 10 {
+            3 => pool.reserve(0, &[(2 << 20, 3), (100_000, 4)]).unwrap(),
+            5 => pool.trim(),
+            7 => pool.clear(),
+            _ => {}
+        }
+        pool.flush();
+    }
+    drop((0..8).map(|_| pool.take(1 << 20)).collect::<Vec<_>>());
+    eventually(Duration::from_secs(10), "trimmed to nothing", || {
+        pool.stats().pinned_bytes == 0
+    });
+    let registered = faults.register_calls();
+    // Ten idle-trim windows with nothing taken.
+    std::thread::sleep(Duration::from_secs(1));
+    let stats = pool.stats();
+    assert_eq!(
+        faults.register_calls() - registered,
+        0,
+        "registrations after the trim; {stats:#?}"
+    );
+    assert_eq!(stats.pinned_bytes, 0, "{stats:#?}");
+}
