@@ -1,12 +1,22 @@
 //! The figures of a run that compare strategies with the workload: its
 //! peak in use, pinned bytes against it, and registrations.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pinpool::testing::Faults;
 use pinpool_sim::run::{run, run_strategy, RunResult};
 use pinpool_sim::strategy::{pinpool_builder, Kind, Settings, Strategy};
 use pinpool_sim::workload::Workload;
+
+/// One run at a time, so that the tests' runs do not load the machine for
+/// each other: a replay reproduces its capture's hits only where both ran
+/// alike (on a 2-core machine with two busy loops beside the four tests,
+/// 67% of a capture's bytes hit, then 64% in its replay). The runs take
+/// about a second in all.
+fn alone() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Two provers, a few small segments, no CPU gaps: well under a second.
 fn workload() -> Workload {
@@ -57,6 +67,7 @@ fn largest_segment(workload: &Workload) -> u64 {
 
 #[test]
 fn peak_in_use_lies_between_the_largest_segment_and_the_working_set_bound() {
+    let _alone = alone();
     let workload = workload();
     let result = run(Kind::Pageable, &workload, &settings(), None, None);
     assert!(
@@ -80,6 +91,7 @@ fn peak_in_use_lies_between_the_largest_segment_and_the_working_set_bound() {
 /// pinned against 4.3 MiB in use.)
 #[test]
 fn pinned_per_in_use_is_peak_pinned_over_peak_in_use() {
+    let _alone = alone();
     let workload = workload();
     let (result, _) = pinpool_pinning(&workload);
     assert!(
@@ -96,6 +108,7 @@ fn pinned_per_in_use_is_peak_pinned_over_peak_in_use() {
 
 #[test]
 fn registrations_are_the_calls_the_strategy_made() {
+    let _alone = alone();
     let workload = workload();
     let (result, faults) = pinpool_pinning(&workload);
     assert!(result.registrations > 0, "{result:?}");
@@ -114,6 +127,7 @@ fn registrations_are_the_calls_the_strategy_made() {
 /// run's hits, by count and by bytes, and its peak pinned within 2%.
 #[test]
 fn a_replayed_trace_reproduces_the_captured_runs_hits_and_peak_pinned() {
+    let _alone = alone();
     use pinpool_sim::replay::{self, Replay};
     // One prover, with gaps of 31-47 ms: time enough for the cleaner
     // between segments, as a real prover's 50-300 ms of CPU work give it,
