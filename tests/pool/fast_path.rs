@@ -643,6 +643,64 @@ fn idle_returns_of_a_busy_owner_are_stealable() {
     );
 }
 
+/// Buffers the cleaner made ready for a thread wait in its cache's inbox
+/// until its next take. Another thread short of a class of its own looks
+/// in other inboxes on its way to a miss: it must take only the class it
+/// wants, and leave the rest to their owner. (Before, it adopted the whole
+/// inbox into its own lists: the owner's three 64 KiB buffers went to a
+/// thread that takes only 4 KiB, and the owner's next takes of 64 KiB
+/// missed while they sat there, until a sweep found that thread idle.)
+#[test]
+fn a_thief_short_of_one_class_leaves_an_owners_other_classes_to_it() {
+    const X: usize = 64 << 10;
+    const Y: usize = 4096;
+    let pool = Pool::builder()
+        .faults(Arc::new(Faults::default()))
+        .regions(false)
+        .provision(false)
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap();
+    // Three misses, pinned by the cleaner once dropped and made ready for
+    // this thread, in its inbox (it takes nothing until the thief has
+    // looked).
+    drop((0..3).map(|_| pool.take(X)).collect::<Vec<_>>());
+    pool.flush();
+    assert_eq!(
+        pool.stats()
+            .per_class
+            .iter()
+            .find(|c| c.size == X)
+            .unwrap()
+            .pooled_buffers,
+        3
+    );
+    let (looked, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+    let got = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Short of Y everywhere: its take looks in the other inboxes.
+            drop(pool.take(Y));
+            looked.store(true, Ordering::Release);
+            // Busy with Y, never idle to a sweep.
+            while !stop.load(Ordering::Relaxed) {
+                drop(pool.take(Y));
+            }
+        });
+        while !looked.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        let got: Vec<_> = (0..3).map(|_| pool.take(X)).collect();
+        stop.store(true, Ordering::Relaxed);
+        got
+    });
+    assert!(
+        got.iter().all(|b| b.was_pooled()),
+        "the owner's takes of its three ready buffers: pooled {:?}",
+        got.iter().map(|b| b.was_pooled()).collect::<Vec<_>>()
+    );
+}
+
 /// One run of the test above: the Y buffers the thief reused, and the
 /// owner's longest gap between two rounds of its loop.
 fn stealable_returns_once(n: usize) -> (usize, Duration) {
