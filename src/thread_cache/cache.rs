@@ -467,18 +467,26 @@ impl ThreadCache {
     }
 
     /// The owner's steal from other caches' remote lists (of ready
-    /// buffers): it adopts each non-empty list whole, inside its own
-    /// operation, so the buffers are never out of every thief's sight, then
-    /// takes one of (`device`, `class`).
+    /// buffers): it adopts each list that holds a buffer of (`device`,
+    /// `class`) whole, inside its own operation, so the buffers are never
+    /// out of every thief's sight, then takes one of them. A list with
+    /// none of the class stays with its owner, for whom the cleaner made
+    /// its buffers ready: adopted, they would wait in this cache's lists,
+    /// where its owner's takes do not look, until a sweep found this
+    /// thread idle.
     pub(crate) fn adopt_remote_lists(&self, device: usize, class: SizeClass) -> Option<Block> {
         let caches = self.caches();
+        let slot = caches.classes.slot(device, class);
         self.as_owner(|lists| {
             for other in caches.iter().filter(|c| !std::ptr::eq(*c, self)) {
-                if !other.shared.inbox.ready.is_empty() {
+                // The count is a Relaxed hint: a stale 0 leaves a buffer
+                // pushed a moment ago to its owner (this take goes on as if
+                // it had come a moment later); a stale count above 0 adopts
+                // a list as before.
+                if other.shared.inbox.ready.count_in(slot) > 0 {
                     self.adopt(lists, other.shared.inbox.ready.take_all());
                 }
             }
-            let slot = caches.classes.slot(device, class);
             let block = lists.slot(caches.slots, slot).ready.pop()?;
             self.unready(slot, &block);
             Some(block)
