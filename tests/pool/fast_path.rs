@@ -701,6 +701,49 @@ fn a_thief_short_of_one_class_leaves_an_owners_other_classes_to_it() {
     );
 }
 
+/// A thread alive but idle keeps the buffers the cleaner made ready for it
+/// in its cache's inbox only until a sweep finds it idle: they go to the
+/// shard, where any take reaches them, here takes of a smaller class
+/// borrowing them. (Before, a sweep moved an idle owner's lists but not its
+/// inbox; only another thread's take of their exact class reached them.)
+#[test]
+fn an_idle_owners_inbox_goes_to_the_shard() {
+    const X: usize = 8192;
+    const Y: usize = 4096;
+    let pool = Pool::builder()
+        .faults(Arc::new(Faults::default()))
+        .regions(false)
+        .provision(false)
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap();
+    let (ready, go) = (mpsc::channel::<()>(), mpsc::channel::<()>());
+    let got = std::thread::scope(|s| {
+        let (ready_tx, go_rx) = (ready.0, go.1);
+        let pool = &pool;
+        s.spawn(move || {
+            // Four misses, pinned by the cleaner once dropped and made
+            // ready for this thread, which then takes nothing more.
+            drop((0..4).map(|_| pool.take(X)).collect::<Vec<_>>());
+            pool.flush();
+            ready_tx.send(()).unwrap();
+            let _ = go_rx.recv();
+        });
+        ready.1.recv().unwrap();
+        // Sweeps run about every millisecond while the cleaner is idle.
+        std::thread::sleep(Duration::from_millis(300));
+        let got: Vec<_> = (0..4).map(|_| pool.take(Y)).collect();
+        go.0.send(()).unwrap();
+        got
+    });
+    assert!(
+        got.iter().all(|b| b.was_pooled()),
+        "takes of {Y} with four idle {X} buffers in an idle owner's inbox: pooled {:?}",
+        got.iter().map(|b| b.was_pooled()).collect::<Vec<_>>()
+    );
+}
+
 /// One run of the test above: the Y buffers the thief reused, and the
 /// owner's longest gap between two rounds of its loop.
 fn stealable_returns_once(n: usize) -> (usize, Duration) {
