@@ -26,7 +26,8 @@ const CAP_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_millis(
 impl Cleaner {
     /// Moves buffers waiting in `caches` for their owners to the cleaner:
     /// all of them (`flush`), or only those of caches whose owner has been
-    /// idle since the last sweep, whose ready buffers also go to the shards
+    /// idle since the last sweep, whose ready buffers (its lists' and its
+    /// inbox's) also go to the shards
     /// (where any thread finds them without locking an owner out) and whose
     /// dropped buffers go there once clean.
     pub(crate) fn move_waiting(&self, at: Places<'_>, cap: usize, only_idle: bool) -> usize {
@@ -39,7 +40,9 @@ impl Cleaner {
                 let key = *c as *const ThreadCache as usize;
                 let last = sweep.seen.insert(key, activity);
                 if only_idle {
-                    last == Some(activity) && !c.is_waiting() && (c.has_waiting() || c.has_ready())
+                    last == Some(activity)
+                        && !c.is_waiting()
+                        && (c.has_waiting() || c.has_ready() || !c.inbox().ready.is_empty())
                 } else {
                     c.has_waiting()
                 }
@@ -65,7 +68,11 @@ impl Cleaner {
                 moved += 1;
             }
             if only_idle {
-                for block in lists.take_ready(cache, None) {
+                // The buffers the cleaner made ready for the owner since it
+                // last took (its inbox) too: other threads' takes look in
+                // an inbox only for their own class.
+                let inbox = cache.inbox().ready.take_all();
+                for block in lists.take_ready(cache, None).into_iter().chain(inbox) {
                     moved += 1;
                     if let Err(block) = at.shards[block.device()].push(block) {
                         // The shard's class is full (2^32 buffers): keep it.
