@@ -40,6 +40,9 @@ impl Cleaner {
                 let key = *c as *const ThreadCache as usize;
                 let last = sweep.seen.insert(key, activity);
                 if only_idle {
+                    // The inbox's emptiness is a Relaxed read: a stale
+                    // answer leaves its buffers to the next sweep, or looks
+                    // at a cache that has nothing to move.
                     last == Some(activity)
                         && !c.is_waiting()
                         && (c.has_waiting() || c.has_ready() || !c.inbox().ready.is_empty())
