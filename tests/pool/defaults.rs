@@ -31,10 +31,12 @@ fn the_cap_rises_with_the_bytes_in_use_and_keeps_what_they_drop() {
     assert_eq!(stats.max_pooled_bytes_from, LimitSource::Default);
     assert_eq!(pool.config().max_pooled_bytes, None);
     let held: Vec<_> = (0..16).map(|_| pool.take(MIB)).collect();
-    // The cleaner samples the bytes in use every 10 ms.
+    // The cleaner samples the bytes in use every 10 ms (a sample taken
+    // while the takes above went on saw fewer: on a loaded machine the cap
+    // stood at a quarter more than 15 MiB for a while).
     assert!(
         eventually(Duration::from_secs(10), || {
-            pool.stats().max_pooled_bytes >= 16 * MIB
+            pool.stats().max_pooled_bytes >= 20 * MIB
         }),
         "the cap rising"
     );
