@@ -131,6 +131,30 @@ impl Rng {
 
 // === buffers ===
 
+/// Thirty rounds of a workload that pins and gives back through every
+/// path: a few buffers of log-uniform sizes from 1000 bytes to 6 MiB held
+/// 15 ms, and now and then a `reserve`, a `trim` or a `clear`; then eight
+/// buffers of 1 MiB taken and dropped, left for the idle trim.
+pub fn pin_and_give_back(pool: &Pool) {
+    let mut rng = Rng(9);
+    for round in 0..30 {
+        let n = 1 + rng.below(12) as usize;
+        let held: Vec<_> = (0..n)
+            .map(|_| pool.take(rng.log_uniform(1000, 6 << 20)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(15));
+        drop(held);
+        match round % 10 {
+            3 => pool.reserve(0, &[(2 << 20, 3), (100_000, 4)]).unwrap(),
+            5 => pool.trim(),
+            7 => pool.clear(),
+            _ => {}
+        }
+        pool.flush();
+    }
+    drop((0..8).map(|_| pool.take(1 << 20)).collect::<Vec<_>>());
+}
+
 /// Whether every byte of `buf` is zero.
 pub fn all_zero(buf: &[u8]) -> bool {
     buf.iter().all(|&b| b == 0)

@@ -643,6 +643,20 @@ fn idle_returns_of_a_busy_owner_are_stealable() {
     );
 }
 
+/// A pool whose misses the cleaner pins (the fault backend, buffers pinned
+/// one by one) and makes ready in the inbox of the cache they were taken
+/// through; nothing pinned ahead of demand.
+fn pinning_pow2() -> Pool {
+    Pool::builder()
+        .faults(Arc::new(Faults::default()))
+        .regions(false)
+        .provision(false)
+        .cleaner_threads(1)
+        .size_classes(SizeClasses::PowersOfTwo)
+        .build()
+        .unwrap()
+}
+
 /// Buffers the cleaner made ready for a thread wait in its cache's inbox
 /// until its next take. Another thread short of a class of its own looks
 /// in other inboxes on its way to a miss: it must take only the class it
@@ -654,14 +668,7 @@ fn idle_returns_of_a_busy_owner_are_stealable() {
 fn a_thief_short_of_one_class_leaves_an_owners_other_classes_to_it() {
     const X: usize = 64 << 10;
     const Y: usize = 4096;
-    let pool = Pool::builder()
-        .faults(Arc::new(Faults::default()))
-        .regions(false)
-        .provision(false)
-        .cleaner_threads(1)
-        .size_classes(SizeClasses::PowersOfTwo)
-        .build()
-        .unwrap();
+    let pool = pinning_pow2();
     // Three misses, pinned by the cleaner once dropped and made ready for
     // this thread, in its inbox (it takes nothing until the thief has
     // looked).
@@ -710,14 +717,7 @@ fn a_thief_short_of_one_class_leaves_an_owners_other_classes_to_it() {
 fn an_idle_owners_inbox_goes_to_the_shard() {
     const X: usize = 8192;
     const Y: usize = 4096;
-    let pool = Pool::builder()
-        .faults(Arc::new(Faults::default()))
-        .regions(false)
-        .provision(false)
-        .cleaner_threads(1)
-        .size_classes(SizeClasses::PowersOfTwo)
-        .build()
-        .unwrap();
+    let pool = pinning_pow2();
     let (ready, go) = (mpsc::channel::<()>(), mpsc::channel::<()>());
     let got = std::thread::scope(|s| {
         let (ready_tx, go_rx) = (ready.0, go.1);

@@ -279,23 +279,7 @@ fn a_pool_trimmed_to_nothing_after_its_workload_pins_nothing_more() {
         .idle_trim(Duration::from_millis(100))
         .build()
         .unwrap();
-    let mut rng = crate::common::Rng(9);
-    for round in 0..30 {
-        let n = 1 + rng.below(12) as usize;
-        let held: Vec<_> = (0..n)
-            .map(|_| pool.take(rng.log_uniform(1000, 6 << 20)))
-            .collect();
-        std::thread::sleep(Duration::from_millis(15));
-        drop(held);
-        match round % 10 {
-            3 => pool.reserve(0, &[(2 << 20, 3), (100_000, 4)]).unwrap(),
-            5 => pool.trim(),
-            7 => pool.clear(),
-            _ => {}
-        }
-        pool.flush();
-    }
-    drop((0..8).map(|_| pool.take(1 << 20)).collect::<Vec<_>>());
+    crate::common::pin_and_give_back(&pool);
     eventually(Duration::from_secs(10), "trimmed to nothing", || {
         pool.stats().pinned_bytes == 0
     });

@@ -1241,24 +1241,9 @@ fn every_unregistration_is_traced() {
         .trace(&path.0)
         .build()
         .unwrap();
-    let mut rng = crate::common::Rng(9);
-    for round in 0..30 {
-        let n = 1 + rng.below(12) as usize;
-        let held: Vec<_> = (0..n)
-            .map(|_| pool.take(rng.log_uniform(1000, 6 << 20)))
-            .collect();
-        std::thread::sleep(std::time::Duration::from_millis(15));
-        drop(held);
-        match round % 10 {
-            3 => pool.reserve(0, &[(2 << 20, 3), (100_000, 4)]).unwrap(),
-            5 => pool.trim(),
-            7 => pool.clear(),
-            _ => {}
-        }
-        pool.flush();
-    }
-    // Pinned once more, then left for the idle trim to release.
-    drop((0..8).map(|_| pool.take(1 << 20)).collect::<Vec<_>>());
+    // Pinned through every path, the last buffers left for the idle trim
+    // to release.
+    crate::common::pin_and_give_back(&pool);
     let trimmed = crate::common::eventually(std::time::Duration::from_secs(10), || {
         pool.stats().pinned_bytes == 0
     });
