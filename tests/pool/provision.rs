@@ -294,3 +294,50 @@ fn a_pool_trimmed_to_nothing_after_its_workload_pins_nothing_more() {
     );
     assert_eq!(stats.pinned_bytes, 0, "{stats:#?}");
 }
+
+/// A take that runs while a trim holds the pooled buffers (it gathers them
+/// all, sorts them by idle time and puts back those it keeps) finds the
+/// ones it keeps: it waits for the trim to put them back rather than miss.
+/// (Before, it found the class empty and missed: here, the takes of
+/// reserved buffers, which every trim keeps, beside a thread trimming.)
+#[test]
+fn a_take_racing_a_trim_finds_the_buffers_the_trim_keeps() {
+    let pool = std::sync::Arc::new(
+        Pool::builder()
+            .backend(BackendKind::Host)
+            .provision(false)
+            .build()
+            .unwrap(),
+    );
+    const RESERVED: usize = 512;
+    pool.reserve(0, &[(64 << 10, RESERVED)]).unwrap();
+    pool.flush();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trimmer = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut trims = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                pool.trim();
+                trims += 1;
+            }
+            trims
+        })
+    };
+    let mut missed = 0;
+    for _ in 0..40 {
+        let bufs: Vec<_> = (0..RESERVED).map(|_| pool.take(64 << 10)).collect();
+        missed += bufs.iter().filter(|b| !b.was_pooled()).count();
+        drop(bufs);
+        pool.flush();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let trims = trimmer.join().unwrap();
+    assert!(trims > 0);
+    assert_eq!(missed, 0, "takes missed while {trims} trims ran");
+    assert_eq!(
+        pool.stats().trimmed_bytes,
+        0,
+        "only reserved buffers were pooled"
+    );
+}
