@@ -41,6 +41,7 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Block;
+use crate::held_out::{HeldOut, Holding};
 use crate::remote::Inbox;
 use crate::shard::Shard;
 use crate::size_class::SizeClass;
@@ -58,10 +59,13 @@ pub(crate) struct Places<'a> {
 /// the buffers it took out of the caches' inboxes and has not evicted (put
 /// back when it ends), the caches' owners locked out, and
 /// `Caches::no_moves` (taken first, released last: the fields drop in
-/// this order, after the inboxes' buffers are back).
+/// this order, after the inboxes' buffers are back), and the hold that
+/// tells takes the inboxes' buffers are out (see [`HeldOut`]), ended once
+/// they are back.
 #[derive(Default)]
 struct Held<'a> {
     inboxes: Option<Vec<(&'a ThreadCache, Vec<Block>)>>,
+    holding: Option<Holding<'a>>,
     locked: Option<LockedOut<'a>>,
     moving: Option<MutexGuard<'a, ()>>,
 }
@@ -93,6 +97,9 @@ pub(crate) struct Admission {
     /// cleaner, is an idle buffer like any other once back). Never 0 (a
     /// block's 0 means not reserved).
     reservations: AtomicU32,
+    /// Trims, clears and evictions holding pooled buffers out of sight, for
+    /// the takes that would miss meanwhile.
+    held_out: HeldOut,
 }
 
 /// What a cap that follows the working set follows.
@@ -140,6 +147,7 @@ impl Admission {
             evictions: AtomicUsize::new(0),
             follow: Mutex::new(follow),
             reservations: AtomicU32::new(1),
+            held_out: HeldOut::new(),
         }
     }
 
@@ -155,6 +163,13 @@ impl Admission {
     /// for a forgotten one (see `clear`).
     pub(crate) fn reservations(&self) -> u32 {
         self.reservations.load(Ordering::Relaxed)
+    }
+
+    /// What tells a take that a trim, a clear or an eviction held pooled
+    /// buffers out of its sight (see [`HeldOut`]).
+    #[inline]
+    pub(crate) fn held_out(&self) -> &HeldOut {
+        &self.held_out
     }
 
     /// The cap in force and whether it follows the working set, read
@@ -465,7 +480,7 @@ impl Admission {
     /// lists, then thread caches' ready lists (locking their owners out,
     /// into `held`, unless an earlier class did).
     fn evict_class<'a>(
-        &self,
+        &'a self,
         at: Places<'a>,
         class: SizeClass,
         evicted: &mut Vec<Block>,
@@ -499,6 +514,7 @@ impl Admission {
         // lock-out below waits for.
         let inboxes = held.inboxes.get_or_insert_with(|| {
             held.moving.get_or_insert_with(|| at.caches.no_moves());
+            held.holding = Some(self.held_out.hold());
             at.caches
                 .iter()
                 .filter(|cache| !cache.inbox().ready.is_empty())
@@ -557,8 +573,10 @@ impl Admission {
         keep: &dyn Fn(usize) -> usize,
     ) -> Vec<Block> {
         let _folded = self.folded.lock();
-        // Out of a snapshot's sight until every kept buffer is back.
+        // Out of a snapshot's sight until every kept buffer is back, and
+        // out of the takes' (which wait for them: see `HeldOut`).
         let _moving = at.caches.no_moves();
+        let _holding = self.held_out.hold();
         let classes = &at.caches.classes;
         // Every pooled buffer, gathered per slot (under the admission lock
         // and with every owner locked out, as `clear` does, nothing moves
@@ -636,8 +654,10 @@ impl Admission {
         self.reservations.store(next, Ordering::Relaxed);
         drop(follow);
         let _folded = self.folded.lock();
-        // Out of a snapshot's sight until the kept buffers (below) are back.
+        // Out of a snapshot's sight until the kept buffers (below) are back,
+        // and out of the takes' (which wait for them: see `HeldOut`).
         let _moving = at.caches.no_moves();
+        let _holding = self.held_out.hold();
         let mut out = Vec::new();
         for shard in at.shards {
             out.extend(shard.drain());

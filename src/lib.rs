@@ -59,6 +59,7 @@ mod error;
 mod fence;
 mod flush;
 mod global;
+mod held_out;
 mod numa;
 pub use numa::NumaMode;
 mod pool;

@@ -1,6 +1,6 @@
 //! Internals exposed to the `loom-tests` crate, in loom builds only.
 
-use crate::{remote, stack};
+use crate::{held_out, remote, stack};
 
 /// Does what a thread's per-thread guard does when its teardown reaches
 /// it: the thread stops owning its caches (its takes go through the orphan
@@ -74,5 +74,42 @@ impl Returns {
     /// Takes every value (as a sweep, a steal or closing does).
     pub fn take_all(&self) -> Vec<u64> {
         self.0.take_all().collect()
+    }
+}
+
+/// What tells a take that a trim held pooled buffers out of the shards
+/// (the pool's `HeldOut`).
+#[derive(Debug)]
+pub struct HeldOut(held_out::HeldOut);
+
+/// A hold under way; ends when dropped.
+#[allow(missing_debug_implementations)]
+pub struct Holding<'a>(#[allow(dead_code)] held_out::Holding<'a>);
+
+/// What a take read before it looked (the pool's `Mark`).
+#[derive(Clone, Copy, Debug)]
+pub struct Mark(held_out::Mark);
+
+impl HeldOut {
+    /// No hold under way.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self(held_out::HeldOut::new())
+    }
+
+    /// Begins a hold, as a trim does before it empties the shards.
+    pub fn hold(&self) -> Holding<'_> {
+        Holding(self.0.hold())
+    }
+
+    /// What a take reads before it pops.
+    pub fn mark(&self) -> Mark {
+        Mark(self.0.mark())
+    }
+
+    /// Whether a hold overlapped the take since `mark` (after waiting for
+    /// one running to end).
+    pub fn waited(&self, mark: Mark) -> bool {
+        self.0.waited(mark.0)
     }
 }

@@ -1,10 +1,11 @@
-//! Loom models of the lock-free size-class stack and of a thread cache's
-//! batched returns.
+//! Loom models of the lock-free size-class stack, of a take racing a trim
+//! that holds the stack's values out, and of a thread cache's batched
+//! returns.
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use pinpool::loom_internals::{Returns, Stack};
+use pinpool::loom_internals::{HeldOut, Returns, Stack};
 
 /// Collects what is left on `stack` plus what threads popped, and checks
 /// that every pushed value comes out exactly once.
@@ -107,5 +108,43 @@ fn returns_hand_out_each_value_once() {
         taken.extend(returns.take_all());
         taken.sort_unstable();
         assert_eq!(taken, [1, 2, 3, 4, 5], "a value was lost or taken twice");
+    });
+}
+
+/// A trim holds a class's buffers out of the shard (pops them all, pushes
+/// back those it keeps) while a take looks at the shard; the take, finding
+/// it empty, asks whether a hold overlapped its look and pops again.
+///
+/// Catches: a take that finds the stack the hold emptied and reads the
+/// sequence number from before the hold (the Release fence in
+/// `HeldOut::hold` left out: seen failing so); one that reads the number
+/// the hold's end left and the head from before the push-back (the end's
+/// increment or the mark's load Relaxed: seen failing so); one that pops
+/// again without waiting for the hold to end (seen failing so). Each time
+/// the take misses a buffer the trim kept. (The Acquire fence in `waited`
+/// is for looks that read Relaxed, an inbox's count; this take's look is
+/// the stack's Acquire load, so the model passes without the fence.)
+#[test]
+fn a_take_racing_a_hold_finds_what_it_kept() {
+    loom::model(|| {
+        let stack = Arc::new(Stack::new());
+        let held = Arc::new(HeldOut::new());
+        stack.push(1).unwrap();
+        let trim = {
+            let (stack, held) = (stack.clone(), held.clone());
+            thread::spawn(move || {
+                let _holding = held.hold();
+                let kept: Vec<u64> = std::iter::from_fn(|| stack.pop()).collect();
+                for v in kept {
+                    stack.push(v).unwrap();
+                }
+            })
+        };
+        let mark = held.mark();
+        let took = stack
+            .pop()
+            .or_else(|| held.waited(mark).then(|| stack.pop()).flatten());
+        trim.join().unwrap();
+        assert_eq!(took, Some(1), "the take missed a buffer the trim kept");
     });
 }

@@ -408,6 +408,10 @@ impl Shared {
         // The owner stays marked waiting, as `reuse_own` left it, until this
         // take ends.
         let _waiting = counted.then(|| cache.still_waiting());
+        // Before the look at the shard: a trim, a clear or an eviction
+        // that holds the class's buffers out of sight from here on makes
+        // the take wait for them below, rather than miss.
+        let mark = this.admission.held_out().mark();
         if let Some(block) = this.shards[device].pop(class) {
             cache.count_hit(block.slot(), block.footprint());
             return Ok((block, Source::Shard));
@@ -426,6 +430,19 @@ impl Shared {
         }
         if let Some(block) = this.steal(cache, owned, device, class) {
             return Ok((block, Source::Stolen));
+        }
+        // What a trim kept, or a clear kept reserved, is back in the shard
+        // once the hold ends; what an eviction left, in the inboxes a steal
+        // looks in. Borrowing is not tried again: its classes' buffers
+        // were there for the first look, held or not.
+        if this.admission.held_out().waited(mark) {
+            if let Some(block) = this.shards[device].pop(class) {
+                cache.count_hit(block.slot(), block.footprint());
+                return Ok((block, Source::Shard));
+            }
+            if let Some(block) = this.steal(cache, owned, device, class) {
+                return Ok((block, Source::Stolen));
+            }
         }
         if this.caches.carves() {
             if let Some(block) = this.carve(cache, owned, device, class) {
