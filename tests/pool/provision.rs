@@ -341,3 +341,46 @@ fn a_take_racing_a_trim_finds_the_buffers_the_trim_keeps() {
         "only reserved buffers were pooled"
     );
 }
+
+/// A tracing subscriber that takes from the pool as the trim reports what
+/// it trimmed (a buffer for the log line, say) gets its buffer: the trim
+/// reports once its holds are over. (A trim that reported while it held
+/// its classes made the take wait for its own thread's hold, for good.)
+#[test]
+fn a_subscriber_that_takes_as_the_trim_reports_gets_its_buffer() {
+    use tracing_subscriber::layer::SubscriberExt;
+    struct Taker(std::sync::Arc<Pool>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Taker {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if event.metadata().target() == "pinpool::admission" {
+                // Of the class the trim released: empty now.
+                assert!(!self.0.take(1 << 20).was_pooled());
+            }
+        }
+    }
+    let pool = std::sync::Arc::new(
+        Pool::builder()
+            .backend(BackendKind::Host)
+            .provision(false)
+            .build()
+            .unwrap(),
+    );
+    drop(pool.take(1 << 20));
+    pool.flush();
+    let (done, finished) = std::sync::mpsc::channel();
+    let trimming = pool.clone();
+    std::thread::spawn(move || {
+        let subscriber = tracing_subscriber::registry().with(Taker(trimming.clone()));
+        tracing::subscriber::with_default(subscriber, || trimming.trim());
+        done.send(()).unwrap();
+    });
+    assert!(
+        finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the trim hung"
+    );
+    assert_eq!(pool.stats().trimmed_bytes, 1 << 20);
+}
