@@ -41,7 +41,7 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Block;
-use crate::held_out::{HeldOut, Holding};
+use crate::held_out::HeldOut;
 use crate::remote::Inbox;
 use crate::shard::Shard;
 use crate::size_class::SizeClass;
@@ -59,13 +59,10 @@ pub(crate) struct Places<'a> {
 /// the buffers it took out of the caches' inboxes and has not evicted (put
 /// back when it ends), the caches' owners locked out, and
 /// `Caches::no_moves` (taken first, released last: the fields drop in
-/// this order, after the inboxes' buffers are back), and the hold that
-/// tells takes the inboxes' buffers are out (see [`HeldOut`]), ended once
-/// they are back.
+/// this order, after the inboxes' buffers are back).
 #[derive(Default)]
 struct Held<'a> {
     inboxes: Option<Vec<(&'a ThreadCache, Vec<Block>)>>,
-    holding: Option<Holding<'a>>,
     locked: Option<LockedOut<'a>>,
     moving: Option<MutexGuard<'a, ()>>,
 }
@@ -97,8 +94,8 @@ pub(crate) struct Admission {
     /// cleaner, is an idle buffer like any other once back). Never 0 (a
     /// block's 0 means not reserved).
     reservations: AtomicU32,
-    /// Trims, clears and evictions holding pooled buffers out of sight, for
-    /// the takes that would miss meanwhile.
+    /// Per slot, a trim holding its buffers out of its stack, for the
+    /// takes that would miss meanwhile.
     held_out: HeldOut,
 }
 
@@ -133,8 +130,9 @@ impl Follow {
 
 impl Admission {
     /// `follow`: `Some(floor)` if the cap follows the working set, never
-    /// below `floor`; `None` if a cap is given.
-    pub(crate) fn new(follow: Option<usize>) -> Self {
+    /// below `floor`; `None` if a cap is given. `slots`: the pool's slots
+    /// (devices times classes).
+    pub(crate) fn new(follow: Option<usize>, slots: usize) -> Self {
         let follow = follow.map(|floor| Follow {
             floor,
             reserved: 0,
@@ -147,7 +145,7 @@ impl Admission {
             evictions: AtomicUsize::new(0),
             follow: Mutex::new(follow),
             reservations: AtomicU32::new(1),
-            held_out: HeldOut::new(),
+            held_out: HeldOut::new(slots),
         }
     }
 
@@ -165,8 +163,8 @@ impl Admission {
         self.reservations.load(Ordering::Relaxed)
     }
 
-    /// What tells a take that a trim, a clear or an eviction held pooled
-    /// buffers out of its sight (see [`HeldOut`]).
+    /// What tells a take that a trim held its slot's pooled buffers out of
+    /// its stack (see [`HeldOut`]).
     #[inline]
     pub(crate) fn held_out(&self) -> &HeldOut {
         &self.held_out
@@ -480,7 +478,7 @@ impl Admission {
     /// lists, then thread caches' ready lists (locking their owners out,
     /// into `held`, unless an earlier class did).
     fn evict_class<'a>(
-        &'a self,
+        &self,
         at: Places<'a>,
         class: SizeClass,
         evicted: &mut Vec<Block>,
@@ -514,7 +512,6 @@ impl Admission {
         // lock-out below waits for.
         let inboxes = held.inboxes.get_or_insert_with(|| {
             held.moving.get_or_insert_with(|| at.caches.no_moves());
-            held.holding = Some(self.held_out.hold());
             at.caches
                 .iter()
                 .filter(|cache| !cache.inbox().ready.is_empty())
@@ -573,39 +570,50 @@ impl Admission {
         keep: &dyn Fn(usize) -> usize,
     ) -> Vec<Block> {
         let _folded = self.folded.lock();
-        // Out of a snapshot's sight until every kept buffer is back, and
-        // out of the takes' (which wait for them: see `HeldOut`).
+        // Out of a snapshot's sight until every kept buffer is back.
         let _moving = at.caches.no_moves();
-        let _holding = self.held_out.hold();
         let classes = &at.caches.classes;
-        // Every pooled buffer, gathered per slot (under the admission lock
-        // and with every owner locked out, as `clear` does, nothing moves
-        // meanwhile but takes and admissions).
-        let mut by_slot: Vec<Vec<Block>> = (0..at.caches.slots()).map(|_| Vec::new()).collect();
-        let mut gather =
-            |block: Block| by_slot[classes.slot(block.device(), block.class())].push(block);
-        for shard in at.shards {
-            shard.drain().into_iter().for_each(&mut gather);
-        }
+        let count = classes.count();
+        let mut out = Vec::new();
+        // First the caches' ready buffers go to their shards, as a sweep
+        // moves an idle cache's (under the admission lock and with every
+        // owner locked out, as `clear` does, nothing moves meanwhile but
+        // takes and admissions); those kept stay there.
+        let mut to_shard = |block: Block| {
+            if let Err(block) = at.shards[block.device()].push(block) {
+                // The shard's class is full (2^32 buffers): released.
+                out.push(block);
+            }
+        };
         for cache in at.caches.iter() {
-            cache.inbox().ready.take_all().for_each(&mut gather);
+            cache.inbox().ready.take_all().for_each(&mut to_shard);
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
         let mut from_lists = Vec::new();
         locked.each(|cache, lists| from_lists.extend(lists.take_ready(cache, None)));
-        for shard in at.shards {
-            from_lists.extend(shard.drain());
-        }
         drop(locked);
-        from_lists.into_iter().for_each(&mut gather);
-        let mut out = Vec::new();
+        from_lists.into_iter().for_each(&mut to_shard);
         // Buffers carved from a region that drains go back to it, however
         // recently ready (see `Regions::drain_excess`).
         let draining: Vec<bool> = at.shards.iter().map(|s| s.regions().draining()).collect();
         let drains = |block: &Block| {
             draining[block.device()] && block.is_region_memory() && !block.region_listed()
         };
-        for (slot, mut blocks) in by_slot.into_iter().enumerate().rev() {
+        // Then each slot's, one slot at a time: a take of the slot meanwhile
+        // waits for the hold to end rather than miss (see `HeldOut`), and
+        // nothing in it calls out (no tracing) while it holds them.
+        let mut blocks = Vec::new();
+        for slot in (0..at.caches.slots()).rev() {
+            let (device, class) = (slot / count, SizeClass::at(slot % count));
+            let shard = &at.shards[device];
+            if shard.len(class) == 0 {
+                // A count that may lag a push under way: such a buffer was
+                // just made ready (the sweeps, which move buffers long
+                // ready, wait for `moving`), and would be kept.
+                continue;
+            }
+            let holding = self.held_out.hold(slot);
+            blocks.extend(std::iter::from_fn(|| shard.pop(class)));
             // Most recently ready last: keep those, release the longest
             // idle. Every pooled buffer went through `admit`, which noted
             // when it became ready.
@@ -617,13 +625,14 @@ impl Admission {
                 let reserved = block.is_reserved_in(self.reservations());
                 if reserved || (!idle || keep > 0) && !drains(&block) {
                     keep = keep.saturating_sub(1);
-                    if let Err(block) = at.shards[block.device()].push(block) {
+                    if let Err(block) = shard.push(block) {
                         out.push(block);
                     }
                 } else {
                     out.push(block);
                 }
             }
+            drop(holding);
         }
         let bytes: usize = out.iter().map(Block::footprint).sum();
         self.estimate.fetch_sub(bytes, Ordering::Relaxed);
@@ -654,10 +663,8 @@ impl Admission {
         self.reservations.store(next, Ordering::Relaxed);
         drop(follow);
         let _folded = self.folded.lock();
-        // Out of a snapshot's sight until the kept buffers (below) are back,
-        // and out of the takes' (which wait for them: see `HeldOut`).
+        // Out of a snapshot's sight until the kept buffers (below) are back.
         let _moving = at.caches.no_moves();
-        let _holding = self.held_out.hold();
         let mut out = Vec::new();
         for shard in at.shards {
             out.extend(shard.drain());

@@ -1,100 +1,117 @@
-//! Pooled buffers held out of the shards for a moment, and the takes that
-//! wait for them rather than miss.
+//! A class's pooled buffers held out of its shard for a moment by a trim,
+//! and the takes of that class that wait for them rather than miss.
 //!
-//! A trim gathers every pooled buffer (the shards' stacks drained, the
-//! caches' lists emptied), sorts each class's by idle time, releases the
-//! longest idle and pushes the rest back to the shards; a `clear` gathers
-//! them all and pushes back those reserved in the generation it begins.
-//! Meanwhile a take of a class whose buffers are held finds its shard
-//! empty. Without more, it would carve or miss: pin, or stage from pageable
-//! memory, while the trim was about to hand the buffer it wanted back, and
-//! the extra buffer would stay pinned until a later trim found it idle.
+//! A trim goes through the pooled buffers one slot (a device's class) at a
+//! time: it pops all of the slot's buffers from its shard's stack, sorts
+//! them by idle time, releases the longest idle and pushes the rest back.
+//! Meanwhile a take of that slot finds the stack empty. Without more, it
+//! would carve or miss (pin, or stage from pageable memory) while the trim
+//! was about to hand back the buffer it wanted, and the extra buffer would
+//! stay pinned until a later trim found it idle.
 //!
-//! [`HeldOut`] tells such a take that a hold overlapped its look at the
-//! shard: a sequence number, odd while a hold runs, moved at its start and
-//! its end, and a lock held for the hold's length. A take notes the number
-//! before it pops ([`HeldOut::mark`]); when the pop and its other sources
-//! came up empty, [`HeldOut::waited`] says whether a hold began or ended
-//! since, after waiting for one still running to end, and the take pops
-//! again.
+//! [`HeldOut`] tells such a take that a hold of its slot overlapped its
+//! look at the stack: a sequence number per slot, odd while a hold of the
+//! slot runs, moved at the hold's start and at its end. A take notes its
+//! slot's number before it pops ([`HeldOut::mark`]); when the pop and its
+//! other sources came up empty, [`HeldOut::waited`] says whether a hold of
+//! the slot began or ended since, after waiting for one still running to
+//! end (that one only: a later hold does not hold it up), and the take
+//! pops again. A hold lasts as long as one slot's buffers take to sort.
 
-use crate::sync::{fence, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{fence, AtomicU64, Condvar, Mutex, Ordering};
 
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct HeldOut {
-    /// Odd while a hold runs; moved by two per hold.
-    seq: AtomicU64,
-    /// Held for the length of a hold: takes wait on it.
+    /// Per slot: odd while a hold of the slot runs; moved by two per hold.
+    seqs: Box<[AtomicU64]>,
+    /// With `ended`: where takes wait for a hold to end.
     lock: Mutex<()>,
+    /// Notified at the end of every hold.
+    ended: Condvar,
 }
 
-/// The sequence number a take read before it popped (see [`HeldOut::mark`]).
+/// A slot's sequence number, as a take read it before it popped (see
+/// [`HeldOut::mark`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Mark(u64);
+pub(crate) struct Mark {
+    slot: usize,
+    seq: u64,
+}
 
-/// A hold under way (see [`HeldOut::hold`]); ends when dropped.
+/// A hold of a slot under way (see [`HeldOut::hold`]); ends when dropped.
 pub(crate) struct Holding<'a> {
     held: &'a HeldOut,
-    _lock: MutexGuard<'a, ()>,
+    slot: usize,
 }
 
 impl HeldOut {
-    /// No hold under way.
-    pub(crate) fn new() -> Self {
+    /// No hold under way, for `slots` slots.
+    pub(crate) fn new(slots: usize) -> Self {
         Self {
-            seq: AtomicU64::new(0),
+            seqs: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             lock: Mutex::new(()),
+            ended: Condvar::new(),
         }
     }
 
-    /// Begins a hold: to be called before the first buffer is taken out of
-    /// a shard, and the result kept until the last one kept is pushed back.
-    /// Holds run one at a time (a second waits for the first to end).
-    pub(crate) fn hold(&self) -> Holding<'_> {
-        let lock = self.lock.lock();
+    /// Begins a hold of `slot`: to be called before the first of its
+    /// buffers is popped from its stack, and the result kept until the last
+    /// one kept is pushed back, with nothing between that could take from
+    /// the pool (a call into a tracing subscriber, say): a take of the slot
+    /// on the holding thread would wait for its own hold. The caller runs
+    /// one hold at a time.
+    pub(crate) fn hold(&self, slot: usize) -> Holding<'_> {
         // Relaxed: the fence below orders it before the pops that follow.
-        self.seq.fetch_add(1, Ordering::Relaxed);
+        self.seqs[slot].fetch_add(1, Ordering::Relaxed);
         // Release: publishes the odd number to a take whose Acquire load of
-        // a stack's head (`Stack::pop`, which reads the head the hold's
+        // the stack's head (`Stack::pop`, which reads the head the hold's
         // pops leave, or one of the later writes in its release sequence:
-        // every write to a head is a compare-exchange) finds the shard
+        // every write to a head is a compare-exchange) finds the stack
         // emptied by this hold; pairs with that load, or the Acquire fence
-        // in `waited`. Without it the take could see the empty shard and
+        // in `waited`. Without it the take could see the empty stack and
         // the number from before the hold, and miss.
         fence(Ordering::Release);
-        Holding {
-            held: self,
-            _lock: lock,
-        }
+        Holding { held: self, slot }
     }
 
-    /// The sequence number before a take looks at its shard.
+    /// `slot`'s sequence number before a take looks at its stack.
     #[inline]
-    pub(crate) fn mark(&self) -> Mark {
+    pub(crate) fn mark(&self, slot: usize) -> Mark {
         // Acquire: pairs with the Release increment that ends a hold (in
         // `Holding::drop`); a take that reads the number a hold left sees
         // the buffers it pushed back.
-        Mark(self.seq.load(Ordering::Acquire))
+        let seq = self.seqs[slot].load(Ordering::Acquire);
+        Mark { slot, seq }
     }
 
-    /// Whether a hold ran, or runs, since `mark`: if so, after waiting for
-    /// one running to end, so that the shard holds what it kept. `false`:
-    /// no hold emptied the shard the take found empty.
+    /// Whether a hold of the mark's slot ran, or runs, since the mark: if
+    /// so, after waiting for the one running now (if any) to end, so that
+    /// the stack holds what it kept. `false`: no hold emptied the stack
+    /// the take found empty.
     pub(crate) fn waited(&self, mark: Mark) -> bool {
-        // Acquire: pairs with the Release fence in `hold` through any read
-        // of the take's that saw a hold's work: the head it found empty (an
-        // Acquire load already, in `Stack::pop`), or an inbox's count that
-        // an eviction's take zeroed, read Relaxed by a steal.
+        let seq = &self.seqs[mark.slot];
+        // Acquire: pairs with the Release fence in `hold` through the
+        // take's Acquire load of the head it found empty (in `Stack::pop`),
+        // or any Relaxed read of its that saw a hold's work.
         fence(Ordering::Acquire);
-        // Relaxed: ordered by the fence, it reads the number the hold that
-        // emptied what the take found empty left, or a later one (then the
-        // take waits or pops again for nothing), never an earlier one.
-        let now = self.seq.load(Ordering::Relaxed);
-        if now == mark.0 && now & 1 == 0 {
+        // Acquire: as in `mark`, for a hold that ended since. With the
+        // fence above it reads the number the hold that emptied the stack
+        // left, or a later one (then the take waits, or pops again, for
+        // nothing), never an earlier one.
+        let now = seq.load(Ordering::Acquire);
+        if now == mark.seq && now & 1 == 0 {
             return false;
         }
-        drop(self.lock.lock());
+        if now & 1 == 1 {
+            let mut guard = self.lock.lock();
+            // Acquire: as in `mark`. The end's increment comes before its
+            // notification, which takes the lock: read under the lock, a
+            // number still `now` means the notification is still to come.
+            while seq.load(Ordering::Acquire) == now {
+                guard = self.ended.wait(guard);
+            }
+        }
         true
     }
 }
@@ -102,8 +119,11 @@ impl HeldOut {
 impl Drop for Holding<'_> {
     fn drop(&mut self) {
         // Release: publishes the buffers pushed back to a take whose `mark`
-        // reads the number (pairs with its Acquire load). The lock is let
-        // go after this, so a take that waited for it pops them too.
-        self.held.seq.fetch_add(1, Ordering::Release);
+        // or `waited` reads the number (pairs with their Acquire loads).
+        self.held.seqs[self.slot].fetch_add(1, Ordering::Release);
+        // Under the lock: a take that read the odd number under it is
+        // waiting by now, and is woken.
+        drop(self.held.lock.lock());
+        self.held.ended.notify_all();
     }
 }

@@ -77,8 +77,8 @@ impl Returns {
     }
 }
 
-/// What tells a take that a trim held pooled buffers out of the shards
-/// (the pool's `HeldOut`).
+/// What tells a take that a trim held its slot's pooled buffers out of
+/// their stack (the pool's `HeldOut`).
 #[derive(Debug)]
 pub struct HeldOut(held_out::HeldOut);
 
@@ -91,24 +91,23 @@ pub struct Holding<'a>(#[allow(dead_code)] held_out::Holding<'a>);
 pub struct Mark(held_out::Mark);
 
 impl HeldOut {
-    /// No hold under way.
-    #[allow(clippy::new_without_default)]
-    pub fn new() -> Self {
-        Self(held_out::HeldOut::new())
+    /// No hold under way, for `slots` slots.
+    pub fn new(slots: usize) -> Self {
+        Self(held_out::HeldOut::new(slots))
     }
 
-    /// Begins a hold, as a trim does before it empties the shards.
-    pub fn hold(&self) -> Holding<'_> {
-        Holding(self.0.hold())
+    /// Begins a hold of `slot`, as a trim does before it empties its stack.
+    pub fn hold(&self, slot: usize) -> Holding<'_> {
+        Holding(self.0.hold(slot))
     }
 
-    /// What a take reads before it pops.
-    pub fn mark(&self) -> Mark {
-        Mark(self.0.mark())
+    /// What a take of `slot` reads before it pops.
+    pub fn mark(&self, slot: usize) -> Mark {
+        Mark(self.0.mark(slot))
     }
 
-    /// Whether a hold overlapped the take since `mark` (after waiting for
-    /// one running to end).
+    /// Whether a hold of the mark's slot overlapped the take since the
+    /// mark (after waiting for one running to end).
     pub fn waited(&self, mark: Mark) -> bool {
         self.0.waited(mark.0)
     }

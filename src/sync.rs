@@ -186,7 +186,6 @@ impl Condvar {
         Self(RawCondvar::new())
     }
 
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // the loom lanes, the test backend
     pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
     }

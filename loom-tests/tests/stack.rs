@@ -111,40 +111,51 @@ fn returns_hand_out_each_value_once() {
     });
 }
 
-/// A trim holds a class's buffers out of the shard (pops them all, pushes
-/// back those it keeps) while a take looks at the shard; the take, finding
-/// it empty, asks whether a hold overlapped its look and pops again.
+/// A trim holds a slot's buffers out of its stack (pops them all, pushes
+/// back those it keeps) while a take of the slot looks at the stack; the
+/// take, finding it empty, asks whether a hold overlapped its look and
+/// pops again. A hold of another slot runs beside them (the pool runs one
+/// at a time; `HeldOut` does not rely on it), whose end wakes the take's
+/// wait, if any, for nothing.
 ///
 /// Catches: a take that finds the stack the hold emptied and reads the
 /// sequence number from before the hold (the Release fence in
 /// `HeldOut::hold` left out: seen failing so); one that reads the number
 /// the hold's end left and the head from before the push-back (the end's
-/// increment or the mark's load Relaxed: seen failing so); one that pops
-/// again without waiting for the hold to end (seen failing so). Each time
-/// the take misses a buffer the trim kept. (The Acquire fence in `waited`
-/// is for looks that read Relaxed, an inbox's count; this take's look is
-/// the stack's Acquire load, so the model passes without the fence.)
+/// increment, the mark's load or `waited`'s load Relaxed: each seen
+/// failing so); one that pops
+/// again without waiting for the hold to end (seen failing so); a wait
+/// whose wake-up is lost (the end's notification sent without taking the
+/// lock: loom reports the deadlock). Each miss is a buffer the trim kept.
+/// (The Acquire fence in `waited` is for looks that read Relaxed; this
+/// take's look is the stack's Acquire load, so the model passes without
+/// the fence.)
 #[test]
 fn a_take_racing_a_hold_finds_what_it_kept() {
     loom::model(|| {
         let stack = Arc::new(Stack::new());
-        let held = Arc::new(HeldOut::new());
+        let held = Arc::new(HeldOut::new(2));
         stack.push(1).unwrap();
         let trim = {
             let (stack, held) = (stack.clone(), held.clone());
             thread::spawn(move || {
-                let _holding = held.hold();
+                let _holding = held.hold(0);
                 let kept: Vec<u64> = std::iter::from_fn(|| stack.pop()).collect();
                 for v in kept {
                     stack.push(v).unwrap();
                 }
             })
         };
-        let mark = held.mark();
+        let other = {
+            let held = held.clone();
+            thread::spawn(move || drop(held.hold(1)))
+        };
+        let mark = held.mark(0);
         let took = stack
             .pop()
             .or_else(|| held.waited(mark).then(|| stack.pop()).flatten());
         trim.join().unwrap();
+        other.join().unwrap();
         assert_eq!(took, Some(1), "the take missed a buffer the trim kept");
     });
 }

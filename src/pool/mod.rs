@@ -319,6 +319,7 @@ impl Pool {
                     .max_pooled_bytes
                     .is_none()
                     .then_some(config.min_pooled_bytes),
+                devices * count,
             ),
             budget_given: AtomicBool::new(config.max_pinned_bytes.is_some()),
             cleaner: Cleaner::new(config.cleaner_threads, devices, intake),

@@ -408,10 +408,11 @@ impl Shared {
         // The owner stays marked waiting, as `reuse_own` left it, until this
         // take ends.
         let _waiting = counted.then(|| cache.still_waiting());
-        // Before the look at the shard: a trim, a clear or an eviction
-        // that holds the class's buffers out of sight from here on makes
-        // the take wait for them below, rather than miss.
-        let mark = this.admission.held_out().mark();
+        // Before the look at the shard: a trim that holds the slot's
+        // buffers out of its stack from here on makes the take wait for
+        // them below, rather than miss.
+        let slot = this.classes().slot(device, class);
+        let mark = this.admission.held_out().mark(slot);
         if let Some(block) = this.shards[device].pop(class) {
             cache.count_hit(block.slot(), block.footprint());
             return Ok((block, Source::Shard));
@@ -431,17 +432,13 @@ impl Shared {
         if let Some(block) = this.steal(cache, owned, device, class) {
             return Ok((block, Source::Stolen));
         }
-        // What a trim kept, or a clear kept reserved, is back in the shard
-        // once the hold ends; what an eviction left, in the inboxes a steal
-        // looks in. Borrowing is not tried again: its classes' buffers
-        // were there for the first look, held or not.
+        // What a trim kept of the slot is back in its stack once the hold
+        // ends. (A borrow is not tried again: a trim holding the larger
+        // classes it looked at can still make it miss.)
         if this.admission.held_out().waited(mark) {
             if let Some(block) = this.shards[device].pop(class) {
                 cache.count_hit(block.slot(), block.footprint());
                 return Ok((block, Source::Shard));
-            }
-            if let Some(block) = this.steal(cache, owned, device, class) {
-                return Ok((block, Source::Stolen));
             }
         }
         if this.caches.carves() {
