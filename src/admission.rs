@@ -41,7 +41,7 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 
 use crate::alloc::Block;
-use crate::held_out::HeldOut;
+use crate::held_out::{HeldOut, Holding};
 use crate::remote::Inbox;
 use crate::shard::Shard;
 use crate::size_class::SizeClass;
@@ -75,6 +75,15 @@ impl Drop for Held<'_> {
             }
         }
     }
+}
+
+/// A slot's buffers as a trim sorts them: when each became ready, and the
+/// buffer itself where the trim holds it (`None`: kept in a cache); and
+/// the hold of the slot begun when the first came out of a cache.
+#[derive(Default)]
+struct Gathered<'a> {
+    entries: Vec<(Option<Instant>, Option<Block>)>,
+    holding: Option<Holding<'a>>,
 }
 
 /// The cap and the estimate; see the module docs.
@@ -574,58 +583,99 @@ impl Admission {
         let _moving = at.caches.no_moves();
         let classes = &at.caches.classes;
         let count = classes.count();
-        let mut out = Vec::new();
-        // First the caches' ready buffers go to their shards, as a sweep
-        // moves an idle cache's (under the admission lock and with every
-        // owner locked out, as `clear` does, nothing moves meanwhile but
-        // takes and admissions); those kept stay there.
-        let mut to_shard = |block: Block| {
-            if let Err(block) = at.shards[block.device()].push(block) {
-                // The shard's class is full (2^32 buffers): released.
-                out.push(block);
-            }
-        };
-        for cache in at.caches.iter() {
-            cache.inbox().ready.take_all().for_each(&mut to_shard);
-        }
-        let mut locked = at.caches.lock_out(at.caches.iter());
-        let mut from_lists = Vec::new();
-        locked.each(|cache, lists| from_lists.extend(lists.take_ready(cache, None)));
-        drop(locked);
-        from_lists.into_iter().for_each(&mut to_shard);
         // Buffers carved from a region that drains go back to it, however
         // recently ready (see `Regions::drain_excess`).
         let draining: Vec<bool> = at.shards.iter().map(|s| s.regions().draining()).collect();
         let drains = |block: &Block| {
             draining[block.device()] && block.is_region_memory() && !block.region_listed()
         };
-        // Then each slot's, one slot at a time: a take of the slot meanwhile
-        // waits for the hold to end rather than miss (see `HeldOut`), and
-        // nothing in it calls out (no tracing) while it holds them.
-        let mut blocks = Vec::new();
-        for slot in (0..at.caches.slots()).rev() {
+        let idle = |block: &Block| block.ready_since().is_some_and(|t| t <= cutoff);
+        // The generation read per buffer (see `clear`).
+        let reserved = |block: &Block| block.is_reserved_in(self.reservations());
+        // Whether a buffer may be released (else it is kept, whatever the
+        // `keep`).
+        let may_go = |block: &Block| !reserved(block) && (idle(block) || drains(block));
+        let mut slots: Vec<Gathered<'_>> = (0..at.caches.slots())
+            .map(|_| Gathered::default())
+            .collect();
+        // The caches' ready buffers (inboxes and lists) that may go come
+        // out, under a hold of their slot (see `HeldOut`) begun while their
+        // owners are locked out, before they can look; those that stay are
+        // put back as they were, unseen by any take, and counted where
+        // they stand among their slot's kept ones. (Under the admission lock
+        // and with every owner locked out, as `clear` does, nothing moves
+        // meanwhile but takes and admissions.)
+        let mut locked = at.caches.lock_out(at.caches.iter());
+        locked.each(|cache, lists| {
+            let inbox = &cache.inbox().ready;
+            let (mut from_inbox, mut from_lists) = (Vec::new(), Vec::new());
+            if !inbox.is_empty() {
+                from_inbox.extend(inbox.take_all());
+            }
+            from_lists.extend(lists.take_ready(cache, None));
+            let mut sort = |block: Block| {
+                let slot = classes.slot(block.device(), block.class());
+                let gathered = &mut slots[slot];
+                if may_go(&block) {
+                    gathered
+                        .holding
+                        .get_or_insert_with(|| self.held_out.hold(slot));
+                    gathered.entries.push((block.ready_since(), Some(block)));
+                    None
+                } else {
+                    gathered.entries.push((block.ready_since(), None));
+                    Some(block)
+                }
+            };
+            for block in from_inbox {
+                if let Some(block) = sort(block) {
+                    inbox.push(block);
+                }
+            }
+            for block in from_lists {
+                if let Some(block) = sort(block) {
+                    lists.put_ready(cache, block);
+                }
+            }
+        });
+        drop(locked);
+        let mut out = Vec::new();
+        // Then each slot's buffers in its stack, one slot at a time: a take
+        // of the slot meanwhile waits for the hold to end rather than miss,
+        // and nothing in it calls out (no tracing) while it holds them.
+        for slot in (0..slots.len()).rev() {
             let (device, class) = (slot / count, SizeClass::at(slot % count));
             let shard = &at.shards[device];
-            if shard.len(class) == 0 {
+            let gathered = &mut slots[slot];
+            if shard.len(class) == 0 && gathered.holding.is_none() {
                 // A count that may lag a push under way: such a buffer was
                 // just made ready (the sweeps, which move buffers long
                 // ready, wait for `moving`), and would be kept.
                 continue;
             }
-            let holding = self.held_out.hold(slot);
-            blocks.extend(std::iter::from_fn(|| shard.pop(class)));
+            let holding = gathered
+                .holding
+                .take()
+                .unwrap_or_else(|| self.held_out.hold(slot));
+            let entries = &mut gathered.entries;
+            entries.extend(
+                std::iter::from_fn(|| shard.pop(class)).map(|b| (b.ready_since(), Some(b))),
+            );
             // Most recently ready last: keep those, release the longest
             // idle. Every pooled buffer went through `admit`, which noted
             // when it became ready.
-            blocks.sort_by_key(|b| b.ready_since());
+            entries.sort_by_key(|(ready, _)| *ready);
             let mut keep = keep(slot);
-            while let Some(block) = blocks.pop() {
-                let idle = block.ready_since().is_some_and(|t| t <= cutoff);
-                // The generation read per buffer (see `clear`).
-                let reserved = block.is_reserved_in(self.reservations());
-                if reserved || (!idle || keep > 0) && !drains(&block) {
+            while let Some((_, block)) = entries.pop() {
+                let Some(block) = block else {
+                    // Kept where it stands, in a cache.
+                    keep = keep.saturating_sub(1);
+                    continue;
+                };
+                if reserved(&block) || (!idle(&block) || keep > 0) && !drains(&block) {
                     keep = keep.saturating_sub(1);
                     if let Err(block) = shard.push(block) {
+                        // The shard's class is full (2^32 buffers).
                         out.push(block);
                     }
                 } else {
