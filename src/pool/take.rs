@@ -18,6 +18,10 @@ use super::Shared;
 /// their regions to carve its own (see `Shared::carve`).
 const RECLAIM_MAX: usize = 32;
 
+/// The most holds of its slot by trims (see `HeldOut`) that a take which
+/// found its slot empty waits for before it goes on to carve or miss.
+const HOLDS_WAITED: usize = 4;
+
 /// How long a take waiting for its own copies goes on while no buffer of
 /// the pool is made ready (see `Shared::wait_for_own`): long enough that
 /// a loaded machine's preemptions (a copy engine emulated on two cores
@@ -433,9 +437,16 @@ impl Shared {
             return Ok((block, Source::Stolen));
         }
         // What a trim kept of the slot is back in its stack once the hold
-        // ends. (A borrow is not tried again: a trim holding the larger
-        // classes it looked at can still make it miss.)
-        if this.admission.held_out().waited(mark) {
+        // ends; a trim that held the slot again before the take looked (a
+        // loop of `Pool::trim`) is waited for too, a few times at most.
+        // (A borrow is not tried again: a trim holding the larger classes
+        // it looked at can still make it miss.)
+        let mut mark = mark;
+        for _ in 0..HOLDS_WAITED {
+            if !this.admission.held_out().waited(mark) {
+                break;
+            }
+            mark = this.admission.held_out().mark(slot);
             if let Some(block) = this.shards[device].pop(class) {
                 cache.count_hit(block.slot(), block.footprint());
                 return Ok((block, Source::Shard));

@@ -334,7 +334,12 @@ fn a_take_racing_a_trim_finds_the_buffers_the_trim_keeps() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let trims = trimmer.join().unwrap();
     assert!(trims > 0);
-    assert_eq!(missed, 0, "takes missed while {trims} trims ran");
+    assert_eq!(
+        missed,
+        0,
+        "takes missed while {trims} trims ran: {:#?}",
+        pool.stats()
+    );
     assert_eq!(
         pool.stats().trimmed_bytes,
         0,
