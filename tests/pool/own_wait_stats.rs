@@ -128,7 +128,8 @@ fn no_wait_no_count() {
     // (A thread kept off the cores for most of the 100 ms between the two
     // takes may see waits on again: no verdict on the second then.)
     if t0 - missed < Duration::from_millis(50) {
-        assert!(took < Duration::from_millis(15), "{took:?}");
+        // A wait would last `STILL` (100 ms: the slow copy never ends).
+        assert!(took < Duration::from_millis(80), "{took:?}");
         assert_eq!(after.own_waits, mid.own_waits);
         assert_eq!(after.own_wait_time, mid.own_wait_time);
     }
