@@ -3,7 +3,9 @@
 //!
 //! A trim goes through the pooled buffers one slot (a device's class) at a
 //! time: it pops all of the slot's buffers from its shard's stack, sorts
-//! them by idle time, releases the longest idle and pushes the rest back.
+//! them by idle time (with those it took out of the threads' caches, idle
+//! ones that may go: the slot is held from when they came out), releases
+//! the longest idle and pushes the rest back.
 //! Meanwhile a take of that slot finds the stack empty. Without more, it
 //! would carve or miss (pin, or stage from pageable memory) while the trim
 //! was about to hand back the buffer it wanted, and the extra buffer would
@@ -15,10 +17,17 @@
 //! slot's number before it pops ([`HeldOut::mark`]); when the pop and its
 //! other sources came up empty, [`HeldOut::waited`] says whether a hold of
 //! the slot began or ended since, after waiting for one still running to
-//! end (that one only: a later hold does not hold it up), and the take
-//! pops again. A hold lasts as long as one slot's buffers take to sort.
+//! end (that one only, and for [`WAIT_MAX`] at most), and the take pops
+//! again. A hold lasts as long as one slot's buffers take to sort.
+
+use std::time::{Duration, Instant};
 
 use crate::sync::{fence, AtomicU64, Condvar, Mutex, Ordering};
+
+/// The longest a take waits for a hold of its slot to end (see
+/// [`HeldOut::waited`]): a hold sorts one slot's buffers, about 16 ms for
+/// 100,000 of them in a release build on two cores.
+const WAIT_MAX: Duration = Duration::from_millis(100);
 
 /// See the module docs.
 #[derive(Debug)]
@@ -88,7 +97,8 @@ impl HeldOut {
     /// Whether a hold of the mark's slot ran, or runs, since the mark: if
     /// so, after waiting for the one running now (if any) to end, so that
     /// the stack holds what it kept. `false`: no hold emptied the stack
-    /// the take found empty.
+    /// the take found empty, or the one running has run past
+    /// [`WAIT_MAX`] since the take began to wait.
     pub(crate) fn waited(&self, mark: Mark) -> bool {
         let seq = &self.seqs[mark.slot];
         // Acquire: pairs with the Release fence in `hold` through the
@@ -104,12 +114,23 @@ impl HeldOut {
             return false;
         }
         if now & 1 == 1 {
+            let started = Instant::now();
             let mut guard = self.lock.lock();
             // Acquire: as in `mark`. The end's increment comes before its
             // notification, which takes the lock: read under the lock, a
             // number still `now` means the notification is still to come.
             while seq.load(Ordering::Acquire) == now {
-                guard = self.ended.wait(guard);
+                if cfg!(pinpool_loom) {
+                    guard = self.ended.wait(guard);
+                    continue;
+                }
+                let Some(left) = WAIT_MAX.checked_sub(started.elapsed()) else {
+                    // A hold this long (a sort of a great many buffers, or
+                    // a trimming thread kept off the cores): the take goes
+                    // on as if none had held the slot.
+                    return false;
+                };
+                guard = self.ended.wait_timeout(&self.lock, guard, left);
             }
         }
         true

@@ -159,3 +159,44 @@ fn a_take_racing_a_hold_finds_what_it_kept() {
         assert_eq!(took, Some(1), "the take missed a buffer the trim kept");
     });
 }
+
+/// A trim holds the slot twice in a row (`Pool::trim` in a loop): a take
+/// woken by the first hold's end can look again only after the second
+/// emptied the stack. The take looks again under a new mark for as long
+/// as a hold overlapped its last look, a few times at most, as the
+/// pool's takes do.
+///
+/// Catches: a take that waits for the hold running at its first look
+/// only, and pops once (seen failing so: it missed).
+#[test]
+fn a_take_racing_two_holds_finds_what_they_kept() {
+    loom::model(|| {
+        let stack = Arc::new(Stack::new());
+        let held = Arc::new(HeldOut::new(1));
+        stack.push(1).unwrap();
+        let trim = {
+            let (stack, held) = (stack.clone(), held.clone());
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    let _holding = held.hold(0);
+                    let kept: Vec<u64> = std::iter::from_fn(|| stack.pop()).collect();
+                    for v in kept {
+                        stack.push(v).unwrap();
+                    }
+                }
+            })
+        };
+        let mut mark = held.mark(0);
+        let mut took = stack.pop();
+        // The pool's `HOLDS_WAITED`.
+        for _ in 0..4 {
+            if took.is_some() || !held.waited(mark) {
+                break;
+            }
+            mark = held.mark(0);
+            took = stack.pop();
+        }
+        trim.join().unwrap();
+        assert_eq!(took, Some(1), "the take missed a buffer the trim kept");
+    });
+}
