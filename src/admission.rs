@@ -568,7 +568,8 @@ impl Admission {
 
     /// Takes out, for the caller to release, pooled buffers that became
     /// ready at or before `cutoff` (a forced trim passes now: every one),
-    /// largest class first, except reserved ones and
+    /// in descending slot order (the last device's largest class first),
+    /// except reserved ones and
     /// the `keep(slot)` most recent of each slot, and counts them in
     /// `trimmed_bytes`; buffers carved from a region that drains go
     /// however recently ready (reserved ones excepted).
@@ -599,51 +600,68 @@ impl Admission {
             .map(|_| Gathered::default())
             .collect();
         // The caches' ready buffers (inboxes and lists) that may go come
-        // out, under a hold of their slot (see `HeldOut`) begun while their
-        // owners are locked out, before they can look; those that stay are
-        // put back as they were, unseen by any take, and counted where
-        // they stand among their slot's kept ones. (Under the admission lock
-        // and with every owner locked out, as `clear` does, nothing moves
-        // meanwhile but takes and admissions.)
+        // out, their slot held (see `HeldOut`) from before the first leaves
+        // and while their owners are locked out, before any take can look;
+        // those that stay are counted where they stand among their slot's
+        // kept ones. Those in the lists stay put (a steal reads a list's
+        // counts without locking its owner out: they never drop for a
+        // buffer that stays, nor before its slot is held for one that
+        // goes); those in an inbox, which only takes inside their own
+        // windows look at, are taken and pushed back. (Under the admission
+        // lock and with every owner locked out, as `clear` does, nothing
+        // moves meanwhile but takes and admissions.)
         let mut locked = at.caches.lock_out(at.caches.iter());
         locked.each(|cache, lists| {
-            let inbox = &cache.inbox().ready;
-            let (mut from_inbox, mut from_lists) = (Vec::new(), Vec::new());
-            if !inbox.is_empty() {
-                from_inbox.extend(inbox.take_all());
-            }
-            from_lists.extend(lists.take_ready(cache, None));
-            let mut sort = |block: Block| {
+            // Whether `block` goes: if so, its slot is held from now on.
+            let mut pick = |block: &Block| {
                 let slot = classes.slot(block.device(), block.class());
                 let gathered = &mut slots[slot];
-                if may_go(&block) {
+                let goes = may_go(block);
+                if goes {
                     gathered
                         .holding
                         .get_or_insert_with(|| self.held_out.hold(slot));
-                    gathered.entries.push((block.ready_since(), Some(block)));
-                    None
                 } else {
                     gathered.entries.push((block.ready_since(), None));
-                    Some(block)
                 }
+                goes
             };
-            for block in from_inbox {
-                if let Some(block) = sort(block) {
-                    inbox.push(block);
+            let inbox = &cache.inbox().ready;
+            let mut going = Vec::new();
+            if !inbox.is_empty() {
+                for block in inbox.take_all().collect::<Vec<_>>() {
+                    if pick(&block) {
+                        going.push(block);
+                    } else {
+                        inbox.push(block);
+                    }
                 }
             }
-            for block in from_lists {
-                if let Some(block) = sort(block) {
-                    lists.put_ready(cache, block);
-                }
+            going.extend(lists.take_ready_picked(cache, &mut pick));
+            for block in going {
+                let slot = classes.slot(block.device(), block.class());
+                slots[slot].entries.push((block.ready_since(), Some(block)));
             }
         });
         drop(locked);
-        let mut out = Vec::new();
         // Then each slot's buffers in its stack, one slot at a time: a take
         // of the slot meanwhile waits for the hold to end rather than miss,
-        // and nothing in it calls out (no tracing) while it holds them.
-        for slot in (0..slots.len()).rev() {
+        // and nothing in it calls out (no tracing) while it holds them. The
+        // slots held already go first (their takes have waited since the
+        // lock-out); what goes is handed out in descending slot order, as
+        // before.
+        let mut going: Vec<Vec<Block>> = (0..slots.len()).map(|_| Vec::new()).collect();
+        let held_first = (0..slots.len())
+            .rev()
+            .filter(|&slot| slots[slot].holding.is_some());
+        let order: Vec<usize> = held_first
+            .chain(
+                (0..slots.len())
+                    .rev()
+                    .filter(|&slot| slots[slot].holding.is_none()),
+            )
+            .collect();
+        for slot in order {
             let (device, class) = (slot / count, SizeClass::at(slot % count));
             let shard = &at.shards[device];
             let gathered = &mut slots[slot];
@@ -666,6 +684,7 @@ impl Admission {
             // when it became ready.
             entries.sort_by_key(|(ready, _)| *ready);
             let mut keep = keep(slot);
+            let out = &mut going[slot];
             while let Some((_, block)) = entries.pop() {
                 let Some(block) = block else {
                     // Kept where it stands, in a cache.
@@ -684,6 +703,7 @@ impl Admission {
             }
             drop(holding);
         }
+        let out: Vec<Block> = going.into_iter().rev().flatten().collect();
         let bytes: usize = out.iter().map(Block::footprint).sum();
         self.estimate.fetch_sub(bytes, Ordering::Relaxed);
         // Counted before a snapshot can look again: one that sees the

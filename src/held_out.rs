@@ -18,7 +18,9 @@
 //! other sources came up empty, [`HeldOut::waited`] says whether a hold of
 //! the slot began or ended since, after waiting for one still running to
 //! end (that one only, and for [`WAIT_MAX`] at most), and the take pops
-//! again. A hold lasts as long as one slot's buffers take to sort.
+//! again. A hold lasts as long as one slot's buffers take to sort (for a
+//! slot whose buffers the trim took out of the threads' caches: from then,
+//! through the rest of the lock-out, to its sort, which comes first).
 
 use std::time::{Duration, Instant};
 
@@ -65,11 +67,12 @@ impl HeldOut {
     }
 
     /// Begins a hold of `slot`: to be called before the first of its
-    /// buffers is popped from its stack, and the result kept until the last
-    /// one kept is pushed back, with nothing between that could take from
-    /// the pool (a call into a tracing subscriber, say): a take of the slot
-    /// on the holding thread would wait for its own hold. The caller runs
-    /// one hold at a time.
+    /// buffers leaves where takes look (its stack, or a cache's lists while
+    /// the owner is locked out), and the result kept until the last one kept
+    /// is pushed back, with nothing between that could take from the pool
+    /// (a call into a tracing subscriber, say): a take of the slot on the
+    /// holding thread would wait for its own hold. Holds of several slots
+    /// may run at once (one trim's), never two of one slot.
     pub(crate) fn hold(&self, slot: usize) -> Holding<'_> {
         // Relaxed: the fence below orders it before the pops that follow.
         self.seqs[slot].fetch_add(1, Ordering::Relaxed);
@@ -78,8 +81,12 @@ impl HeldOut {
         // pops leave, or one of the later writes in its release sequence:
         // every write to a head is a compare-exchange) finds the stack
         // emptied by this hold; pairs with that load, or the Acquire fence
-        // in `waited`. Without it the take could see the empty stack and
-        // the number from before the hold, and miss.
+        // in `waited` after a Relaxed read of the hold's work, such as a
+        // steal's read of a list's ready count that a buffer taken out of a
+        // locked-out cache lowered. An owner whose lists lost a buffer sees
+        // the number through the lock-out's end (its Acquire of the request
+        // word, or the cache's lock). Without it the take could see the
+        // empty stack and the number from before the hold, and miss.
         fence(Ordering::Release);
         Holding { held: self, slot }
     }

@@ -1076,6 +1076,24 @@ impl Lists {
         out
     }
 
+    /// Takes the ready buffers of a locked-out cache that `pick` picks,
+    /// leaving the rest where they are: `pick` sees each buffer before it
+    /// leaves (before its slot's ready count drops).
+    pub(crate) fn take_ready_picked(
+        &mut self,
+        cache: &ThreadCache,
+        mut pick: impl FnMut(&Block) -> bool,
+    ) -> Vec<Block> {
+        let mut out = Vec::new();
+        for (_, slot) in self.slots() {
+            for block in slot.ready.extract_if(.., |block| pick(block)) {
+                cache.unready(block.slot(), &block);
+                out.push(block);
+            }
+        }
+        out
+    }
+
     /// Puts a ready buffer back into a locked-out cache's lists.
     pub(crate) fn put_ready(&mut self, cache: &ThreadCache, block: Block) {
         let slot = block.slot();
