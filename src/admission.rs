@@ -606,8 +606,12 @@ impl Admission {
         // kept ones. Those in the lists stay put (a steal reads a list's
         // counts without locking its owner out: they never drop for a
         // buffer that stays, nor before its slot is held for one that
-        // goes); those in an inbox, which only takes inside their own
-        // windows look at, are taken and pushed back. (Under the admission
+        // goes); those in an inbox are taken and pushed back: takes reach
+        // an inbox's buffers only inside their own windows, which the
+        // lock-out keeps them out of (a steal's Relaxed look at a cache's
+        // counts, which add in its inbox's, may see them low meanwhile;
+        // but a steal takes from the lists only, whose own count holds).
+        // (Under the admission
         // lock and with every owner locked out, as `clear` does, nothing
         // moves meanwhile but takes and admissions.)
         let mut locked = at.caches.lock_out(at.caches.iter());
