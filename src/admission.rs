@@ -611,9 +611,8 @@ impl Admission {
         // lock-out keeps them out of (a steal's Relaxed look at a cache's
         // counts, which add in its inbox's, may see them low meanwhile;
         // but a steal takes from the lists only, whose own count holds).
-        // (Under the admission
-        // lock and with every owner locked out, as `clear` does, nothing
-        // moves meanwhile but takes and admissions.)
+        // (Under the admission lock and with every owner locked out, as
+        // `clear` does, nothing moves meanwhile but takes and admissions.)
         let mut locked = at.caches.lock_out(at.caches.iter());
         locked.each(|cache, lists| {
             // Whether `block` goes: if so, its slot is held from now on.
@@ -655,16 +654,9 @@ impl Admission {
         // lock-out); what goes is handed out in descending slot order, as
         // before.
         let mut going: Vec<Vec<Block>> = (0..slots.len()).map(|_| Vec::new()).collect();
-        let held_first = (0..slots.len())
-            .rev()
-            .filter(|&slot| slots[slot].holding.is_some());
-        let order: Vec<usize> = held_first
-            .chain(
-                (0..slots.len())
-                    .rev()
-                    .filter(|&slot| slots[slot].holding.is_none()),
-            )
-            .collect();
+        let mut order: Vec<usize> = (0..slots.len()).rev().collect();
+        // Stable: descending within the held and within the others.
+        order.sort_by_key(|&slot| slots[slot].holding.is_none());
         for slot in order {
             let (device, class) = (slot / count, SizeClass::at(slot % count));
             let shard = &at.shards[device];
@@ -747,7 +739,7 @@ impl Admission {
             out.extend(cache.inbox().ready.take_all());
         }
         let mut locked = at.caches.lock_out(at.caches.iter());
-        locked.each(|cache, lists| out.extend(lists.take_ready(cache, None)));
+        locked.each(|cache, lists| out.extend(lists.take_ready(cache)));
         // As in `evict_class`: what a sweep moved to a shard meanwhile.
         for shard in at.shards {
             out.extend(shard.drain());

@@ -111,49 +111,69 @@ fn returns_hand_out_each_value_once() {
     });
 }
 
+/// A trim's holds of slot 0, `holds` times in a row: each pops every value
+/// of `stack` and pushes them back, as a trim pushes back what it keeps.
+fn spawn_trim(stack: &Arc<Stack>, held: &Arc<HeldOut>, holds: usize) -> thread::JoinHandle<()> {
+    let (stack, held) = (stack.clone(), held.clone());
+    thread::spawn(move || {
+        for _ in 0..holds {
+            let _holding = held.hold(0);
+            let kept: Vec<u64> = std::iter::from_fn(|| stack.pop()).collect();
+            for v in kept {
+                stack.push(v).unwrap();
+            }
+        }
+    })
+}
+
+/// A take of slot 0 as the pool's takes do it: a mark, a pop, and while it
+/// found nothing and a hold overlapped its last look, a wait for the hold
+/// and a pop under a new mark, four times at most (`HOLDS_WAITED`).
+fn take(stack: &Stack, held: &HeldOut) -> Option<u64> {
+    let mut mark = held.mark(0);
+    let mut took = stack.pop();
+    for _ in 0..4 {
+        if took.is_some() || !held.waited(mark) {
+            break;
+        }
+        mark = held.mark(0);
+        took = stack.pop();
+    }
+    took
+}
+
 /// A trim holds a slot's buffers out of its stack (pops them all, pushes
 /// back those it keeps) while a take of the slot looks at the stack; the
 /// take, finding it empty, asks whether a hold overlapped its look and
 /// pops again. A hold of another slot runs beside them (the pool runs one
-/// at a time; `HeldOut` does not rely on it), whose end wakes the take's
-/// wait, if any, for nothing.
+/// trim at a time; `HeldOut` does not rely on it), whose end wakes the
+/// take's wait, if any, for nothing.
 ///
 /// Catches: a take that finds the stack the hold emptied and reads the
 /// sequence number from before the hold (the Release fence in
-/// `HeldOut::hold` left out: seen failing so); one that reads the number
-/// the hold's end left and the head from before the push-back (the end's
-/// increment, the mark's load or `waited`'s load Relaxed: each seen
-/// failing so); one that pops
-/// again without waiting for the hold to end (seen failing so); a wait
-/// whose wake-up is lost (the end's notification sent without taking the
-/// lock: loom reports the deadlock). Each miss is a buffer the trim kept.
-/// (The Acquire fence in `waited` is for looks that read Relaxed; this
-/// take's look is the stack's Acquire load, so the model passes without
-/// the fence.)
+/// `HeldOut::hold` left out); one that reads the number the hold's end
+/// left and the head from before the push-back (the end's increment or
+/// the mark's load Relaxed; `waited`'s own Acquire load is not needed by a
+/// take that marks again before it pops, and the model passes without it);
+/// one that pops again without
+/// waiting for the hold to end; a wait whose wake-up is lost (the end's
+/// notification sent without taking the lock: loom reports the deadlock).
+/// Each seen failing so; each miss is a buffer the trim kept. (The
+/// Acquire fence in `waited` is for looks that read Relaxed; this take's
+/// look is the stack's Acquire load, so the model passes without the
+/// fence.)
 #[test]
 fn a_take_racing_a_hold_finds_what_it_kept() {
     loom::model(|| {
         let stack = Arc::new(Stack::new());
         let held = Arc::new(HeldOut::new(2));
         stack.push(1).unwrap();
-        let trim = {
-            let (stack, held) = (stack.clone(), held.clone());
-            thread::spawn(move || {
-                let _holding = held.hold(0);
-                let kept: Vec<u64> = std::iter::from_fn(|| stack.pop()).collect();
-                for v in kept {
-                    stack.push(v).unwrap();
-                }
-            })
-        };
+        let trim = spawn_trim(&stack, &held, 1);
         let other = {
             let held = held.clone();
             thread::spawn(move || drop(held.hold(1)))
         };
-        let mark = held.mark(0);
-        let took = stack
-            .pop()
-            .or_else(|| held.waited(mark).then(|| stack.pop()).flatten());
+        let took = take(&stack, &held);
         trim.join().unwrap();
         other.join().unwrap();
         assert_eq!(took, Some(1), "the take missed a buffer the trim kept");
@@ -174,28 +194,8 @@ fn a_take_racing_two_holds_finds_what_they_kept() {
         let stack = Arc::new(Stack::new());
         let held = Arc::new(HeldOut::new(1));
         stack.push(1).unwrap();
-        let trim = {
-            let (stack, held) = (stack.clone(), held.clone());
-            thread::spawn(move || {
-                for _ in 0..2 {
-                    let _holding = held.hold(0);
-                    let kept: Vec<u64> = std::iter::from_fn(|| stack.pop()).collect();
-                    for v in kept {
-                        stack.push(v).unwrap();
-                    }
-                }
-            })
-        };
-        let mut mark = held.mark(0);
-        let mut took = stack.pop();
-        // The pool's `HOLDS_WAITED`.
-        for _ in 0..4 {
-            if took.is_some() || !held.waited(mark) {
-                break;
-            }
-            mark = held.mark(0);
-            took = stack.pop();
-        }
+        let trim = spawn_trim(&stack, &held, 2);
+        let took = take(&stack, &held);
         trim.join().unwrap();
         assert_eq!(took, Some(1), "the take missed a buffer the trim kept");
     });

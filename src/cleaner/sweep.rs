@@ -75,7 +75,7 @@ impl Cleaner {
                 // last took (its inbox) too: other threads' takes look in
                 // an inbox only for their own class.
                 let inbox = cache.inbox().ready.take_all();
-                for block in lists.take_ready(cache, None).into_iter().chain(inbox) {
+                for block in lists.take_ready(cache).into_iter().chain(inbox) {
                     moved += 1;
                     if let Err(block) = at.shards[block.device()].push(block) {
                         // The shard's class is full (2^32 buffers): keep it.

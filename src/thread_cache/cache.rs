@@ -1058,22 +1058,9 @@ impl Lists {
         Some(block)
     }
 
-    /// Takes every ready buffer of a locked-out cache, or only those of
-    /// class index `class`.
-    pub(crate) fn take_ready(&mut self, cache: &ThreadCache, class: Option<usize>) -> Vec<Block> {
-        let classes = &cache.caches().classes;
-        let mut out = Vec::new();
-        let count = classes.count();
-        for (i, slot) in self.slots() {
-            if class.is_some_and(|want| want != i % count) {
-                continue;
-            }
-            for block in slot.ready.drain(..) {
-                cache.unready(block.slot(), &block);
-                out.push(block);
-            }
-        }
-        out
+    /// Takes every ready buffer of a locked-out cache.
+    pub(crate) fn take_ready(&mut self, cache: &ThreadCache) -> Vec<Block> {
+        self.take_ready_picked(cache, |_| true)
     }
 
     /// Takes the ready buffers of a locked-out cache that `pick` picks,

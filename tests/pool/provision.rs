@@ -19,6 +19,15 @@ fn pool(idle_trim: Option<Duration>) -> Pool {
     .unwrap()
 }
 
+/// A pool on the host backend that pins nothing ahead of demand.
+fn unprovisioned() -> Pool {
+    Pool::builder()
+        .backend(BackendKind::Host)
+        .provision(false)
+        .build()
+        .unwrap()
+}
+
 /// Waits up to `limit` for `done`.
 fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -132,11 +141,7 @@ fn idle_buffers_are_trimmed_but_reserved_ones_stay() {
 
 #[test]
 fn trim_now_frees_idle_buffers() {
-    let pool = Pool::builder()
-        .backend(BackendKind::Host)
-        .provision(false)
-        .build()
-        .unwrap();
+    let pool = unprovisioned();
     drop(pool.take(1 << 20));
     pool.flush();
     pool.trim();
@@ -164,11 +169,7 @@ fn provisioning_restores_what_recent_demand_needed() {
 
 #[test]
 fn provisioning_off_leaves_evicted_classes_empty() {
-    let pool = Pool::builder()
-        .backend(BackendKind::Host)
-        .provision(false)
-        .build()
-        .unwrap();
+    let pool = unprovisioned();
     let bufs: Vec<_> = (0..3).map(|_| pool.take(1 << 20)).collect();
     std::thread::sleep(Duration::from_millis(200));
     drop(bufs);
@@ -295,20 +296,15 @@ fn a_pool_trimmed_to_nothing_after_its_workload_pins_nothing_more() {
     assert_eq!(stats.pinned_bytes, 0, "{stats:#?}");
 }
 
-/// A take that runs while a trim holds the pooled buffers (it gathers them
-/// all, sorts them by idle time and puts back those it keeps) finds the
-/// ones it keeps: it waits for the trim to put them back rather than miss.
+/// A take that runs while a trim holds its class's pooled buffers (it
+/// takes them out, sorts them by idle time and puts back those it keeps)
+/// finds the ones it keeps: it waits for the trim to put them back rather
+/// than miss.
 /// (Before, it found the class empty and missed: here, the takes of
 /// reserved buffers, which every trim keeps, beside a thread trimming.)
 #[test]
 fn a_take_racing_a_trim_finds_the_buffers_the_trim_keeps() {
-    let pool = std::sync::Arc::new(
-        Pool::builder()
-            .backend(BackendKind::Host)
-            .provision(false)
-            .build()
-            .unwrap(),
-    );
+    let pool = std::sync::Arc::new(unprovisioned());
     const RESERVED: usize = 512;
     pool.reserve(0, &[(64 << 10, RESERVED)]).unwrap();
     pool.flush();
@@ -367,13 +363,7 @@ fn a_subscriber_that_takes_as_the_trim_reports_gets_its_buffer() {
             }
         }
     }
-    let pool = std::sync::Arc::new(
-        Pool::builder()
-            .backend(BackendKind::Host)
-            .provision(false)
-            .build()
-            .unwrap(),
-    );
+    let pool = std::sync::Arc::new(unprovisioned());
     drop(pool.take(1 << 20));
     pool.flush();
     let (done, finished) = std::sync::mpsc::channel();
