@@ -1,5 +1,6 @@
 //! Take + drop of a ready buffer (a thread-cache hit) at 1-16 threads:
-//! pinpool against the seed design and a fresh allocation per take, with
+//! pinpool against the seed design, a fresh allocation per take and the
+//! floor (`thread_local`: each thread's own list of buffers), with
 //! take and drop latency on one thread, and buffers taken on one thread
 //! and dropped on another.
 //!
@@ -13,6 +14,7 @@
 //! backend unless `PINPOOL_BENCH_BACKEND=cuda` is set (the seed design then
 //! registers its buffers too).
 
+use std::cell::RefCell;
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -44,20 +46,26 @@ fn pool() -> Pool {
 /// Threads that live for a whole benchmark, as provers' threads do (a
 /// thread's first takes, which set up its cache, are not what is measured).
 /// Each run makes every thread do `iters` operations from a common start;
-/// it returns the slowest thread's time.
+/// it returns the slowest thread's time. Dropped, a crew of several
+/// threads prints each thread's own time per operation over all its runs
+/// (fastest, median, slowest): where threads run at different speeds (CPUs
+/// that share a core with a busy sibling), the slowest sets the figure.
 struct Crew {
+    name: String,
     commands: Vec<std::sync::mpsc::Sender<u64>>,
-    done: std::sync::mpsc::Receiver<Duration>,
+    done: std::sync::mpsc::Receiver<(usize, Duration)>,
     handles: Vec<std::thread::JoinHandle<()>>,
+    /// Each thread's time and operations over all runs.
+    totals: Vec<(Duration, u64)>,
 }
 
 impl Crew {
-    fn new(threads: usize, op: Arc<dyn Fn() + Send + Sync>) -> Self {
+    fn new(name: String, threads: usize, op: Arc<dyn Fn() + Send + Sync>) -> Self {
         let start = Arc::new(Barrier::new(threads));
         let (done_tx, done) = std::sync::mpsc::channel();
         let mut commands = Vec::new();
         let handles = (0..threads)
-            .map(|_| {
+            .map(|t| {
                 let (tx, rx) = std::sync::mpsc::channel::<u64>();
                 commands.push(tx);
                 let (op, start, done) = (op.clone(), start.clone(), done_tx.clone());
@@ -68,31 +76,53 @@ impl Crew {
                         for _ in 0..iters {
                             op();
                         }
-                        let _ = done.send(t0.elapsed());
+                        let _ = done.send((t, t0.elapsed()));
                     }
                 })
             })
             .collect();
         Self {
+            name,
             commands,
             done,
             handles,
+            totals: vec![(Duration::ZERO, 0); threads],
         }
     }
 
-    fn run(&self, iters: u64) -> Duration {
+    fn run(&mut self, iters: u64) -> Duration {
         for tx in &self.commands {
             tx.send(iters).unwrap();
         }
-        (0..self.commands.len())
-            .map(|_| self.done.recv().unwrap())
-            .max()
-            .unwrap()
+        let mut slowest = Duration::ZERO;
+        for _ in 0..self.commands.len() {
+            let (t, took) = self.done.recv().unwrap();
+            self.totals[t].0 += took;
+            self.totals[t].1 += iters;
+            slowest = slowest.max(took);
+        }
+        slowest
     }
 }
 
 impl Drop for Crew {
     fn drop(&mut self) {
+        let mut each: Vec<f64> = self
+            .totals
+            .iter()
+            .filter(|(_, ops)| *ops > 0)
+            .map(|(took, ops)| took.as_nanos() as f64 / *ops as f64)
+            .collect();
+        if each.len() > 1 {
+            each.sort_by(f64::total_cmp);
+            eprintln!(
+                "{}: each thread's ns per op: fastest {:.2}, median {:.2}, slowest {:.2}",
+                self.name,
+                each[0],
+                each[each.len() / 2],
+                each[each.len() - 1]
+            );
+        }
         self.commands.clear();
         for handle in self.handles.drain(..) {
             let _ = handle.join();
@@ -117,7 +147,8 @@ fn take_drop_sized(c: &mut Criterion, size: usize, label: &str, thread_counts: &
     for &threads in thread_counts {
         group.throughput(Throughput::Elements(threads as u64));
         let pool = pinpool.clone();
-        let crew = Crew::new(
+        let mut crew = Crew::new(
+            format!("{label}/pinpool/{threads}"),
             threads,
             Arc::new(move || {
                 let mut buf = pool.take(size);
@@ -131,7 +162,8 @@ fn take_drop_sized(c: &mut Criterion, size: usize, label: &str, thread_counts: &
         });
         drop(crew);
         let seed_pool = seed.clone();
-        let crew = Crew::new(
+        let mut crew = Crew::new(
+            format!("{label}/seed/{threads}"),
             threads,
             Arc::new(move || {
                 let mut buf = seed_pool.take(0, size);
@@ -144,7 +176,8 @@ fn take_drop_sized(c: &mut Criterion, size: usize, label: &str, thread_counts: &
             b.iter_custom(|iters| crew.run(iters))
         });
         drop(crew);
-        let crew = Crew::new(
+        let mut crew = Crew::new(
+            format!("{label}/fresh_alloc/{threads}"),
             threads,
             Arc::new(move || {
                 let mut buf = vec![0u8; size];
@@ -154,6 +187,33 @@ fn take_drop_sized(c: &mut Criterion, size: usize, label: &str, thread_counts: &
         );
         group.bench_with_input(
             BenchmarkId::new("fresh_alloc", threads),
+            &threads,
+            |b, _| b.iter_custom(|iters| crew.run(iters)),
+        );
+        drop(crew);
+        // The floor: each thread's own list of buffers, no pool (what the
+        // host's CPUs give a loop that shares nothing).
+        let mut crew = Crew::new(
+            format!("{label}/thread_local/{threads}"),
+            threads,
+            Arc::new(move || {
+                thread_local! {
+                    static OWN: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
+                }
+                OWN.with(|own| {
+                    let mut own = own.borrow_mut();
+                    let mut buf = own
+                        .pop()
+                        .unwrap_or_else(|| vec![0u8; size].into_boxed_slice());
+                    buf[..64].fill(1);
+                    black_box(&mut buf);
+                    buf[..64].fill(0);
+                    own.push(buf);
+                })
+            }),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("thread_local", threads),
             &threads,
             |b, _| b.iter_custom(|iters| crew.run(iters)),
         );

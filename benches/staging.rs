@@ -24,7 +24,9 @@
 //!
 //! Millions of operations per second over all threads, the median of
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
-//! 0.5) seconds each. The four single-thread-per-stream loops run in turn,
+//! 0.5) seconds each; `PINPOOL_BENCH_SIZES` (e.g. `4KiB`, default both)
+//! picks the buffer sizes; `PINPOOL_BENCH_PIN=1` binds each loop's thread
+//! `t` to CPU `t` (see `pin_to_cpu`). The four single-thread-per-stream loops run in turn,
 //! one run of each, each round starting from the next loop, and the ratios
 //! of each round are printed too (a loop against its baseline seconds
 //! apart). With `PINPOOL_BENCH_PHASES=1`, the four loops time each phase
@@ -52,9 +54,32 @@ fn env_f64(key: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-/// Runs `body(thread, stop)` on `threads` threads for `secs`; returns the
-/// operations per second over all threads.
+/// Whether `PINPOOL_BENCH_PIN=1`: each loop thread runs on one CPU only.
+fn pinned() -> bool {
+    std::env::var("PINPOOL_BENCH_PIN").is_ok_and(|v| v == "1")
+}
+
+/// Binds the calling thread to CPU `t` modulo the CPUs online, so that
+/// every loop's thread `t` runs on the same CPU and a loop and its
+/// baseline are compared on one CPU, not on whichever the scheduler
+/// picked for each run (on a host whose CPUs differ in speed, a sibling of
+/// a busy hyperthread runs a loop at half speed).
+fn pin_to_cpu(t: usize) {
+    // SAFETY: `sysconf` and `sched_setaffinity` on the calling thread, with
+    // a zeroed set of the type's own size; a failure leaves it unbound.
+    unsafe {
+        let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1) as usize;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(t % cpus, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Runs `body(thread, stop)` on `threads` threads for `secs` (each bound to
+/// a CPU of its own with `PINPOOL_BENCH_PIN=1`); returns the operations per
+/// second over all threads.
 fn run(threads: usize, secs: f64, body: impl Fn(usize, &AtomicBool) -> u64 + Sync) -> f64 {
+    let pin = pinned();
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
     let (ops, elapsed) = std::thread::scope(|scope| {
@@ -62,6 +87,9 @@ fn run(threads: usize, secs: f64, body: impl Fn(usize, &AtomicBool) -> u64 + Syn
             .map(|t| {
                 let (body, stop, start) = (&body, &stop, &start);
                 scope.spawn(move || {
+                    if pin {
+                        pin_to_cpu(t);
+                    }
                     start.wait();
                     body(t, stop)
                 })
@@ -517,10 +545,19 @@ fn main() {
         pool
     };
     println!(
-        "staging: {}, median of {reps} runs of {secs} s; M ops/s over all threads",
-        ctx.name().unwrap_or_default()
+        "staging: {}, median of {reps} runs of {secs} s; M ops/s over all threads{}",
+        ctx.name().unwrap_or_default(),
+        if pinned() {
+            "; loop thread t on CPU t"
+        } else {
+            ""
+        }
     );
+    let sizes = std::env::var("PINPOOL_BENCH_SIZES").unwrap_or_default();
     for (size, label) in SIZES {
+        if !sizes.is_empty() && !sizes.split(',').any(|s| s.trim() == label) {
+            continue;
+        }
         println!("\n{label}: threads | pinpool-cudarc | pinpool-raw | hand-written | hand-cudarc | cross-thread | cudarc/hand | raw/hand | cudarc/hand-cudarc");
         let mut tight = Vec::new();
         for threads in THREADS {
@@ -562,13 +599,16 @@ fn main() {
             }
             pool.flush();
             tight.push((threads, warm, pool.stats()));
+            // Each round's ratio (a loop against its baseline run seconds
+            // apart), and their median.
             let per_run = |a: usize, b: usize| {
-                runs[a]
+                let ratios: Vec<f64> = runs[a].iter().zip(&runs[b]).map(|(x, y)| x / y).collect();
+                let each = ratios
                     .iter()
-                    .zip(&runs[b])
-                    .map(|(x, y)| format!("{:.3}", x / y))
+                    .map(|r| format!("{r:.3}"))
                     .collect::<Vec<_>>()
-                    .join(" ")
+                    .join(" ");
+                format!("{each} (median {:.3})", median(ratios))
             };
             let (raw_runs, cudarc_runs) = (per_run(1, 2), per_run(0, 3));
             let [cudarc_path, raw, hand, hand_cu] = runs.map(median);
