@@ -22,6 +22,10 @@ const RECLAIM_MAX: usize = 32;
 /// found its slot empty waits for before it goes on to carve or miss.
 const HOLDS_WAITED: usize = 4;
 
+/// The shortest pause between two polls of a take's wait for its own
+/// copy (see `Shared::wait_briefly` and `Shared::wait_for_own`).
+const WAIT_POLL_MIN: Duration = Duration::from_micros(2);
+
 /// How long a take waiting for its own copies goes on while no buffer of
 /// the pool is made ready (see `Shared::wait_for_own`): long enough that
 /// a loaded machine's preemptions (a copy engine emulated on two cores
@@ -230,7 +234,6 @@ impl Shared {
         let start = counted.start;
         let (mut seen, mut moved) = (ready(), start);
         let (mut looked, mut stolen) = (start, start);
-        let mut pause = 64u32;
         let mut polls = 4;
         let mut noted = false;
         loop {
@@ -267,14 +270,17 @@ impl Shared {
                 cache.no_waits_for(self.now_us() + (now - start).as_micros() as u64);
                 return None;
             }
-            // Spinning with growing pauses for the first millisecond, then
-            // sleeping between polls: a thread that waits long leaves the
-            // cores to the cleaner and the driver.
+            // Spinning with growing pauses for the first millisecond (a
+            // quarter of the time waited so far, as in `wait_briefly`),
+            // then sleeping between polls: a thread that waits long leaves
+            // the cores to the cleaner and the driver.
             if now - start < Duration::from_millis(1) {
-                for _ in 0..pause {
-                    std::hint::spin_loop();
+                let next = now + ((now - start) / 4).max(WAIT_POLL_MIN);
+                while Instant::now() < next {
+                    for _ in 0..16 {
+                        std::hint::spin_loop();
+                    }
                 }
-                pause = (pause * 2).min(4096);
                 continue;
             }
             if now - looked >= Duration::from_millis(1) {
@@ -331,23 +337,29 @@ impl Shared {
         self.epoch.elapsed().as_micros() as u64
     }
 
-    /// Polls `block`'s fences with growing pauses (so that many threads do
-    /// not hammer the driver), for at most [`SELF_WAIT`]; how long it
-    /// waited.
+    /// Polls `block`'s fences with growing pauses, for at most
+    /// [`SELF_WAIT`]; how long it waited. The pause before each poll is a
+    /// quarter of the time waited so far (at least [`WAIT_POLL_MIN`]), so
+    /// the take sees its copy end at most a quarter late (a copy queued
+    /// behind a few dozen others on a shared copy engine ends within tens
+    /// of microseconds, and a doubling pause saw it up to twice as late),
+    /// and a long wait polls a few dozen times, not thousands: many
+    /// threads waiting do not hammer the driver.
     ///
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[cold]
     fn wait_briefly(block: &mut Block) -> Duration {
         let start = Instant::now();
         let deadline = start + Tune::SELF_WAIT;
-        let mut pause = 64u32;
         let mut now = start;
         while now < deadline {
-            for _ in 0..pause {
-                std::hint::spin_loop();
+            let next = (now + ((now - start) / 4).max(WAIT_POLL_MIN)).min(deadline);
+            while now < next {
+                for _ in 0..16 {
+                    std::hint::spin_loop();
+                }
+                now = Instant::now();
             }
-            pause = (pause * 2).min(4096);
-            now = Instant::now();
             if !matches!(block.fences_mut().poll(), Ok(false)) {
                 break;
             }
