@@ -115,12 +115,13 @@ impl Drop for Crew {
             .collect();
         if each.len() > 1 {
             each.sort_by(f64::total_cmp);
+            let n = each.len();
+            let median = (each[(n - 1) / 2] + each[n / 2]) / 2.0;
             eprintln!(
-                "{}: each thread's ns per op: fastest {:.2}, median {:.2}, slowest {:.2}",
+                "{}: each thread's ns per op: fastest {:.2}, median {median:.2}, slowest {:.2}",
                 self.name,
                 each[0],
-                each[each.len() / 2],
-                each[each.len() - 1]
+                each[n - 1]
             );
         }
         self.commands.clear();

@@ -26,7 +26,7 @@
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
 //! 0.5) seconds each; `PINPOOL_BENCH_SIZES` (e.g. `4KiB`, default both)
 //! picks the buffer sizes; `PINPOOL_BENCH_PIN=1` binds each loop's thread
-//! `t` to CPU `t` (see `pin_to_cpu`). The four single-thread-per-stream loops run in turn,
+//! `t` to the `t`-th CPU the process may run on (see `pin_to_cpu`). The four single-thread-per-stream loops run in turn,
 //! one run of each, each round starting from the next loop, and the ratios
 //! of each round are printed too (a loop against its baseline seconds
 //! apart). With `PINPOOL_BENCH_PHASES=1`, the four loops time each phase
@@ -59,25 +59,40 @@ fn pinned() -> bool {
     std::env::var("PINPOOL_BENCH_PIN").is_ok_and(|v| v == "1")
 }
 
-/// Binds the calling thread to CPU `t` modulo the CPUs online, so that
-/// every loop's thread `t` runs on the same CPU and a loop and its
-/// baseline are compared on one CPU, not on whichever the scheduler
-/// picked for each run (on a host whose CPUs differ in speed, a sibling of
-/// a busy hyperthread runs a loop at half speed).
+/// Binds the calling thread to the `t`-th CPU (modulo their number) of
+/// those the process may run on, so that every loop's thread `t` runs on
+/// the same CPU and a loop and its baseline are compared on one CPU, not
+/// on whichever the scheduler picked for each run (on a host whose CPUs
+/// differ in speed, a sibling of a busy hyperthread runs a loop at half
+/// speed). Panics if the binding fails: a run labelled bound must be.
 fn pin_to_cpu(t: usize) {
-    // SAFETY: `sysconf` and `sched_setaffinity` on the calling thread, with
-    // a zeroed set of the type's own size; a failure leaves it unbound.
+    // SAFETY: `sched_getaffinity` and `sched_setaffinity` on the calling
+    // thread (pid 0) with sets of their own type and size; `CPU_ISSET` and
+    // `CPU_SET` index below `CPU_SETSIZE`.
     unsafe {
-        let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1) as usize;
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, size, &mut allowed),
+            0,
+            "staging: sched_getaffinity failed"
+        );
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &allowed))
+            .collect();
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(t % cpus, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::CPU_SET(cpus[t % cpus.len()], &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size, &set),
+            0,
+            "staging: sched_setaffinity failed"
+        );
     }
 }
 
 /// Runs `body(thread, stop)` on `threads` threads for `secs` (each bound to
-/// a CPU of its own with `PINPOOL_BENCH_PIN=1`); returns the operations per
-/// second over all threads.
+/// a CPU with `PINPOOL_BENCH_PIN=1`, see `pin_to_cpu`); returns the
+/// operations per second over all threads.
 fn run(threads: usize, secs: f64, body: impl Fn(usize, &AtomicBool) -> u64 + Sync) -> f64 {
     let pin = pinned();
     let stop = AtomicBool::new(false);
@@ -548,14 +563,28 @@ fn main() {
         "staging: {}, median of {reps} runs of {secs} s; M ops/s over all threads{}",
         ctx.name().unwrap_or_default(),
         if pinned() {
-            "; loop thread t on CPU t"
+            "; loop thread t bound to the t-th CPU"
         } else {
             ""
         }
     );
     let sizes = std::env::var("PINPOOL_BENCH_SIZES").unwrap_or_default();
+    let picked: Vec<&str> = sizes
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    for name in &picked {
+        assert!(
+            SIZES
+                .iter()
+                .any(|(_, label)| label.eq_ignore_ascii_case(name)),
+            "staging: PINPOOL_BENCH_SIZES names {name:?}; the sizes are {:?}",
+            SIZES.map(|(_, label)| label)
+        );
+    }
     for (size, label) in SIZES {
-        if !sizes.is_empty() && !sizes.split(',').any(|s| s.trim() == label) {
+        if !picked.is_empty() && !picked.iter().any(|s| s.eq_ignore_ascii_case(label)) {
             continue;
         }
         println!("\n{label}: threads | pinpool-cudarc | pinpool-raw | hand-written | hand-cudarc | cross-thread | cudarc/hand | raw/hand | cudarc/hand-cudarc");

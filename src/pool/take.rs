@@ -274,8 +274,9 @@ impl Shared {
             // quarter of the time waited so far, as in `wait_briefly`),
             // then sleeping between polls: a thread that waits long leaves
             // the cores to the cleaner and the driver.
-            if now - start < Duration::from_millis(1) {
-                let next = now + ((now - start) / 4).max(WAIT_POLL_MIN);
+            let spin_until = start + Duration::from_millis(1);
+            if now < spin_until {
+                let next = (now + ((now - start) / 4).max(WAIT_POLL_MIN)).min(spin_until);
                 while Instant::now() < next {
                     for _ in 0..16 {
                         std::hint::spin_loop();
