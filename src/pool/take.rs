@@ -341,11 +341,12 @@ impl Shared {
     /// Polls `block`'s fences with growing pauses, for at most
     /// [`SELF_WAIT`]; how long it waited. The pause before each poll is a
     /// quarter of the time waited so far (at least [`WAIT_POLL_MIN`]), so
-    /// the take sees its copy end at most a quarter late (a copy queued
-    /// behind a few dozen others on a shared copy engine ends within tens
-    /// of microseconds, and a doubling pause saw it up to twice as late),
-    /// and a long wait polls a few dozen times, not thousands: many
-    /// threads waiting do not hammer the driver.
+    /// the take sees its copy end at most a quarter (or that minimum) late:
+    /// a copy queued behind a few dozen others on a shared copy engine ends
+    /// within tens of microseconds, and a pause that doubled each time saw
+    /// it up to twice as late. The pauses still grow, so a wait of the
+    /// whole 20 ms polls about 40 times: many threads waiting do not hammer
+    /// the driver.
     ///
     /// [`SELF_WAIT`]: crate::tune::Tuning::SELF_WAIT
     #[cold]
