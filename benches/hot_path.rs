@@ -48,8 +48,9 @@ fn pool() -> Pool {
 /// Each run makes every thread do `iters` operations from a common start;
 /// it returns the slowest thread's time. Dropped, a crew of several
 /// threads prints each thread's own time per operation over all its runs
-/// (fastest, median, slowest): where threads run at different speeds (CPUs
-/// that share a core with a busy sibling), the slowest sets the figure.
+/// (fastest, median, slowest): where threads run at different speeds (the
+/// CPUs of one H100 host ran the same loop up to twice as fast as one
+/// another), the slowest sets the figure.
 struct Crew {
     name: String,
     commands: Vec<std::sync::mpsc::Sender<u64>>,

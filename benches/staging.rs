@@ -26,7 +26,8 @@
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
 //! 0.5) seconds each; `PINPOOL_BENCH_SIZES` (e.g. `4KiB`, default both)
 //! picks the buffer sizes; `PINPOOL_BENCH_PIN=1` binds each loop's thread
-//! `t` to the `t`-th CPU the process may run on (see `pin_to_cpu`). The four single-thread-per-stream loops run in turn,
+//! `t` to the `t`-th CPU the process may run on (see `pin_to_cpu`). The
+//! four single-thread-per-stream loops run in turn,
 //! one run of each, each round starting from the next loop, and the ratios
 //! of each round are printed too (a loop against its baseline seconds
 //! apart). With `PINPOOL_BENCH_PHASES=1`, the four loops time each phase
@@ -62,9 +63,9 @@ fn pinned() -> bool {
 /// Binds the calling thread to the `t`-th CPU (modulo their number) of
 /// those the process may run on, so that every loop's thread `t` runs on
 /// the same CPU and a loop and its baseline are compared on one CPU, not
-/// on whichever the scheduler picked for each run (on a host whose CPUs
-/// differ in speed, a sibling of a busy hyperthread runs a loop at half
-/// speed). Panics if the binding fails: a run labelled bound must be.
+/// on whichever the scheduler picked for each run (the CPUs of one H100
+/// host ran the same loop up to twice as fast as one another). Panics if
+/// the binding fails: a run labelled bound must be.
 fn pin_to_cpu(t: usize) {
     // SAFETY: `sched_getaffinity` and `sched_setaffinity` on the calling
     // thread (pid 0) with sets of their own type and size; `CPU_ISSET` and
