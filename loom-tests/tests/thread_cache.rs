@@ -222,15 +222,13 @@ fn trim_races_a_take_of_the_buffer_it_would_release() {
 /// it still takes and drops; a thread started meanwhile may get that index
 /// and inherit its cache, and takes from it as its owner.
 ///
-/// Catches: a dying thread's take or drop lost (the orphan path: flush
-/// would not balance; seen failing at no preemption on 2026-12-07 with the
-/// orphan cache's drops forgotten). It was written to catch a dying thread
-/// let back into the cache it left (its old index honoured after the
-/// guard: `current_index` without its `DEAD` check), so that two threads
-/// run the owner's lists at once; re-applied on 2026-12-07, that mutation
-/// passed at one preemption and at two (60 s), so it runs at one whatever
-/// the bound (about 1 s): the second preemption bought no failure known,
-/// and no model here catches that mutation.
+/// Catches: a dying thread let back into the cache it left (its old index
+/// honoured after the guard: `current_index` without its `DEAD` check),
+/// so that two threads run the owner's lists at once (loom reports the
+/// concurrent access); or a dying thread's take or drop lost (the orphan
+/// path: flush would not balance). Both fail at no preemption (seen on
+/// 2026-12-07; the second with the orphan cache's drops forgotten), so it
+/// runs at one whatever the bound: about 1 s, where two took 60-75 s.
 #[test]
 fn a_dying_thread_never_owns_the_cache_a_new_thread_inherits() {
     model_bounded(Some(1), || {
