@@ -23,8 +23,22 @@ const RECLAIM_MAX: usize = 32;
 const HOLDS_WAITED: usize = 4;
 
 /// The shortest pause between two polls of a take's wait for its own
-/// copy (see `Shared::wait_briefly` and `Shared::wait_for_own`).
+/// copy (see [`pause_before_poll`]).
 const WAIT_POLL_MIN: Duration = Duration::from_micros(2);
+
+/// Spins from `now` for a quarter of the time waited since `start` (at
+/// least [`WAIT_POLL_MIN`], and not past `until`), the pause before a wait's
+/// next poll (see `Shared::wait_briefly`); returns the time it stopped.
+fn pause_before_poll(start: Instant, mut now: Instant, until: Instant) -> Instant {
+    let next = (now + ((now - start) / 4).max(WAIT_POLL_MIN)).min(until);
+    while now < next {
+        for _ in 0..16 {
+            std::hint::spin_loop();
+        }
+        now = Instant::now();
+    }
+    now
+}
 
 /// How long a take waiting for its own copies goes on while no buffer of
 /// the pool is made ready (see `Shared::wait_for_own`): long enough that
@@ -276,12 +290,7 @@ impl Shared {
             // the cores to the cleaner and the driver.
             let spin_until = start + Duration::from_millis(1);
             if now < spin_until {
-                let next = (now + ((now - start) / 4).max(WAIT_POLL_MIN)).min(spin_until);
-                while Instant::now() < next {
-                    for _ in 0..16 {
-                        std::hint::spin_loop();
-                    }
-                }
+                pause_before_poll(start, now, spin_until);
                 continue;
             }
             if now - looked >= Duration::from_millis(1) {
@@ -355,13 +364,7 @@ impl Shared {
         let deadline = start + Tune::SELF_WAIT;
         let mut now = start;
         while now < deadline {
-            let next = (now + ((now - start) / 4).max(WAIT_POLL_MIN)).min(deadline);
-            while now < next {
-                for _ in 0..16 {
-                    std::hint::spin_loop();
-                }
-                now = Instant::now();
-            }
+            now = pause_before_poll(start, now, deadline);
             if !matches!(block.fences_mut().poll(), Ok(false)) {
                 break;
             }
