@@ -219,6 +219,10 @@ pub struct PoolBuilder {
     pub(crate) trace_lenient: bool,
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<std::sync::Arc<crate::backend::fault::Faults>>,
+    /// Set by [`idle_sweeps(false)`](Self::idle_sweeps) (the `testing`
+    /// feature).
+    #[cfg(feature = "testing")]
+    pub(crate) no_idle_sweeps: bool,
 }
 
 impl PoolBuilder {
@@ -718,6 +722,19 @@ impl PoolBuilder {
     #[cfg(feature = "testing")]
     pub fn faults(mut self, faults: std::sync::Arc<crate::backend::fault::Faults>) -> Self {
         self.faults = Some(faults);
+        self
+    }
+
+    /// Whether the cleaner moves the buffers of owners it finds idle (no
+    /// take or drop between two of its sweeps, which run as often as every
+    /// millisecond) along to itself and the shards; on by default (the
+    /// `testing` feature). A test that leaves buffers in its thread's lists
+    /// and then takes, counting on finding them there, turns it off: a
+    /// thread preempted between its drops and its take for a few
+    /// milliseconds is an idle owner to the sweep.
+    #[cfg(feature = "testing")]
+    pub fn idle_sweeps(mut self, on: bool) -> Self {
+        self.no_idle_sweeps = !on;
         self
     }
 }

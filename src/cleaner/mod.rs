@@ -113,6 +113,8 @@ struct Sweep {
     /// When the caches were last searched for buffers of draining regions
     /// (see `Cleaner::pull_draining`).
     pub(super) pulled: Option<Instant>,
+    /// Idle sweeps turned off (`PoolBuilder::idle_sweeps`, for tests).
+    pub(super) off: bool,
 }
 
 /// The state of a device's synchronize for late buffers.
@@ -189,6 +191,7 @@ impl Cleaner {
                 due: Instant::now(),
                 seen: std::collections::HashMap::new(),
                 pulled: None,
+                off: false,
             }),
         }
     }

@@ -87,12 +87,21 @@ impl Cleaner {
         moved
     }
 
+    /// Turns idle sweeps off for good (`PoolBuilder::idle_sweeps`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn stop_idle_sweeps(&self) {
+        let mut sweep = self.sweep.lock();
+        sweep.off = true;
+        // Worker 0 then wakes as it does once sweeps find nothing.
+        sweep.wait = Tune::SWEEP_MAX;
+    }
+
     /// Worker 0, idle: sweeps caches whose owners went idle, backing off
     /// while sweeps find nothing.
     pub(super) fn sweep_if_due(&self, env: Env<'_>) {
         {
             let sweep = self.sweep.lock();
-            if Instant::now() < sweep.due {
+            if sweep.off || Instant::now() < sweep.due {
                 return;
             }
         }

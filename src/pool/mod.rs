@@ -849,11 +849,22 @@ impl PoolBuilder {
     pub fn build(self) -> Result<Pool, Error> {
         self.config.validate()?;
         #[cfg(feature = "testing")]
-        if let Some(faults) = self.faults {
-            let devices = self.config.devices.unwrap_or(1);
-            let backend = Box::new(crate::backend::fault::FaultBackend::new(faults, devices));
-            return Pool::with_backend(self.config, backend, self.trace_lenient);
+        {
+            let no_idle_sweeps = self.no_idle_sweeps;
+            let pool = if let Some(faults) = self.faults {
+                let devices = self.config.devices.unwrap_or(1);
+                let backend = Box::new(crate::backend::fault::FaultBackend::new(faults, devices));
+                Pool::with_backend(self.config, backend, self.trace_lenient)?
+            } else {
+                Pool::from_config(self.config, self.trace_lenient)?
+            };
+            if no_idle_sweeps {
+                // Before any take: a sweep before this finds no owner.
+                pool.shared().cleaner.stop_idle_sweeps();
+            }
+            Ok(pool)
         }
+        #[cfg(not(feature = "testing"))]
         Pool::from_config(self.config, self.trace_lenient)
     }
 }

@@ -10,9 +10,10 @@ use pinpool::Pool;
 
 const X: usize = 1 << 16;
 
-/// The pools and the buffers in flight of the take-wait tests.
+/// The pools and the buffers in flight of the take-wait tests (idle
+/// sweeps off: see `pool_pow2_unswept`).
 fn pool() -> Pool {
-    super::own_waits::pool_pow2(false)
+    super::own_waits::pool_pow2_unswept()
 }
 
 fn three_in_flight(pool: &Pool, fence: &TestFence) {

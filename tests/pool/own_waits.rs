@@ -11,14 +11,25 @@ use pinpool::{Pool, SizeClasses};
 use crate::common::Rng;
 
 pub(super) fn pool_pow2(regions: bool) -> Pool {
+    builder_pow2(regions).build().unwrap()
+}
+
+fn builder_pow2(regions: bool) -> pinpool::PoolBuilder {
     Pool::builder()
         .faults(Arc::new(Faults::default()))
         .cleaner_threads(1)
         .size_classes(SizeClasses::PowersOfTwo)
         .regions(regions)
         .max_pooled_bytes(1 << 30)
-        .build()
-        .unwrap()
+}
+
+/// [`pool_pow2`] without idle sweeps, for tests whose thread leaves its
+/// buffers in flight in its lists and then takes, counting on them being
+/// there: preempted for a few milliseconds between its drops and its take,
+/// it is an idle owner to a sweep, which moves them along (the take then
+/// misses without waiting).
+pub(super) fn pool_pow2_unswept() -> Pool {
+    builder_pow2(false).idle_sweeps(false).build().unwrap()
 }
 
 /// Three buffers of `size` the calling thread drops with a copy on `fence`.
@@ -64,7 +75,7 @@ fn own_pinned(pool: &Pool, size: usize, n: usize) -> Vec<pinpool::PinnedBuffer> 
 #[test]
 fn a_waiting_take_sees_a_buffer_pooled_meanwhile() {
     const X: usize = 1 << 16;
-    let pool = pool_pow2(false);
+    let pool = pool_pow2_unswept();
     let p = &pool;
     let slow = TestFence::default();
     three_in_flight(&pool, X, &slow);
