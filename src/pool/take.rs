@@ -685,7 +685,7 @@ impl Shared {
         }
         // Locking owners out interrupts every running thread: at most once
         // per `STEAL_EVERY` per thread. Idle caches are swept to the shards
-        // by the cleaner meanwhile.
+        // by the cleaner meanwhile (unless a test turned idle sweeps off).
         let now = self.epoch.elapsed().as_micros() as u64;
         if !taker.may_steal(now, Tune::STEAL_EVERY.as_micros() as u64) {
             return None;

@@ -191,7 +191,10 @@ fn failing_syncs_leak_counted_flush_returns_nothing_lost() {
 /// A device synchronize that started *before* an event-less pinned buffer
 /// was dropped must not count for it. Every synchronize after the first
 /// (held) one fails, so a correct pool must leak the second buffer; a pool
-/// that counted the earlier synchronize recycles it.
+/// that counted the earlier synchronize recycles it. (This covers the
+/// cleaner's non-blocking check and synchronize, `settled` and `try_sync`;
+/// the blocking `wait` of bulk releases and closed pools' late buffers has
+/// tests of its own: `zero_backlog_release_...` above and the reaper's.)
 #[test]
 fn a_sync_started_before_the_drop_does_not_cover_it() {
     let (pool, faults) = faulty_unprovisioned(2);
