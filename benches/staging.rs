@@ -27,13 +27,12 @@
 //! 0.5) seconds each; `PINPOOL_BENCH_SIZES` (e.g. `4KiB`, default both)
 //! picks the buffer sizes; `PINPOOL_BENCH_PIN=1` binds each loop's thread
 //! `t` to the `t`-th CPU the process may run on (see `pin_to_cpu`). The
-//! four single-thread-per-stream loops run in turn,
-//! one run of each, each round starting from the next loop, and the ratios
-//! of each round are printed too (a loop against its baseline seconds
-//! apart). With `PINPOOL_BENCH_PHASES=1`, the four loops time each phase
-//! of each operation (a clock read more per phase) and print per-phase
-//! histograms. On a machine without a
-//! GPU it says so and exits 0.
+//! four single-thread-per-stream loops run in turn, one run of each, each
+//! round starting from the next loop, and the ratios of each round are
+//! printed too (a loop against its baseline seconds apart). With
+//! `PINPOOL_BENCH_PHASES=1`, the four loops time each phase of each
+//! operation (a clock read more per phase) and print per-phase histograms.
+//! On a machine without a GPU it says so and exits 0.
 //!
 //! Run with `cargo bench -p pinpool-benches --bench staging` (or the staged binary with
 //! `--bench`).

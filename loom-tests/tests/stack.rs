@@ -155,9 +155,9 @@ fn take(stack: &Stack, held: &HeldOut) -> Option<u64> {
 /// left and the head from before the push-back (the end's increment or
 /// the mark's load Relaxed; `waited`'s own Acquire load is not needed by a
 /// take that marks again before it pops, and the model passes without it);
-/// one that pops again without
-/// waiting for the hold to end; a wait whose wake-up is lost (the end's
-/// notification sent without taking the lock: loom reports the deadlock).
+/// one that pops again without waiting for the hold to end; a wait whose
+/// wake-up is lost (the end's notification sent without taking the lock:
+/// loom reports the deadlock).
 /// Each seen failing so; each miss is a buffer the trim kept. (The
 /// Acquire fence in `waited` is for looks that read Relaxed; this take's
 /// look is the stack's Acquire load, so the model passes without the

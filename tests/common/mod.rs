@@ -43,61 +43,57 @@ pub fn host(workers: usize) -> Pool {
         .unwrap()
 }
 
-/// A host-backend pool with powers-of-two size classes and `workers`
-/// cleaner workers.
-pub fn host_pow2(workers: usize) -> Pool {
+/// The builder of [`host_pow2`].
+pub fn host_pow2_builder(workers: usize) -> pinpool::PoolBuilder {
     Pool::builder()
         .backend(BackendKind::Host)
         .cleaner_threads(workers)
         .size_classes(SizeClasses::PowersOfTwo)
-        .build()
-        .unwrap()
+}
+
+/// A host-backend pool with powers-of-two size classes and `workers`
+/// cleaner workers.
+pub fn host_pow2(workers: usize) -> Pool {
+    host_pow2_builder(workers).build().unwrap()
+}
+
+/// The builder of a pool on the fault-injecting backend with `workers`
+/// cleaner workers, and its faults. The pools below are built from it and
+/// pin buffers one by one (`regions` off): they test the paths of buffers
+/// registered on their own; regions have tests of their own (`regions`,
+/// `working_set`, `defaults`).
+#[cfg(feature = "testing")]
+pub fn faulty_builder(workers: usize) -> (pinpool::PoolBuilder, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let builder = Pool::builder()
+        .faults(faults.clone())
+        .cleaner_threads(workers)
+        .regions(false);
+    (builder, faults)
 }
 
 /// A pool on the fault-injecting backend with `workers` cleaner workers,
-/// and its faults. The helpers below pin buffers one by one (`regions`
-/// off): they test the paths of buffers registered on their own; regions
-/// have tests of their own (`regions`, `working_set`, `defaults`).
+/// and its faults (see [`faulty_builder`]).
 #[cfg(feature = "testing")]
 pub fn faulty(workers: usize) -> (Pool, Arc<Faults>) {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(workers)
-        .regions(false)
-        .build()
-        .unwrap();
-    (pool, faults)
+    let (builder, faults) = faulty_builder(workers);
+    (builder.build().unwrap(), faults)
 }
 
 /// A pool on the fault-injecting backend with `devices` devices and two
 /// cleaner workers, and its faults.
 #[cfg(feature = "testing")]
 pub fn faulty_on(devices: usize) -> (Pool, Arc<Faults>) {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .devices(devices)
-        .cleaner_threads(2)
-        .regions(false)
-        .build()
-        .unwrap();
-    (pool, faults)
+    let (builder, faults) = faulty_builder(2);
+    (builder.devices(devices).build().unwrap(), faults)
 }
 
 /// A pool on the fault-injecting backend with `workers` cleaner workers
 /// and `classes`, and its faults.
 #[cfg(feature = "testing")]
 pub fn faulty_with_classes(workers: usize, classes: SizeClasses) -> (Pool, Arc<Faults>) {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(workers)
-        .size_classes(classes)
-        .regions(false)
-        .build()
-        .unwrap();
-    (pool, faults)
+    let (builder, faults) = faulty_builder(workers);
+    (builder.size_classes(classes).build().unwrap(), faults)
 }
 
 // === draws ===

@@ -14,22 +14,15 @@ use std::time::{Duration, Instant};
 use pinpool::testing::{Faults, TestFence};
 use pinpool::{PinnedBuffer, Pool};
 
-use crate::common::{all_zero, eventually, faulty, within};
+use crate::common::{all_zero, eventually, faulty, faulty_builder, within};
 
 /// `faulty(workers)` with provisioning off, for tests that count pooled
 /// buffers exactly: after a buffer leaks, a provisioning tick may pin a
 /// buffer for its class (in use plus ready fall short of the class's
 /// high-water mark), so the count would depend on whether a tick ran.
 fn faulty_unprovisioned(workers: usize) -> (Pool, Arc<Faults>) {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .cleaner_threads(workers)
-        .regions(false)
-        .provision(false)
-        .build()
-        .unwrap();
-    (pool, faults)
+    let (builder, faults) = faulty_builder(workers);
+    (builder.provision(false).build().unwrap(), faults)
 }
 
 /// A pinned, event-less buffer released because the zeroing backlog is

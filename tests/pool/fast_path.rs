@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pinpool::testing::{Faults, TestFence};
 use pinpool::{BackendKind, PinnedBuffer, Pool, SizeClasses};
 
-use crate::common::{all_zero, eventually, host_pool, host_pow2, within};
+use crate::common::{all_zero, eventually, host_pool, host_pow2, host_pow2_builder, within};
 #[cfg(feature = "testing")]
 use crate::common::{faulty_with_classes, state_freed};
 
@@ -1061,13 +1061,7 @@ fn a_take_with_its_own_copies_queued_waits_for_them_instead_of_missing() {
 #[cfg(feature = "testing")]
 #[test]
 fn a_take_misses_when_no_copy_of_the_pool_ends() {
-    let pool = Pool::builder()
-        .backend(BackendKind::Host)
-        .cleaner_threads(1)
-        .size_classes(SizeClasses::PowersOfTwo)
-        .idle_sweeps(false)
-        .build()
-        .unwrap();
+    let pool = host_pow2_builder(1).idle_sweeps(false).build().unwrap();
     const X: usize = 1 << 16;
     let slow = TestFence::default();
     three_in_flight(&pool, X, &slow);
