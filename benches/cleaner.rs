@@ -1,5 +1,6 @@
-//! The cleaner: re-zeroing throughput with 1-8 workers, and drop-to-ready
-//! latency for 4 KiB to 16 MiB buffers.
+//! The cleaner: re-zeroing throughput with 1-8 workers (32 buffers of 16
+//! MiB, 4 of 256 MiB), and drop-to-ready latency for 4 KiB to 16 MiB
+//! buffers.
 
 use std::time::{Duration, Instant};
 
@@ -30,23 +31,21 @@ fn dirty_buffers(pool: &Pool, count: usize, size: usize) -> Vec<PinnedBuffer> {
     bufs
 }
 
-/// Bytes re-zeroed per second: 32 written 16 MiB buffers dropped at once,
-/// timed until `flush` returns.
-fn rezero_throughput(c: &mut Criterion) {
-    const COUNT: usize = 32;
-    const SIZE: usize = 16 << 20;
-    let mut group = c.benchmark_group("cleaner/rezero_32x16MiB");
+/// Bytes re-zeroed per second: `count` written buffers of `size` bytes
+/// dropped at once, timed until `flush` returns.
+fn rezero(c: &mut Criterion, count: usize, size: usize) {
+    let mut group = c.benchmark_group(format!("cleaner/rezero_{count}x{}MiB", size >> 20));
     group.sample_size(10);
-    group.throughput(Throughput::Bytes((COUNT * SIZE) as u64));
+    group.throughput(Throughput::Bytes((count * size) as u64));
     for workers in [1, 2, 4, 8] {
         let pool = pool(workers);
-        drop(dirty_buffers(&pool, COUNT, SIZE));
+        drop(dirty_buffers(&pool, count, size));
         pool.flush();
         group.bench_with_input(BenchmarkId::from_parameter(workers), &workers, |b, _| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let bufs = dirty_buffers(&pool, COUNT, SIZE);
+                    let bufs = dirty_buffers(&pool, count, size);
                     let t0 = Instant::now();
                     drop(bufs);
                     pool.flush();
@@ -57,11 +56,19 @@ fn rezero_throughput(c: &mut Criterion) {
         });
         assert_eq!(
             pool.stats().misses,
-            COUNT as u64,
+            count as u64,
             "every timed take should be a hit"
         );
     }
     group.finish();
+}
+
+/// 32 buffers of 16 MiB (zeroed with ordinary stores), and 4 of 256 MiB
+/// (dirty prefixes of 32 MiB or more are zeroed with streaming stores,
+/// which bypass the caches).
+fn rezero_throughput(c: &mut Criterion) {
+    rezero(c, 32, 16 << 20);
+    rezero(c, 4, 256 << 20);
 }
 
 /// From the drop of one fully written buffer to `flush` returning with it

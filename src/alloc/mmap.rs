@@ -36,18 +36,86 @@ pub(crate) fn host_memory() -> u64 {
     })
 }
 
+/// Dirty prefixes of this many bytes or more are zeroed with stores that
+/// bypass the caches ([`zero_streaming`]). A prefix this long was written
+/// long enough ago that most of it has left the caches: ordinary stores
+/// then read each line from memory before writing it (twice the memory
+/// traffic), while streaming stores only write. Below it, much of the
+/// prefix may still be cached, where ordinary stores are several times
+/// faster (on a 2-core Xeon: a prefix written on another core, zeroed at
+/// 14-19 GB/s by `memset` and 6-15 GB/s streaming up to 16 MiB; from 64
+/// MiB up, 8-10 GB/s by `memset` and 15-20 GB/s streaming).
+pub(crate) const STREAM_ZERO_MIN: usize = 32 << 20;
+
+/// Zeroes `len` bytes at `ptr` with non-temporal (streaming) stores on
+/// x86_64, ordinary ones elsewhere and for the unaligned ends. Ends with a
+/// store fence, so that a later Release (the cleaner publishing the
+/// buffer) orders the zeroes as it orders ordinary stores: streaming
+/// stores are weakly ordered, and without the fence another thread could
+/// see the buffer published before its zeroes.
+///
+/// # Safety
+/// `[ptr, ptr + len)` is valid for writes and owned by the caller.
+pub(crate) unsafe fn zero_streaming(ptr: *mut u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
+        let head = ptr.align_offset(16).min(len);
+        let body = (len - head) & !63;
+        // SAFETY: `head <= len`: inside the caller's range.
+        unsafe { std::ptr::write_bytes(ptr, 0, head) };
+        // SAFETY: `head + body <= len`: both ends inside the caller's range.
+        let (mut at, end) = unsafe { (ptr.add(head), ptr.add(head + body)) };
+        #[allow(unused_unsafe)]
+        // SAFETY: SSE2 is part of every x86_64 processor.
+        let zero = unsafe { _mm_setzero_si128() };
+        while at < end {
+            // SAFETY: `at` is 16-byte aligned (`head` aligned it, and it
+            // moves by 64), and `[at, at + 64)` lies below `end`, inside the
+            // caller's range; SSE2 is part of every x86_64 processor.
+            unsafe {
+                let line = at.cast::<__m128i>();
+                _mm_stream_si128(line, zero);
+                _mm_stream_si128(line.add(1), zero);
+                _mm_stream_si128(line.add(2), zero);
+                _mm_stream_si128(line.add(3), zero);
+                at = at.add(64);
+            }
+        }
+        // SAFETY: the tail `[head + body, len)` is inside the caller's range.
+        unsafe { std::ptr::write_bytes(end, 0, len - head - body) };
+        #[allow(unused_unsafe)]
+        // SAFETY: SSE2 is part of every x86_64 processor.
+        unsafe {
+            _mm_sfence()
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's range.
+    unsafe {
+        std::ptr::write_bytes(ptr, 0, len)
+    };
+}
+
 /// Zeroes `[start, end) ∩ [0, dirty)` of the block at `base` and pre-faults
 /// `[start, end)` beyond `dirty` (already zero), writing one zero byte per
 /// page so that a later registration finds every page resident. Writing
 /// (rather than reading) matters: a read would map the shared zero page,
-/// which the registration would then have to replace.
+/// which the registration would then have to replace. A dirty prefix of
+/// [`STREAM_ZERO_MIN`] or more is zeroed with streaming stores, every
+/// chunk of it alike.
 ///
 /// # Safety
 /// The caller owns `[base + start, base + end)` of a live block exclusively.
 pub(crate) unsafe fn clean_range(base: *mut u8, start: usize, end: usize, dirty: usize) {
     let zero_end = dirty.clamp(start, end);
-    // SAFETY: `[start, zero_end)` lies in the caller's exclusive range.
-    unsafe { std::ptr::write_bytes(base.add(start), 0, zero_end - start) };
+    if dirty >= STREAM_ZERO_MIN {
+        // SAFETY: `[start, zero_end)` lies in the caller's exclusive range.
+        unsafe { zero_streaming(base.add(start), zero_end - start) };
+    } else {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(base.add(start), 0, zero_end - start) };
+    }
     let page = page_size();
     let mut offset = zero_end.next_multiple_of(page).min(end);
     while offset < end {
@@ -182,4 +250,35 @@ pub(super) fn map_huge(bytes: usize) -> Result<NonNull<u8>, Error> {
         libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
     }
     Ok(NonNull::new(start as *mut u8).expect("aligned address inside a mapping"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streaming zeroes cover exactly `[ptr, ptr + len)`, whatever the
+    /// alignment of either end: an unaligned head, the 64-byte body and a
+    /// tail each zeroed, the bytes around left alone.
+    #[test]
+    fn streaming_zeroes_cover_exactly_their_range() {
+        let mut bytes = vec![0u8; 4096 + 256];
+        for offset in 0..20 {
+            for len in [0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 4096 + 7] {
+                bytes.fill(0xA5);
+                // SAFETY: `offset + len <= bytes.len()`, and `bytes` is
+                // borrowed mutably here.
+                unsafe { zero_streaming(bytes.as_mut_ptr().add(offset), len) };
+                let (before, rest) = bytes.split_at(offset);
+                let (zeroed, after) = rest.split_at(len);
+                assert!(
+                    before.iter().chain(after).all(|&b| b == 0xA5),
+                    "offset {offset}, len {len}: a byte outside the range changed"
+                );
+                assert!(
+                    zeroed.iter().all(|&b| b == 0),
+                    "offset {offset}, len {len}: a byte of the range is not zero"
+                );
+            }
+        }
+    }
 }

@@ -58,6 +58,29 @@ fn large_buffers_are_cleaned_in_chunks_completely() {
     );
 }
 
+/// A dirty prefix long enough to be zeroed with streaming stores (32 MiB
+/// or more), ending inside a 64-byte line and inside a chunk: every byte of
+/// it zero again, the line's last bytes included.
+#[test]
+fn a_long_dirty_prefix_ending_mid_line_is_rezeroed_whole() {
+    let pool = host_pool(1);
+    let dirty = (40 << 20) + 37;
+    let mut buf = pool.take(64 << 20);
+    buf[..dirty].fill(0xC3);
+    buf.set_dirty_len(dirty);
+    let ptr = buf.as_ptr();
+    drop(buf);
+    pool.flush();
+    let buf = pool.take(64 << 20);
+    assert_eq!(buf.as_ptr(), ptr);
+    let left = buf.iter().rposition(|&b| b != 0);
+    assert!(
+        left.is_none(),
+        "byte {left:?} of the dirty prefix is not zero"
+    );
+    assert_eq!(pool.stats().bytes_zeroed, dirty as u64);
+}
+
 /// Dirty prefixes around the fixed-store zeroing's boundaries (16, 32, 64
 /// bytes), re-zeroed by the owner on its next take.
 #[test]
