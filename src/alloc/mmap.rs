@@ -41,10 +41,11 @@ pub(crate) fn host_memory() -> u64 {
 /// long enough ago that most of it has left the caches: ordinary stores
 /// then read each line from memory before writing it (twice the memory
 /// traffic), while streaming stores only write. Below it, much of the
-/// prefix may still be cached, where ordinary stores are several times
-/// faster (on a 2-core Xeon: a prefix written on another core, zeroed at
-/// 14-19 GB/s by `memset` and 6-15 GB/s streaming up to 16 MiB; from 64
-/// MiB up, 8-10 GB/s by `memset` and 15-20 GB/s streaming).
+/// prefix may still be cached, where ordinary stores can be faster (on a
+/// 2-core Xeon, a prefix written just before it is zeroed: up to 2.5 times
+/// at 1 MiB, 1.4 times at 32-48 MiB written by the zeroing core itself;
+/// from 64 MiB up streaming stores were 1.4-2 times faster in every case
+/// measured there).
 pub(crate) const STREAM_ZERO_MIN: usize = 32 << 20;
 
 /// Zeroes `len` bytes at `ptr` with non-temporal (streaming) stores on

@@ -153,7 +153,18 @@ pub fn pin_and_give_back(pool: &Pool) {
 
 /// Whether every byte of `buf` is zero.
 pub fn all_zero(buf: &[u8]) -> bool {
-    buf.iter().all(|&b| b == 0)
+    first_nonzero(buf).is_none()
+}
+
+/// The index of the first byte of `buf` that is not zero, if any: compared
+/// 64 KiB at a time with zeros (a `memcmp`, fast in test builds too, where
+/// a loop over bytes reads a large buffer at about a byte a nanosecond).
+pub fn first_nonzero(buf: &[u8]) -> Option<usize> {
+    static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
+    buf.chunks(ZEROS.len()).enumerate().find_map(|(i, chunk)| {
+        (chunk != &ZEROS[..chunk.len()])
+            .then(|| i * ZEROS.len() + chunk.iter().position(|&b| b != 0).unwrap_or(0))
+    })
 }
 
 /// A pinned buffer: a miss, dropped, registered by the cleaner, taken again.

@@ -2,7 +2,7 @@
 //! length, in chunks when it is large, and small dirty prefixes around the
 //! fixed-store zeroing's boundaries are zeroed whole.
 
-use crate::common::{all_zero, host, host_pool, host_pow2};
+use crate::common::{all_zero, first_nonzero, host, host_pool, host_pow2};
 
 #[test]
 fn recycled_buffer_is_reused_and_rezeroed() {
@@ -73,12 +73,59 @@ fn a_long_dirty_prefix_ending_mid_line_is_rezeroed_whole() {
     pool.flush();
     let buf = pool.take(64 << 20);
     assert_eq!(buf.as_ptr(), ptr);
-    let left = buf.iter().rposition(|&b| b != 0);
+    let left = first_nonzero(&buf);
     assert!(
         left.is_none(),
         "byte {left:?} of the dirty prefix is not zero"
     );
     assert_eq!(pool.stats().bytes_zeroed, dirty as u64);
+}
+
+/// A pinned buffer carved from a region, dropped with a dirty prefix longer
+/// than the cleaner's zeroing backlog allows (with the cap at 0, 64 MiB):
+/// shed, released in bulk, its prefix zeroed (with streaming stores: it is
+/// over 32 MiB, ending mid-line) as it goes back to its region, whose later
+/// carves must be all-zero.
+#[cfg(feature = "testing")]
+#[test]
+fn a_shed_buffer_goes_back_to_its_region_all_zero() {
+    const M: usize = 1 << 20;
+    let (builder, _faults) = crate::common::faulty_builder(2);
+    let pool = builder.regions(true).build().unwrap();
+    for _ in 0..2 {
+        drop(pool.take(128 * M));
+        pool.flush();
+    }
+    // Out of the region throughout, so that it stays listed while the
+    // shed buffer goes back to it.
+    let _kept = pool.take(16 * M);
+    pool.set_max_pooled_bytes(0);
+    for dirty in [(100 * M) + 37, (96 * M) + 1, 128 * M] {
+        let skipped = pool.stats().zeroing_skipped;
+        let mut buf = pool.take(128 * M);
+        assert!(buf.is_pinned());
+        buf[..dirty].fill(0xEE);
+        buf.set_dirty_len(dirty);
+        drop(buf);
+        pool.flush();
+        assert_eq!(
+            pool.stats().zeroing_skipped,
+            skipped + 1,
+            "the buffer was not shed"
+        );
+        // Each back to the region (the cap is 0) before the next carves.
+        for size in [128 * M, 64 * M, 100 * M] {
+            let b = pool.take(size);
+            assert!(b.is_pinned(), "a take of {size} did not carve");
+            let left = first_nonzero(&b);
+            assert!(
+                left.is_none(),
+                "a take of {size}: byte {left:?} is not zero"
+            );
+            drop(b);
+            pool.flush();
+        }
+    }
 }
 
 /// Dirty prefixes around the fixed-store zeroing's boundaries (16, 32, 64
