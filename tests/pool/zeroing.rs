@@ -1,6 +1,8 @@
 //! Every take is all zero: a recycled buffer is zeroed again up to its dirty
-//! length, in chunks when it is large, and small dirty prefixes around the
-//! fixed-store zeroing's boundaries are zeroed whole.
+//! length, in chunks when it is large (with streaming stores from 32 MiB,
+//! whether the cleaner recycles it or sheds it back to its region), and
+//! small dirty prefixes around the fixed-store zeroing's boundaries are
+//! zeroed whole.
 
 use crate::common::{all_zero, first_nonzero, host, host_pool, host_pow2};
 
