@@ -184,21 +184,22 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 /// Zeroes `bytes`: up to 64 bytes with two overlapping fixed-size stores
-/// (a call to `memset` costs more than that), from
-/// [`STREAM_ZERO_MIN`](mmap::STREAM_ZERO_MIN) up with streaming stores,
-/// the rest with `fill`.
+/// (a call to `memset` costs more than that; the take's own small prefixes
+/// end here first), from [`STREAM_ZERO_MIN`](mmap::STREAM_ZERO_MIN) up
+/// with streaming stores (a block given back to its region uncleaned), the
+/// rest with `fill`.
 #[inline]
 fn zero(bytes: &mut [u8]) {
     let n = bytes.len();
-    if n >= mmap::STREAM_ZERO_MIN {
-        // SAFETY: the slice is valid for writes and borrowed mutably.
-        unsafe { mmap::zero_streaming(bytes.as_mut_ptr(), n) };
-    } else if (32..=64).contains(&n) {
+    if (32..=64).contains(&n) {
         bytes[..32].fill(0);
         bytes[n - 32..].fill(0);
     } else if (16..32).contains(&n) {
         bytes[..16].fill(0);
         bytes[n - 16..].fill(0);
+    } else if n >= mmap::STREAM_ZERO_MIN {
+        // SAFETY: the slice is valid for writes and borrowed mutably.
+        unsafe { mmap::zero_streaming(bytes.as_mut_ptr(), n) };
     } else {
         bytes.fill(0);
     }
