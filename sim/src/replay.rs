@@ -1141,6 +1141,7 @@ mod tests {
             let staged = (result.staged_gb_per_s * result.wall_s * 1e9).round();
             assert_eq!(staged, 400.0, "{kind:?}");
             assert!(result.segments_per_s.is_none());
+            assert!(result.steady_segments_per_s.is_none());
         }
     }
 

@@ -55,6 +55,12 @@ pub const FIGURES: &[Figure] = &[
         format: one,
     },
     Figure {
+        key: "steady_segments_per_s",
+        label: "steady segments/s",
+        value: |r| r.steady_segments_per_s,
+        format: one,
+    },
+    Figure {
         key: "staged_gb_per_s",
         label: "staged GB/s",
         value: |r| Some(r.staged_gb_per_s),

@@ -21,6 +21,13 @@ pub struct RunResult {
     /// Segments proved per second, all provers together (`None` in a
     /// replay, which has no segments).
     pub segments_per_s: Option<f64>,
+    /// As `segments_per_s`, after the first quarter of each prover's
+    /// segments: each prover's later segments over the time from its
+    /// first later take to the end of its copies, summed over the provers
+    /// (`None` in a replay, or with fewer than two segments a prover).
+    /// Against `segments_per_s` it shows what a run loses while a pool
+    /// warms up.
+    pub steady_segments_per_s: Option<f64>,
     /// Bytes staged (copied) per second, GB/s.
     pub staged_gb_per_s: f64,
     /// Take latency, median and 99th percentile, microseconds.
@@ -103,6 +110,9 @@ pub(crate) struct Tally {
     pub(crate) staged: u64,
     /// When each miss happened, and its bytes asked.
     pub(crate) misses: Vec<(Instant, u64)>,
+    /// Each prover's segments after the steady point: when its first
+    /// steady take began, when its last copy ended, and how many.
+    pub(crate) steady_spans: Vec<(Instant, Instant, u64)>,
 }
 
 impl Tally {
@@ -132,6 +142,7 @@ impl Tally {
         self.drop_ns.extend(other.drop_ns);
         self.late_ns.extend(other.late_ns);
         self.misses.extend(other.misses);
+        self.steady_spans.extend(other.steady_spans);
         for i in 0..2 {
             self.takes[i] += other.takes[i];
             self.hits[i] += other.hits[i];
@@ -150,6 +161,19 @@ pub(crate) fn quantile(values: &mut [u64], q: f64) -> f64 {
     }
     values.sort_unstable();
     values[((values.len() - 1) as f64 * q).round() as usize] as f64
+}
+
+/// The segments per second of `spans` (see `Tally::steady_spans`), summed
+/// over them; `None` if there are none.
+fn steady_rate(spans: &[(Instant, Instant, u64)]) -> Option<f64> {
+    (!spans.is_empty()).then(|| {
+        spans
+            .iter()
+            .map(|&(from, to, n)| {
+                n as f64 / to.saturating_duration_since(from).as_secs_f64().max(1e-9)
+            })
+            .sum()
+    })
 }
 
 fn ratio(num: u64, den: u64) -> f64 {
@@ -318,6 +342,7 @@ pub(crate) fn measure(
         strategy: kind,
         wall_s: wall,
         segments_per_s: segments.map(|n| n as f64 / wall),
+        steady_segments_per_s: steady_rate(&tally.steady_spans),
         staged_gb_per_s: tally.staged as f64 / wall / 1e9,
         take_p50_us: quantile(&mut tally.take_ns, 0.5) / 1e3,
         take_p99_us: quantile(&mut tally.take_ns, 0.99) / 1e3,
@@ -358,8 +383,12 @@ fn prove(
         started: Some(Instant::now()),
         ..Tally::default()
     };
+    let mut steady_from = None;
     for (index, segment) in workload.plan(prover).into_iter().enumerate() {
         let steady = index >= warmup;
+        if steady && steady_from.is_none() {
+            steady_from = Some(Instant::now());
+        }
         let mut staged = Vec::with_capacity(segment.buffers.len());
         for plan in &segment.buffers {
             let started = Instant::now();
@@ -383,6 +412,10 @@ fn prove(
         }
     }
     sink.synchronize();
+    if let Some(from) = steady_from {
+        let later = workload.segments.saturating_sub(warmup) as u64;
+        tally.steady_spans.push((from, Instant::now(), later));
+    }
     strategy.finish(prover);
     tally
 }

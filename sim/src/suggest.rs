@@ -161,6 +161,7 @@ mod tests {
             strategy: Kind::Pinpool,
             wall_s: 1.0,
             segments_per_s: None,
+            steady_segments_per_s: None,
             staged_gb_per_s: 0.0,
             take_p50_us: 0.0,
             take_p99_us: 0.0,

@@ -210,3 +210,28 @@ fn a_replayed_trace_reproduces_the_captured_runs_hits_and_peak_pinned() {
     assert_eq!(replayed.bytes_requested, captured.bytes_requested);
     assert!(replayed.late_p99_ms.is_some() && captured.late_p99_ms.is_none());
 }
+
+/// Steady segments per second count each prover's segments after its
+/// first quarter over the time they took: with a fixed 20 ms gap after
+/// every segment, each prover's six later segments take 120 ms or more,
+/// so two provers make at most 100 a second, and about as many as over
+/// the whole run; a prover with one segment has none after its first
+/// quarter.
+#[test]
+fn steady_segments_per_s_counts_the_later_segments_over_their_time() {
+    let _alone = alone();
+    let mut workload = workload();
+    workload.segments = 8;
+    // (Gaps scale with the buffers: 20 ms at this scale.)
+    workload.gap_ms = (20.0 / workload.scale, 20.0 / workload.scale);
+    let result = run(Kind::Pageable, &workload, &settings(), None, None);
+    let steady = result.steady_segments_per_s.expect("later segments");
+    assert!(steady > 0.0 && steady <= 100.0, "{result:?}");
+    // Nothing warms up in pageable staging: the whole run's rate, which
+    // counts the first segments too, is the same but for noise.
+    let overall = result.segments_per_s.unwrap();
+    assert!(overall <= 100.0 && steady >= 0.9 * overall, "{result:?}");
+    workload.segments = 1;
+    let result = run(Kind::Pageable, &workload, &settings(), None, None);
+    assert_eq!(result.steady_segments_per_s, None, "{result:?}");
+}
