@@ -52,13 +52,13 @@ pub const FIGURES: &[Figure] = &[
         key: "segments_per_s",
         label: "segments/s",
         value: |r| r.segments_per_s,
-        format: one,
+        format: two,
     },
     Figure {
         key: "steady_segments_per_s",
         label: "steady segments/s",
         value: |r| r.steady_segments_per_s,
-        format: one,
+        format: two,
     },
     Figure {
         key: "staged_gb_per_s",
