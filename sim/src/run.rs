@@ -21,12 +21,16 @@ pub struct RunResult {
     /// Segments proved per second, all provers together (`None` in a
     /// replay, which has no segments).
     pub segments_per_s: Option<f64>,
-    /// As `segments_per_s`, after the first quarter of each prover's
-    /// segments: each prover's later segments over the time from its
-    /// first later take to the end of its copies, summed over the provers
-    /// (`None` in a replay, or with fewer than two segments a prover).
-    /// Against `segments_per_s` it shows what a run loses while a pool
-    /// warms up.
+    /// Segments proved per second, all provers together, while every
+    /// prover is past the first quarter of its segments: over the window
+    /// from the last prover's first later take to the first prover's end,
+    /// the segments each prover proved within it (those that straddle the
+    /// window's ends counted by the share of their time inside it; a
+    /// segment ends after its CPU gap, the last one once its copies are
+    /// done), summed over the provers, over the window's length. Against
+    /// `segments_per_s` it shows what a run loses while a pool warms up.
+    /// `None` in a replay, with a single segment a prover, or where the
+    /// provers were never past their first quarter at once.
     pub steady_segments_per_s: Option<f64>,
     /// Bytes staged (copied) per second, GB/s.
     pub staged_gb_per_s: f64,
@@ -110,9 +114,10 @@ pub(crate) struct Tally {
     pub(crate) staged: u64,
     /// When each miss happened, and its bytes asked.
     pub(crate) misses: Vec<(Instant, u64)>,
-    /// Each prover's segments after the steady point: when its first
-    /// steady take began, when its last copy ended, and how many.
-    pub(crate) steady_spans: Vec<(Instant, Instant, u64)>,
+    /// Each prover's segment boundaries after the steady point: when its
+    /// first steady take began, then when each later segment ended (see
+    /// `RunResult::steady_segments_per_s`).
+    pub(crate) steady_bounds: Vec<Vec<Instant>>,
 }
 
 impl Tally {
@@ -142,7 +147,7 @@ impl Tally {
         self.drop_ns.extend(other.drop_ns);
         self.late_ns.extend(other.late_ns);
         self.misses.extend(other.misses);
-        self.steady_spans.extend(other.steady_spans);
+        self.steady_bounds.extend(other.steady_bounds);
         for i in 0..2 {
             self.takes[i] += other.takes[i];
             self.hits[i] += other.hits[i];
@@ -163,17 +168,46 @@ pub(crate) fn quantile(values: &mut [u64], q: f64) -> f64 {
     values[((values.len() - 1) as f64 * q).round() as usize] as f64
 }
 
-/// The segments per second of `spans` (see `Tally::steady_spans`), summed
-/// over them; `None` if there are none.
-fn steady_rate(spans: &[(Instant, Instant, u64)]) -> Option<f64> {
-    (!spans.is_empty()).then(|| {
-        spans
-            .iter()
-            .map(|&(from, to, n)| {
-                n as f64 / to.saturating_duration_since(from).as_secs_f64().max(1e-9)
-            })
-            .sum()
-    })
+/// The segments per second of every prover together while all are
+/// steady, from each prover's segment `bounds` (see
+/// `Tally::steady_bounds`): over the window where every prover is steady,
+/// the segments each prover proved within it, counted in fractions of the
+/// segments that straddle its ends (as if a segment's work ran evenly
+/// over its time), summed over the provers and divided by the window's
+/// length. `None` if there are no provers, or the window is empty.
+fn steady_rate(bounds: &[Vec<Instant>]) -> Option<f64> {
+    if bounds.iter().any(|b| b.len() < 2) {
+        return None;
+    }
+    let from = bounds.iter().map(|b| b[0]).max()?;
+    let to = bounds.iter().map(|b| b[b.len() - 1]).min()?;
+    if to <= from {
+        return None;
+    }
+    let segments: f64 = bounds
+        .iter()
+        .map(|b| progress(b, to) - progress(b, from))
+        .sum();
+    Some(segments / (to - from).as_secs_f64())
+}
+
+/// How many of the segments between `bounds` (ascending, at least two)
+/// were done at `at` (within them), the one under way counted by the
+/// share of its time gone.
+fn progress(bounds: &[Instant], at: Instant) -> f64 {
+    // The segment under way at `at`: bounds[i] <= at <= bounds[i + 1].
+    let i = bounds
+        .partition_point(|&b| b <= at)
+        .clamp(1, bounds.len() - 1)
+        - 1;
+    let (start, end) = (bounds[i], bounds[i + 1]);
+    let length = (end - start).as_secs_f64();
+    let done = if length > 0.0 {
+        (at.saturating_duration_since(start).as_secs_f64() / length).min(1.0)
+    } else {
+        1.0
+    };
+    i as f64 + done
 }
 
 fn ratio(num: u64, den: u64) -> f64 {
@@ -342,7 +376,7 @@ pub(crate) fn measure(
         strategy: kind,
         wall_s: wall,
         segments_per_s: segments.map(|n| n as f64 / wall),
-        steady_segments_per_s: steady_rate(&tally.steady_spans),
+        steady_segments_per_s: steady_rate(&tally.steady_bounds),
         staged_gb_per_s: tally.staged as f64 / wall / 1e9,
         take_p50_us: quantile(&mut tally.take_ns, 0.5) / 1e3,
         take_p99_us: quantile(&mut tally.take_ns, 0.99) / 1e3,
@@ -383,11 +417,15 @@ fn prove(
         started: Some(Instant::now()),
         ..Tally::default()
     };
-    let mut steady_from = None;
-    for (index, segment) in workload.plan(prover).into_iter().enumerate() {
+    // The segment boundaries from the steady point on (see
+    // `Tally::steady_bounds`).
+    let mut bounds = Vec::new();
+    let plan = workload.plan(prover);
+    let segments = plan.len();
+    for (index, segment) in plan.into_iter().enumerate() {
         let steady = index >= warmup;
-        if steady && steady_from.is_none() {
-            steady_from = Some(Instant::now());
+        if index == warmup {
+            bounds.push(Instant::now());
         }
         let mut staged = Vec::with_capacity(segment.buffers.len());
         for plan in &segment.buffers {
@@ -407,15 +445,68 @@ fn prove(
             tally.staged += written as u64;
         }
         std::thread::sleep(segment.gap);
+        if steady && index + 1 < segments {
+            bounds.push(Instant::now());
+        }
         if let Some(bar) = progress {
             bar.inc(1);
         }
     }
     sink.synchronize();
-    if let Some(from) = steady_from {
-        let later = workload.segments.saturating_sub(warmup) as u64;
-        tally.steady_spans.push((from, Instant::now(), later));
+    if !bounds.is_empty() {
+        // The last segment ends once its copies are done.
+        bounds.push(Instant::now());
+        tally.steady_bounds.push(bounds);
     }
     strategy.finish(prover);
     tally
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: &[u64]) -> Vec<Instant> {
+        ms.iter()
+            .map(|&m| base + Duration::from_millis(m))
+            .collect()
+    }
+
+    /// Two provers, one segment a second each, half a second apart: two a
+    /// second together, over the second and a half both are steady.
+    #[test]
+    fn the_steady_rate_counts_the_window_every_prover_is_in() {
+        let t = Instant::now();
+        let bounds = [
+            at(t, &[0, 1000, 2000, 3000]),
+            at(t, &[500, 1500, 2500, 3500]),
+        ];
+        let rate = steady_rate(&bounds).unwrap();
+        assert!((rate - 2.0).abs() < 1e-9, "{rate}");
+    }
+
+    /// Provers whose steady times do not overlap have no common window:
+    /// their own rates (six a second each) must not add up to twelve.
+    #[test]
+    fn provers_steady_at_different_times_have_no_steady_rate() {
+        let t = Instant::now();
+        let first: Vec<u64> = (0..=6).map(|i| i * 1000 / 6).collect();
+        let second: Vec<u64> = first.iter().map(|m| m + 1000).collect();
+        let bounds = [at(t, &first), at(t, &second[1..])];
+        assert_eq!(steady_rate(&bounds), None);
+        assert_eq!(steady_rate(&[]), None);
+        assert_eq!(steady_rate(&[at(t, &[5])]), None);
+    }
+
+    /// A prover that ran five segments in five milliseconds, then one
+    /// that took the rest of the second, made six in the second: its
+    /// burst does not count as a thousand a second.
+    #[test]
+    fn a_burst_counts_at_its_share_of_the_window() {
+        let t = Instant::now();
+        let bursty = at(t, &[0, 1, 2, 3, 4, 5, 1000]);
+        let even: Vec<u64> = (0..=6).map(|i| i * 1000 / 6).collect();
+        let rate = steady_rate(&[bursty, at(t, &even)]).unwrap();
+        assert!((rate - 12.0).abs() < 1e-6, "{rate}");
+    }
 }

@@ -211,12 +211,12 @@ fn a_replayed_trace_reproduces_the_captured_runs_hits_and_peak_pinned() {
     assert!(replayed.late_p99_ms.is_some() && captured.late_p99_ms.is_none());
 }
 
-/// Steady segments per second count each prover's segments after its
+/// Steady segments per second count the provers' segments after their
 /// first quarter over the time they took: with a fixed 20 ms gap after
-/// every segment, each prover's six later segments take 120 ms or more,
-/// so two provers make at most 100 a second, and about as many as over
-/// the whole run; a prover with one segment has none after its first
-/// quarter.
+/// every segment, each later segment takes 20 ms or more, so two provers
+/// make at most 100 a second, and about as many as over the whole run; a
+/// prover with one segment has none after its first quarter. (The
+/// window's arithmetic is tested in `run`'s unit tests.)
 #[test]
 fn steady_segments_per_s_counts_the_later_segments_over_their_time() {
     let _alone = alone();
@@ -231,6 +231,12 @@ fn steady_segments_per_s_counts_the_later_segments_over_their_time() {
     // counts the first segments too, is the same but for noise.
     let overall = result.segments_per_s.unwrap();
     assert!(overall <= 100.0 && steady >= 0.9 * overall, "{result:?}");
+    // Two later segments a prover still have a rate; a single segment,
+    // none.
+    workload.segments = 3;
+    let result = run(Kind::Pageable, &workload, &settings(), None, None);
+    let steady = result.steady_segments_per_s.expect("later segments");
+    assert!(steady > 0.0 && steady <= 100.0, "{result:?}");
     workload.segments = 1;
     let result = run(Kind::Pageable, &workload, &settings(), None, None);
     assert_eq!(result.steady_segments_per_s, None, "{result:?}");
