@@ -473,7 +473,7 @@ mod tests {
     }
 
     /// Two provers, one segment a second each, half a second apart: two a
-    /// second together, over the second and a half both are steady.
+    /// second together, over the two and a half seconds both are steady.
     #[test]
     fn the_steady_rate_counts_the_window_every_prover_is_in() {
         let t = Instant::now();
