@@ -128,8 +128,8 @@ struct SimArgs {
     #[arg(long)]
     emulate_pinning: bool,
     /// Runs of each strategy, on the same draws, 1 to 1000; with more
-    /// than one the table shows each figure's median (min-max), and the
-    /// JSON every run and the summary.
+    /// than one the table shows each figure's median (min-max), `-` for
+    /// a figure some run lacks, and the JSON every run and the summary.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=cli::MAX_REPEAT))]
     repeat: u32,
     /// Print JSON instead of a table.
@@ -175,8 +175,8 @@ struct ReplayArgs {
     #[arg(long)]
     emulate_pinning: bool,
     /// Runs of each strategy, 1 to 1000; with more than one the table
-    /// shows each figure's median (min-max), and the JSON every run and
-    /// the summary.
+    /// shows each figure's median (min-max), `-` for a figure some run
+    /// lacks, and the JSON every run and the summary.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=cli::MAX_REPEAT))]
     repeat: u32,
     /// Print JSON instead of a table.

@@ -224,7 +224,9 @@ pub struct Report {
     /// The runs, in order.
     pub runs: Vec<RunResult>,
     /// Per figure (by its key), its spread over the runs; `None` where
-    /// the strategy has no such figure.
+    /// the strategy has no such figure, or where some run has none (a
+    /// steady rate whose provers were never steady at once): a spread
+    /// over the other runs would pass for all of them.
     pub summary: BTreeMap<&'static str, Option<Spread>>,
 }
 
@@ -233,7 +235,10 @@ impl Report {
     pub fn new(strategy: Kind, runs: Vec<RunResult>) -> Self {
         let summary = FIGURES
             .iter()
-            .map(|f| (f.key, Spread::of(runs.iter().filter_map(f.value).collect())))
+            .map(|f| {
+                let values: Option<Vec<f64>> = runs.iter().map(f.value).collect();
+                (f.key, Spread::of(values.unwrap_or_default()))
+            })
             .collect();
         Self {
             strategy,
@@ -262,6 +267,25 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A figure one run lacks has no spread: the others' would pass for
+    /// every run's.
+    #[test]
+    fn a_figure_some_run_lacks_has_no_spread() {
+        let run = |steady: Option<f64>| RunResult {
+            steady_segments_per_s: steady,
+            ..crate::run::tests::a_run()
+        };
+        let report = Report::new(Kind::Limit, vec![run(Some(2.0)), run(None), run(Some(3.0))]);
+        let steady = FIGURES
+            .iter()
+            .find(|f| f.key == "steady_segments_per_s")
+            .unwrap();
+        assert_eq!(report.summary["steady_segments_per_s"], None);
+        assert_eq!(report.cell(steady), "-");
+        let report = Report::new(Kind::Limit, vec![run(Some(2.0)), run(Some(3.0))]);
+        assert_eq!(report.cell(steady), "2.50 (2.00-3.00)");
+    }
 
     #[test]
     fn spreads() {

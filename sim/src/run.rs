@@ -174,7 +174,8 @@ pub(crate) fn quantile(values: &mut [u64], q: f64) -> f64 {
 /// the segments each prover proved within it, counted in fractions of the
 /// segments that straddle its ends (as if a segment's work ran evenly
 /// over its time), summed over the provers and divided by the window's
-/// length. `None` if there are no provers, or the window is empty.
+/// length. `None` if there are no provers, a prover has fewer than two
+/// boundaries, or the window is empty.
 fn steady_rate(bounds: &[Vec<Instant>]) -> Option<f64> {
     if bounds.iter().any(|b| b.len() < 2) {
         return None;
@@ -463,8 +464,39 @@ fn prove(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A run with every figure at a plain value, for tests of what reads
+    /// runs.
+    pub(crate) fn a_run() -> RunResult {
+        RunResult {
+            strategy: Kind::Limit,
+            wall_s: 1.0,
+            segments_per_s: Some(1.0),
+            steady_segments_per_s: Some(1.0),
+            staged_gb_per_s: 1.0,
+            take_p50_us: 1.0,
+            take_p99_us: 1.0,
+            drop_p99_us: 1.0,
+            hit_rate: 1.0,
+            hit_rate_bytes: 1.0,
+            steady_hit_rate: 1.0,
+            steady_hit_rate_bytes: 1.0,
+            ready_p50_ms: None,
+            ready_p99_ms: None,
+            peak_pinned_bytes: 1,
+            peak_in_use_bytes: 1,
+            pinned_per_in_use: 1.0,
+            registrations: 0,
+            bytes_requested: 1,
+            bytes_handed_out: 1,
+            class_overhead: 1.0,
+            bytes_zeroed: 0,
+            late_p99_ms: None,
+            series: Series::default(),
+        }
+    }
 
     fn at(base: Instant, ms: &[u64]) -> Vec<Instant> {
         ms.iter()
@@ -496,6 +528,20 @@ mod tests {
         assert_eq!(steady_rate(&bounds), None);
         assert_eq!(steady_rate(&[]), None);
         assert_eq!(steady_rate(&[at(t, &[5])]), None);
+    }
+
+    /// Segments that straddle the window's ends count by their share of
+    /// time inside it: A's one segment (0-100 ms) and B's two (50-60,
+    /// 60-150 ms) share 50-100 ms, in which A did half of its segment and
+    /// B one segment and 40/90 of the next.
+    #[test]
+    fn segments_across_the_window_count_by_their_share() {
+        let t = Instant::now();
+        let rate = steady_rate(&[at(t, &[0, 100]), at(t, &[50, 60, 150])]).unwrap();
+        let expected = (0.5 + 1.0 + 40.0 / 90.0) / 0.05;
+        assert!((rate - expected).abs() < 1e-9, "{rate} against {expected}");
+        // Windows that only touch are empty.
+        assert_eq!(steady_rate(&[at(t, &[0, 10]), at(t, &[10, 20])]), None);
     }
 
     /// A prover that ran five segments in five milliseconds, then one
