@@ -421,9 +421,7 @@ fn prove(
     // The segment boundaries from the steady point on (see
     // `Tally::steady_bounds`).
     let mut bounds = Vec::new();
-    let plan = workload.plan(prover);
-    let segments = plan.len();
-    for (index, segment) in plan.into_iter().enumerate() {
+    for (index, segment) in workload.plan(prover).into_iter().enumerate() {
         let steady = index >= warmup;
         if index == warmup {
             bounds.push(Instant::now());
@@ -446,7 +444,7 @@ fn prove(
             tally.staged += written as u64;
         }
         std::thread::sleep(segment.gap);
-        if steady && index + 1 < segments {
+        if steady && index + 1 < workload.segments {
             bounds.push(Instant::now());
         }
         if let Some(bar) = progress {

@@ -159,29 +159,16 @@ mod tests {
     fn result(hits: f64, pinned: u64) -> RunResult {
         RunResult {
             strategy: Kind::Pinpool,
-            wall_s: 1.0,
             segments_per_s: None,
             steady_segments_per_s: None,
-            staged_gb_per_s: 0.0,
-            take_p50_us: 0.0,
-            take_p99_us: 0.0,
-            drop_p99_us: 0.0,
             hit_rate: hits,
             hit_rate_bytes: hits,
             steady_hit_rate: hits,
             steady_hit_rate_bytes: hits,
-            ready_p50_ms: None,
-            ready_p99_ms: None,
             peak_pinned_bytes: pinned,
             peak_in_use_bytes: 100,
             pinned_per_in_use: pinned as f64 / 100.0,
-            registrations: 0,
-            bytes_requested: 0,
-            bytes_handed_out: 0,
-            class_overhead: 1.0,
-            bytes_zeroed: 0,
-            late_p99_ms: None,
-            series: Default::default(),
+            ..crate::run::tests::a_run()
         }
     }
 
