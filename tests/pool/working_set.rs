@@ -121,15 +121,19 @@ fn run(threads: usize, segments: usize, buffers: usize, hi: usize, seed: u64) ->
             steady byte hits down to 90.6%, when both threads' largest segments meet past the \
             peak seen before; once pinned 1.31x). On 2026-12-07, with the bytes held counted \
             down after each drop (before, before the drops): 1 of 40 runs failed (seed 3, pinned \
-            1.31x; 3 of 20 before the change of count); in a later batch the same day, 9 of 40 \
-            (8 on steady byte hits, down to 93.6%, 6 of them seed 4; once pinned 1.33x): the \
-            misses come where both threads' segments together pass the peak seen before (76 MiB \
-            asked at once against regions of 62), and a growth here runs at the speed the \
-            virtual machine faults fresh memory in (that day 2.2 ms a MiB for a process's first \
-            touch, 0.12 once the guest holds the pages). In runs where the virtual machine \
-            faulted memory the process had freed at 1.5-5.5 ms a MiB (free page reporting: a 36 \
-            MiB growth took 138-186 ms), most runs failed on steady byte hits (down to 83.8%). Growth policies tried: BENCHMARKS.md, the \
-            working-set test on the CI box; see the figures it prints"]
+            1.31x; 3 of 20 before the change of count); in later batches the same day, 8 of 40 \
+            (release build) and 9 of 40 (debug), mostly seed 4 on steady byte hits (down to \
+            72.0%; in one such run printed segment by segment, the steady misses came at a \
+            segment where both threads together asked 76 MiB against regions of 62, past the \
+            peak seen before, and two segments later, the regions grown to 84). Two builds whose \
+            code is the same for this workload (257c484 and 7f2ff43), run in pairs, 30 pairs in \
+            each order: the second run of a pair missed more (seed 4 under 98% in 2 first runs \
+            and 6 second runs in one order, 2 and 5 in the other), although a process started \
+            right after another faults fresh memory in faster there (0.14 ms a MiB against \
+            1.4-2.3). In runs where the virtual machine faulted memory the process had freed at \
+            1.5-5.5 ms a MiB (free page reporting: a 36 MiB growth took 138-186 ms), most runs \
+            failed on steady byte hits (down to 83.8%). Growth policies tried: BENCHMARKS.md, \
+            the working-set test on the CI box; see the figures it prints"]
 fn pinned_memory_follows_the_working_set() {
     let mut failures = Vec::new();
     for (threads, hi, seed) in [
