@@ -11,7 +11,8 @@ use crate::tune::{Tune, Tuning};
 use std::time::{Duration, Instant};
 
 use super::{
-    cap_slack, cool, fit_regions_to_cap, release_all, release_region, release_regions, Cleaner, Env,
+    cap_slack, cool, fit_regions_to_cap, release_all, release_region, release_regions,
+    release_regions_over_budget, Cleaner, Env,
 };
 
 /// The shortest time between two searches of the caches for buffers of
@@ -166,6 +167,30 @@ impl Cleaner {
         });
     }
 
+    /// Brings the pinned bytes back within a budget lowered while buffers
+    /// were out. A buffer dropped through the cleaner past the budget is
+    /// released there (see `Cleaner::finish`), but one that comes back by
+    /// another path (reused through its owner's cache and then swept to
+    /// the shards, or given back to its region by a class gone cold, or by
+    /// the cap's evictions) does not check the budget: past it, the idle
+    /// buffers are evicted here, and the regions left wholly free go, at
+    /// the next tick after they came back.
+    fn fit_budget(&self, env: Env<'_>) {
+        let counters = env.counters();
+        // Relaxed reads, a snapshot: a stale excess evicts idle buffers
+        // that fit (they are carved or pinned again at the next takes), a
+        // stale fit leaves the excess to the next tick.
+        let over = counters.pinned().saturating_sub(counters.max_pinned());
+        if over == 0 {
+            return;
+        }
+        let evicted = env
+            .admission
+            .shrink_by(env.places, usize::try_from(over).unwrap_or(usize::MAX));
+        release_all(env.releaser(), evicted);
+        release_regions_over_budget(env.releaser(), env.places.shards);
+    }
+
     /// Runs a provisioning tick (see [`Provisioner`](crate::provision::Provisioner)): releases what it
     /// trimmed, moves a cap that follows the working set, and pins what it
     /// provisions. `force` trims now (`Pool::trim`).
@@ -229,6 +254,9 @@ impl Cleaner {
             if let Some(idle_trim) = env.provisioner.idle_trim() {
                 self.pull_draining(env, idle_trim);
             }
+        }
+        if plan.ticked {
+            self.fit_budget(env);
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its

@@ -516,7 +516,13 @@ impl Pool {
     /// ([`PoolBuilder::regions`](crate::PoolBuilder::regions)), what is
     /// released at once is the regions wholly free: one registration cannot
     /// be released in part, so the free extents of a region with a buffer
-    /// in use stay pinned until its last buffer comes back.
+    /// in use stay pinned until its last buffer comes back. A buffer out at
+    /// the call that comes back without passing through the cleaner (reused
+    /// by its owner's thread and then swept to the pool, for one) is
+    /// released at the cleaner's next provisioning tick (every few
+    /// milliseconds while it works, at most 100 ms apart while the pool is
+    /// quiet), with the regions it leaves wholly free, until the pinned
+    /// bytes fit.
     ///
     /// # Examples
     ///

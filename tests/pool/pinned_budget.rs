@@ -100,3 +100,71 @@ fn provisioning_pins_nothing_past_the_budget() {
     let stats = pool.stats();
     assert!(stats.peak_pinned_bytes <= 3 * MIB as u64, "{stats:#?}");
 }
+
+/// With regions, a budget lowered (and raised, and lowered again) while
+/// takes and drops run is met once the pool is quiet: buffers out at the
+/// lowering come back by paths other than the cleaner (reused through a
+/// thread cache, swept from a cache, given back to their region by a
+/// class that went cold), and the regions they leave wholly free go too,
+/// without waiting for the idle trim.
+#[test]
+fn a_budget_lowered_while_buffers_are_out_is_met_once_quiet() {
+    let (high, low) = (24 * MIB, 6 * MIB);
+    let mut over = Vec::new();
+    for round in 0..4u64 {
+        let pool = Pool::builder()
+            .faults(Arc::new(Faults::default()))
+            .cleaner_threads(2)
+            .regions(true)
+            .provision(round % 2 == 0)
+            .max_pinned_bytes(high)
+            .build()
+            .unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let (pool, stop) = (&pool, &stop);
+                s.spawn(move || {
+                    let mut rng = crate::common::Rng(round * 8 + t + 11);
+                    let mut held = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut b = pool.take(rng.log_uniform(100, 3 * MIB));
+                        let n = b.len().min(64);
+                        b[..n].fill(1);
+                        b.set_dirty_len(n);
+                        held.push(b);
+                        if held.len() > 6 || rng.below(3) == 0 {
+                            let k = rng.below(held.len() as u64) as usize;
+                            drop(held.swap_remove(k));
+                        }
+                    }
+                });
+            }
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(800);
+            let mut i = 0;
+            while std::time::Instant::now() < until {
+                pool.set_max_pinned_bytes(if i % 2 == 0 { low } else { high });
+                i += 1;
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+            pool.set_max_pinned_bytes(low);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        pool.flush();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        pool.flush();
+        let s = pool.stats();
+        if s.pinned_bytes > low as u64 {
+            over.push(format!(
+                "round {round}: {} pinned, {} in use, {} regions ({} bytes, {} free)",
+                s.pinned_bytes, s.in_use_bytes, s.regions, s.region_bytes, s.free_extent_bytes
+            ));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "past the budget of {low} once quiet:\n{}",
+        over.join("\n")
+    );
+}
