@@ -288,8 +288,12 @@ pub struct Stats {
     pub hits: u64,
     /// Takes that allocated a fresh (pageable) buffer.
     pub misses: u64,
-    /// Bytes handed out by all takes (the buffers' lengths, which round the
-    /// requests up to their size classes).
+    /// Bytes handed out by all takes, at their size classes (which round
+    /// the requests up): a buffer borrowed from a larger class counts at
+    /// that class's size, its capacity, as in [`in_use_bytes`] and
+    /// [`ClassStats`].
+    ///
+    /// [`in_use_bytes`]: Self::in_use_bytes
     pub taken_bytes: u64,
     /// Of `hits`, takes served by an idle buffer of a larger class (see
     /// [`PoolBuilder::borrow_slack`](crate::PoolBuilder::borrow_slack)).
@@ -509,7 +513,9 @@ pub struct ClassStats {
     pub size: usize,
     /// Ready buffers of the class, all devices.
     pub pooled_buffers: usize,
-    /// Takes of the class served from the pool.
+    /// Takes served from the pool by a buffer of the class: a take
+    /// served by borrowing a buffer of a larger class (see
+    /// [`Stats::borrowed`]) counts in the class that lent it.
     pub hits: u64,
     /// Takes of the class that allocated.
     pub misses: u64,

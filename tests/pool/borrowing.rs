@@ -301,3 +301,27 @@ fn borrowing_oracle_under_churn() {
         "registrations vs unregistrations after clear"
     );
 }
+
+/// A take served by borrowing counts at the class that lent its buffer:
+/// in that class's hits and, at that class's size (the buffer's capacity),
+/// in the bytes taken, as the bytes in use count it.
+#[test]
+fn a_borrowed_take_counts_at_the_class_that_lent_it() {
+    let (pool, _faults) = faulty_with_classes(1, SizeClasses::PowersOfTwo);
+    drop(pool.take(8192));
+    pool.flush();
+    let b = pool.take(4096);
+    assert_eq!((b.len(), b.capacity()), (4096, 8192), "it borrowed");
+    let s = pool.stats();
+    assert_eq!(s.borrowed, 1, "{s:?}");
+    assert_eq!(s.taken_bytes, 8192 + 8192, "{s:?}");
+    assert_eq!(s.in_use_bytes, 8192, "{s:?}");
+    let class = |size: usize| {
+        s.per_class
+            .iter()
+            .find(|c| c.size == size)
+            .map_or((0, 0), |c| (c.hits, c.misses))
+    };
+    assert_eq!(class(8192), (1, 1), "{s:?}");
+    assert_eq!(class(4096), (0, 0), "{s:?}");
+}
