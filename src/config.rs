@@ -492,7 +492,12 @@ impl PoolBuilder {
     /// window ago or more, and, if idle trimming is on, only for an excess
     /// of more than an eighth of the cap); a region
     /// with a buffer in use, or idle in its class, keeps its free extents
-    /// (one registration is released whole or not at all).
+    /// (one registration is released whole or not at all). So, under a cap
+    /// that is set, a growth that would take the regions past the cap stops
+    /// at it, and what the demand needs beyond it is grown at the next
+    /// growth, in a region of its own that folds in no other: once the
+    /// workload pauses, the regions past the cap go and those within it
+    /// stay, for the next takes to carve from.
     ///
     /// # Examples
     ///

@@ -785,6 +785,18 @@ impl Regions {
         self.totals.peak.store(held, Ordering::Relaxed);
     }
 
+    /// The most bytes of whole pages (huge pages from one up) within
+    /// `bytes`: [`fit_len`](Self::fit_len) rounding down.
+    pub(crate) fn fit_len_within(&self, bytes: usize) -> usize {
+        let huge = huge_page_size();
+        let page = crate::size_class::page_size();
+        if bytes >= huge {
+            bytes - bytes % huge
+        } else {
+            bytes - bytes % page
+        }
+    }
+
     /// `bytes` rounded up to whole pages, or to huge pages from one up.
     pub(crate) fn fit_len(&self, bytes: usize) -> usize {
         let huge = huge_page_size();
@@ -1016,13 +1028,18 @@ impl Regions {
         out
     }
 
-    /// Unlists wholly free regions that `eligible` accepts (given how long
-    /// each has been wholly free and how long it has been listed), of
-    /// `bytes` or more in all if they hold that much, choosing the fewest
-    /// bytes that do (of sets of equal bytes, the one whose largest region
-    /// is smallest: the largest regions, which hold the largest buffers, go
-    /// last), among the 16 smallest of them; past 16, or if those fall
-    /// short, the smallest first. All of them if they hold less. Chosen
+    /// Unlists wholly free regions, of `bytes` or more in all if they hold
+    /// that much, choosing the fewest bytes that do (of sets of equal
+    /// bytes, the one whose largest region is smallest: the largest
+    /// regions, which hold the largest buffers, go last), among the 16
+    /// smallest of them; past 16, or if those fall short, the smallest
+    /// first. All of them if they hold less. The choice is made among every
+    /// wholly free region, and of those chosen only the ones `eligible`
+    /// accepts (given how long each has been wholly free and how long it
+    /// has been listed) go now, the others at a later call once it accepts
+    /// them: a region that became wholly free first is not released in
+    /// place of one that covers the excess better but became free later
+    /// (a region within a given cap, before one grown past it). Chosen
     /// and unlisted under one hold of the list lock: carves take it, and
     /// give-backs only free, so those chosen are still wholly free. For
     /// the caller to unregister and free; the demand peak falls as with
@@ -1037,8 +1054,8 @@ impl Regions {
         }
         let now = Instant::now();
         let mut list = self.list.lock();
-        // (length, index in the list) of the eligible ones.
-        let mut free: Vec<(usize, usize)> = Vec::new();
+        // (length, index in the list, eligible) of the wholly free ones.
+        let mut free: Vec<(usize, usize, bool)> = Vec::new();
         for (i, &region) in list.iter().enumerate() {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
@@ -1048,13 +1065,15 @@ impl Regions {
             };
             let idle = now.saturating_duration_since(since);
             let age = now.saturating_duration_since(this.listed_at);
-            if eligible(idle, age) {
-                free.push((this.len, i));
-            }
+            free.push((this.len, i, eligible(idle, age)));
         }
         free.sort_unstable();
-        let lens: Vec<usize> = free.iter().map(|&(len, _)| len).collect();
-        let mut chosen: Vec<usize> = cover(&lens, bytes).into_iter().map(|k| free[k].1).collect();
+        let lens: Vec<usize> = free.iter().map(|&(len, ..)| len).collect();
+        let mut chosen: Vec<usize> = cover(&lens, bytes)
+            .into_iter()
+            .filter(|&k| free[k].2)
+            .map(|k| free[k].1)
+            .collect();
         // Removed from the back, so the indices still left stay valid.
         chosen.sort_unstable_by(|a, b| b.cmp(a));
         let mut out = Vec::with_capacity(chosen.len());

@@ -869,6 +869,23 @@ impl Cleaner {
         Self::grow_with(env, device, regions, 0, 0, None, Some((plan, short.merge)))
     }
 
+    /// The bytes the regions of every device may grow by before they pass
+    /// the cap, when the cap is given (`None` while it follows the working
+    /// set, which rises with the demand the regions grow for).
+    fn cap_room(env: Env<'_>) -> Option<usize> {
+        let (cap, follows) = env.admission.cap_and_follows(env.places);
+        if follows {
+            return None;
+        }
+        let held: usize = env
+            .places
+            .shards
+            .iter()
+            .map(|s| s.regions().figures().bytes)
+            .sum();
+        Some(cap.saturating_sub(held))
+    }
+
     /// Registers a region of `device` of at least `want` bytes (see
     /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
     /// the pinned budget or the registration fails; within the budget, with
@@ -915,6 +932,30 @@ impl Cleaner {
         } else {
             regions.next_len(want, least)
         };
+        // Under a cap that is given (a bound on idle bytes: regions past it
+        // go once wholly free, whole, as one registration cannot be
+        // released in part), a growth that would take the regions past the
+        // cap stops at it, in a region of its own (of `REGION_MIN` at
+        // least: a smaller room is left), though the demand needs more;
+        // the rest is left to the next growth, whose region folds nothing
+        // (see `Cleaner::cap_room`). A region holding both what the cap
+        // keeps and what it does not would go whole once idle, and a
+        // workload whose steps hold more than the cap would miss every
+        // take (one region grown, and released, per step).
+        let cap_room = if merging.is_none() && reserved.is_none() {
+            Self::cap_room(env)
+        } else {
+            None
+        };
+        if let Some(room) = cap_room {
+            let within = regions.fit_len_within(room);
+            if len > room && within >= Tune::REGION_MIN {
+                len = within;
+            }
+        }
+        // Whether this growth takes the regions past a given cap: it folds
+        // no region, so that those within the cap stay apart from it.
+        let past_cap = cap_room.is_some_and(|room| len > room);
         // The set's wholly free regions go into the new one (see
         // `Regions::grow`): a set grown in steps keeps a few large regions,
         // and a buffer as large as the set's largest still finds one
@@ -948,8 +989,8 @@ impl Cleaner {
             };
             let fold = match (merge.take(), std::mem::take(&mut first)) {
                 (Some((plan, _)), _) => plan,
-                (None, true) => regions.fold_plan(len),
-                (None, false) => Vec::new(),
+                (None, true) if !past_cap => regions.fold_plan(len),
+                (None, _) => Vec::new(),
             };
             // The regions it folds are registered now, and will be again
             // within its registration: their bytes are admitted from now to

@@ -2548,3 +2548,36 @@ fn a_quiet_pool_fits_the_cap_with_a_hot_class_in_a_region() {
     let stats = pool.stats();
     assert!(stats.pooled_bytes <= 256 << 10, "{stats:#?}");
 }
+
+/// Steps that each hold more than a given cap, a pause between them longer
+/// than the 100 ms after which wholly free regions past the cap go: the
+/// regions keep what the cap allows, so that the takes of each step hit
+/// up to it, rather than growing one region for the whole step that the
+/// cap then releases whole (no take ever hitting, a registration of the
+/// whole step every step).
+#[test]
+fn steps_past_a_given_cap_keep_what_it_allows() {
+    const MIB: usize = 1 << 20;
+    let (pool, faults) = carving();
+    pool.set_max_pooled_bytes(4 * MIB);
+    let mut hits = Vec::new();
+    for _ in 0..5 {
+        let held: Vec<_> = (0..8).map(|_| pool.take(MIB)).collect();
+        hits.push(held.iter().filter(|b| b.was_pooled()).count());
+        drop(held);
+        pool.flush();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let s = pool.stats();
+    assert!(
+        hits[1..].iter().all(|&h| h >= 3),
+        "hits per step of 8 takes: {hits:?} ({} registrations): {s:#?}",
+        faults.registered()
+    );
+    assert!(
+        s.pooled_bytes <= 4 * MIB,
+        "{} bytes pooled past the cap, quiet: {s:#?}",
+        s.pooled_bytes
+    );
+    pool.shutdown();
+}
