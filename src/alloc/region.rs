@@ -1033,13 +1033,14 @@ impl Regions {
     /// bytes, the one whose largest region is smallest: the largest
     /// regions, which hold the largest buffers, go last), among the 16
     /// smallest of them; past 16, or if those fall short, the smallest
-    /// first. All of them if they hold less. The choice is made among every
-    /// wholly free region, and of those chosen only the ones `eligible`
+    /// first. All of them if they hold less. Only regions that `eligible`
     /// accepts (given how long each has been wholly free and how long it
-    /// has been listed) go now, the others at a later call once it accepts
-    /// them: a region that became wholly free first is not released in
-    /// place of one that covers the excess better but became free later
-    /// (a region within a given cap, before one grown past it). Chosen
+    /// has been listed) go; with `wait`, the choice is made among every
+    /// wholly free region, and those chosen that it does not accept yet
+    /// are left to a later call: a region that became wholly free first is
+    /// not released in place of one that covers the excess better but
+    /// became free later (under a given cap, the region within it before
+    /// the one grown past it); without, among those it accepts. Chosen
     /// and unlisted under one hold of the list lock: carves take it, and
     /// give-backs only free, so those chosen are still wholly free. For
     /// the caller to unregister and free; the demand peak falls as with
@@ -1048,6 +1049,7 @@ impl Regions {
         &self,
         bytes: usize,
         mut eligible: impl FnMut(Duration, Duration) -> bool,
+        wait: bool,
     ) -> Vec<Unlisted> {
         if bytes == 0 {
             return Vec::new();
@@ -1065,7 +1067,10 @@ impl Regions {
             };
             let idle = now.saturating_duration_since(since);
             let age = now.saturating_duration_since(this.listed_at);
-            free.push((this.len, i, eligible(idle, age)));
+            let ok = eligible(idle, age);
+            if ok || wait {
+                free.push((this.len, i, ok));
+            }
         }
         free.sort_unstable();
         let lens: Vec<usize> = free.iter().map(|&(len, ..)| len).collect();
@@ -1772,6 +1777,44 @@ mod tests {
     /// Regions released to cover an excess: the fewest bytes, of equal
     /// sets the one whose largest region is smallest; all of them if they
     /// hold less; none that `eligible` refuses.
+    /// With `wait`, the cover is chosen among every wholly free region and
+    /// one not eligible yet holds its place: the eligible region that
+    /// covers less well stays (a region within a given cap, free first,
+    /// is not released in place of the one grown past it); without, the
+    /// eligible ones cover what they can.
+    #[test]
+    fn waiting_keeps_the_region_a_better_cover_is_not_eligible_for() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut unregister = unregistered;
+        regions
+            .grow(2 * huge, Vec::new(), &mut unregister, None)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        regions
+            .grow(3 * huge, Vec::new(), &mut unregister, None)
+            .unwrap();
+        // Eligible: listed 50 ms ago or more, the 2-huge-page region only.
+        // The excess, 3 huge pages, is covered by the 3 alone.
+        let old = |_: Duration, age: Duration| age >= Duration::from_millis(50);
+        assert!(
+            regions.unlist_to_cover(3 * huge, old, true).is_empty(),
+            "released a region the cover did not choose"
+        );
+        assert_eq!(regions.figures().regions, 2);
+        let out = regions.unlist_to_cover(3 * huge, old, false);
+        assert_eq!(
+            out.iter().map(Unlisted::len).collect::<Vec<_>>(),
+            [2 * huge]
+        );
+        for r in out
+            .into_iter()
+            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true, false))
+        {
+            r.free();
+        }
+    }
+
     #[test]
     fn an_excess_is_covered_by_the_fewest_bytes() {
         let regions = Regions::new(None);
@@ -1797,24 +1840,32 @@ mod tests {
         for n in [5, 2, 3] {
             grow(n, &mut unregister);
         }
-        assert!(regions.unlist_to_cover(huge, |_, _| false).is_empty());
+        assert!(regions
+            .unlist_to_cover(huge, |_, _| false, false)
+            .is_empty());
         // 2 + 3 and 5 are as many bytes: the largest stays.
-        assert_eq!(lens(regions.unlist_to_cover(4 * huge, |_, _| true)), [2, 3]);
+        assert_eq!(
+            lens(regions.unlist_to_cover(4 * huge, |_, _| true, false)),
+            [2, 3]
+        );
         for n in [2, 3] {
             grow(n, &mut unregister);
         }
-        assert_eq!(lens(regions.unlist_to_cover(1, |_, _| true)), [2]);
+        assert_eq!(lens(regions.unlist_to_cover(1, |_, _| true, false)), [2]);
         grow(2, &mut unregister);
-        assert_eq!(lens(regions.unlist_to_cover(7 * huge, |_, _| true)), [2, 5]);
+        assert_eq!(
+            lens(regions.unlist_to_cover(7 * huge, |_, _| true, false)),
+            [2, 5]
+        );
         // 3 left; 9 huge pages: only 2 + 3 + 5 hold them.
         grow(2, &mut unregister);
         grow(5, &mut unregister);
         assert_eq!(
-            lens(regions.unlist_to_cover(9 * huge, |_, _| true)),
+            lens(regions.unlist_to_cover(9 * huge, |_, _| true, false)),
             [2, 3, 5]
         );
         assert_eq!(regions.figures().regions, 0);
-        assert!(regions.unlist_to_cover(huge, |_, _| true).is_empty());
+        assert!(regions.unlist_to_cover(huge, |_, _| true, false).is_empty());
     }
 
     /// Two regions, 2 and 8 pages, with a thread carving one page and
@@ -1858,7 +1909,7 @@ mod tests {
                 }
             });
             for _ in 0..rounds {
-                let out = regions.unlist_to_cover(page(), |_, _| true);
+                let out = regions.unlist_to_cover(page(), |_, _| true, false);
                 if out.is_empty() {
                     empty += 1;
                 }
@@ -1888,7 +1939,7 @@ mod tests {
                 .unwrap();
         }
         let mut lens: Vec<usize> = regions
-            .unlist_to_cover(9 * page(), |_, _| true)
+            .unlist_to_cover(9 * page(), |_, _| true, false)
             .into_iter()
             .map(|r| {
                 let n = r.len() / page();

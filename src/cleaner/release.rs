@@ -189,7 +189,7 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
         // last: see `Regions::unlist_to_cover`).
         let over = counters.pinned().saturating_sub(counters.max_pinned());
         let over = usize::try_from(over).unwrap_or(usize::MAX);
-        for region in shard.regions().unlist_to_cover(over, |_, _| true) {
+        for region in shard.regions().unlist_to_cover(over, |_, _| true, false) {
             release_region(with, device, region);
         }
     }
@@ -278,13 +278,19 @@ pub(crate) fn cool(
 /// in use at their peak, would otherwise release it whenever the bytes in
 /// use dip between two steps of the workload, to grow it again at the
 /// next. Nor does an excess of `slack(cap)` bytes or less release
-/// anything (see [`cap_slack`]).
+/// anything (see [`cap_slack`]). Under a cap that is `given`, the regions
+/// that cover the excess are chosen among every wholly free region, those
+/// not free for `min_idle` yet going at a later call (see
+/// `Regions::unlist_to_cover`): growths stop at a given cap, and the
+/// region within it, free first once a step's buffers come back, must not
+/// go in place of the one grown past it.
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,
     at: Places<'_>,
     min_idle: Duration,
     min_age: Duration,
+    given: bool,
     slack: impl FnOnce(usize) -> usize,
 ) {
     let cap = at.caches.cap();
@@ -298,7 +304,7 @@ pub(crate) fn fit_regions_to_cap(
             break;
         }
         let eligible = |idle: Duration, age: Duration| idle >= min_idle && age >= min_age;
-        for region in shard.regions().unlist_to_cover(left, eligible) {
+        for region in shard.regions().unlist_to_cover(left, eligible, given) {
             left = left.saturating_sub(region.len());
             release_region(with, device, region);
         }

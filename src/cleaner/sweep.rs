@@ -275,6 +275,7 @@ impl Cleaner {
                 env.places,
                 CAP_RELEASE_AFTER,
                 min_age,
+                !follows,
                 |cap| cap_slack(follows, idle_trim, cap),
             );
         }

@@ -197,6 +197,7 @@ impl Shared {
                 self.places(),
                 std::time::Duration::ZERO,
                 std::time::Duration::ZERO,
+                true,
                 |_| 0,
             );
         }
