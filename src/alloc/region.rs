@@ -68,11 +68,16 @@ use super::mmap::{huge_page_size, map, map_huge, move_pages};
 /// while the regions hold the bytes the demand needs: one extent for it
 /// may be made of wholly free regions, moved together, adding no bytes
 /// (see [`Regions::merge_plan`]); 0 otherwise.
+///
+/// `whole`: the largest footprint a take found no free extent for since
+/// the last growth (0 if none), which a region of the growth must hold in
+/// one extent: a growth cut short at a given cap is not cut below it.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Shortfall {
     pub(crate) want: usize,
     pub(crate) need: usize,
     pub(crate) merge: usize,
+    pub(crate) whole: usize,
 }
 
 impl Shortfall {
@@ -734,6 +739,9 @@ impl Regions {
             short.want = short.want.max(len);
             short.need = len;
         }
+        if short.want > 0 {
+            short.whole = len;
+        }
         short
     }
 
@@ -773,6 +781,7 @@ impl Regions {
                 want: short.max(bytes / 8),
                 need: peak.saturating_sub(bytes),
                 merge: 0,
+                whole: 0,
             },
         }
     }

@@ -819,10 +819,18 @@ impl Cleaner {
         // this buffer alone, and the shortfall stays unmet.
         if short.want > 0 && !Self::merge(env, device, regions, short) {
             let least = short.need.max(footprint);
-            if !Self::grow(env, device, regions, short.want, least, None) {
+            let whole = short.whole.max(footprint);
+            if !Self::grow(env, device, regions, short.want, (least, whole), None) {
                 regions.unmet_merge(short);
                 if least > footprint {
-                    Self::grow(env, device, regions, footprint, footprint, None);
+                    Self::grow(
+                        env,
+                        device,
+                        regions,
+                        footprint,
+                        (footprint, footprint),
+                        None,
+                    );
                 }
             }
         }
@@ -836,7 +844,14 @@ impl Cleaner {
         // other replacement only comes from what the demand grew (its
         // class may well hold idle buffers already).
         if like.is_reserved()
-            && Self::grow(env, device, regions, footprint, footprint, Some(&mut share))
+            && Self::grow(
+                env,
+                device,
+                regions,
+                footprint,
+                (footprint, footprint),
+                Some(&mut share),
+            )
         {
             if let Some(at) = regions.carve(footprint) {
                 return Replacement::Carved(Block::carved_like(classes, like, at));
@@ -866,7 +881,15 @@ impl Cleaner {
         let Some(plan) = regions.merge_plan(short.merge) else {
             return false;
         };
-        Self::grow_with(env, device, regions, 0, 0, None, Some((plan, short.merge)))
+        Self::grow_with(
+            env,
+            device,
+            regions,
+            0,
+            (0, 0),
+            None,
+            Some((plan, short.merge)),
+        )
     }
 
     /// The bytes the regions of every device may grow by before they pass
@@ -890,7 +913,10 @@ impl Cleaner {
     /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
     /// the pinned budget or the registration fails; within the budget, with
     /// what `reserve` admitted for the memory (`reserved`, taken over by
-    /// the first registration) counted as room. Whether one was registered.
+    /// the first registration) counted as room. Under a given cap, a
+    /// growth other than for `reserve` stops at the cap's room (see
+    /// `grow_with`) where that holds `whole`, the largest buffer it is for.
+    /// Whether one was registered.
     ///
     /// [`Regions::next_len`]: crate::alloc::Regions::next_len
     pub(crate) fn grow(
@@ -898,10 +924,10 @@ impl Cleaner {
         device: usize,
         regions: &Regions,
         want: usize,
-        least: usize,
+        (least, whole): (usize, usize),
         reserved: Option<&mut Claim<'_>>,
     ) -> bool {
-        Self::grow_with(env, device, regions, want, least, reserved, None)
+        Self::grow_with(env, device, regions, want, (least, whole), reserved, None)
     }
 
     /// As [`grow`](Self::grow); with `merge` (a plan of
@@ -916,7 +942,7 @@ impl Cleaner {
         device: usize,
         regions: &Regions,
         want: usize,
-        least: usize,
+        (least, whole): (usize, usize),
         mut reserved: Option<&mut Claim<'_>>,
         mut merge: Option<(Vec<usize>, usize)>,
     ) -> bool {
@@ -936,7 +962,9 @@ impl Cleaner {
         // go once wholly free, whole, as one registration cannot be
         // released in part), a growth that would take the regions past the
         // cap stops at it, in a region of its own (of `REGION_MIN` at
-        // least: a smaller room is left), though the demand needs more;
+        // least, and holding `whole`, the largest buffer the growth is
+        // for, which must lie in one region: else it is not cut), though
+        // the demand needs more;
         // the rest is left to the next growth, whose region folds nothing
         // (see `Cleaner::cap_room`). A region holding both what the cap
         // keeps and what it does not would go whole once idle, and a
@@ -949,7 +977,7 @@ impl Cleaner {
         };
         if let Some(room) = cap_room {
             let within = regions.fit_len_within(room);
-            if len > room && within >= Tune::REGION_MIN {
+            if len > room && within >= Tune::REGION_MIN.max(regions.fit_len(whole)) {
                 len = within;
             }
         }

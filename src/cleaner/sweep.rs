@@ -358,7 +358,16 @@ impl Cleaner {
             // registration makes the growth smaller (the shortfall is taken:
             // the misses coming back find nothing left to grow for); growth
             // ahead of demand all or nothing.
-            if short.want > 0 && Self::grow(env, device, regions, short.want, short.least(), None) {
+            if short.want > 0
+                && Self::grow(
+                    env,
+                    device,
+                    regions,
+                    short.want,
+                    (short.least(), short.whole),
+                    None,
+                )
+            {
                 room = Some(left.saturating_sub(short.want));
             }
         }

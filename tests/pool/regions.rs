@@ -2581,3 +2581,37 @@ fn steps_past_a_given_cap_keep_what_it_allows() {
     );
     pool.shutdown();
 }
+
+/// A buffer larger than what a given cap leaves the regions room for: the
+/// growth for it is not cut at the cap (a region that cannot hold it would
+/// be pinned for nothing, and the buffer would miss again), so it is
+/// carved from the second take on, with one registration; and under a
+/// pinned budget too tight for both, likewise.
+#[test]
+fn a_buffer_past_a_given_caps_room_gets_a_region_that_holds_it() {
+    const MIB: usize = 1 << 20;
+    for budget in [None, Some(7 * MIB)] {
+        let (pool, faults) = built(|b| {
+            let b = b.regions(true).max_pooled_bytes(5 * MIB);
+            match budget {
+                Some(bytes) => b.max_pinned_bytes(bytes),
+                None => b,
+            }
+        });
+        let mut pooled = Vec::new();
+        for _ in 0..8 {
+            let b = pool.take(5 * MIB);
+            pooled.push(b.was_pooled());
+            std::thread::sleep(Duration::from_millis(20));
+            drop(b);
+            pool.flush();
+        }
+        let s = pool.stats();
+        assert!(
+            pooled[1..].iter().all(|&p| p) && faults.registered() == 1,
+            "budget {budget:?}: takes of 5 MiB pooled {pooled:?}, {} registrations: {s:#?}",
+            faults.registered()
+        );
+        pool.shutdown();
+    }
+}
