@@ -94,6 +94,17 @@ impl Shortfall {
     }
 }
 
+/// A wholly free region, as [`Regions::free_regions`] lists it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FreeRegion {
+    /// Its length.
+    pub(crate) len: usize,
+    /// What [`Regions::unlist_chosen`] knows it by (its address).
+    pub(crate) key: usize,
+    /// Whether the caller's `eligible` accepted it.
+    pub(crate) eligible: bool,
+}
+
 /// The positions in `lens` of the set whose lengths add up to at least
 /// `at_least` and at most `at_most` with the fewest bytes (of equal sets,
 /// the one whose largest is smallest); `None` if no set does. A search
@@ -121,7 +132,7 @@ fn fewest_covering(lens: &[usize], at_least: usize, at_most: usize) -> Option<Ve
 /// bytes that do among the 16 smallest (see [`fewest_covering`]), else
 /// the smallest first until covered, or all of them if they hold less.
 /// Positions in `lens`.
-fn cover(lens: &[usize], bytes: usize) -> Vec<usize> {
+pub(crate) fn cover(lens: &[usize], bytes: usize) -> Vec<usize> {
     let small = &lens[..lens.len().min(16)];
     if let Some(set) = fewest_covering(small, bytes, usize::MAX) {
         return set;
@@ -1037,19 +1048,13 @@ impl Regions {
         out
     }
 
-    /// Unlists wholly free regions, of `bytes` or more in all if they hold
-    /// that much, choosing the fewest bytes that do (of sets of equal
-    /// bytes, the one whose largest region is smallest: the largest
-    /// regions, which hold the largest buffers, go last), among the 16
-    /// smallest of them; past 16, or if those fall short, the smallest
-    /// first. All of them if they hold less. Only regions that `eligible`
-    /// accepts (given how long each has been wholly free and how long it
-    /// has been listed) go; with `wait`, the choice is made among every
-    /// wholly free region, and those chosen that it does not accept yet
-    /// are left to a later call: a region that became wholly free first is
-    /// not released in place of one that covers the excess better but
-    /// became free later (under a given cap, the region within it before
-    /// the one grown past it); without, among those it accepts. Chosen
+    /// Unlists wholly free regions that `eligible` accepts (given how long
+    /// each has been wholly free and how long it has been listed), of
+    /// `bytes` or more in all if they hold that much, choosing the fewest
+    /// bytes that do (of sets of equal bytes, the one whose largest region
+    /// is smallest: the largest regions, which hold the largest buffers, go
+    /// last), among the 16 smallest of them; past 16, or if those fall
+    /// short, the smallest first. All of them if they hold less. Chosen
     /// and unlisted under one hold of the list lock: carves take it, and
     /// give-backs only free, so those chosen are still wholly free. For
     /// the caller to unregister and free; the demand peak falls as with
@@ -1058,15 +1063,14 @@ impl Regions {
         &self,
         bytes: usize,
         mut eligible: impl FnMut(Duration, Duration) -> bool,
-        wait: bool,
     ) -> Vec<Unlisted> {
         if bytes == 0 {
             return Vec::new();
         }
         let now = Instant::now();
         let mut list = self.list.lock();
-        // (length, index in the list, eligible) of the wholly free ones.
-        let mut free: Vec<(usize, usize, bool)> = Vec::new();
+        // (length, index in the list) of the eligible ones.
+        let mut free: Vec<(usize, usize)> = Vec::new();
         for (i, &region) in list.iter().enumerate() {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
@@ -1076,18 +1080,13 @@ impl Regions {
             };
             let idle = now.saturating_duration_since(since);
             let age = now.saturating_duration_since(this.listed_at);
-            let ok = eligible(idle, age);
-            if ok || wait {
-                free.push((this.len, i, ok));
+            if eligible(idle, age) {
+                free.push((this.len, i));
             }
         }
         free.sort_unstable();
-        let lens: Vec<usize> = free.iter().map(|&(len, ..)| len).collect();
-        let mut chosen: Vec<usize> = cover(&lens, bytes)
-            .into_iter()
-            .filter(|&k| free[k].2)
-            .map(|k| free[k].1)
-            .collect();
+        let lens: Vec<usize> = free.iter().map(|&(len, _)| len).collect();
+        let mut chosen: Vec<usize> = cover(&lens, bytes).into_iter().map(|k| free[k].1).collect();
         // Removed from the back, so the indices still left stay valid.
         chosen.sort_unstable_by(|a, b| b.cmp(a));
         let mut out = Vec::with_capacity(chosen.len());
@@ -1102,6 +1101,82 @@ impl Regions {
         if !out.is_empty() {
             // As in `unlist_idle`: what the rest must hold is what is
             // carved now.
+            self.reset_peak();
+        }
+        out
+    }
+
+    /// The wholly free listed regions, for a choice among several sets
+    /// (see [`cover`] and [`unlist_chosen`](Self::unlist_chosen)): each
+    /// one's length, its key, and whether `eligible` accepts it (given how
+    /// long it has been wholly free and how long it has been listed).
+    pub(crate) fn free_regions(
+        &self,
+        mut eligible: impl FnMut(Duration, Duration) -> bool,
+    ) -> Vec<FreeRegion> {
+        let now = Instant::now();
+        let list = self.list.lock();
+        let mut free = Vec::new();
+        for &region in list.iter() {
+            // SAFETY: listed regions are live.
+            let this = unsafe { region.as_ref() };
+            let state = this.state.lock();
+            let Some(since) = state.idle_since.filter(|_| state.out == 0) else {
+                continue;
+            };
+            free.push(FreeRegion {
+                len: this.len,
+                key: region.as_ptr() as usize,
+                eligible: eligible(
+                    now.saturating_duration_since(since),
+                    now.saturating_duration_since(this.listed_at),
+                ),
+            });
+        }
+        free
+    }
+
+    /// Unlists the regions of `keys` (from [`free_regions`](Self::free_regions))
+    /// that are still listed, wholly free and accepted by `eligible`, for
+    /// the caller to unregister and free; the demand peak falls as with
+    /// [`unlist_idle`](Self::unlist_idle). One carved from since it was
+    /// listed by `free_regions` stays.
+    pub(crate) fn unlist_chosen(
+        &self,
+        keys: &[usize],
+        mut eligible: impl FnMut(Duration, Duration) -> bool,
+    ) -> Vec<Unlisted> {
+        let now = Instant::now();
+        let mut list = self.list.lock();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < list.len() {
+            let region = list[i];
+            // SAFETY: listed regions are live.
+            let this = unsafe { region.as_ref() };
+            let mut state = this.state.lock();
+            let chosen = keys.contains(&(region.as_ptr() as usize))
+                && state
+                    .idle_since
+                    .filter(|_| state.out == 0)
+                    .is_some_and(|since| {
+                        eligible(
+                            now.saturating_duration_since(since),
+                            now.saturating_duration_since(this.listed_at),
+                        )
+                    });
+            if chosen {
+                list.remove(i);
+                self.take_off(this, &mut state);
+                drop(state);
+                out.push(Unlisted(region));
+            } else {
+                i += 1;
+            }
+        }
+        drop(list);
+        if !out.is_empty() {
+            // As in `unlist_idle`.
             self.reset_peak();
         }
         out
@@ -1786,13 +1861,13 @@ mod tests {
     /// Regions released to cover an excess: the fewest bytes, of equal
     /// sets the one whose largest region is smallest; all of them if they
     /// hold less; none that `eligible` refuses.
-    /// With `wait`, the cover is chosen among every wholly free region and
-    /// one not eligible yet holds its place: the eligible region that
-    /// covers less well stays (a region within a given cap, free first,
-    /// is not released in place of the one grown past it); without, the
-    /// eligible ones cover what they can.
+    /// `free_regions` lists the wholly free regions with whether each is
+    /// eligible, and `unlist_chosen` unlists only those of the keys given
+    /// that are still wholly free and eligible: a caller choosing the
+    /// cover among every wholly free region leaves the one chosen but not
+    /// eligible yet, and the eligible one not chosen, listed.
     #[test]
-    fn waiting_keeps_the_region_a_better_cover_is_not_eligible_for() {
+    fn only_chosen_eligible_free_regions_are_unlisted() {
         let regions = Regions::new(None);
         let huge = huge_page_size();
         let mut unregister = unregistered;
@@ -1804,21 +1879,32 @@ mod tests {
             .grow(3 * huge, Vec::new(), &mut unregister, None)
             .unwrap();
         // Eligible: listed 50 ms ago or more, the 2-huge-page region only.
-        // The excess, 3 huge pages, is covered by the 3 alone.
         let old = |_: Duration, age: Duration| age >= Duration::from_millis(50);
-        assert!(
-            regions.unlist_to_cover(3 * huge, old, true).is_empty(),
-            "released a region the cover did not choose"
+        let mut free = regions.free_regions(old);
+        free.sort_unstable_by_key(|f| f.len);
+        assert_eq!(
+            free.iter().map(|f| (f.len, f.eligible)).collect::<Vec<_>>(),
+            [(2 * huge, true), (3 * huge, false)]
         );
+        // The excess, 3 huge pages, is covered by the 3 alone.
+        let lens: Vec<usize> = free.iter().map(|f| f.len).collect();
+        let chosen: Vec<usize> = cover(&lens, 3 * huge)
+            .iter()
+            .map(|&k| free[k].key)
+            .collect();
+        assert_eq!(chosen, [free[1].key]);
+        assert!(regions.unlist_chosen(&chosen, old).is_empty());
         assert_eq!(regions.figures().regions, 2);
-        let out = regions.unlist_to_cover(3 * huge, old, false);
+        // Once eligible, the chosen one goes, and only it.
+        let out = regions.unlist_chosen(&chosen, |_, _| true);
         assert_eq!(
             out.iter().map(Unlisted::len).collect::<Vec<_>>(),
-            [2 * huge]
+            [3 * huge]
         );
+        assert_eq!(regions.figures().regions, 1);
         for r in out
             .into_iter()
-            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true, false))
+            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true))
         {
             r.free();
         }
@@ -1849,32 +1935,24 @@ mod tests {
         for n in [5, 2, 3] {
             grow(n, &mut unregister);
         }
-        assert!(regions
-            .unlist_to_cover(huge, |_, _| false, false)
-            .is_empty());
+        assert!(regions.unlist_to_cover(huge, |_, _| false).is_empty());
         // 2 + 3 and 5 are as many bytes: the largest stays.
-        assert_eq!(
-            lens(regions.unlist_to_cover(4 * huge, |_, _| true, false)),
-            [2, 3]
-        );
+        assert_eq!(lens(regions.unlist_to_cover(4 * huge, |_, _| true)), [2, 3]);
         for n in [2, 3] {
             grow(n, &mut unregister);
         }
-        assert_eq!(lens(regions.unlist_to_cover(1, |_, _| true, false)), [2]);
+        assert_eq!(lens(regions.unlist_to_cover(1, |_, _| true)), [2]);
         grow(2, &mut unregister);
-        assert_eq!(
-            lens(regions.unlist_to_cover(7 * huge, |_, _| true, false)),
-            [2, 5]
-        );
+        assert_eq!(lens(regions.unlist_to_cover(7 * huge, |_, _| true)), [2, 5]);
         // 3 left; 9 huge pages: only 2 + 3 + 5 hold them.
         grow(2, &mut unregister);
         grow(5, &mut unregister);
         assert_eq!(
-            lens(regions.unlist_to_cover(9 * huge, |_, _| true, false)),
+            lens(regions.unlist_to_cover(9 * huge, |_, _| true)),
             [2, 3, 5]
         );
         assert_eq!(regions.figures().regions, 0);
-        assert!(regions.unlist_to_cover(huge, |_, _| true, false).is_empty());
+        assert!(regions.unlist_to_cover(huge, |_, _| true).is_empty());
     }
 
     /// Two regions, 2 and 8 pages, with a thread carving one page and
@@ -1918,7 +1996,7 @@ mod tests {
                 }
             });
             for _ in 0..rounds {
-                let out = regions.unlist_to_cover(page(), |_, _| true, false);
+                let out = regions.unlist_to_cover(page(), |_, _| true);
                 if out.is_empty() {
                     empty += 1;
                 }
@@ -1948,7 +2026,7 @@ mod tests {
                 .unwrap();
         }
         let mut lens: Vec<usize> = regions
-            .unlist_to_cover(9 * page(), |_, _| true, false)
+            .unlist_to_cover(9 * page(), |_, _| true)
             .into_iter()
             .map(|r| {
                 let n = r.len() / page();

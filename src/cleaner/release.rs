@@ -189,7 +189,7 @@ pub(crate) fn release_regions_over_budget(with: Releaser<'_>, shards: &[Shard]) 
         // last: see `Regions::unlist_to_cover`).
         let over = counters.pinned().saturating_sub(counters.max_pinned());
         let over = usize::try_from(over).unwrap_or(usize::MAX);
-        for region in shard.regions().unlist_to_cover(over, |_, _| true, false) {
+        for region in shard.regions().unlist_to_cover(over, |_, _| true) {
             release_region(with, device, region);
         }
     }
@@ -279,11 +279,12 @@ pub(crate) fn cool(
 /// use dip between two steps of the workload, to grow it again at the
 /// next. Nor does an excess of `slack(cap)` bytes or less release
 /// anything (see [`cap_slack`]). Under a cap that is `given`, the regions
-/// that cover the excess are chosen among every wholly free region, those
-/// not free for `min_idle` yet going at a later call (see
-/// `Regions::unlist_to_cover`): growths stop at a given cap, and the
-/// region within it, free first once a step's buffers come back, must not
-/// go in place of the one grown past it.
+/// that cover the excess are chosen among the wholly free regions of every
+/// device together, eligible or not, and those chosen go once eligible (at
+/// a later call for those not yet): growths stop at a given cap (see
+/// `Cleaner::grow`), and a region within it, free first once a step's
+/// buffers come back, must not go in place of the one grown past it, nor
+/// one device's regions for an excess that another's cover.
 pub(crate) fn fit_regions_to_cap(
     with: Releaser<'_>,
     admission: &Admission,
@@ -299,12 +300,40 @@ pub(crate) fn fit_regions_to_cap(
     if left <= slack(cap) {
         return;
     }
+    let eligible = |idle: Duration, age: Duration| idle >= min_idle && age >= min_age;
+    if given {
+        // (length, device, key, eligible) of every device's wholly free
+        // regions.
+        let mut free: Vec<(usize, usize, usize, bool)> = Vec::new();
+        for (device, shard) in at.shards.iter().enumerate() {
+            for region in shard.regions().free_regions(eligible) {
+                free.push((region.len, device, region.key, region.eligible));
+            }
+        }
+        free.sort_unstable();
+        let lens: Vec<usize> = free.iter().map(|f| f.0).collect();
+        let chosen = crate::alloc::cover(&lens, left);
+        for (device, shard) in at.shards.iter().enumerate() {
+            let keys: Vec<usize> = chosen
+                .iter()
+                .map(|&k| free[k])
+                .filter(|&(_, on, _, ok)| on == device && ok)
+                .map(|f| f.2)
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            for region in shard.regions().unlist_chosen(&keys, eligible) {
+                release_region(with, device, region);
+            }
+        }
+        return;
+    }
     for (device, shard) in at.shards.iter().enumerate() {
         if left == 0 {
             break;
         }
-        let eligible = |idle: Duration, age: Duration| idle >= min_idle && age >= min_age;
-        for region in shard.regions().unlist_to_cover(left, eligible, given) {
+        for region in shard.regions().unlist_to_cover(left, eligible) {
             left = left.saturating_sub(region.len());
             release_region(with, device, region);
         }

@@ -2615,3 +2615,34 @@ fn a_buffer_past_a_given_caps_room_gets_a_region_that_holds_it() {
         pool.shutdown();
     }
 }
+
+/// As `steps_past_a_given_cap_keep_what_it_allows`, on two devices that
+/// share the cap: the regions released for the excess are chosen among
+/// both devices' together, so the region within the cap stays, on
+/// whichever device it grew.
+#[test]
+fn steps_on_two_devices_past_a_given_cap_keep_what_it_allows() {
+    const MIB: usize = 1 << 20;
+    let (pool, faults) = built(|b| b.regions(true).devices(2).max_pooled_bytes(4 * MIB));
+    let mut hits = Vec::new();
+    for _ in 0..5 {
+        let on =
+            |device| -> Vec<_> { (0..8).map(|_| pool.take_on(device, MIB).unwrap()).collect() };
+        let (first, second) = (on(0), on(1));
+        let pooled = |v: &Vec<pinpool::PinnedBuffer>| v.iter().filter(|b| b.was_pooled()).count();
+        hits.push(pooled(&first) + pooled(&second));
+        drop(first);
+        pool.flush();
+        drop(second);
+        pool.flush();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let s = pool.stats();
+    assert!(
+        hits[1..].iter().all(|&h| h >= 3),
+        "hits per step of 8 + 8 takes: {hits:?} ({} registrations): {s:#?}",
+        faults.registered()
+    );
+    assert!(s.pooled_bytes <= 4 * MIB, "{s:#?}");
+    pool.shutdown();
+}
