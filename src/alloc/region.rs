@@ -94,13 +94,18 @@ impl Shortfall {
     }
 }
 
+/// The next region's serial number (see `Region::serial`). A plain
+/// atomic, not the loom-aware one: it only tells regions apart.
+static REGION_SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A wholly free region, as [`Regions::free_regions`] lists it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FreeRegion {
     /// Its length.
     pub(crate) len: usize,
-    /// What [`Regions::unlist_chosen`] knows it by (its address).
-    pub(crate) key: usize,
+    /// What [`Regions::unlist_chosen`] knows it by: its serial number
+    /// (an address may be reused by a region listed since).
+    pub(crate) key: u64,
     /// Whether the caller's `eligible` accepted it.
     pub(crate) eligible: bool,
 }
@@ -185,6 +190,9 @@ pub(crate) struct Region {
     base: NonNull<u8>,
     /// The bytes mapped (and registered, when pinned).
     len: usize,
+    /// A number no other region of the process had (see
+    /// [`Regions::free_regions`]): its address may be a freed region's.
+    serial: u64,
     /// When it was listed.
     listed_at: Instant,
     state: Mutex<Extents>,
@@ -1014,9 +1022,12 @@ impl Regions {
             idle_since: Some(Instant::now()),
         };
         extents.insert(0, len);
+        // Relaxed: a number to tell regions apart, publishing nothing.
+        let serial = REGION_SERIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let region = Box::new(Region {
             base: ptr,
             len,
+            serial,
             listed_at: Instant::now(),
             state: Mutex::new(extents),
             drains: AtomicBool::new(false),
@@ -1126,7 +1137,7 @@ impl Regions {
             };
             free.push(FreeRegion {
                 len: this.len,
-                key: region.as_ptr() as usize,
+                key: this.serial,
                 eligible: eligible(
                     now.saturating_duration_since(since),
                     now.saturating_duration_since(this.listed_at),
@@ -1143,7 +1154,7 @@ impl Regions {
     /// listed by `free_regions` stays.
     pub(crate) fn unlist_chosen(
         &self,
-        keys: &[usize],
+        keys: &[u64],
         mut eligible: impl FnMut(Duration, Duration) -> bool,
     ) -> Vec<Unlisted> {
         let now = Instant::now();
@@ -1155,7 +1166,7 @@ impl Regions {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
             let mut state = this.state.lock();
-            let chosen = keys.contains(&(region.as_ptr() as usize))
+            let chosen = keys.contains(&this.serial)
                 && state
                     .idle_since
                     .filter(|_| state.out == 0)
@@ -1888,7 +1899,7 @@ mod tests {
         );
         // The excess, 3 huge pages, is covered by the 3 alone.
         let lens: Vec<usize> = free.iter().map(|f| f.len).collect();
-        let chosen: Vec<usize> = cover(&lens, 3 * huge)
+        let chosen: Vec<u64> = cover(&lens, 3 * huge)
             .iter()
             .map(|&k| free[k].key)
             .collect();
@@ -1908,6 +1919,35 @@ mod tests {
         {
             r.free();
         }
+    }
+
+    /// A region chosen by `free_regions` and folded into a growth before
+    /// `unlist_chosen` runs is not confused with the region that growth
+    /// listed (its header may take the folded one's address): nothing is
+    /// unlisted.
+    #[test]
+    fn a_chosen_region_folded_meanwhile_unlists_nothing() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        let mut unregister = unregistered;
+        regions
+            .grow(2 * huge, Vec::new(), &mut unregister, None)
+            .unwrap();
+        let free = regions.free_regions(|_, _| true);
+        let chosen = [free[0].key];
+        let fold = regions.fold_plan(4 * huge);
+        assert_eq!(fold, [2 * huge]);
+        regions.grow(4 * huge, fold, &mut unregister, None).unwrap();
+        assert_eq!(regions.figures().bytes, 6 * huge);
+        let out = regions.unlist_chosen(&chosen, |_, _| true);
+        let lens: Vec<usize> = out.iter().map(Unlisted::len).collect();
+        for r in out
+            .into_iter()
+            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true))
+        {
+            r.free();
+        }
+        assert!(lens.is_empty(), "unlisted regions never chosen: {lens:?}");
     }
 
     #[test]

@@ -304,7 +304,7 @@ pub(crate) fn fit_regions_to_cap(
     if given {
         // (length, device, key, eligible) of every device's wholly free
         // regions.
-        let mut free: Vec<(usize, usize, usize, bool)> = Vec::new();
+        let mut free: Vec<(usize, usize, u64, bool)> = Vec::new();
         for (device, shard) in at.shards.iter().enumerate() {
             for region in shard.regions().free_regions(eligible) {
                 free.push((region.len, device, region.key, region.eligible));
@@ -314,7 +314,7 @@ pub(crate) fn fit_regions_to_cap(
         let lens: Vec<usize> = free.iter().map(|f| f.0).collect();
         let chosen = crate::alloc::cover(&lens, left);
         for (device, shard) in at.shards.iter().enumerate() {
-            let keys: Vec<usize> = chosen
+            let keys: Vec<u64> = chosen
                 .iter()
                 .map(|&k| free[k])
                 .filter(|&(_, on, _, ok)| on == device && ok)
