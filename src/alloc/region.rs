@@ -1869,9 +1869,6 @@ mod tests {
         }
     }
 
-    /// Regions released to cover an excess: the fewest bytes, of equal
-    /// sets the one whose largest region is smallest; all of them if they
-    /// hold less; none that `eligible` refuses.
     /// `free_regions` lists the wholly free regions with whether each is
     /// eligible, and `unlist_chosen` unlists only those of the keys given
     /// that are still wholly free and eligible: a caller choosing the
@@ -1950,6 +1947,9 @@ mod tests {
         assert!(lens.is_empty(), "unlisted regions never chosen: {lens:?}");
     }
 
+    /// Regions released to cover an excess: the fewest bytes, of equal
+    /// sets the one whose largest region is smallest; all of them if they
+    /// hold less; none that `eligible` refuses.
     #[test]
     fn an_excess_is_covered_by_the_fewest_bytes() {
         let regions = Regions::new(None);
