@@ -960,16 +960,15 @@ impl Cleaner {
         };
         // Under a cap that is given (a bound on idle bytes: regions past it
         // go once wholly free, whole, as one registration cannot be
-        // released in part), a growth that would take the regions past the
-        // cap stops at it, in a region of its own (of `REGION_MIN` at
-        // least, and holding `whole`, the largest buffer the growth is
-        // for, which must lie in one region: else it is not cut), though
-        // the demand needs more;
-        // the rest is left to the next growth, whose region folds nothing
-        // (see `Cleaner::cap_room`). A region holding both what the cap
-        // keeps and what it does not would go whole once idle, and a
-        // workload whose steps hold more than the cap would miss every
-        // take (one region grown, and released, per step).
+        // released in part), a growth that would take the regions of every
+        // device past the cap (see `Cleaner::cap_room`) stops at it, in a
+        // region of its own, though the demand needs more, if the room is
+        // `REGION_MIN` at least and holds `whole` (the largest buffer the
+        // growth is for, which must lie in one region); the rest is left
+        // to the next growth, whose region folds nothing. A region holding
+        // both what the cap keeps and what it does not would go whole once
+        // idle, and a workload whose steps hold more than the cap would
+        // miss every take (one region grown, and released, per step).
         let cap_room = if merging.is_none() && reserved.is_none() {
             Self::cap_room(env)
         } else {
