@@ -1869,6 +1869,25 @@ mod tests {
         }
     }
 
+    /// A set holding one fresh region of `len` bytes.
+    fn regions_of(len: usize) -> Regions {
+        let regions = Regions::new(None);
+        regions
+            .grow(len, Vec::new(), &mut unregistered, None)
+            .unwrap();
+        regions
+    }
+
+    /// Frees `out` and every region `regions` still lists.
+    fn free_all(regions: &Regions, out: Vec<Unlisted>) {
+        for r in out
+            .into_iter()
+            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true))
+        {
+            r.free();
+        }
+    }
+
     /// `free_regions` lists the wholly free regions with whether each is
     /// eligible, and `unlist_chosen` unlists only those of the keys given
     /// that are still wholly free and eligible: a caller choosing the
@@ -1876,12 +1895,9 @@ mod tests {
     /// eligible yet, and the eligible one not chosen, listed.
     #[test]
     fn only_chosen_eligible_free_regions_are_unlisted() {
-        let regions = Regions::new(None);
         let huge = huge_page_size();
+        let regions = regions_of(2 * huge);
         let mut unregister = unregistered;
-        regions
-            .grow(2 * huge, Vec::new(), &mut unregister, None)
-            .unwrap();
         std::thread::sleep(Duration::from_millis(50));
         regions
             .grow(3 * huge, Vec::new(), &mut unregister, None)
@@ -1910,12 +1926,7 @@ mod tests {
             [3 * huge]
         );
         assert_eq!(regions.figures().regions, 1);
-        for r in out
-            .into_iter()
-            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true))
-        {
-            r.free();
-        }
+        free_all(&regions, out);
     }
 
     /// A region chosen by `free_regions` and folded into a growth before
@@ -1924,12 +1935,9 @@ mod tests {
     /// unlisted.
     #[test]
     fn a_chosen_region_folded_meanwhile_unlists_nothing() {
-        let regions = Regions::new(None);
         let huge = huge_page_size();
+        let regions = regions_of(2 * huge);
         let mut unregister = unregistered;
-        regions
-            .grow(2 * huge, Vec::new(), &mut unregister, None)
-            .unwrap();
         let free = regions.free_regions(|_, _| true);
         let chosen = [free[0].key];
         let fold = regions.fold_plan(4 * huge);
@@ -1938,12 +1946,7 @@ mod tests {
         assert_eq!(regions.figures().bytes, 6 * huge);
         let out = regions.unlist_chosen(&chosen, |_, _| true);
         let lens: Vec<usize> = out.iter().map(Unlisted::len).collect();
-        for r in out
-            .into_iter()
-            .chain(regions.unlist_to_cover(usize::MAX, |_, _| true))
-        {
-            r.free();
-        }
+        free_all(&regions, out);
         assert!(lens.is_empty(), "unlisted regions never chosen: {lens:?}");
     }
 
