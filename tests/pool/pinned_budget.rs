@@ -168,3 +168,46 @@ fn a_budget_lowered_while_buffers_are_out_is_met_once_quiet() {
         over.join("\n")
     );
 }
+
+/// With regions, under a budget that cannot hold both a small region
+/// pinned first (for a 1 MiB buffer, idle since) and the region a larger
+/// buffer needs: the idle region goes to make room, and the larger buffer
+/// is carved from the second take on, rather than missing for good while
+/// the idle region stays pinned.
+#[test]
+fn an_idle_region_makes_room_under_the_budget_for_a_larger_buffer() {
+    for cap in [None, Some(5 * MIB)] {
+        let faults = Arc::new(Faults::default());
+        let builder = Pool::builder()
+            .faults(faults.clone())
+            .cleaner_threads(2)
+            .provision(false)
+            .regions(true)
+            .max_pinned_bytes(7 * MIB);
+        let pool = match cap {
+            Some(cap) => builder.max_pooled_bytes(cap),
+            None => builder,
+        }
+        .build()
+        .unwrap();
+        drop(pool.take(MIB));
+        pool.flush();
+        assert_eq!(pool.stats().regions, 1, "setup: a region for 1 MiB");
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let mut pooled = Vec::new();
+        for _ in 0..6 {
+            let b = pool.take(5 * MIB);
+            pooled.push(b.was_pooled());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(b);
+            pool.flush();
+        }
+        let s = pool.stats();
+        assert!(
+            pooled[1..].iter().all(|&p| p) && s.peak_pinned_bytes <= 7 * MIB as u64,
+            "cap {cap:?}: takes of 5 MiB pooled {pooled:?}: {s:#?}"
+        );
+        pool.shutdown();
+        assert_eq!(faults.registered(), faults.unregistered());
+    }
+}
