@@ -71,11 +71,6 @@ pub(crate) use release::{
     release_regions, release_regions_over_budget, Releaser,
 };
 
-/// How long a region must have been wholly free before a growth past the
-/// pinned budget releases it to make room (see `Cleaner::make_room`): one
-/// grown a moment ago for misses that have not come back yet is kept.
-const ROOM_IDLE: Duration = Duration::from_millis(100);
-
 /// What the cleaner reaches of its pool.
 #[derive(Clone, Copy)]
 pub(crate) struct Env<'a> {
@@ -914,35 +909,6 @@ impl Cleaner {
         Some(cap.saturating_sub(held))
     }
 
-    /// Releases the fewest bytes of `regions`' wholly free regions, idle
-    /// for [`ROOM_IDLE`] or more, that bring the pinned bytes within the
-    /// budget with `len` more, if those regions together hold that much;
-    /// whether any went.
-    fn make_room(env: Env<'_>, device: usize, regions: &Regions, len: usize) -> bool {
-        let counters = env.counters();
-        // Relaxed reads, a snapshot: registrations under way may still
-        // leave the claim short after the release (it is tried once), or
-        // a release a little larger than needed.
-        let short = (counters.pinned() + len as u64).saturating_sub(counters.max_pinned());
-        let short = usize::try_from(short).unwrap_or(usize::MAX);
-        let idle = |idle: Duration, _: Duration| idle >= ROOM_IDLE;
-        let free: usize = regions
-            .free_regions(idle)
-            .iter()
-            .filter(|r| r.eligible)
-            .map(|r| r.len)
-            .sum();
-        if short == 0 || free < short {
-            return false;
-        }
-        let freed = regions.unlist_to_cover(short, idle);
-        let any = !freed.is_empty();
-        for region in freed {
-            release::release_region(env.releaser(), device, region);
-        }
-        any
-    }
-
     /// Registers a region of `device` of at least `want` bytes (see
     /// [`Regions::next_len`]), retrying smaller, down to `least` bytes, if
     /// the pinned budget or the registration fails; within the budget, with
@@ -1029,7 +995,6 @@ impl Cleaner {
         // attempt folds (a failed registration registers what it folded
         // again on its own, or frees it).
         let mut first = true;
-        let mut made_room = false;
         loop {
             if merging.is_none()
                 && !counters.fits_pinned(len as u64)
@@ -1042,19 +1007,6 @@ impl Cleaner {
             // way, taking over what `reserve` admitted for the memory.
             let Some(claim) = Claim::for_memory(counters, len as u64, reserved.as_deref_mut())
             else {
-                // Past the budget even at its least: the set's regions
-                // wholly free for `ROOM_IDLE` or more are pinned memory no
-                // take uses, which the demand that asks for this growth
-                // would: the fewest bytes of them that make room go (once,
-                // and only if they can), and the claim is tried again.
-                // Else a buffer larger than they hold would miss for good
-                // while they stay pinned.
-                if !made_room && merging.is_none() && reserved.is_none() {
-                    made_room = true;
-                    if Self::make_room(env, device, regions, len) {
-                        continue;
-                    }
-                }
                 Counters::add(&counters.registrations_skipped, 1);
                 tracing::debug!(
                     bytes = len,
