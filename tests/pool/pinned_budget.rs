@@ -168,3 +168,48 @@ fn a_budget_lowered_while_buffers_are_out_is_met_once_quiet() {
         over.join("\n")
     );
 }
+
+/// With regions, under a budget that cannot hold both a region pinned
+/// first for smaller buffers (idle since) and the region a larger buffer
+/// needs, the larger buffer should be pinned from its second take on.
+#[test]
+#[ignore = "FAILS: every 5 MiB take misses for good under a 7 MiB budget while the region \
+            pinned for a 1 MiB buffer (2 MiB) stays pinned, idle: a growth the budget refuses \
+            is skipped, and a miss whose footprint the budget cannot hold beside what is \
+            pinned is shed at its drop before any growth runs. Releasing idle regions before \
+            the growth was tried and reverted (a registration that failed after it left the \
+            pool without them, and the shed at the drop still kept a 4 MiB region from \
+            making room); folding them into the growth, with the drop's check counting them \
+            as room, is what would meet it"]
+fn an_idle_region_makes_room_under_the_budget_for_a_larger_buffer() {
+    for first in [MIB, 2 * MIB] {
+        let faults = Arc::new(Faults::default());
+        let pool = Pool::builder()
+            .faults(faults.clone())
+            .cleaner_threads(2)
+            .provision(false)
+            .regions(true)
+            .max_pinned_bytes(7 * MIB)
+            .build()
+            .unwrap();
+        drop(pool.take(first));
+        pool.flush();
+        assert_eq!(pool.stats().regions, 1, "setup: one region");
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let mut pooled = Vec::new();
+        for _ in 0..6 {
+            let b = pool.take(5 * MIB);
+            pooled.push(b.was_pooled());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(b);
+            pool.flush();
+        }
+        let s = pool.stats();
+        assert!(
+            pooled[1..].iter().all(|&p| p) && s.peak_pinned_bytes <= 7 * MIB as u64,
+            "first take {first}: takes of 5 MiB pooled {pooled:?}: {s:#?}"
+        );
+        pool.shutdown();
+        assert_eq!(faults.registered(), faults.unregistered());
+    }
+}
