@@ -559,6 +559,13 @@ fn a_region_carved_from_now_and_then_far_beyond_the_demand_is_given_back() {
 /// far larger than the demand): else it would be released, and grown
 /// again, once a window for as long as the workload runs.
 #[test]
+#[cfg_attr(
+    pinpool_asan,
+    ignore = "timing-bound: the 40 MiB buffer's region, wholly free between takes 100 ms \
+              apart, must be taken again within each idle-trim time of 400 ms; under \
+              AddressSanitizer on 2 cores it was released and grown again once in a run \
+              of the suite (1 miss, 1 registration after the first quarter)"
+)]
 fn a_region_whose_drain_was_given_up_does_not_drain_the_demands_region() {
     let idle = Duration::from_millis(400);
     let (pool, faults) = pool(idle);
