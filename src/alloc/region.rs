@@ -276,6 +276,16 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
+    /// How long it has been wholly free and how long listed, at `now`, if
+    /// nothing is carved from it (`state` is its extents, locked).
+    fn free_times(&self, state: &Extents, now: Instant) -> Option<(Duration, Duration)> {
+        let since = state.idle_since.filter(|_| state.out == 0)?;
+        Some((
+            now.saturating_duration_since(since),
+            now.saturating_duration_since(self.listed_at),
+        ))
+    }
+
     /// The base pointer the region is registered at.
     pub(crate) fn base(&self) -> *mut u8 {
         self.base.as_ptr()
@@ -813,6 +823,13 @@ impl Regions {
         self.totals.peak.store(held, Ordering::Relaxed);
     }
 
+    /// The bytes of the listed regions.
+    pub(crate) fn listed_bytes(&self) -> usize {
+        // Relaxed: see `Totals`; a stale figure cuts a growth at a given
+        // cap a little early or late, which the cap's release corrects.
+        self.totals.bytes.load(Ordering::Relaxed)
+    }
+
     /// The most bytes of whole pages (huge pages from one up) within
     /// `bytes`: [`fit_len`](Self::fit_len) rounding down.
     pub(crate) fn fit_len_within(&self, bytes: usize) -> usize {
@@ -1086,12 +1103,10 @@ impl Regions {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
             let state = this.state.lock();
-            let Some(since) = state.idle_since.filter(|_| state.out == 0) else {
-                continue;
-            };
-            let idle = now.saturating_duration_since(since);
-            let age = now.saturating_duration_since(this.listed_at);
-            if eligible(idle, age) {
+            if this
+                .free_times(&state, now)
+                .is_some_and(|(idle, age)| eligible(idle, age))
+            {
                 free.push((this.len, i));
             }
         }
@@ -1132,17 +1147,13 @@ impl Regions {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
             let state = this.state.lock();
-            let Some(since) = state.idle_since.filter(|_| state.out == 0) else {
-                continue;
-            };
-            free.push(FreeRegion {
-                len: this.len,
-                key: this.serial,
-                eligible: eligible(
-                    now.saturating_duration_since(since),
-                    now.saturating_duration_since(this.listed_at),
-                ),
-            });
+            if let Some((idle, age)) = this.free_times(&state, now) {
+                free.push(FreeRegion {
+                    len: this.len,
+                    key: this.serial,
+                    eligible: eligible(idle, age),
+                });
+            }
         }
         free
     }
@@ -1167,15 +1178,9 @@ impl Regions {
             let this = unsafe { region.as_ref() };
             let mut state = this.state.lock();
             let chosen = keys.contains(&this.serial)
-                && state
-                    .idle_since
-                    .filter(|_| state.out == 0)
-                    .is_some_and(|since| {
-                        eligible(
-                            now.saturating_duration_since(since),
-                            now.saturating_duration_since(this.listed_at),
-                        )
-                    });
+                && this
+                    .free_times(&state, now)
+                    .is_some_and(|(idle, age)| eligible(idle, age));
             if chosen {
                 list.remove(i);
                 self.take_off(this, &mut state);
@@ -1510,10 +1515,7 @@ impl Regions {
             // SAFETY: listed regions are live.
             let this = unsafe { region.as_ref() };
             let mut state = this.state.lock();
-            let idle = state
-                .idle_since
-                .filter(|_| state.out == 0)
-                .map(|at| now.saturating_duration_since(at));
+            let idle = this.free_times(&state, now).map(|(idle, _)| idle);
             let unlist = match idle {
                 Some(idle) => pick(this.len, idle) || all,
                 None => all,

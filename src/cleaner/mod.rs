@@ -904,7 +904,7 @@ impl Cleaner {
             .places
             .shards
             .iter()
-            .map(|s| s.regions().figures().bytes)
+            .map(|s| s.regions().listed_bytes())
             .sum();
         Some(cap.saturating_sub(held))
     }
