@@ -1158,6 +1158,32 @@ impl Regions {
         free
     }
 
+    /// The lengths of wholly free listed regions, the largest first, until
+    /// they hold `bytes` together (all of them if they hold less), within
+    /// [`REGION_MAX`](Tuning::REGION_MAX): a plan for [`grow`](Self::grow)
+    /// to fold, so that a growth the pinned budget refuses whole adds only
+    /// what they leave of `bytes`.
+    pub(crate) fn idle_cover(&self, bytes: usize) -> Vec<usize> {
+        let mut lens: Vec<usize> = self
+            .free_regions(|_, _| true)
+            .into_iter()
+            .map(|region| region.len)
+            .collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        let mut plan = Vec::new();
+        let mut total = 0;
+        for len in lens {
+            if total >= bytes {
+                break;
+            }
+            if total + len <= Tune::REGION_MAX {
+                total += len;
+                plan.push(len);
+            }
+        }
+        plan
+    }
+
     /// Unlists the regions of `keys` (from [`free_regions`](Self::free_regions))
     /// that are still listed, wholly free and accepted by `eligible`, for
     /// the caller to unregister and free; the demand peak falls as with

@@ -176,10 +176,18 @@ impl Intake {
             // racing read lets a few drops past it or sheds a few below it.
             let backed_up = self.register_queued.load(Ordering::Relaxed) >= self.register_backlog;
             let footprint = returned.block().footprint() as u64;
-            if !reserved && (backed_up || !from.counters.fits_pinned(footprint)) {
+            let fits = if self.regions {
+                from.counters.fits_pinned_folding(footprint)
+            } else {
+                from.counters.fits_pinned(footprint)
+            };
+            if !reserved && (backed_up || !fits) {
                 // Registrations are backed up, or the pinned budget is
                 // spent: free this miss buffer rather than let misses breed
-                // an ever longer queue, or pin past the budget.
+                // an ever longer queue, or pin past the budget. With
+                // regions, the bytes of wholly free ones count as room: the
+                // growth this miss makes may fold them into its region,
+                // pinning only the rest (see `Cleaner::grow_with`).
                 Counters::add(&from.counters.registrations_skipped, 1);
                 self.shed(&from, returned);
             } else {

@@ -995,6 +995,9 @@ impl Cleaner {
         // attempt folds (a failed registration registers what it folded
         // again on its own, or frees it).
         let mut first = true;
+        // Wholly free regions to fold into a growth that the budget
+        // refuses whole (see below).
+        let mut to_fit: Option<Vec<usize>> = None;
         loop {
             if merging.is_none()
                 && !counters.fits_pinned(len as u64)
@@ -1002,6 +1005,31 @@ impl Cleaner {
             {
                 len = regions.fit_len(footprint);
                 continue;
+            }
+            // The budget has no room for even `footprint` beside what is
+            // pinned: wholly free regions folded in (pinned already) make
+            // up part of it, and the growth adds only the rest (at least
+            // `REGION_MIN`, in huge pages once it is one or more, so that
+            // the pages moved in after it stay aligned). Not past a given
+            // cap (such a growth folds nothing), nor for memory `reserve`
+            // asked for; regions that hold `footprint` together without
+            // any more are merged instead (see `Cleaner::merge`).
+            if merging.is_none()
+                && first
+                && to_fit.is_none()
+                && !past_cap
+                && reserved.is_none()
+                && !counters.fits_pinned(len as u64)
+            {
+                let plan = regions.idle_cover(footprint);
+                let folded: usize = plan.iter().sum();
+                if folded > 0 && folded < footprint {
+                    let rest = regions.next_len(footprint - folded, 0);
+                    if rest < len && counters.fits_pinned(rest as u64) {
+                        len = rest;
+                        to_fit = Some(plan);
+                    }
+                }
             }
             // Admitted against the budget with every registration under
             // way, taking over what `reserve` admitted for the memory.
@@ -1016,6 +1044,7 @@ impl Cleaner {
             };
             let fold = match (merge.take(), std::mem::take(&mut first)) {
                 (Some((plan, _)), _) => plan,
+                (None, true) if to_fit.is_some() => to_fit.take().unwrap_or_default(),
                 (None, true) if !past_cap => regions.fold_plan(len),
                 (None, _) => Vec::new(),
             };

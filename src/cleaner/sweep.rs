@@ -257,6 +257,18 @@ impl Cleaner {
         }
         if plan.ticked {
             self.fit_budget(env);
+            if self.intake.regions {
+                // What a miss's growth may fold (see
+                // `Counters::fits_pinned_folding`).
+                let idle: usize = env
+                    .places
+                    .shards
+                    .iter()
+                    .flat_map(|shard| shard.regions().free_regions(|_, _| true))
+                    .map(|region| region.len)
+                    .sum();
+                env.counters().note_idle_region_bytes(idle as u64);
+            }
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its
