@@ -50,10 +50,6 @@ pub(crate) struct Counters {
     /// The same bytes, for readers that must not take the lock (read
     /// Relaxed: see [`fits_pinned`](Self::fits_pinned)).
     claimed_hint: StatCounter,
-    /// Bytes of the regions of every device that are wholly free, as the
-    /// last provisioning tick counted them (see
-    /// [`fits_pinned_folding`](Self::fits_pinned_folding)).
-    idle_region_bytes: StatCounter,
     ready_latency: [StatCounter; BUCKETS],
 }
 
@@ -113,27 +109,6 @@ impl Counters {
         // flush after a miss freed for this answer waits for that growth.
         let claimed = self.claimed_hint.load(Ordering::Acquire);
         self.pinned().saturating_add(claimed).saturating_add(bytes) <= self.max_pinned()
-    }
-
-    /// Notes the bytes of wholly free regions, for
-    /// [`fits_pinned_folding`](Self::fits_pinned_folding).
-    pub(crate) fn note_idle_region_bytes(&self, bytes: u64) {
-        // Relaxed: a hint, see `fits_pinned_folding`.
-        self.idle_region_bytes.store(bytes, Ordering::Relaxed);
-    }
-
-    /// As [`fits_pinned`](Self::fits_pinned), for memory that a growth may
-    /// pin partly by folding wholly free regions into it (their bytes are
-    /// pinned already; see `Cleaner::grow_with`): whether what they leave
-    /// of `bytes` fits. A hint as of the last provisioning tick: wrong
-    /// either way by what was carved from, or freed in, the regions since,
-    /// which costs a miss kept for a growth the budget then refuses (its
-    /// memory freed there), or one freed that a growth could have pinned
-    /// (as without regions); the growth itself is admitted exactly.
-    pub(crate) fn fits_pinned_folding(&self, bytes: u64) -> bool {
-        // Relaxed: a hint, as above.
-        let idle = self.idle_region_bytes.load(Ordering::Relaxed);
-        self.fits_pinned(bytes.saturating_sub(idle))
     }
 
     /// Admits a registration of `bytes` against the pinned budget, with

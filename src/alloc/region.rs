@@ -1158,15 +1158,16 @@ impl Regions {
         free
     }
 
-    /// The lengths of wholly free listed regions, the largest first, until
-    /// they hold `bytes` together (all of them if they hold less), within
-    /// [`REGION_MAX`](Tuning::REGION_MAX): a plan for [`grow`](Self::grow)
-    /// to fold, so that a growth the pinned budget refuses whole adds only
-    /// what they leave of `bytes`.
-    pub(crate) fn idle_cover(&self, bytes: usize) -> Vec<usize> {
+    /// The lengths of listed regions wholly free for `idle` or longer,
+    /// the largest first, until they hold `bytes` together (all of them if
+    /// they hold less), within [`REGION_MAX`](Tuning::REGION_MAX): a plan
+    /// for [`grow`](Self::grow) to fold, so that a growth the pinned budget
+    /// refuses whole adds only what they leave of `bytes`.
+    pub(crate) fn idle_cover(&self, bytes: usize, idle: Duration) -> Vec<usize> {
         let mut lens: Vec<usize> = self
-            .free_regions(|_, _| true)
+            .free_regions(|free, _| free >= idle)
             .into_iter()
+            .filter(|region| region.eligible)
             .map(|region| region.len)
             .collect();
         lens.sort_unstable_by(|a, b| b.cmp(a));

@@ -55,6 +55,11 @@ pub(crate) struct Intake {
     /// demand the regions did not meet. Relaxed: a hint for the size of
     /// the next region, which a racing miss or drop leaves a buffer off.
     misses_out: Box<[AtomicUsize]>,
+    /// Per device, the bytes of regions wholly free for
+    /// [`FOLD_IDLE_AFTER`](super::FOLD_IDLE_AFTER) or longer, as the last
+    /// provisioning tick counted them: room a miss's growth may fold (see
+    /// [`fits_folding`](Self::fits_folding)).
+    idle_regions: Box<[AtomicUsize]>,
     /// The device synchronizes for pinned buffers dropped without events.
     pub(crate) syncs: DeviceSyncs,
     /// Registrations queued or running, and the most allowed.
@@ -88,6 +93,7 @@ impl Intake {
             pins,
             regions: pins && regions,
             misses_out: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
+            idle_regions: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
             syncs: DeviceSyncs::new(devices),
             register_queued: AtomicUsize::new(0),
             register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
@@ -103,6 +109,27 @@ impl Intake {
     pub(crate) fn note_miss(&self, device: usize, footprint: usize) -> usize {
         // Relaxed: see `misses_out`.
         self.misses_out[device].fetch_add(footprint, Ordering::Relaxed) + footprint
+    }
+
+    /// Notes `bytes` of regions of `device` wholly free long enough to be
+    /// folded (see [`fits_folding`](Self::fits_folding)).
+    pub(crate) fn note_idle_regions(&self, device: usize, bytes: usize) {
+        // Relaxed: a hint, see `fits_folding`.
+        self.idle_regions[device].store(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether a miss of `footprint` bytes on `device` may be pinned under
+    /// the budget when its growth folds the device's idle regions in
+    /// (pinned already: see `Cleaner::grow_with`), pinning only what they
+    /// leave of it. A hint as of the last provisioning tick: wrong either
+    /// way by what was carved from, or freed in, the regions since, which
+    /// costs a miss kept for a growth the budget then refuses (its memory
+    /// freed there), or one freed that a growth could have pinned (as
+    /// without regions); the growth itself is admitted exactly.
+    fn fits_folding(&self, counters: &Counters, device: usize, footprint: usize) -> bool {
+        // Relaxed: a hint, as above.
+        let idle = self.idle_regions[device].load(Ordering::Relaxed);
+        counters.fits_pinned(footprint.saturating_sub(idle) as u64)
     }
 
     /// The bytes of misses out now on `device` (of buffers its regions
@@ -177,7 +204,8 @@ impl Intake {
             let backed_up = self.register_queued.load(Ordering::Relaxed) >= self.register_backlog;
             let footprint = returned.block().footprint() as u64;
             let fits = if self.regions {
-                from.counters.fits_pinned_folding(footprint)
+                let device = returned.block().device();
+                self.fits_folding(from.counters, device, footprint as usize)
             } else {
                 from.counters.fits_pinned(footprint)
             };

@@ -167,6 +167,13 @@ impl std::fmt::Debug for Cleaner {
 /// first.
 const REGISTER_TURN: u32 = 8;
 
+/// How long a region must have been wholly free before a growth the
+/// pinned budget refuses may fold it in (see `Cleaner::grow_with`): one
+/// free for less is in use between takes (a thread taking and dropping a
+/// buffer of it in a loop), whose next take would miss once it is folded
+/// into a larger buffer's region.
+pub(crate) const FOLD_IDLE_AFTER: Duration = Duration::from_millis(100);
+
 /// Why a parked buffer's wait ended without its copies known finished.
 enum Failed {
     /// Polling one of its fences failed.
@@ -998,6 +1005,9 @@ impl Cleaner {
         // Wholly free regions to fold into a growth that the budget
         // refuses whole (see below).
         let mut to_fit: Option<Vec<usize>> = None;
+        // Whether this growth folded them: it is for `footprint`, which it
+        // holds only if every region planned was still wholly free.
+        let mut fitted = false;
         loop {
             if merging.is_none()
                 && !counters.fits_pinned(len as u64)
@@ -1007,25 +1017,33 @@ impl Cleaner {
                 continue;
             }
             // The budget has no room for even `footprint` beside what is
-            // pinned: wholly free regions folded in (pinned already) make
-            // up part of it, and the growth adds only the rest (at least
-            // `REGION_MIN`, in huge pages once it is one or more, so that
-            // the pages moved in after it stay aligned). Not past a given
-            // cap (such a growth folds nothing), nor for memory `reserve`
-            // asked for; regions that hold `footprint` together without
-            // any more are merged instead (see `Cleaner::merge`).
+            // pinned: regions wholly free for `FOLD_IDLE_AFTER` or longer,
+            // folded in (pinned already), make up part of it, and the
+            // growth adds only the rest (at least `REGION_MIN`, in huge
+            // pages once it is one or more, so that the pages moved in
+            // after it stay aligned); if they hold `footprint` together,
+            // they are merged, adding nothing. Within a given cap's room
+            // (what the growth adds), and not for memory `reserve` asked
+            // for.
             if merging.is_none()
                 && first
                 && to_fit.is_none()
-                && !past_cap
                 && reserved.is_none()
                 && !counters.fits_pinned(len as u64)
             {
-                let plan = regions.idle_cover(footprint);
+                let plan = regions.idle_cover(footprint, FOLD_IDLE_AFTER);
                 let folded: usize = plan.iter().sum();
-                if folded > 0 && folded < footprint {
+                if folded >= footprint {
+                    if let Some(plan) = regions.merge_plan(footprint) {
+                        len = 0;
+                        to_fit = Some(plan);
+                    }
+                } else if folded > 0 {
                     let rest = regions.next_len(footprint - folded, 0);
-                    if rest < len && counters.fits_pinned(rest as u64) {
+                    if rest < len
+                        && counters.fits_pinned(rest as u64)
+                        && cap_room.is_none_or(|room| rest <= room)
+                    {
                         len = rest;
                         to_fit = Some(plan);
                     }
@@ -1044,7 +1062,10 @@ impl Cleaner {
             };
             let fold = match (merge.take(), std::mem::take(&mut first)) {
                 (Some((plan, _)), _) => plan,
-                (None, true) if to_fit.is_some() => to_fit.take().unwrap_or_default(),
+                (None, true) if to_fit.is_some() => {
+                    fitted = true;
+                    to_fit.take().unwrap_or_default()
+                }
                 (None, true) if !past_cap => regions.fold_plan(len),
                 (None, _) => Vec::new(),
             };
@@ -1108,6 +1129,7 @@ impl Cleaner {
                     release_regions_over_budget(env.releaser(), env.places.shards);
                     return false;
                 }
+                Ok(total) if fitted => return total >= footprint,
                 Ok(total) => return merging.is_none_or(|asked| total >= asked),
                 Err(failed) if merging.is_some() => {
                     tracing::warn!(

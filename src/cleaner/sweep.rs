@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     cap_slack, cool, fit_regions_to_cap, release_all, release_region, release_regions,
-    release_regions_over_budget, Cleaner, Env,
+    release_regions_over_budget, Cleaner, Env, FOLD_IDLE_AFTER,
 };
 
 /// The shortest time between two searches of the caches for buffers of
@@ -257,18 +257,6 @@ impl Cleaner {
         }
         if plan.ticked {
             self.fit_budget(env);
-            if self.intake.regions {
-                // What a miss's growth may fold (see
-                // `Counters::fits_pinned_folding`).
-                let idle: usize = env
-                    .places
-                    .shards
-                    .iter()
-                    .flat_map(|shard| shard.regions().free_regions(|_, _| true))
-                    .map(|region| region.len)
-                    .sum();
-                env.counters().note_idle_region_bytes(idle as u64);
-            }
         }
         if self.intake.regions {
             // A following cap keeps regions younger than an eighth of its
@@ -290,6 +278,20 @@ impl Cleaner {
                 !follows,
                 |cap| cap_slack(follows, idle_trim, cap),
             );
+            if plan.ticked {
+                // What a miss's growth may fold, of what the cap left (see
+                // `Intake::fits_folding`).
+                for (device, shard) in env.places.shards.iter().enumerate() {
+                    let idle = shard
+                        .regions()
+                        .free_regions(|idle, _| idle >= FOLD_IDLE_AFTER)
+                        .into_iter()
+                        .filter(|region| region.eligible)
+                        .map(|region| region.len)
+                        .sum();
+                    self.intake.note_idle_regions(device, idle);
+                }
+            }
         }
         // Regions that fell short of what takes wanted at once grow by the
         // difference, here as well as when a miss comes back (which a full

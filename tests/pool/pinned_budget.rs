@@ -171,14 +171,60 @@ fn a_budget_lowered_while_buffers_are_out_is_met_once_quiet() {
 
 /// A pool on `faults` carving from regions under a budget of `budget`.
 fn regions_pool(faults: &Arc<Faults>, budget: usize) -> Pool {
-    Pool::builder()
+    capped_regions_pool(faults, budget, None)
+}
+
+/// As `regions_pool`, with the cap `cap` if given.
+fn capped_regions_pool(faults: &Arc<Faults>, budget: usize, cap: Option<usize>) -> Pool {
+    let builder = Pool::builder()
         .faults(faults.clone())
         .cleaner_threads(2)
         .provision(false)
         .regions(true)
-        .max_pinned_bytes(budget)
-        .build()
-        .unwrap()
+        .max_pinned_bytes(budget);
+    match cap {
+        Some(cap) => builder.max_pooled_bytes(cap),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+/// Takes `size` `n` times, each held 20 ms, then dropped and flushed:
+/// whether each was served from the pool.
+fn takes(pool: &Pool, size: usize, n: usize) -> Vec<bool> {
+    (0..n)
+        .map(|_| {
+            let b = pool.take(size);
+            let pooled = b.was_pooled();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(b);
+            pool.flush();
+            pooled
+        })
+        .collect()
+}
+
+/// Takes a 5 MiB buffer `n` times (see `takes`) and asserts that every take
+/// from the `from`-th on was served from the pool, with at most `budget`
+/// bytes ever pinned; then shuts the pool down and asserts every
+/// registration undone. `what` names the case.
+fn larger_buffer_hits(
+    pool: Pool,
+    faults: &Faults,
+    n: usize,
+    from: usize,
+    budget: usize,
+    what: &str,
+) {
+    let pooled = takes(&pool, 5 * MIB, n);
+    let s = pool.stats();
+    assert!(
+        pooled[from..].iter().all(|&p| p) && s.peak_pinned_bytes <= budget as u64,
+        "{what}: takes of 5 MiB pooled {pooled:?}: {s:#?}"
+    );
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
 }
 
 /// With regions, under a budget that cannot hold both a region pinned
@@ -193,21 +239,7 @@ fn an_idle_region_makes_room_under_the_budget_for_a_larger_buffer() {
         pool.flush();
         assert_eq!(pool.stats().regions, 1, "setup: one region");
         std::thread::sleep(std::time::Duration::from_millis(150));
-        let mut pooled = Vec::new();
-        for _ in 0..6 {
-            let b = pool.take(5 * MIB);
-            pooled.push(b.was_pooled());
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            drop(b);
-            pool.flush();
-        }
-        let s = pool.stats();
-        assert!(
-            pooled[1..].iter().all(|&p| p) && s.peak_pinned_bytes <= 7 * MIB as u64,
-            "first take {first}: takes of 5 MiB pooled {pooled:?}: {s:#?}"
-        );
-        pool.shutdown();
-        assert_eq!(faults.registered(), faults.unregistered());
+        larger_buffer_hits(pool, &faults, 6, 1, 7 * MIB, &format!("first take {first}"));
     }
 }
 
@@ -252,6 +284,87 @@ fn a_failed_growth_that_folds_an_idle_region_keeps_it() {
         "the next growth holds it, within the budget: {s:#?}"
     );
     drop(large);
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// As `an_idle_region_makes_room_under_the_budget_for_a_larger_buffer`,
+/// with a cap given above anything the budget lets the pool pin: the
+/// growth that folds the idle region adds 2 MiB, within the cap's room,
+/// though the buffer's whole footprint (6 MiB of huge pages) is not.
+#[test]
+fn under_a_given_cap_an_idle_region_makes_room_for_a_larger_buffer() {
+    let faults = Arc::new(Faults::default());
+    let pool = capped_regions_pool(&faults, 7 * MIB, Some(9 * MIB));
+    drop(pool.take(2 * MIB));
+    pool.flush();
+    assert_eq!(pool.stats().regions, 1, "setup: one region");
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    larger_buffer_hits(pool, &faults, 6, 1, 7 * MIB, "cap 9 MiB");
+}
+
+/// Two idle regions (4 and 2 MiB) that hold a 5 MiB buffer together,
+/// under a budget that has no room for its footprint beside them, after
+/// two such buffers were held at once (a demand past what the regions
+/// hold): the regions should be merged for it, adding nothing pinned.
+#[test]
+fn idle_regions_that_hold_a_larger_buffer_together_are_merged_under_the_budget() {
+    let faults = Arc::new(Faults::default());
+    let pool = regions_pool(&faults, 9 * MIB);
+    drop(pool.take(2 * MIB));
+    pool.flush();
+    let x = pool.take(2 * MIB);
+    let y = pool.take(2 * MIB);
+    let z = pool.take(MIB);
+    assert!(x.was_pooled() && y.was_pooled() && !z.was_pooled(), "setup");
+    drop(z);
+    pool.flush();
+    drop((x, y));
+    pool.flush();
+    let s = pool.stats();
+    assert_eq!((s.regions, s.region_bytes), (2, 6 * MIB), "setup: {s:#?}");
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let (a, b) = (pool.take(5 * MIB), pool.take(5 * MIB));
+    drop((a, b));
+    pool.flush();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    larger_buffer_hits(pool, &faults, 8, 2, 9 * MIB, "after two held at once");
+}
+
+/// A region a thread takes and drops a buffer of in a loop is wholly free
+/// only between its takes: a larger buffer that the budget cannot pin
+/// beside it should not fold it away (its takes would miss from then on,
+/// the larger buffer's region holding the budget).
+#[test]
+fn a_region_in_use_between_takes_is_not_folded_for_a_larger_buffer() {
+    let faults = Arc::new(Faults::default());
+    let pool = regions_pool(&faults, 7 * MIB);
+    drop(pool.take(2 * MIB));
+    pool.flush();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (hits, all) = std::thread::scope(|s| {
+        let small = s.spawn(|| {
+            let (mut hits, mut all) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut b = pool.take(2 * MIB);
+                b[0] = 1;
+                b.set_dirty_len(1);
+                hits += u32::from(b.was_pooled());
+                all += 1;
+                drop(b);
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            (hits, all)
+        });
+        takes(&pool, 5 * MIB, 30);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        small.join().unwrap()
+    });
+    let s = pool.stats();
+    assert!(
+        f64::from(hits) >= 0.9 * f64::from(all) && s.peak_pinned_bytes <= 7 * MIB as u64,
+        "2 MiB takes served from the pool: {hits} of {all}: {s:#?}"
+    );
     pool.shutdown();
     assert_eq!(faults.registered(), faults.unregistered());
 }
