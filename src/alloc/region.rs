@@ -1474,20 +1474,16 @@ impl Regions {
     /// extent of at least `len` bytes: of the sets of them that do, the one
     /// with the fewest bytes (so the fewest to unregister and register
     /// again), within [`REGION_MAX`](Tuning::REGION_MAX), looking at the
-    /// 16 largest only. `None` if those together hold less, or if one of
-    /// them holds `len` alone (no merge needed).
-    pub(crate) fn merge_plan(&self, len: usize) -> Option<Vec<usize>> {
-        let mut lens = Vec::new();
-        {
-            let list = self.list.lock();
-            for &region in list.iter() {
-                // SAFETY: listed regions are live.
-                let this = unsafe { region.as_ref() };
-                if this.state.lock().out == 0 {
-                    lens.push(this.len);
-                }
-            }
-        }
+    /// 16 largest only, of those wholly free for `idle` or longer. `None`
+    /// if those together hold less, or if one of them holds `len` alone
+    /// (no merge needed).
+    pub(crate) fn merge_plan(&self, len: usize, idle: Duration) -> Option<Vec<usize>> {
+        let mut lens: Vec<usize> = self
+            .free_regions(|free, _| free >= idle)
+            .into_iter()
+            .filter(|region| region.eligible)
+            .map(|region| region.len)
+            .collect();
         if lens.iter().any(|&l| l >= len) {
             return None;
         }
@@ -1881,9 +1877,17 @@ mod tests {
                 .grow(n * huge, Vec::new(), &mut unregister, Some(&mut registered))
                 .unwrap();
         }
-        assert_eq!(regions.merge_plan(5 * huge), None, "one region holds it");
-        assert_eq!(regions.merge_plan(11 * huge), None, "all of them hold less");
-        let mut plan = regions.merge_plan(6 * huge).unwrap();
+        assert_eq!(
+            regions.merge_plan(5 * huge, Duration::ZERO),
+            None,
+            "one region holds it"
+        );
+        assert_eq!(
+            regions.merge_plan(11 * huge, Duration::ZERO),
+            None,
+            "all of them hold less"
+        );
+        let mut plan = regions.merge_plan(6 * huge, Duration::ZERO).unwrap();
         plan.sort_unstable();
         assert_eq!(plan, [2 * huge, 5 * huge], "7 huge pages, not 8 or 10");
         let len = regions.grow(0, plan, &mut unregister, None).unwrap();

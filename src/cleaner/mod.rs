@@ -885,7 +885,7 @@ impl Cleaner {
         if short.merge == 0 {
             return false;
         }
-        let Some(plan) = regions.merge_plan(short.merge) else {
+        let Some(plan) = regions.merge_plan(short.merge, Duration::ZERO) else {
             return false;
         };
         Self::grow_with(
@@ -1024,17 +1024,20 @@ impl Cleaner {
             // after it stay aligned); if they hold `footprint` together,
             // they are merged, adding nothing. Within a given cap's room
             // (what the growth adds), and not for memory `reserve` asked
-            // for.
+            // for; and only for one buffer that must fit whole (`least`
+            // no more than `whole`): a demand past what the regions hold
+            // needs bytes added, which folding does not add.
             if merging.is_none()
                 && first
                 && to_fit.is_none()
                 && reserved.is_none()
+                && footprint <= whole
                 && !counters.fits_pinned(len as u64)
             {
                 let plan = regions.idle_cover(footprint, FOLD_IDLE_AFTER);
                 let folded: usize = plan.iter().sum();
                 if folded >= footprint {
-                    if let Some(plan) = regions.merge_plan(footprint) {
+                    if let Some(plan) = regions.merge_plan(footprint, FOLD_IDLE_AFTER) {
                         len = 0;
                         to_fit = Some(plan);
                     }

@@ -341,8 +341,45 @@ fn a_region_in_use_between_takes_is_not_folded_for_a_larger_buffer() {
     let pool = regions_pool(&faults, 7 * MIB);
     drop(pool.take(2 * MIB));
     pool.flush();
+    small_loop_beside_larger_takes(pool, &faults, 7 * MIB, 30, None);
+}
+
+/// As `a_region_in_use_between_takes_is_not_folded_for_a_larger_buffer`,
+/// beside an idle 4 MiB region that, with the loop's 2 MiB, would hold the
+/// larger buffer together: the loop's region should not be merged into
+/// its region either; the idle one is folded in, with 2 MiB added.
+#[test]
+fn a_region_in_use_between_takes_is_not_merged_for_a_larger_buffer() {
+    let faults = Arc::new(Faults::default());
+    let pool = regions_pool(&faults, 9 * MIB);
+    drop(pool.take(2 * MIB));
+    pool.flush();
+    let (x, y) = (pool.take(2 * MIB), pool.take(2 * MIB));
+    drop(pool.take(MIB));
+    pool.flush();
+    drop((x, y));
+    pool.flush();
+    let s = pool.stats();
+    assert_eq!((s.regions, s.region_bytes), (2, 6 * MIB), "setup: {s:#?}");
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    small_loop_beside_larger_takes(pool, &faults, 9 * MIB, 30, Some(1));
+}
+
+/// Runs a thread taking and dropping a 2 MiB buffer every 0.5 ms while
+/// this one takes a 5 MiB buffer `n` times (see `takes`), and asserts that
+/// at least 90% of the 2 MiB takes were served from the pool, with at most
+/// `budget` bytes ever pinned, and, if `from` is given, every 5 MiB take
+/// from the `from`-th on; then shuts the pool down and asserts every
+/// registration undone.
+fn small_loop_beside_larger_takes(
+    pool: Pool,
+    faults: &Faults,
+    budget: usize,
+    n: usize,
+    from: Option<usize>,
+) {
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let (hits, all) = std::thread::scope(|s| {
+    let (hits, all, large) = std::thread::scope(|s| {
         let small = s.spawn(|| {
             let (mut hits, mut all) = (0u32, 0u32);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -356,14 +393,17 @@ fn a_region_in_use_between_takes_is_not_folded_for_a_larger_buffer() {
             }
             (hits, all)
         });
-        takes(&pool, 5 * MIB, 30);
+        let pooled = takes(&pool, 5 * MIB, n);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        small.join().unwrap()
+        let small = small.join().unwrap();
+        (small.0, small.1, pooled)
     });
     let s = pool.stats();
     assert!(
-        f64::from(hits) >= 0.9 * f64::from(all) && s.peak_pinned_bytes <= 7 * MIB as u64,
-        "2 MiB takes served from the pool: {hits} of {all}: {s:#?}"
+        f64::from(hits) >= 0.9 * f64::from(all)
+            && s.peak_pinned_bytes <= budget as u64
+            && from.is_none_or(|from| large[from..].iter().all(|&p| p)),
+        "2 MiB takes served from the pool: {hits} of {all}; 5 MiB: {large:?}: {s:#?}"
     );
     pool.shutdown();
     assert_eq!(faults.registered(), faults.unregistered());
