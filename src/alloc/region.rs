@@ -1158,18 +1158,22 @@ impl Regions {
         free
     }
 
+    /// The lengths of the listed regions wholly free for `idle` or longer.
+    fn idle_lens(&self, idle: Duration) -> Vec<usize> {
+        self.free_regions(|free, _| free >= idle)
+            .into_iter()
+            .filter(|region| region.eligible)
+            .map(|region| region.len)
+            .collect()
+    }
+
     /// The lengths of listed regions wholly free for `idle` or longer,
     /// the largest first, until they hold `bytes` together (all of them if
     /// they hold less), within [`REGION_MAX`](Tuning::REGION_MAX): a plan
     /// for [`grow`](Self::grow) to fold, so that a growth the pinned budget
     /// refuses whole adds only what they leave of `bytes`.
     pub(crate) fn idle_cover(&self, bytes: usize, idle: Duration) -> Vec<usize> {
-        let mut lens: Vec<usize> = self
-            .free_regions(|free, _| free >= idle)
-            .into_iter()
-            .filter(|region| region.eligible)
-            .map(|region| region.len)
-            .collect();
+        let mut lens = self.idle_lens(idle);
         lens.sort_unstable_by(|a, b| b.cmp(a));
         let mut plan = Vec::new();
         let mut total = 0;
@@ -1478,12 +1482,7 @@ impl Regions {
     /// if those together hold less, or if one of them holds `len` alone
     /// (no merge needed).
     pub(crate) fn merge_plan(&self, len: usize, idle: Duration) -> Option<Vec<usize>> {
-        let mut lens: Vec<usize> = self
-            .free_regions(|free, _| free >= idle)
-            .into_iter()
-            .filter(|region| region.eligible)
-            .map(|region| region.len)
-            .collect();
+        let mut lens = self.idle_lens(idle);
         if lens.iter().any(|&l| l >= len) {
             return None;
         }
