@@ -118,22 +118,17 @@ impl Intake {
         self.idle_regions[device].store(bytes, Ordering::Relaxed);
     }
 
-    /// Whether a miss of `footprint` bytes may be pinned under the budget
-    /// when its growth folds its device's idle regions in (pinned already:
-    /// see `Cleaner::grow_with`) and releases other devices' for room,
-    /// pinning only what they leave of it. A hint as of the last
-    /// provisioning tick: wrong either
+    /// Whether a miss of `footprint` bytes on `device` may be pinned under
+    /// the budget when its growth folds the device's idle regions in
+    /// (pinned already: see `Cleaner::grow_with`), pinning only what they
+    /// leave of it. A hint as of the last provisioning tick: wrong either
     /// way by what was carved from, or freed in, the regions since, which
     /// costs a miss kept for a growth the budget then refuses (its memory
     /// freed there), or one freed that a growth could have pinned (as
     /// without regions); the growth itself is admitted exactly.
-    fn fits_folding(&self, counters: &Counters, footprint: usize) -> bool {
+    fn fits_folding(&self, counters: &Counters, device: usize, footprint: usize) -> bool {
         // Relaxed: a hint, as above.
-        let idle: usize = self
-            .idle_regions
-            .iter()
-            .map(|idle| idle.load(Ordering::Relaxed))
-            .sum();
+        let idle = self.idle_regions[device].load(Ordering::Relaxed);
         counters.fits_pinned(footprint.saturating_sub(idle) as u64)
     }
 
@@ -209,7 +204,8 @@ impl Intake {
             let backed_up = self.register_queued.load(Ordering::Relaxed) >= self.register_backlog;
             let footprint = returned.block().footprint() as u64;
             let fits = if self.regions {
-                self.fits_folding(from.counters, footprint as usize)
+                let device = returned.block().device();
+                self.fits_folding(from.counters, device, footprint as usize)
             } else {
                 from.counters.fits_pinned(footprint)
             };

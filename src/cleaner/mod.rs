@@ -1022,14 +1022,11 @@ impl Cleaner {
             // growth adds only the rest (at least `REGION_MIN`, in huge
             // pages once it is one or more, so that the pages moved in
             // after it stay aligned); if they hold `footprint` together,
-            // they are merged, adding nothing. Such regions of other
-            // devices (which cannot be folded: another device's memory,
-            // on its node) are released for the room the budget still
-            // lacks, if they hold it all. Within a given cap's room (what
-            // the growth adds), and not for memory `reserve` asked for;
-            // and only for one buffer that must fit whole (`least` no more
-            // than `whole`): a demand past what the regions hold needs
-            // bytes added, which folding does not add.
+            // they are merged, adding nothing. Within a given cap's room
+            // (what the growth adds), and not for memory `reserve` asked
+            // for; and only for one buffer that must fit whole (`least`
+            // no more than `whole`): a demand past what the regions hold
+            // needs bytes added, which folding does not add.
             if merging.is_none()
                 && first
                 && to_fit.is_none()
@@ -1039,21 +1036,17 @@ impl Cleaner {
             {
                 let plan = regions.idle_cover(footprint, FOLD_IDLE_AFTER);
                 let folded: usize = plan.iter().sum();
-                let fit = if folded >= footprint {
-                    regions
-                        .merge_plan(footprint, FOLD_IDLE_AFTER)
-                        .map(|plan| (0, plan))
-                } else {
-                    let rest = regions.next_len(footprint - folded, 0);
-                    (rest < len || folded == 0)
-                        .then_some((rest.min(len), plan))
-                        .filter(|&(rest, _)| cap_room.is_none_or(|room| rest <= room))
-                };
-                if let Some((rest, plan)) = fit {
-                    if !counters.fits_pinned(rest as u64) {
-                        Self::release_idle_elsewhere(env, device, rest);
+                if folded >= footprint {
+                    if let Some(plan) = regions.merge_plan(footprint, FOLD_IDLE_AFTER) {
+                        len = 0;
+                        to_fit = Some(plan);
                     }
-                    if counters.fits_pinned(rest as u64) {
+                } else if folded > 0 {
+                    let rest = regions.next_len(footprint - folded, 0);
+                    if rest < len
+                        && counters.fits_pinned(rest as u64)
+                        && cap_room.is_none_or(|room| rest <= room)
+                    {
                         len = rest;
                         to_fit = Some(plan);
                     }
@@ -1166,39 +1159,6 @@ impl Cleaner {
                     }
                     len = smaller;
                 }
-            }
-        }
-    }
-
-    /// Releases regions of devices other than `device` wholly free for
-    /// [`FOLD_IDLE_AFTER`] or longer, the fewest bytes that leave room for
-    /// `bytes` more under the pinned budget (see `Cleaner::grow_with`),
-    /// if they hold that much; else none.
-    fn release_idle_elsewhere(env: Env<'_>, device: usize, bytes: usize) {
-        let counters = env.counters();
-        let lack = |counters: &Counters| {
-            let past = (counters.pinned() + bytes as u64).saturating_sub(counters.max_pinned());
-            usize::try_from(past).unwrap_or(usize::MAX)
-        };
-        let others = || {
-            let shards = env.places.shards.iter().enumerate();
-            shards.filter(move |&(other, _)| other != device)
-        };
-        let idle: usize = others()
-            .map(|(_, shard)| shard.regions().idle_bytes(FOLD_IDLE_AFTER))
-            .sum();
-        if idle < lack(counters) {
-            return;
-        }
-        for (other, shard) in others() {
-            let short = lack(counters);
-            if short == 0 {
-                break;
-            }
-            let eligible = |idle: Duration, _| idle >= FOLD_IDLE_AFTER;
-            for region in shard.regions().unlist_to_cover(short, eligible) {
-                Counters::add(&counters.regions_released, 1);
-                release_region(env.releaser(), other, region);
             }
         }
     }

@@ -193,14 +193,9 @@ fn capped_regions_pool(faults: &Arc<Faults>, budget: usize, cap: Option<usize>) 
 /// Takes `size` `n` times, each held 20 ms, then dropped and flushed:
 /// whether each was served from the pool.
 fn takes(pool: &Pool, size: usize, n: usize) -> Vec<bool> {
-    takes_on(pool, 0, size, n)
-}
-
-/// As `takes`, on `device`.
-fn takes_on(pool: &Pool, device: usize, size: usize, n: usize) -> Vec<bool> {
     (0..n)
         .map(|_| {
-            let b = pool.take_on(device, size).unwrap();
+            let b = pool.take(size);
             let pooled = b.was_pooled();
             std::thread::sleep(std::time::Duration::from_millis(20));
             drop(b);
@@ -433,33 +428,4 @@ fn small_loop_beside_larger_takes(setup: impl Fn(&Arc<Faults>) -> Pool, budget: 
         return;
     }
     panic!("the loop paused 50 ms or more in every run: {paused:?}");
-}
-
-/// Two devices sharing a budget of 7 MiB: a region idle on device 0 should
-/// not keep device 1's larger buffer from being pinned (another device's
-/// region cannot be folded in; it is released for the room).
-#[test]
-fn an_idle_region_of_another_device_makes_room_for_a_larger_buffer() {
-    let faults = Arc::new(Faults::default());
-    let pool = Pool::builder()
-        .faults(faults.clone())
-        .devices(2)
-        .cleaner_threads(2)
-        .provision(false)
-        .regions(true)
-        .max_pinned_bytes(7 * MIB)
-        .build()
-        .unwrap();
-    drop(pool.take_on(0, 2 * MIB).unwrap());
-    pool.flush();
-    assert_eq!(pool.stats().regions, 1, "setup: one region");
-    wait_until_idle_is_counted();
-    let pooled = takes_on(&pool, 1, 5 * MIB, 6);
-    let s = pool.stats();
-    assert!(
-        pooled[1..].iter().all(|&p| p) && s.peak_pinned_bytes <= 7 * MIB as u64,
-        "device 1's takes of 5 MiB pooled {pooled:?}: {s:#?}"
-    );
-    pool.shutdown();
-    assert_eq!(faults.registered(), faults.unregistered());
 }
