@@ -1158,6 +1158,11 @@ impl Regions {
         free
     }
 
+    /// The bytes of the listed regions wholly free for `idle` or longer.
+    pub(crate) fn idle_bytes(&self, idle: Duration) -> usize {
+        self.idle_lens(idle).iter().sum()
+    }
+
     /// The lengths of the listed regions wholly free for `idle` or longer.
     fn idle_lens(&self, idle: Duration) -> Vec<usize> {
         self.free_regions(|free, _| free >= idle)

@@ -213,9 +213,10 @@ impl Intake {
                 // Registrations are backed up, or the pinned budget is
                 // spent: free this miss buffer rather than let misses breed
                 // an ever longer queue, or pin past the budget. With
-                // regions, the bytes of wholly free ones count as room: the
-                // growth this miss makes may fold them into its region,
-                // pinning only the rest (see `Cleaner::grow_with`).
+                // regions, the bytes of the device's regions wholly free
+                // for `FOLD_IDLE_AFTER` or longer count as room: the growth
+                // this miss makes may fold them into its region, pinning
+                // only the rest (see `Cleaner::grow_with`).
                 Counters::add(&from.counters.registrations_skipped, 1);
                 self.shed(&from, returned);
             } else {

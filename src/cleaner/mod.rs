@@ -923,7 +923,11 @@ impl Cleaner {
     /// the first registration) counted as room. Under a given cap, a
     /// growth other than for `reserve` stops at the cap's room (see
     /// `grow_with`) where that holds `whole`, the largest buffer it is for.
-    /// Whether one was registered.
+    /// A growth for one buffer that the budget refuses even at its
+    /// footprint folds regions of `device` wholly free for
+    /// [`FOLD_IDLE_AFTER`] or longer into its region, adding only the
+    /// rest, or merges them if they hold the buffer together. Whether one
+    /// was registered (for such a growth: one that holds the buffer).
     ///
     /// [`Regions::next_len`]: crate::alloc::Regions::next_len
     pub(crate) fn grow(

@@ -282,13 +282,7 @@ impl Cleaner {
                 // What a miss's growth may fold, of what the cap left (see
                 // `Intake::fits_folding`).
                 for (device, shard) in env.places.shards.iter().enumerate() {
-                    let idle = shard
-                        .regions()
-                        .free_regions(|idle, _| idle >= FOLD_IDLE_AFTER)
-                        .into_iter()
-                        .filter(|region| region.eligible)
-                        .map(|region| region.len)
-                        .sum();
+                    let idle = shard.regions().idle_bytes(FOLD_IDLE_AFTER);
                     self.intake.note_idle_regions(device, idle);
                 }
             }
