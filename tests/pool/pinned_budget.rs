@@ -384,8 +384,10 @@ fn a_region_in_use_between_takes_is_not_merged_for_a_larger_buffer() {
 
 /// Runs a thread taking and dropping a 2 MiB buffer every 0.5 ms, on the
 /// pool `setup` builds, while this one takes a 5 MiB buffer 30 times (see
-/// `takes`), and asserts that at least 90% of the 2 MiB takes were served
-/// from the pool, with at most `budget` bytes ever pinned; then shuts the
+/// `takes`), and asserts that at least 75% of the 2 MiB takes were served
+/// from the pool (a region folded away from the loop leaves it about a
+/// fifth; under AddressSanitizer on a loaded machine it kept 89% and
+/// more), with at most `budget` bytes ever pinned; then shuts the
 /// pool down and asserts every registration undone. A run in which the
 /// loop went 50 ms or more without a take (a loaded machine: its region
 /// may then be idle long enough to fold, as it should) shows nothing and
@@ -427,7 +429,7 @@ fn small_loop_beside_larger_takes(setup: impl Fn(&Arc<Faults>) -> Pool, budget: 
             continue;
         }
         assert!(
-            f64::from(hits) >= 0.9 * f64::from(all) && s.peak_pinned_bytes <= budget as u64,
+            f64::from(hits) >= 0.75 * f64::from(all) && s.peak_pinned_bytes <= budget as u64,
             "2 MiB takes served from the pool: {hits} of {all}; 5 MiB: {large:?}: {s:#?}"
         );
         return;
