@@ -1033,7 +1033,6 @@ impl Cleaner {
             // needs bytes added, which folding does not add.
             if merging.is_none()
                 && first
-                && to_fit.is_none()
                 && reserved.is_none()
                 && footprint <= whole
                 && !counters.fits_pinned(len as u64)

@@ -2568,14 +2568,21 @@ fn steps_past_a_given_cap_keep_what_it_allows() {
         pool.flush();
         std::thread::sleep(Duration::from_millis(250));
     }
+    steps_kept_what_the_cap_allows(pool, &faults, &hits, 4 * MIB);
+}
+
+/// Asserts that every step after the first hit 3 times or more (`hits`,
+/// per step) and that `pool` pools at most `cap` bytes, quiet; then shuts
+/// it down.
+fn steps_kept_what_the_cap_allows(pool: Pool, faults: &Faults, hits: &[usize], cap: usize) {
     let s = pool.stats();
     assert!(
         hits[1..].iter().all(|&h| h >= 3),
-        "hits per step of 8 takes: {hits:?} ({} registrations): {s:#?}",
+        "hits per step: {hits:?} ({} registrations): {s:#?}",
         faults.registered()
     );
     assert!(
-        s.pooled_bytes <= 4 * MIB,
+        s.pooled_bytes <= cap,
         "{} bytes pooled past the cap, quiet: {s:#?}",
         s.pooled_bytes
     );
@@ -2637,12 +2644,5 @@ fn steps_on_two_devices_past_a_given_cap_keep_what_it_allows() {
         pool.flush();
         std::thread::sleep(Duration::from_millis(250));
     }
-    let s = pool.stats();
-    assert!(
-        hits[1..].iter().all(|&h| h >= 3),
-        "hits per step of 8 + 8 takes: {hits:?} ({} registrations): {s:#?}",
-        faults.registered()
-    );
-    assert!(s.pooled_bytes <= 4 * MIB, "{s:#?}");
-    pool.shutdown();
+    steps_kept_what_the_cap_allows(pool, &faults, &hits, 4 * MIB);
 }
