@@ -52,7 +52,7 @@ use crate::tune::{Tune, Tuning};
 pub(crate) use mmap::{clean_range, host_memory};
 
 use mmap::{huge_page_size, map, map_huge};
-pub(crate) use region::{cover, Carved, Demand, Drained, Regions, Shortfall, Unlisted};
+pub(crate) use region::{cover, Carved, Demand, Drained, Fold, Regions, Shortfall, Unlisted};
 
 use region::Region;
 use slab::{LastShare, Slab};

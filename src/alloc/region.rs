@@ -152,6 +152,28 @@ pub(crate) fn cover(lens: &[usize], bytes: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The wholly free regions a growth folds (see [`Regions::grow`]): a
+/// length per region, and how long each must have been wholly free when
+/// it is unlisted (a region of a planned length freed since the plan, not
+/// so long ago, is left: see [`Regions::idle_cover`]).
+#[derive(Debug, Default)]
+pub(crate) struct Fold {
+    /// The regions' lengths, one region each.
+    pub(crate) lens: Vec<usize>,
+    /// How long a region must have been wholly free to be folded.
+    pub(crate) idle: Duration,
+}
+
+impl From<Vec<usize>> for Fold {
+    /// Regions of these lengths, however long they have been free.
+    fn from(lens: Vec<usize>) -> Self {
+        Self {
+            lens,
+            idle: Duration::ZERO,
+        }
+    }
+}
+
 /// A growth that failed (see [`Regions::grow`]): its error, and what was
 /// kept of the regions it folded: `Some(bytes)` registered again as one
 /// region of their own (a registration the caller counts), `None` if
@@ -910,7 +932,8 @@ impl Regions {
     }
 
     /// Maps a region of `len` bytes plus the wholly free regions of the
-    /// lengths `fold` names (see [`fold_plan`](Self::fold_plan)), registers
+    /// lengths `fold` names (see [`fold_plan`](Self::fold_plan)), each free
+    /// for `fold.idle` or longer (see [`Fold`]), registers
     /// it through `register` (if given), lists it, wholly free, and returns
     /// its length. With `len` 0 it only merges the regions `fold` names
     /// (see [`merge_plan`](Self::merge_plan)), those still wholly free and
@@ -930,11 +953,12 @@ impl Regions {
     pub(crate) fn grow(
         &self,
         len: usize,
-        fold: Vec<usize>,
+        fold: impl Into<Fold>,
         unregister: &mut dyn FnMut(Unlisted) -> Option<Unlisted>,
         register: Option<&mut dyn FnMut(*mut u8, usize) -> Result<(), Error>>,
     ) -> Result<usize, GrowFailed> {
-        let planned = len + fold.iter().sum::<usize>();
+        let fold = fold.into();
+        let planned = len + fold.lens.iter().sum::<usize>();
         let mapped = if planned >= huge_page_size() {
             map_huge(planned)
         } else {
@@ -1498,18 +1522,27 @@ impl Regions {
         Some(set.into_iter().map(|i| lens[i]).collect())
     }
 
-    /// Unlists wholly free regions of the lengths `plan` names (one each),
-    /// the demand peak left as it is (the new region holds their bytes
-    /// again). A region carved from since the plan was made is not picked
-    /// (only wholly free ones are offered); another free one of the same
-    /// length may go in its place.
-    fn unlist_folded(&self, mut plan: Vec<usize>) -> Vec<Unlisted> {
-        let pick = |region_len: usize, _| match plan.iter().position(|&l| l == region_len) {
-            Some(i) => {
-                plan.swap_remove(i);
-                true
+    /// Unlists wholly free regions of the lengths `fold` names (one each),
+    /// each free for `fold.idle` or longer, the demand peak left as it is
+    /// (the new region holds their bytes again). A region carved from since
+    /// the plan was made is not picked (only wholly free ones are offered);
+    /// another of the same length, free as long, may go in its place.
+    fn unlist_folded(&self, fold: Fold) -> Vec<Unlisted> {
+        let Fold {
+            lens: mut plan,
+            idle,
+        } = fold;
+        let pick = |region_len: usize, free: Duration| {
+            if free < idle {
+                return false;
             }
-            None => false,
+            match plan.iter().position(|&l| l == region_len) {
+                Some(i) => {
+                    plan.swap_remove(i);
+                    true
+                }
+                None => false,
+            }
         };
         self.unlist(pick, false).0
     }
@@ -2210,6 +2243,45 @@ mod tests {
             "the growth's mapping is still there"
         );
         assert_eq!(regions.figures().regions, 0);
+    }
+
+    /// A plan of regions wholly free for a while (the pinned budget's
+    /// fold, see `Regions::idle_cover`) folds those, not another region of
+    /// the same length freed a moment ago (a buffer of it taken in a loop,
+    /// whose next take would miss once it is folded), though that one
+    /// comes first in the list.
+    #[test]
+    fn a_fold_of_idle_regions_leaves_a_region_of_their_length_freed_since() {
+        let regions = Regions::new(None);
+        let huge = huge_page_size();
+        regions.grow(2 * huge, Vec::new(), &mut Some, None).unwrap();
+        let first = regions.carve(page()).unwrap();
+        let in_use = first.region;
+        // SAFETY: carved above, given back once, untouched.
+        unsafe { Region::give_back(first.region, first.ptr.as_ptr(), page()) };
+        regions.grow(2 * huge, Vec::new(), &mut Some, None).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        let again = regions.carve(page()).unwrap();
+        assert_eq!(
+            again.region, in_use,
+            "a tie in fit carves from the first region"
+        );
+        // SAFETY: as above.
+        unsafe { Region::give_back(again.region, again.ptr.as_ptr(), page()) };
+        let idle = Duration::from_millis(100);
+        let plan = regions.idle_cover(2 * huge, idle);
+        assert_eq!(plan, [2 * huge], "only the region idle for 150 ms");
+        let fold = Fold { lens: plan, idle };
+        regions.grow(2 * huge, fold, &mut Some, None).unwrap();
+        assert_eq!(regions.figures().regions, 2);
+        assert_eq!(
+            regions.idle_lens(idle),
+            Vec::<usize>::new(),
+            "the region idle for 150 ms was left, the one just freed folded"
+        );
+        for r in regions.unlist_idle(|_, _| true, false) {
+            r.free();
+        }
     }
 
     #[test]

@@ -51,7 +51,7 @@ mod sweep;
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Places};
-use crate::alloc::{clean_range, Block, Regions};
+use crate::alloc::{clean_range, Block, Fold, Regions};
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::provision::Provisioner;
@@ -1067,19 +1067,22 @@ impl Cleaner {
                 return false;
             };
             let fold = match (merge.take(), std::mem::take(&mut first)) {
-                (Some((plan, _)), _) => plan,
+                (Some((plan, _)), _) => Fold::from(plan),
                 (None, true) if to_fit.is_some() => {
                     fitted = true;
-                    to_fit.take().unwrap_or_default()
+                    Fold {
+                        lens: to_fit.take().unwrap_or_default(),
+                        idle: FOLD_IDLE_AFTER,
+                    }
                 }
-                (None, true) if !past_cap => regions.fold_plan(len),
-                (None, _) => Vec::new(),
+                (None, true) if !past_cap => Fold::from(regions.fold_plan(len)),
+                (None, _) => Fold::default(),
             };
             // The regions it folds are registered now, and will be again
             // within its registration: their bytes are admitted from now to
             // that registration, so that no other registration takes their
             // room between their unregistration and it.
-            let claim = claim.and(fold.iter().sum::<usize>() as u64);
+            let claim = claim.and(fold.lens.iter().sum::<usize>() as u64);
             let mut unregister = |region| {
                 Counters::add(&counters.regions_released, 1);
                 release::unregister_region(env.releaser(), device, region)
