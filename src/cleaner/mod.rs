@@ -1140,17 +1140,16 @@ impl Cleaner {
                 }
                 Ok(total) if fitted => return total >= footprint,
                 Ok(total) => return merging.is_none_or(|asked| total >= asked),
-                Err(failed) if merging.is_some() => {
+                Err(failed) if merging.is_some() || (fitted && len == 0) => {
                     tracing::warn!(
                         error = %failed.error,
                         kept = ?failed.kept,
                         "pinpool: registering merged regions failed"
                     );
-                    // Registered again as one region, they hold it still.
-                    return failed
-                        .kept
-                        .zip(merging)
-                        .is_some_and(|(kept, asked)| kept >= asked);
+                    // Registered again as one region, they hold it still (a
+                    // merge the budget made for `footprint`, too).
+                    let asked = merging.unwrap_or(footprint);
+                    return failed.kept.is_some_and(|kept| kept >= asked);
                 }
                 Err(failed) => {
                     tracing::warn!(

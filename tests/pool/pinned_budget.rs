@@ -499,3 +499,40 @@ fn two_devices_taking_larger_buffers_in_turn_under_the_budget_settle() {
     pool.shutdown();
     assert_eq!(faults.registered(), faults.unregistered());
 }
+
+/// As `idle_regions_that_hold_a_larger_buffer_together_are_merged_under_the_budget`,
+/// the merge's registration failing: the merged regions, registered again
+/// as one region on their own, hold the buffer, as a merge that held does:
+/// the growth that made them counts as holding it, and nothing more is
+/// grown for it, or skipped for want of budget.
+#[test]
+fn a_failed_merge_registered_again_holds_the_larger_buffer() {
+    let faults = Arc::new(Faults::default());
+    let pool = regions_pool(&faults, 9 * MIB);
+    two_idle_regions(&pool);
+    let before = pool.stats();
+    // The merge's registration is the next call (the two buffers held at
+    // once leave the regions short of a second extent: the budget's merge,
+    // see `Cleaner::grow_with`), then the one registering the merged
+    // regions again on their own.
+    let calls = faults.register_calls();
+    faults.fail_register(&[calls + 1]);
+    let (a, b) = (pool.take(5 * MIB), pool.take(5 * MIB));
+    drop((a, b));
+    pool.flush();
+    wait_until_idle_is_counted();
+    let pooled = takes(&pool, 5 * MIB, 4);
+    let s = pool.stats();
+    assert_eq!(
+        s.registration_failures, 1,
+        "setup: the merge failed once: {s:#?}"
+    );
+    assert!(
+        pooled.iter().all(|&p| p)
+            && (s.regions, s.region_bytes) == (1, 6 * MIB)
+            && s.registrations_skipped == before.registrations_skipped,
+        "takes of 5 MiB pooled {pooled:?}: {s:#?}"
+    );
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
