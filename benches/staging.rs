@@ -24,7 +24,10 @@
 //!
 //! Millions of operations per second over all threads, the median of
 //! `PINPOOL_BENCH_REPS` (default 3) runs of `PINPOOL_BENCH_SECS` (default
-//! 0.5) seconds each; `PINPOOL_BENCH_SIZES` (e.g. `4KiB`, default both)
+//! 0.5) seconds each, timed from when every thread of a run has set up (its
+//! stream and device memory; the hand-written loops' pinned buffers and
+//! events) to when the run is told to stop, its setup and teardown left
+//! out; `PINPOOL_BENCH_SIZES` (e.g. `4KiB`, default both)
 //! picks the buffer sizes; `PINPOOL_BENCH_PIN=1` binds each loop's thread
 //! `t` to the `t`-th CPU the process may run on (see `pin_to_cpu`). The
 //! four single-thread-per-stream loops run in turn, one run of each, each
@@ -90,10 +93,38 @@ fn pin_to_cpu(t: usize) {
     }
 }
 
-/// Runs `body(thread, stop)` on `threads` threads for `secs` (each bound to
-/// a CPU with `PINPOOL_BENCH_PIN=1`, see `pin_to_cpu`); returns the
-/// operations per second over all threads.
-fn run(threads: usize, secs: f64, body: impl Fn(usize, &AtomicBool) -> u64 + Sync) -> f64 {
+/// The timed window of one run of a loop, as its threads see it: each
+/// sets up what it needs (a stream, device memory, the hand-written loops'
+/// pinned buffers), calls [`begin`](Self::begin), loops while
+/// [`running`](Self::running), then tears down. Neither the setup nor the
+/// teardown (freeing pinned buffers, waiting for the last copies) is timed:
+/// they cost the loops unequally, and more the more threads contend for the
+/// driver.
+struct Window<'a> {
+    start: &'a Barrier,
+    stop: &'a AtomicBool,
+}
+
+impl Window<'_> {
+    /// Waits until every thread of the run has set up; the window opens
+    /// when the last one has. Called once per thread.
+    fn begin(&self) {
+        self.start.wait();
+    }
+
+    /// Whether the window is still open.
+    #[inline]
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs `body(thread, window)` on `threads` threads (each bound to a CPU
+/// with `PINPOOL_BENCH_PIN=1`, see `pin_to_cpu`), the window open for
+/// `secs` once every thread has set up (see [`Window`]); returns the
+/// operations per second over all threads: what the bodies count over the
+/// time from the window's opening to its closing.
+fn run(threads: usize, secs: f64, body: impl Fn(usize, &Window<'_>) -> u64 + Sync) -> f64 {
     let pin = pinned();
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
@@ -105,8 +136,7 @@ fn run(threads: usize, secs: f64, body: impl Fn(usize, &AtomicBool) -> u64 + Syn
                     if pin {
                         pin_to_cpu(t);
                     }
-                    start.wait();
-                    body(t, stop)
+                    body(t, &Window { start, stop })
                 })
             })
             .collect();
@@ -114,8 +144,9 @@ fn run(threads: usize, secs: f64, body: impl Fn(usize, &AtomicBool) -> u64 + Syn
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(secs));
         stop.store(true, Ordering::Relaxed);
+        let elapsed = t0.elapsed();
         let ops: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-        (ops, t0.elapsed())
+        (ops, elapsed)
     });
     ops as f64 / elapsed.as_secs_f64()
 }
@@ -307,13 +338,14 @@ fn pinpool_cudarc(
     pool: &Pool,
     ctx: &Arc<CudaContext>,
     size: usize,
-    stop: &AtomicBool,
+    window: &Window<'_>,
     phases: Option<&Mutex<Phases>>,
 ) -> u64 {
     let mut lane = Lane::new(ctx, size);
     let mut ops = 0;
+    window.begin();
     let mut timer = Timer::new(&CUDARC_PHASES, phases);
-    while !stop.load(Ordering::Relaxed) {
+    while window.running() {
         let mut buf = pool.take(size);
         timer.lap(0);
         buf[..64].fill(1);
@@ -334,14 +366,15 @@ fn pinpool_raw(
     pool: &Pool,
     ctx: &Arc<CudaContext>,
     size: usize,
-    stop: &AtomicBool,
+    window: &Window<'_>,
     phases: Option<&Mutex<Phases>>,
 ) -> u64 {
     let lane = Lane::new(ctx, size);
     let dst = lane.dst_ptr();
     let mut ops = 0;
+    window.begin();
     let mut timer = Timer::new(&RAW_PHASES, phases);
-    while !stop.load(Ordering::Relaxed) {
+    while window.running() {
         let mut buf = pool.take(size);
         timer.lap(0);
         buf[..64].fill(1);
@@ -364,7 +397,7 @@ fn pinpool_raw(
 fn hand_written(
     ctx: &Arc<CudaContext>,
     size: usize,
-    stop: &AtomicBool,
+    window: &Window<'_>,
     phases: Option<&Mutex<Phases>>,
 ) -> u64 {
     let lane = Lane::new(ctx, size);
@@ -378,8 +411,9 @@ fn hand_written(
         .map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).unwrap())
         .collect();
     let mut ops = 0u64;
+    window.begin();
     let mut timer = Timer::new(&HAND_PHASES, phases);
-    while !stop.load(Ordering::Relaxed) {
+    while window.running() {
         let i = (ops % 2) as usize;
         // SAFETY: live events, buffers of `size` bytes, a live stream; each
         // buffer is reused only after its event (recorded after its last
@@ -422,11 +456,12 @@ fn cross_thread(
     let channels: Vec<_> = (0..pairs)
         .map(|_| crossbeam_channel::bounded::<pinpool::PinnedBuffer>(64))
         .collect();
-    run(pairs * 2, secs, |t, stop| {
+    run(pairs * 2, secs, |t, window| {
         let (tx, rx) = &channels[t / 2];
         if t % 2 == 0 {
             ctx.bind_to_thread().unwrap();
-            while !stop.load(Ordering::Relaxed) {
+            window.begin();
+            while window.running() {
                 let mut buf = pool.take(size);
                 buf[..64].fill(1);
                 buf.set_dirty_len(64);
@@ -439,6 +474,7 @@ fn cross_thread(
             let lane = Lane::new(ctx, size);
             let dst = lane.dst_ptr();
             let mut ops = 0;
+            window.begin();
             loop {
                 match rx.recv_timeout(Duration::from_millis(10)) {
                     Ok(mut buf) => {
@@ -451,7 +487,7 @@ fn cross_thread(
                         drop(buf);
                         ops += 1;
                     }
-                    Err(_) if stop.load(Ordering::Relaxed) => break,
+                    Err(_) if !window.running() => break,
                     Err(_) => {}
                 }
             }
@@ -496,7 +532,7 @@ impl HostSlice<u8> for HandPinned {
 fn hand_cudarc(
     ctx: &Arc<CudaContext>,
     size: usize,
-    stop: &AtomicBool,
+    window: &Window<'_>,
     phases: Option<&Mutex<Phases>>,
 ) -> u64 {
     let mut lane = Lane::new(ctx, size);
@@ -509,8 +545,9 @@ fn hand_cudarc(
         })
         .collect();
     let mut ops = 0u64;
+    window.begin();
     let mut timer = Timer::new(&HAND_CUDARC_PHASES, phases);
-    while !stop.load(Ordering::Relaxed) {
+    while window.running() {
         let buf = &bufs[(ops % 2) as usize];
         buf.event.synchronize().unwrap();
         timer.lap(0);
@@ -610,17 +647,17 @@ fn main() {
                 for k in 0..4 {
                     let loop_ = (rep + k) % 4;
                     let ops = match loop_ {
-                        0 => run(threads, secs, |_, stop| {
-                            pinpool_cudarc(&pool, &ctx, size, stop, kept(0))
+                        0 => run(threads, secs, |_, window| {
+                            pinpool_cudarc(&pool, &ctx, size, window, kept(0))
                         }),
-                        1 => run(threads, secs, |_, stop| {
-                            pinpool_raw(&pool, &ctx, size, stop, kept(1))
+                        1 => run(threads, secs, |_, window| {
+                            pinpool_raw(&pool, &ctx, size, window, kept(1))
                         }),
-                        2 => run(threads, secs, |_, stop| {
-                            hand_written(&ctx, size, stop, kept(2))
+                        2 => run(threads, secs, |_, window| {
+                            hand_written(&ctx, size, window, kept(2))
                         }),
-                        _ => run(threads, secs, |_, stop| {
-                            hand_cudarc(&ctx, size, stop, kept(3))
+                        _ => run(threads, secs, |_, window| {
+                            hand_cudarc(&ctx, size, window, kept(3))
                         }),
                     };
                     runs[loop_].push(ops / 1e6);
