@@ -96,19 +96,26 @@ fn pin_to_cpu(t: usize) {
 /// The timed window of one run of a loop, as its threads see it: each
 /// sets up what it needs (a stream, device memory, the hand-written loops'
 /// pinned buffers), calls [`begin`](Self::begin), loops while
-/// [`running`](Self::running), then tears down. Neither the setup nor the
-/// teardown (freeing pinned buffers, waiting for the last copies) is timed:
-/// they cost the loops unequally, and more the more threads contend for the
-/// driver.
+/// [`running`](Self::running), waits for its last copies and calls
+/// [`end`](Self::end), then tears down. Neither the setup nor the teardown
+/// (freeing pinned buffers and events) is timed: they cost the loops
+/// unequally, and more the more threads contend for the driver. The wait
+/// for the copies a loop queued before the stop is: they count among its
+/// operations.
 struct Window<'a> {
     start: &'a Barrier,
     stop: &'a AtomicBool,
+    /// When the last thread to end did.
+    ended: &'a Mutex<Option<Instant>>,
+    /// Whether this thread called `begin`.
+    began: std::cell::Cell<bool>,
 }
 
 impl Window<'_> {
     /// Waits until every thread of the run has set up; the window opens
     /// when the last one has. Called once per thread.
     fn begin(&self) {
+        assert!(!self.began.replace(true), "staging: a loop began twice");
         self.start.wait();
     }
 
@@ -117,26 +124,50 @@ impl Window<'_> {
     fn running(&self) -> bool {
         !self.stop.load(Ordering::Relaxed)
     }
+
+    /// Marks this thread's work done (its copies complete): the window's
+    /// time ends when the last thread's does.
+    fn end(&self) {
+        let now = Instant::now();
+        let mut ended = self.ended.lock().unwrap();
+        *ended = Some(ended.map_or(now, |t| t.max(now)));
+    }
 }
 
 /// Runs `body(thread, window)` on `threads` threads (each bound to a CPU
 /// with `PINPOOL_BENCH_PIN=1`, see `pin_to_cpu`), the window open for
 /// `secs` once every thread has set up (see [`Window`]); returns the
-/// operations per second over all threads: what the bodies count over the
-/// time from the window's opening to its closing.
+/// operations per second over all threads: what the bodies count, over the
+/// time from the window's opening to the last thread's end. A body that
+/// panics before it began still lets the others begin; the panic is then
+/// raised here.
 fn run(threads: usize, secs: f64, body: impl Fn(usize, &Window<'_>) -> u64 + Sync) -> f64 {
     let pin = pinned();
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
-    let (ops, elapsed) = std::thread::scope(|scope| {
+    let ended = Mutex::new(None);
+    let (ops, times) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let (body, stop, start) = (&body, &stop, &start);
+                let (body, stop, start, ended) = (&body, &stop, &start, &ended);
                 scope.spawn(move || {
                     if pin {
                         pin_to_cpu(t);
                     }
-                    body(t, &Window { start, stop })
+                    let window = Window {
+                        start,
+                        stop,
+                        ended,
+                        began: std::cell::Cell::new(false),
+                    };
+                    let ran =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(t, &window)));
+                    ran.unwrap_or_else(|panic| {
+                        if !window.began.get() {
+                            start.wait();
+                        }
+                        std::panic::resume_unwind(panic)
+                    })
                 })
             })
             .collect();
@@ -144,11 +175,13 @@ fn run(threads: usize, secs: f64, body: impl Fn(usize, &Window<'_>) -> u64 + Syn
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(secs));
         stop.store(true, Ordering::Relaxed);
-        let elapsed = t0.elapsed();
+        let stopped = Instant::now();
         let ops: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-        (ops, elapsed)
+        (ops, (t0, stopped))
     });
-    ops as f64 / elapsed.as_secs_f64()
+    let (t0, stopped) = times;
+    let end = ended.into_inner().unwrap().unwrap_or(stopped);
+    ops as f64 / end.duration_since(t0).as_secs_f64()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -358,6 +391,7 @@ fn pinpool_cudarc(
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    window.end();
     timer.finish();
     ops
 }
@@ -390,6 +424,7 @@ fn pinpool_raw(
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    window.end();
     timer.finish();
     ops
 }
@@ -431,6 +466,7 @@ fn hand_written(
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    window.end();
     timer.finish();
     // SAFETY: no copy is in flight (the stream was synchronized).
     unsafe {
@@ -474,10 +510,20 @@ fn cross_thread(
             let lane = Lane::new(ctx, size);
             let dst = lane.dst_ptr();
             let mut ops = 0;
+            let mut open = true;
             window.begin();
             loop {
-                match rx.recv_timeout(Duration::from_millis(10)) {
-                    Ok(mut buf) => {
+                let got = rx.recv_timeout(Duration::from_millis(1));
+                if open && !window.running() {
+                    // The window's time ends once the copies counted in it
+                    // are done; buffers still in the channel are dropped,
+                    // not copied nor counted.
+                    open = false;
+                    lane.stream.synchronize().unwrap();
+                    window.end();
+                }
+                match got {
+                    Ok(mut buf) if open => {
                         // SAFETY: as in `pinpool_raw`.
                         unsafe {
                             result::memcpy_htod_async(dst, &buf[..size], lane.stream.cu_stream())
@@ -487,11 +533,11 @@ fn cross_thread(
                         drop(buf);
                         ops += 1;
                     }
-                    Err(_) if !window.running() => break,
+                    Ok(buf) => drop(buf),
+                    Err(_) if !open => break,
                     Err(_) => {}
                 }
             }
-            lane.stream.synchronize().unwrap();
             ops
         }
     })
@@ -559,6 +605,7 @@ fn hand_cudarc(
         ops += 1;
     }
     lane.stream.synchronize().unwrap();
+    window.end();
     timer.finish();
     for buf in bufs {
         // SAFETY: no copy is in flight (the stream was synchronized).

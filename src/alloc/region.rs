@@ -2277,7 +2277,7 @@ mod tests {
         assert_eq!(
             regions.idle_lens(idle),
             Vec::<usize>::new(),
-            "the region idle for 150 ms was left, the one just freed folded"
+            "the region just freed was folded, the one idle for 150 ms left"
         );
         for r in regions.unlist_idle(|_, _| true, false) {
             r.free();
