@@ -111,6 +111,16 @@ impl Counters {
         self.pinned().saturating_add(claimed).saturating_add(bytes) <= self.max_pinned()
     }
 
+    /// The bytes by which `bytes` more would pass the budget now, the
+    /// registrations under way included (a hint, as
+    /// [`fits_pinned`](Self::fits_pinned)): 0 if they fit.
+    pub(crate) fn pinned_lack(&self, bytes: u64) -> u64 {
+        // Acquire: as in `fits_pinned`.
+        let claimed = self.claimed_hint.load(Ordering::Acquire);
+        let wanted = self.pinned().saturating_add(claimed).saturating_add(bytes);
+        wanted.saturating_sub(self.max_pinned())
+    }
+
     /// Admits a registration of `bytes` against the pinned budget, with
     /// every registration under way: false (and nothing admitted) if they
     /// would pass it together, unless `past_budget` (bytes already

@@ -60,6 +60,12 @@ pub(crate) struct Intake {
     /// provisioning tick counted them: room a miss's growth may fold (see
     /// [`fits_folding`](Self::fits_folding)).
     idle_regions: Box<[AtomicUsize]>,
+    /// Per device, the bytes of regions wholly free for
+    /// [`Cleaner::elsewhere_after`](super::Cleaner::elsewhere_after) or
+    /// longer, as the last provisioning tick counted them: room a miss's
+    /// growth on another device may release (see
+    /// [`fits_folding`](Self::fits_folding)).
+    idle_elsewhere: Box<[AtomicUsize]>,
     /// The device synchronizes for pinned buffers dropped without events.
     pub(crate) syncs: DeviceSyncs,
     /// Registrations queued or running, and the most allowed.
@@ -94,6 +100,7 @@ impl Intake {
             regions: pins && regions,
             misses_out: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
             idle_regions: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
+            idle_elsewhere: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
             syncs: DeviceSyncs::new(devices),
             register_queued: AtomicUsize::new(0),
             register_backlog: Tune::REGISTER_BACKLOG + 16 * width,
@@ -112,23 +119,31 @@ impl Intake {
     }
 
     /// Notes `bytes` of regions of `device` wholly free long enough to be
-    /// folded (see [`fits_folding`](Self::fits_folding)).
-    pub(crate) fn note_idle_regions(&self, device: usize, bytes: usize) {
-        // Relaxed: a hint, see `fits_folding`.
+    /// folded, and `released` of them free long enough to be released for
+    /// another device's growth (see [`fits_folding`](Self::fits_folding)).
+    pub(crate) fn note_idle_regions(&self, device: usize, bytes: usize, released: usize) {
+        // Relaxed: hints, see `fits_folding`.
         self.idle_regions[device].store(bytes, Ordering::Relaxed);
+        self.idle_elsewhere[device].store(released, Ordering::Relaxed);
     }
 
     /// Whether a miss of `footprint` bytes on `device` may be pinned under
     /// the budget when its growth folds the device's idle regions in
-    /// (pinned already: see `Cleaner::grow_with`), pinning only what they
-    /// leave of it. A hint as of the last provisioning tick: wrong either
+    /// (pinned already: see `Cleaner::grow_with`) and releases other
+    /// devices' regions idle for long for the room, pinning only what
+    /// they leave of it. A hint as of the last provisioning tick: wrong either
     /// way by what was carved from, or freed in, the regions since, which
     /// costs a miss kept for a growth the budget then refuses (its memory
     /// freed there), or one freed that a growth could have pinned (as
     /// without regions); the growth itself is admitted exactly.
     fn fits_folding(&self, counters: &Counters, device: usize, footprint: usize) -> bool {
-        // Relaxed: a hint, as above.
-        let idle = self.idle_regions[device].load(Ordering::Relaxed);
+        // Relaxed: hints, as above.
+        let mut idle = self.idle_regions[device].load(Ordering::Relaxed);
+        for (other, released) in self.idle_elsewhere.iter().enumerate() {
+            if other != device {
+                idle = idle.saturating_add(released.load(Ordering::Relaxed));
+            }
+        }
         counters.fits_pinned(footprint.saturating_sub(idle) as u64)
     }
 

@@ -1026,11 +1026,15 @@ impl Cleaner {
             // growth adds only the rest (at least `REGION_MIN`, in huge
             // pages once it is one or more, so that the pages moved in
             // after it stay aligned); if they hold `footprint` together,
-            // they are merged, adding nothing. Within a given cap's room
-            // (what the growth adds), and not for memory `reserve` asked
-            // for; and only for one buffer that must fit whole (`least`
-            // no more than `whole`): a demand past what the regions hold
-            // needs bytes added, which folding does not add.
+            // they are merged, adding nothing. Regions of other devices
+            // (which cannot be folded: another device's memory, on its
+            // node) wholly free for `Cleaner::elsewhere_after` or longer
+            // are released for the room the budget still lacks, if they
+            // hold it all. Within a given cap's room (what the growth
+            // adds), and not for memory `reserve` asked for; and only for
+            // one buffer that must fit whole (`least` no more than
+            // `whole`): a demand past what the regions hold needs bytes
+            // added, which folding does not add.
             if merging.is_none()
                 && first
                 && reserved.is_none()
@@ -1039,17 +1043,21 @@ impl Cleaner {
             {
                 let plan = regions.idle_cover(footprint, FOLD_IDLE_AFTER);
                 let folded: usize = plan.iter().sum();
-                if folded >= footprint {
-                    if let Some(plan) = regions.merge_plan(footprint, FOLD_IDLE_AFTER) {
-                        len = 0;
-                        to_fit = Some(plan);
-                    }
+                let fit = if folded >= footprint {
+                    regions
+                        .merge_plan(footprint, FOLD_IDLE_AFTER)
+                        .map(|plan| (0, plan))
                 } else if folded > 0 {
                     let rest = regions.next_len(footprint - folded, 0);
-                    if rest < len
-                        && counters.fits_pinned(rest as u64)
-                        && cap_room.is_none_or(|room| rest <= room)
-                    {
+                    (rest < len && cap_room.is_none_or(|room| rest <= room)).then_some((rest, plan))
+                } else {
+                    Some((len, plan))
+                };
+                if let Some((rest, plan)) = fit {
+                    if rest > 0 && !counters.fits_pinned(rest as u64) {
+                        Self::release_idle_elsewhere(env, device, rest);
+                    }
+                    if rest == 0 || counters.fits_pinned(rest as u64) {
                         len = rest;
                         to_fit = Some(plan);
                     }
@@ -1164,6 +1172,48 @@ impl Cleaner {
                     }
                     len = smaller;
                 }
+            }
+        }
+    }
+
+    /// How long a region must have been wholly free before a growth on
+    /// another device that the pinned budget refuses may release it for
+    /// the room (see `Cleaner::grow_with`): a quarter of the idle-trim time
+    /// (of 30 s when idle trimming is off), at least [`FOLD_IDLE_AFTER`].
+    /// Long, so that two devices taking larger buffers in turn under a
+    /// budget that holds one of their regions do not release each other's
+    /// at every take (each take a registration, and a miss): one region
+    /// changes device at most once in that time.
+    pub(crate) fn elsewhere_after(env: Env<'_>) -> Duration {
+        (env.provisioner.window() / 4).max(FOLD_IDLE_AFTER)
+    }
+
+    /// Releases regions of devices other than `device` wholly free for
+    /// [`elsewhere_after`](Self::elsewhere_after) or longer, the fewest
+    /// bytes that leave room under the pinned budget for `bytes` more (the
+    /// registrations under way counted), if they hold that much; else none.
+    fn release_idle_elsewhere(env: Env<'_>, device: usize, bytes: usize) {
+        let counters = env.counters();
+        let after = Self::elsewhere_after(env);
+        let others = || {
+            let shards = env.places.shards.iter().enumerate();
+            shards.filter(move |&(other, _)| other != device)
+        };
+        let idle: usize = others()
+            .map(|(_, shard)| shard.regions().idle_bytes(after))
+            .sum();
+        if (idle as u64) < counters.pinned_lack(bytes as u64) {
+            return;
+        }
+        for (other, shard) in others() {
+            let lack = counters.pinned_lack(bytes as u64);
+            if lack == 0 {
+                break;
+            }
+            let lack = usize::try_from(lack).unwrap_or(usize::MAX);
+            let eligible = |idle: Duration, _| idle >= after;
+            for region in shard.regions().unlist_to_cover(lack, eligible) {
+                release_region(env.releaser(), other, region);
             }
         }
     }

@@ -279,11 +279,13 @@ impl Cleaner {
                 |cap| cap_slack(follows, idle_trim, cap),
             );
             if plan.ticked {
-                // What a miss's growth may fold, of what the cap left (see
-                // `Intake::fits_folding`).
+                // What a miss's growth may fold, or release on another
+                // device, of what the cap left (see `Intake::fits_folding`).
+                let elsewhere = Self::elsewhere_after(env);
                 for (device, shard) in env.places.shards.iter().enumerate() {
                     let idle = shard.regions().idle_bytes(FOLD_IDLE_AFTER);
-                    self.intake.note_idle_regions(device, idle);
+                    let released = shard.regions().idle_bytes(elsewhere);
+                    self.intake.note_idle_regions(device, idle, released);
                 }
             }
         }
