@@ -155,6 +155,9 @@ pub(crate) struct Provisioner {
     found: AtomicU64,
     provision: bool,
     idle_trim: Option<Duration>,
+    /// When a growth last released another device's regions for its room
+    /// (see [`move_room`](Self::move_room)); held while one does.
+    room_moved: Mutex<Option<Instant>>,
 }
 
 /// What a tick found to do.
@@ -207,6 +210,7 @@ impl Provisioner {
             found: AtomicU64::new(0),
             provision,
             idle_trim,
+            room_moved: Mutex::new(None),
         }
     }
 
@@ -323,6 +327,32 @@ impl Provisioner {
     /// The idle-trim time, if idle trimming is on.
     pub(crate) fn idle_trim(&self) -> Option<Duration> {
         self.idle_trim
+    }
+
+    /// Runs `release` (a growth's release of other devices' regions for
+    /// its room under the pinned budget, which says whether it released
+    /// any) unless another device's growth runs one now or one released
+    /// regions less than four [`window`](Self::window)s (idle-trim times)
+    /// ago; notes when it did. So room changes device this way at most
+    /// once in four idle-trim times, and otherwise as the idle trim
+    /// releases regions: two devices taking larger buffers in turn under a
+    /// budget that holds one of their regions keep it on one device
+    /// between such changes, rather than releasing it, missing and
+    /// registering it again at every take (at one move per idle-trim
+    /// time, takes 840 ms apart under a 1 s idle trim still moved it at
+    /// about every other take).
+    pub(crate) fn move_room(&self, release: impl FnOnce() -> bool) {
+        let Some(mut moved) = self.room_moved.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let every = self.window().saturating_mul(4);
+        if moved.is_some_and(|at| now.saturating_duration_since(at) < every) {
+            return;
+        }
+        if release() {
+            *moved = Some(now);
+        }
     }
 
     /// The window of the high-water marks: the idle-trim time, or 30 s

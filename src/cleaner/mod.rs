@@ -1179,43 +1179,72 @@ impl Cleaner {
     /// How long a region must have been wholly free before a growth on
     /// another device that the pinned budget refuses may release it for
     /// the room (see `Cleaner::grow_with`): a quarter of the idle-trim time
-    /// (of 30 s when idle trimming is off), at least [`FOLD_IDLE_AFTER`].
-    /// Long, so that two devices taking larger buffers in turn under a
-    /// budget that holds one of their regions do not release each other's
-    /// at every take (each take a registration, and a miss): one region
-    /// changes device at most once in that time.
+    /// (of 30 s when idle trimming is off), at least [`FOLD_IDLE_AFTER`]:
+    /// a region its device takes from every few seconds stays.
     pub(crate) fn elsewhere_after(env: Env<'_>) -> Duration {
         (env.provisioner.window() / 4).max(FOLD_IDLE_AFTER)
     }
 
     /// Releases regions of devices other than `device` wholly free for
     /// [`elsewhere_after`](Self::elsewhere_after) or longer, the fewest
-    /// bytes that leave room under the pinned budget for `bytes` more (the
-    /// registrations under way counted), if they hold that much; else none.
+    /// bytes that leave room under the pinned budget for a growth of
+    /// `bytes` (the registrations under way counted), if they hold that
+    /// much and no more than `bytes` (a small buffer's growth does not
+    /// release a larger region another device's buffer will want again);
+    /// else none. At most once in four idle-trim times in the pool (see
+    /// `Provisioner::move_room`).
     fn release_idle_elsewhere(env: Env<'_>, device: usize, bytes: usize) {
         let counters = env.counters();
         let after = Self::elsewhere_after(env);
-        let others = || {
-            let shards = env.places.shards.iter().enumerate();
-            shards.filter(move |&(other, _)| other != device)
-        };
-        let idle: usize = others()
-            .map(|(_, shard)| shard.regions().idle_bytes(after))
-            .sum();
-        if (idle as u64) < counters.pinned_lack(bytes as u64) {
-            return;
-        }
-        for (other, shard) in others() {
+        let eligible = |idle: Duration, _| idle >= after;
+        env.provisioner.move_room(|| {
             let lack = counters.pinned_lack(bytes as u64);
+            let Ok(lack) = usize::try_from(lack) else {
+                return false;
+            };
             if lack == 0 {
-                break;
+                return false;
             }
-            let lack = usize::try_from(lack).unwrap_or(usize::MAX);
-            let eligible = |idle: Duration, _| idle >= after;
-            for region in shard.regions().unlist_to_cover(lack, eligible) {
-                release_region(env.releaser(), other, region);
+            // (length, device, key) of the other devices' regions idle
+            // long enough, the shortest first.
+            let mut free: Vec<(usize, usize, u64)> = Vec::new();
+            for (other, shard) in env.places.shards.iter().enumerate() {
+                if other == device {
+                    continue;
+                }
+                for region in shard.regions().free_regions(eligible) {
+                    if region.eligible {
+                        free.push((region.len, other, region.key));
+                    }
+                }
             }
-        }
+            free.sort_unstable();
+            let lens: Vec<usize> = free.iter().map(|f| f.0).collect();
+            let chosen = crate::alloc::cover(&lens, lack);
+            let total: usize = chosen.iter().map(|&i| lens[i]).sum();
+            if total < lack || total > bytes {
+                return false;
+            }
+            let mut released = false;
+            for (other, shard) in env.places.shards.iter().enumerate() {
+                let keys: Vec<u64> = chosen
+                    .iter()
+                    .map(|&i| free[i])
+                    .filter(|&(_, on, _)| on == other)
+                    .map(|f| f.2)
+                    .collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                // One carved from since it was chosen stays (and the
+                // growth may then find too little room).
+                for region in shard.regions().unlist_chosen(&keys, eligible) {
+                    release_region(env.releaser(), other, region);
+                    released = true;
+                }
+            }
+            released
+        });
     }
 
     /// Frees a quiescent returned buffer and counts its completion.

@@ -537,3 +537,101 @@ fn a_failed_merge_registered_again_holds_the_larger_buffer() {
     pool.shutdown();
     assert_eq!(faults.registered(), faults.unregistered());
 }
+
+/// A pool on `faults` with `devices` devices carving from regions under
+/// a budget of `budget` bytes, trimming regions idle for `idle_trim`.
+fn devices_pool(faults: &Arc<Faults>, devices: usize, budget: usize, idle_trim: Duration) -> Pool {
+    Pool::builder()
+        .faults(faults.clone())
+        .devices(devices)
+        .cleaner_threads(2)
+        .provision(false)
+        .regions(true)
+        .idle_trim(idle_trim)
+        .max_pinned_bytes(budget)
+        .build()
+        .unwrap()
+}
+
+/// Two devices taking a larger buffer in turn, each device's takes 800 ms
+/// apart (more than a quarter of the 1 s idle trim, so that each finds the
+/// other's region idle long enough to release), under a budget that holds
+/// one such region: the region should change device at most once in four
+/// idle-trim times (and otherwise stay with one device, which hits), not at
+/// every take (each a release, a miss and a registration: 12 takes made 12
+/// registrations and no hit; with one change an idle-trim time, 5 and 3).
+#[test]
+fn two_devices_taking_larger_buffers_in_turn_past_a_quarter_of_the_idle_trim_settle() {
+    let faults = Arc::new(Faults::default());
+    let pool = devices_pool(&faults, 2, 7 * MIB, Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let mut pooled = Vec::new();
+    for _ in 0..6 {
+        for device in 0..2 {
+            pooled.extend(takes_on(&pool, device, 5 * MIB, 1));
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    }
+    let s = pool.stats();
+    // One registration, and one per change of device: at most one in the
+    // first four seconds and one in each four after.
+    let moves = started.elapsed().as_secs() / 4 + 1;
+    let hits = pooled.iter().filter(|&&p| p).count();
+    assert!(
+        s.registrations <= 1 + moves && hits >= pooled.len() / 3,
+        "pooled {pooled:?} ({hits} hits) in {:?}: {s:#?}",
+        started.elapsed()
+    );
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// Three devices under a 10 MiB budget, device 0's idle 2 MiB region and
+/// device 1's idle 6 MiB region: device 2's 5 MiB buffer lacks 4 MiB, which
+/// device 1's region holds alone; device 0's should stay.
+#[test]
+fn another_device_s_room_is_released_no_more_than_needed() {
+    let faults = Arc::new(Faults::default());
+    let pool = devices_pool(&faults, 3, 10 * MIB, Duration::from_secs(4));
+    assert_eq!(takes_on(&pool, 0, MIB, 2), [false, true], "setup");
+    assert_eq!(takes_on(&pool, 1, 5 * MIB, 2), [false, true], "setup");
+    let before = pool.stats();
+    assert_eq!(
+        (before.regions, before.region_bytes),
+        (2, 8 * MIB),
+        "setup {before:#?}"
+    );
+    // More than a quarter of the idle trim, and a provisioning tick.
+    std::thread::sleep(Duration::from_millis(1200));
+    let taken = takes_on(&pool, 2, 5 * MIB, 3);
+    let after = pool.stats();
+    let small = takes_on(&pool, 0, MIB, 1);
+    assert!(
+        taken[1..].iter().all(|&p| p)
+            && after.regions_released - before.regions_released == 1
+            && small[0],
+        "device 2 pooled {taken:?}, device 0 then {small:?}: {after:#?}"
+    );
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
+
+/// A small buffer's growth under the budget does not release another
+/// device's larger idle region (a 128 KiB growth released a 6 MiB region
+/// that device 0's 5 MiB buffer then missed).
+#[test]
+fn a_small_buffer_does_not_release_another_device_s_larger_region() {
+    let faults = Arc::new(Faults::default());
+    let pool = devices_pool(&faults, 2, 6 * MIB + (64 << 10), Duration::from_secs(1));
+    assert_eq!(takes_on(&pool, 0, 5 * MIB, 2), [false, true], "setup");
+    std::thread::sleep(Duration::from_millis(450));
+    takes_on(&pool, 1, 128 << 10, 3);
+    let large = takes_on(&pool, 0, 5 * MIB, 1);
+    let s = pool.stats();
+    assert!(
+        large[0] && s.regions_released == 0,
+        "device 0's next take pooled {large:?}: {s:#?}"
+    );
+    pool.shutdown();
+    assert_eq!(faults.registered(), faults.unregistered());
+}
