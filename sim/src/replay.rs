@@ -272,6 +272,8 @@ impl Replay {
         }
         let (lost, complete) = match trace.records.last() {
             Some(Record::End { lost, .. }) => (*lost, true),
+            // Counts from the file: saturating, as a count past `u64::MAX`
+            // is only a corrupt file's.
             _ => (
                 trace
                     .records
@@ -280,7 +282,7 @@ impl Replay {
                         Record::Lost { records, .. } => *records,
                         _ => 0,
                     })
-                    .sum(),
+                    .fold(0u64, u64::saturating_add),
                 false,
             ),
         };
@@ -943,6 +945,28 @@ mod tests {
             drop_(30, 7, 7, 0x1000, 400),
             drop_(40, 9, 9, 0x3000, 1),
         ])
+    }
+
+    /// Lost records counted past `u64::MAX` in all (a trace file's counts
+    /// are outside input) warn, and saturate, rather than overflow.
+    #[test]
+    fn lost_records_past_u64_max_in_all_saturate() {
+        let lost = |time_ns| Record::Lost {
+            time_ns,
+            thread: 0,
+            records: u64::MAX / 2 + 1,
+        };
+        let (_, warnings) = Replay::new(
+            &trace(vec![take(0, 7, 0, 0x1000, 300), lost(1), lost(2)]),
+            None,
+        )
+        .unwrap();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains(&format!("lost {}", u64::MAX))),
+            "{warnings:?}"
+        );
     }
 
     /// Takes of an address still held (in the trace) whose drops were
