@@ -331,26 +331,31 @@ impl Provisioner {
 
     /// Runs `release` (a growth's release of other devices' regions for
     /// its room under the pinned budget, which says whether it released
-    /// any) unless another device's growth runs one now or one released
-    /// regions less than four [`window`](Self::window)s (idle-trim times)
-    /// ago; notes when it did. So room changes device this way at most
-    /// once in four idle-trim times, and otherwise as the idle trim
-    /// releases regions: two devices taking larger buffers in turn under a
-    /// budget that holds one of their regions keep it on one device
-    /// between such changes, rather than releasing it, missing and
+    /// any), unless another device's growth runs one now, with how long a
+    /// region must have been wholly free to go: `least`, or, within four
+    /// [`window`](Self::window)s (idle-trim times) of the last release
+    /// that freed any, a whole window; notes when it did. So two devices
+    /// taking larger buffers in turn under a budget that holds one of
+    /// their regions, each at most a window apart, keep the region on one
+    /// device between such moves, rather than releasing it, missing and
     /// registering it again at every take (at one move per idle-trim
     /// time, takes 840 ms apart under a 1 s idle trim still moved it at
-    /// about every other take).
-    pub(crate) fn move_room(&self, release: impl FnOnce() -> bool) {
+    /// about every other take); and a device whose region moved gets room
+    /// back a window after the other stopped taking (when idle trimming
+    /// is on, the trim releases such a region then too).
+    pub(crate) fn move_room(&self, least: Duration, release: impl FnOnce(Duration) -> bool) {
         let Some(mut moved) = self.room_moved.try_lock() else {
             return;
         };
         let now = Instant::now();
         let every = self.window().saturating_mul(4);
-        if moved.is_some_and(|at| now.saturating_duration_since(at) < every) {
-            return;
-        }
-        if release() {
+        let recent = moved.is_some_and(|at| now.saturating_duration_since(at) < every);
+        let idle = if recent {
+            self.window().max(least)
+        } else {
+            least
+        };
+        if release(idle) {
             *moved = Some(now);
         }
     }
@@ -577,6 +582,35 @@ pub(crate) fn in_use_now(at: Places<'_>) -> Vec<u64> {
 #[cfg(all(test, not(pinpool_loom)))]
 mod tests {
     use super::*;
+
+    /// Room moves between devices with the least idle time given until one
+    /// frees regions; then, for four idle-trim times (the 30 s window when
+    /// idle trimming is off), only regions idle a whole window move: a
+    /// device whose region moved gets it back 30 s after the other device
+    /// stopped, not 120 s.
+    #[test]
+    fn room_moves_again_after_a_move_only_from_regions_idle_a_whole_window() {
+        let provisioner = Provisioner::new(1, 2, false, None);
+        let least = Duration::from_millis(7500);
+        let asked = |released: bool| {
+            let mut idle = None;
+            provisioner.move_room(least, |at| {
+                idle = Some(at);
+                released
+            });
+            idle
+        };
+        assert_eq!(asked(false), Some(least), "nothing released: no move");
+        assert_eq!(asked(true), Some(least));
+        assert_eq!(asked(true), Some(DEFAULT_WINDOW), "after a move");
+        let held = provisioner.room_moved.lock();
+        assert_eq!(
+            asked(true),
+            None,
+            "while another device's growth moves room"
+        );
+        drop(held);
+    }
 
     #[test]
     fn a_recent_peak_falls_with_its_eighth_a_window_later() {

@@ -1191,60 +1191,61 @@ impl Cleaner {
     /// `bytes` (the registrations under way counted), if they hold that
     /// much and no more than `bytes` (a small buffer's growth does not
     /// release a larger region another device's buffer will want again);
-    /// else none. At most once in four idle-trim times in the pool (see
+    /// else none. Within four idle-trim times of the last such release,
+    /// only regions wholly free for a whole idle-trim time go (see
     /// `Provisioner::move_room`).
     fn release_idle_elsewhere(env: Env<'_>, device: usize, bytes: usize) {
         let counters = env.counters();
-        let after = Self::elsewhere_after(env);
-        let eligible = |idle: Duration, _| idle >= after;
-        env.provisioner.move_room(|| {
-            let lack = counters.pinned_lack(bytes as u64);
-            let Ok(lack) = usize::try_from(lack) else {
-                return false;
-            };
-            if lack == 0 {
-                return false;
-            }
-            // (length, device, key) of the other devices' regions idle
-            // long enough, the shortest first.
-            let mut free: Vec<(usize, usize, u64)> = Vec::new();
-            for (other, shard) in env.places.shards.iter().enumerate() {
-                if other == device {
-                    continue;
+        env.provisioner
+            .move_room(Self::elsewhere_after(env), |after| {
+                let eligible = |idle: Duration, _| idle >= after;
+                let lack = counters.pinned_lack(bytes as u64);
+                let Ok(lack) = usize::try_from(lack) else {
+                    return false;
+                };
+                if lack == 0 {
+                    return false;
                 }
-                for region in shard.regions().free_regions(eligible) {
-                    if region.eligible {
-                        free.push((region.len, other, region.key));
+                // (length, device, key) of the other devices' regions idle
+                // long enough, the shortest first.
+                let mut free: Vec<(usize, usize, u64)> = Vec::new();
+                for (other, shard) in env.places.shards.iter().enumerate() {
+                    if other == device {
+                        continue;
+                    }
+                    for region in shard.regions().free_regions(eligible) {
+                        if region.eligible {
+                            free.push((region.len, other, region.key));
+                        }
                     }
                 }
-            }
-            free.sort_unstable();
-            let lens: Vec<usize> = free.iter().map(|f| f.0).collect();
-            let chosen = crate::alloc::cover(&lens, lack);
-            let total: usize = chosen.iter().map(|&i| lens[i]).sum();
-            if total < lack || total > bytes {
-                return false;
-            }
-            let mut released = false;
-            for (other, shard) in env.places.shards.iter().enumerate() {
-                let keys: Vec<u64> = chosen
-                    .iter()
-                    .map(|&i| free[i])
-                    .filter(|&(_, on, _)| on == other)
-                    .map(|f| f.2)
-                    .collect();
-                if keys.is_empty() {
-                    continue;
+                free.sort_unstable();
+                let lens: Vec<usize> = free.iter().map(|f| f.0).collect();
+                let chosen = crate::alloc::cover(&lens, lack);
+                let total: usize = chosen.iter().map(|&i| lens[i]).sum();
+                if total < lack || total > bytes {
+                    return false;
                 }
-                // One carved from since it was chosen stays (and the
-                // growth may then find too little room).
-                for region in shard.regions().unlist_chosen(&keys, eligible) {
-                    release_region(env.releaser(), other, region);
-                    released = true;
+                let mut released = false;
+                for (other, shard) in env.places.shards.iter().enumerate() {
+                    let keys: Vec<u64> = chosen
+                        .iter()
+                        .map(|&i| free[i])
+                        .filter(|&(_, on, _)| on == other)
+                        .map(|f| f.2)
+                        .collect();
+                    if keys.is_empty() {
+                        continue;
+                    }
+                    // One carved from since it was chosen stays (and the
+                    // growth may then find too little room).
+                    for region in shard.regions().unlist_chosen(&keys, eligible) {
+                        release_region(env.releaser(), other, region);
+                        released = true;
+                    }
                 }
-            }
-            released
-        });
+                released
+            });
     }
 
     /// Frees a quiescent returned buffer and counts its completion.

@@ -557,9 +557,11 @@ fn devices_pool(faults: &Arc<Faults>, devices: usize, budget: usize, idle_trim: 
 /// apart (more than a quarter of the 1 s idle trim, so that each finds the
 /// other's region idle long enough to release), under a budget that holds
 /// one such region: the region should change device at most once in four
-/// idle-trim times (and otherwise stay with one device, which hits), not at
-/// every take (each a release, a miss and a registration: 12 takes made 12
-/// registrations and no hit; with one change an idle-trim time, 5 and 3).
+/// idle-trim times (after a move, only a region idle a whole idle-trim
+/// time moves; each device's region here is idle less), and otherwise stay
+/// with one device, which hits; not at every take (each a release, a miss
+/// and a registration: 12 takes made 12 registrations and no hit; with one
+/// change an idle-trim time, 5 and 3).
 #[test]
 fn two_devices_taking_larger_buffers_in_turn_past_a_quarter_of_the_idle_trim_settle() {
     let faults = Arc::new(Faults::default());
