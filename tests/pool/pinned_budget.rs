@@ -441,16 +441,7 @@ fn small_loop_beside_larger_takes(setup: impl Fn(&Arc<Faults>) -> Pool, budget: 
 /// A pool on `faults` with two devices carving from regions under a
 /// budget of 7 MiB, trimming regions idle for `idle_trim`.
 fn two_device_pool(faults: &Arc<Faults>, idle_trim: Duration) -> Pool {
-    Pool::builder()
-        .faults(faults.clone())
-        .devices(2)
-        .cleaner_threads(2)
-        .provision(false)
-        .regions(true)
-        .idle_trim(idle_trim)
-        .max_pinned_bytes(7 * MIB)
-        .build()
-        .unwrap()
+    devices_pool(faults, 2, 7 * MIB, idle_trim)
 }
 
 /// Two devices sharing a budget of 7 MiB, trimming after 2 s: a region
