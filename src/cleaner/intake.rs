@@ -132,7 +132,9 @@ impl Intake {
     /// (pinned already: see `Cleaner::grow_with`) and releases other
     /// devices' regions idle for long for the room, pinning only what
     /// they leave of it. A hint as of the last provisioning tick: wrong either
-    /// way by what was carved from, or freed in, the regions since, which
+    /// way by what was carved from, or freed in, the regions since (and
+    /// high by another device's regions the growth may not release: see
+    /// `Cleaner::release_idle_elsewhere`), which
     /// costs a miss kept for a growth the budget then refuses (its memory
     /// freed there), or one freed that a growth could have pinned (as
     /// without regions); the growth itself is admitted exactly.
