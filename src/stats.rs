@@ -103,19 +103,17 @@ impl Counters {
     /// or settled meanwhile may make either answer stale by its bytes;
     /// what is registered is admitted by [`claim_pinned`](Self::claim_pinned)).
     pub(crate) fn fits_pinned(&self, bytes: u64) -> bool {
-        // Acquire pairs with the Release in `with_claimed`: a caller that
-        // sees a growth's admission here also sees that growth begun
-        // (`Regions::growth_begins` counts it before it claims), so a
-        // flush after a miss freed for this answer waits for that growth.
-        let claimed = self.claimed_hint.load(Ordering::Acquire);
-        self.pinned().saturating_add(claimed).saturating_add(bytes) <= self.max_pinned()
+        self.pinned_lack(bytes) == 0
     }
 
     /// The bytes by which `bytes` more would pass the budget now, the
     /// registrations under way included (a hint, as
     /// [`fits_pinned`](Self::fits_pinned)): 0 if they fit.
     pub(crate) fn pinned_lack(&self, bytes: u64) -> u64 {
-        // Acquire: as in `fits_pinned`.
+        // Acquire pairs with the Release in `with_claimed`: a caller that
+        // sees a growth's admission here also sees that growth begun
+        // (`Regions::growth_begins` counts it before it claims), so a
+        // flush after a miss freed for this answer waits for that growth.
         let claimed = self.claimed_hint.load(Ordering::Acquire);
         let wanted = self.pinned().saturating_add(claimed).saturating_add(bytes);
         wanted.saturating_sub(self.max_pinned())

@@ -156,7 +156,7 @@ pub(crate) fn cover(lens: &[usize], bytes: usize) -> Vec<usize> {
 /// length per region, and how long each must have been wholly free when
 /// it is unlisted (a region of a planned length freed since the plan, not
 /// so long ago, is left: see [`Regions::idle_cover`]).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Fold {
     /// The regions' lengths, one region each.
     pub(crate) lens: Vec<usize>,
@@ -1196,12 +1196,13 @@ impl Regions {
             .collect()
     }
 
-    /// The lengths of listed regions wholly free for `idle` or longer,
-    /// the largest first, until they hold `bytes` together (all of them if
-    /// they hold less), within [`REGION_MAX`](Tuning::REGION_MAX): a plan
-    /// for [`grow`](Self::grow) to fold, so that a growth the pinned budget
-    /// refuses whole adds only what they leave of `bytes`.
-    pub(crate) fn idle_cover(&self, bytes: usize, idle: Duration) -> Vec<usize> {
+    /// Listed regions wholly free for `idle` or longer, the largest first,
+    /// until they hold `bytes` together (all of them if they hold less),
+    /// within [`REGION_MAX`](Tuning::REGION_MAX): a plan for
+    /// [`grow`](Self::grow) to fold (regions free as long), so that a
+    /// growth the pinned budget refuses whole adds only what they leave of
+    /// `bytes`.
+    pub(crate) fn idle_cover(&self, bytes: usize, idle: Duration) -> Fold {
         let mut lens = self.idle_lens(idle);
         lens.sort_unstable_by(|a, b| b.cmp(a));
         let mut plan = Vec::new();
@@ -1215,7 +1216,7 @@ impl Regions {
                 plan.push(len);
             }
         }
-        plan
+        Fold { lens: plan, idle }
     }
 
     /// Unlists the regions of `keys` (from [`free_regions`](Self::free_regions))
@@ -1510,7 +1511,7 @@ impl Regions {
     /// 16 largest only, of those wholly free for `idle` or longer. `None`
     /// if those together hold less, or if one of them holds `len` alone
     /// (no merge needed).
-    pub(crate) fn merge_plan(&self, len: usize, idle: Duration) -> Option<Vec<usize>> {
+    pub(crate) fn merge_plan(&self, len: usize, idle: Duration) -> Option<Fold> {
         let mut lens = self.idle_lens(idle);
         if lens.iter().any(|&l| l >= len) {
             return None;
@@ -1519,7 +1520,10 @@ impl Regions {
         lens.sort_unstable();
         let lens = &lens[lens.len().saturating_sub(16)..];
         let set = fewest_covering(lens, len, Tune::REGION_MAX)?;
-        Some(set.into_iter().map(|i| lens[i]).collect())
+        Some(Fold {
+            lens: set.into_iter().map(|i| lens[i]).collect(),
+            idle,
+        })
     }
 
     /// Unlists wholly free regions of the lengths `fold` names (one each),
@@ -1925,8 +1929,8 @@ mod tests {
             "all of them hold less"
         );
         let mut plan = regions.merge_plan(6 * huge, Duration::ZERO).unwrap();
-        plan.sort_unstable();
-        assert_eq!(plan, [2 * huge, 5 * huge], "7 huge pages, not 8 or 10");
+        plan.lens.sort_unstable();
+        assert_eq!(plan.lens, [2 * huge, 5 * huge], "7 huge pages, not 8 or 10");
         let len = regions.grow(0, plan, &mut unregister, None).unwrap();
         assert_eq!(len, 7 * huge);
         let f = regions.figures();
@@ -2270,9 +2274,8 @@ mod tests {
         unsafe { Region::give_back(again.region, again.ptr.as_ptr(), page()) };
         let idle = Duration::from_millis(100);
         let plan = regions.idle_cover(2 * huge, idle);
-        assert_eq!(plan, [2 * huge], "only the region idle for 150 ms");
-        let fold = Fold { lens: plan, idle };
-        regions.grow(2 * huge, fold, &mut Some, None).unwrap();
+        assert_eq!(plan.lens, [2 * huge], "only the region idle for 150 ms");
+        regions.grow(2 * huge, plan, &mut Some, None).unwrap();
         assert_eq!(regions.figures().regions, 2);
         assert_eq!(
             regions.idle_lens(idle),

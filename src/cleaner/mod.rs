@@ -955,7 +955,7 @@ impl Cleaner {
         want: usize,
         (least, whole): (usize, usize),
         mut reserved: Option<&mut Claim<'_>>,
-        mut merge: Option<(Vec<usize>, usize)>,
+        mut merge: Option<(Fold, usize)>,
     ) -> bool {
         let merging = merge.as_ref().map(|(_, len)| *len);
         let counters = env.counters();
@@ -1008,7 +1008,7 @@ impl Cleaner {
         let mut first = true;
         // Wholly free regions to fold into a growth that the budget
         // refuses whole (see below).
-        let mut to_fit: Option<Vec<usize>> = None;
+        let mut to_fit: Option<Fold> = None;
         // Whether this growth folded them: it is for `footprint`, which it
         // holds only if every region planned was still wholly free.
         let mut fitted = false;
@@ -1042,7 +1042,7 @@ impl Cleaner {
                 && !counters.fits_pinned(len as u64)
             {
                 let plan = regions.idle_cover(footprint, FOLD_IDLE_AFTER);
-                let folded: usize = plan.iter().sum();
+                let folded: usize = plan.lens.iter().sum();
                 let fit = if folded >= footprint {
                     regions
                         .merge_plan(footprint, FOLD_IDLE_AFTER)
@@ -1075,13 +1075,10 @@ impl Cleaner {
                 return false;
             };
             let fold = match (merge.take(), std::mem::take(&mut first)) {
-                (Some((plan, _)), _) => Fold::from(plan),
+                (Some((plan, _)), _) => plan,
                 (None, true) if to_fit.is_some() => {
                     fitted = true;
-                    Fold {
-                        lens: to_fit.take().unwrap_or_default(),
-                        idle: FOLD_IDLE_AFTER,
-                    }
+                    to_fit.take().unwrap_or_default()
                 }
                 (None, true) if !past_cap => Fold::from(regions.fold_plan(len)),
                 (None, _) => Fold::default(),
