@@ -131,13 +131,13 @@ impl Intake {
     /// the budget when its growth folds the device's idle regions in
     /// (pinned already: see `Cleaner::grow_with`) and releases other
     /// devices' regions idle for long for the room, pinning only what
-    /// they leave of it. A hint as of the last provisioning tick: wrong either
-    /// way by what was carved from, or freed in, the regions since (and
-    /// high by another device's regions the growth may not release: see
-    /// `Cleaner::release_idle_elsewhere`), which
-    /// costs a miss kept for a growth the budget then refuses (its memory
-    /// freed there), or one freed that a growth could have pinned (as
-    /// without regions); the growth itself is admitted exactly.
+    /// they leave of it. A hint as of the last provisioning tick: wrong
+    /// either way by what was carved from, or freed in, the regions since
+    /// (and high by another device's regions the growth may not release:
+    /// see `Cleaner::release_idle_elsewhere`), which costs a miss kept for
+    /// a growth the budget then refuses (its memory freed there), or one
+    /// freed that a growth could have pinned (as without regions); the
+    /// growth itself is admitted exactly.
     fn fits_folding(&self, counters: &Counters, device: usize, footprint: usize) -> bool {
         // Relaxed: hints, as above.
         let mut idle = self.idle_regions[device].load(Ordering::Relaxed);
